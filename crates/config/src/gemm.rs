@@ -1,0 +1,122 @@
+//! Tile configuration of the warp-specialized TMA + wgmma GEMM.
+//!
+//! Layout of one CTA (see docs/gemm.md):
+//! - warpgroup 0 is the producer: one elected thread issues TMA loads of A and B tiles into a
+//!   `stages`-deep shared-memory ring; the warpgroup then gives registers back (`setmaxnreg.dec`).
+//! - warpgroups 1..=consumer_warpgroups are consumers: each owns `block_m / consumer_warpgroups`
+//!   rows of the output tile and issues `wgmma.m64n{block_n}k16` on them (`setmaxnreg.inc`).
+
+/// Tile shape, pipeline depth and warp roles of one GEMM kernel instantiation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmTile {
+    /// Rows of C per CTA tile.
+    pub block_m: u32,
+    /// Columns of C per CTA tile (the wgmma N).
+    pub block_n: u32,
+    /// K per pipeline stage (64 bf16 = one 128-byte swizzle row).
+    pub block_k: u32,
+    /// Depth of the shared-memory ring.
+    pub stages: u32,
+    /// Consumer (math) warpgroups; each covers `block_m / consumer_warpgroups` rows.
+    pub consumer_warpgroups: u32,
+    /// Register budget per thread of the producer warpgroup after `setmaxnreg.dec`.
+    pub producer_regs: u32,
+    /// Register budget per thread of each consumer warpgroup after `setmaxnreg.inc`.
+    pub consumer_regs: u32,
+    /// Tiles per rasterization group along M (L2 reuse of B across neighbouring tiles).
+    pub group_m: u32,
+}
+
+/// Bytes of one bf16 element.
+pub const BF16_BYTES: u32 = 2;
+/// Bytes of one 128-byte-swizzled shared-memory row: TMA box inner dimension for bf16 is 64.
+pub const SWIZZLE_BYTES: u32 = 128;
+
+impl GemmTile {
+    /// The production configuration: 128x256x64, 4 stages, 2 consumer warpgroups.
+    /// 4 x 48 KiB of ring fits in 227 KiB; the epilogue stores from registers.
+    pub const DEFAULT: GemmTile = GemmTile {
+        block_m: 128,
+        block_n: 256,
+        block_k: 64,
+        stages: 4,
+        consumer_warpgroups: 2,
+        producer_regs: 40,
+        consumer_regs: 232,
+        group_m: 8,
+    };
+
+    /// Threads per CTA: one producer warpgroup plus the consumers.
+    pub const fn threads(&self) -> u32 {
+        (1 + self.consumer_warpgroups) * crate::WARPGROUP_SIZE
+    }
+    /// Rows of the tile owned by one consumer warpgroup.
+    pub const fn rows_per_consumer(&self) -> u32 {
+        self.block_m / self.consumer_warpgroups
+    }
+    /// Bytes of the A tile of one stage (block_m x block_k bf16, K-major, 128B swizzle).
+    pub const fn a_stage_bytes(&self) -> u32 {
+        self.block_m * self.block_k * BF16_BYTES
+    }
+    /// Bytes of the B tile of one stage (block_n x block_k bf16).
+    pub const fn b_stage_bytes(&self) -> u32 {
+        self.block_n * self.block_k * BF16_BYTES
+    }
+    /// Bytes that the TMA engine delivers per stage (the mbarrier's expected transaction count).
+    pub const fn stage_tx_bytes(&self) -> u32 {
+        self.a_stage_bytes() + self.b_stage_bytes()
+    }
+    /// Offset of the mbarrier block after the operand ring.
+    pub const fn barrier_offset(&self) -> u32 {
+        self.stages * self.stage_tx_bytes()
+    }
+    /// Dynamic shared memory to launch with: ring + 2 mbarriers per stage (full, empty),
+    /// padded so the 1024-byte alignment of the swizzled ring holds.
+    pub const fn smem_bytes(&self) -> u32 {
+        self.barrier_offset() + self.stages * 2 * 8 + 1024
+    }
+    /// Accumulator registers per consumer thread (f32): (rows_per_consumer x block_n) / 128.
+    pub const fn accumulators_per_thread(&self) -> u32 {
+        self.rows_per_consumer() * self.block_n / crate::WARPGROUP_SIZE
+    }
+
+    /// Checks every invariant the kernel relies on; panics (at compile time when used in a
+    /// `const`) with the reason.
+    pub const fn check(&self) {
+        assert!(self.block_k * BF16_BYTES == SWIZZLE_BYTES, "block_k must fill one 128-byte swizzle row");
+        assert!(self.rows_per_consumer() == 64, "each consumer warpgroup issues m64 wgmmas on 64 rows");
+        assert!(self.block_m % self.consumer_warpgroups == 0, "block_m must split evenly over consumers");
+        assert!(self.block_n % 64 == 0 && self.block_n >= 64 && self.block_n <= 256, "wgmma N: 64..=256 in steps of 64 (B loads are 64-wide boxes)");
+        assert!(self.stages >= 2, "a ring needs at least 2 stages");
+        assert!(self.a_stage_bytes() % 1024 == 0 && self.b_stage_bytes() % 1024 == 0, "stage tiles must keep 1024-byte swizzle alignment");
+        assert!(self.smem_bytes() <= crate::SM90_MAX_SMEM_PER_CTA, "shared memory ring does not fit in 227 KiB");
+        assert!(self.producer_regs % 8 == 0 && self.consumer_regs % 8 == 0, "setmaxnreg counts are multiples of 8");
+        assert!(self.producer_regs >= 24 && self.consumer_regs <= 256, "setmaxnreg range is 24..=256");
+        assert!(
+            (self.producer_regs + self.consumer_regs * self.consumer_warpgroups) * crate::WARPGROUP_SIZE <= crate::SM90_REGS_PER_SM,
+            "register split exceeds the register file"
+        );
+        assert!(self.accumulators_per_thread() + 40 <= self.consumer_regs, "accumulators must fit the consumer register budget");
+        assert!(self.group_m >= 1, "group_m must be positive");
+    }
+}
+
+const _: () = GemmTile::DEFAULT.check();
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn default_budget() {
+        let t = GemmTile::DEFAULT;
+        assert_eq!(t.threads(), 384);
+        assert_eq!(t.stage_tx_bytes(), 48 * 1024);
+        assert!(t.smem_bytes() <= 227 * 1024);
+        assert_eq!(t.accumulators_per_thread(), 128);
+    }
+    #[test]
+    #[should_panic(expected = "does not fit")]
+    fn too_many_stages_is_rejected() {
+        GemmTile { stages: 5, ..GemmTile::DEFAULT }.check();
+    }
+}

@@ -1,0 +1,44 @@
+//! The table of every kernel entry in the PTX, with its launch bounds.
+//!
+//! Rust cannot spell `__launch_bounds__`, so the PTX linker (crates/ptx-linker) patches
+//! `.maxntid` / `.minnctapersm` into each `.entry` from this table, and the host launches each
+//! kernel with exactly `max_threads` threads. A kernel in the PTX that is missing here, or an
+//! entry here missing from the PTX, fails the build.
+
+use crate::gemm::GemmTile;
+
+/// Launch bounds and shared memory of one kernel entry point.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelSpec {
+    /// The `.entry` symbol (the `#[unsafe(no_mangle)]` name of the `extern "ptx-kernel"` fn).
+    pub name: &'static str,
+    /// Threads per CTA: `.maxntid` in the PTX and `blockDim.x` at launch.
+    pub max_threads: u32,
+    /// `.minnctapersm`; together with `max_threads` this caps registers per thread, which
+    /// `setmaxnreg` needs in order to take effect.
+    pub min_blocks_per_sm: u32,
+    /// Dynamic shared memory bytes the host launches with.
+    pub dynamic_smem: u32,
+}
+
+/// Kernel that fills a buffer with its index: the smallest end-to-end check of the pipeline.
+pub const IOTA: KernelSpec = KernelSpec { name: "mk_iota_u32", max_threads: 256, min_blocks_per_sm: 1, dynamic_smem: 0 };
+
+/// The persistent warp-specialized GEMM, B stored N x K (K-major, `nn.Linear` weights).
+pub const GEMM_BF16_NK: KernelSpec = KernelSpec {
+    name: "mk_gemm_bf16_nk",
+    max_threads: GemmTile::DEFAULT.threads(),
+    min_blocks_per_sm: 1,
+    dynamic_smem: GemmTile::DEFAULT.smem_bytes(),
+};
+
+/// The persistent warp-specialized GEMM, B stored K x N (N-major, row-major).
+pub const GEMM_BF16_KN: KernelSpec = KernelSpec { name: "mk_gemm_bf16_kn", ..GEMM_BF16_NK };
+
+/// Every kernel entry in the embedded PTX.
+pub const KERNELS: &[KernelSpec] = &[IOTA, GEMM_BF16_NK, GEMM_BF16_KN];
+
+/// Looks a kernel up by its entry name.
+pub fn find(name: &str) -> Option<&'static KernelSpec> {
+    KERNELS.iter().find(|k| k.name.as_bytes() == name.as_bytes())
+}

@@ -1,0 +1,22 @@
+//! mkernel-config: every number that the kernels, their launches and the PTX build must agree on.
+//!
+//! This crate is `no_std` with no dependencies, so that the nvptx device crate, the host runtime,
+//! the PTX linker (which patches launch bounds into the PTX) and xtask all compile the *same*
+//! constants. A kernel's shared-memory budget, thread count and register split are computed here
+//! once and checked at compile time (`const _: () = ...check()`).
+#![no_std]
+
+pub mod gemm;
+pub mod kernels;
+
+pub use gemm::GemmTile;
+pub use kernels::{KernelSpec, KERNELS};
+
+/// Threads in a warp.
+pub const WARP_SIZE: u32 = 32;
+/// Threads in a warpgroup (the unit that issues `wgmma`).
+pub const WARPGROUP_SIZE: u32 = 128;
+/// Largest dynamic shared memory an sm_90 CTA may opt into (227 KiB).
+pub const SM90_MAX_SMEM_PER_CTA: u32 = 227 * 1024;
+/// Registers in one sm_90 multiprocessor's register file.
+pub const SM90_REGS_PER_SM: u32 = 64 * 1024;

@@ -1,0 +1,25 @@
+//! `cp.async`: asynchronous 16-byte global -> shared copies (Ampere-style).
+use super::smem::SmemAddr;
+use core::arch::asm;
+
+/// `cp.async.cg.shared.global [dst], [src], 16;` (bypasses L1).
+#[inline(always)]
+pub unsafe fn copy_16(dst: SmemAddr, src: *const u8) {
+    unsafe { asm!("cp.async.cg.shared.global [{0}], [{1}], 16;", in(reg32) dst.0, in(reg64) src, options(nostack)) };
+}
+/// Copies `src_bytes` (0..=16) and zero-fills the rest of 16:
+/// `cp.async.cg.shared.global [dst], [src], 16, src_bytes;`
+#[inline(always)]
+pub unsafe fn copy_16_zfill(dst: SmemAddr, src: *const u8, src_bytes: u32) {
+    unsafe { asm!("cp.async.cg.shared.global [{0}], [{1}], 16, {2};", in(reg32) dst.0, in(reg64) src, in(reg32) src_bytes, options(nostack)) };
+}
+/// `cp.async.commit_group;`
+#[inline(always)]
+pub fn commit_group() {
+    unsafe { asm!("cp.async.commit_group;", options(nostack)) };
+}
+/// Waits until at most `N` committed groups are pending: `cp.async.wait_group N;`
+#[inline(always)]
+pub fn wait_group<const N: u32>() {
+    unsafe { asm!("cp.async.wait_group {0};", const N, options(nostack)) };
+}

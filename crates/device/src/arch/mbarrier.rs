@@ -1,0 +1,62 @@
+//! `mbarrier`: the transaction-counting barrier in shared memory that TMA completes on.
+//!
+//! Phases alternate; a waiter passes once the phase with the given parity has completed.
+//! A freshly initialised barrier treats the phase "before" phase 0 (parity 1) as complete, so a
+//! producer's first wait for an empty slot with parity 1 passes at once.
+use super::smem::SmemAddr;
+use core::arch::asm;
+
+/// Spins before a wait is declared hung (each `try_wait` itself suspends for a while).
+pub const MAX_TRY_WAITS: u32 = 1 << 26;
+
+/// `mbarrier.init.shared::cta.b64 [bar], count;`
+#[inline(always)]
+pub unsafe fn init(bar: SmemAddr, count: u32) {
+    unsafe { asm!("mbarrier.init.shared::cta.b64 [{0}], {1};", in(reg32) bar.0, in(reg32) count, options(nostack)) };
+}
+/// Makes barrier initialisation visible to the async proxy (TMA) and the other threads:
+/// `fence.mbarrier_init.release.cluster;`
+#[inline(always)]
+pub fn fence_init() {
+    unsafe { asm!("fence.mbarrier_init.release.cluster;", options(nostack)) };
+}
+/// One arrival: `mbarrier.arrive.shared::cta.b64 _, [bar];`
+#[inline(always)]
+pub unsafe fn arrive(bar: SmemAddr) {
+    unsafe { asm!("mbarrier.arrive.shared::cta.b64 _, [{0}];", in(reg32) bar.0, options(nostack)) };
+}
+/// One arrival that also expects `tx_bytes` more bytes of async-proxy transactions:
+/// `mbarrier.arrive.expect_tx.shared::cta.b64 _, [bar], tx_bytes;`
+#[inline(always)]
+pub unsafe fn arrive_expect_tx(bar: SmemAddr, tx_bytes: u32) {
+    unsafe { asm!("mbarrier.arrive.expect_tx.shared::cta.b64 _, [{0}], {1};", in(reg32) bar.0, in(reg32) tx_bytes, options(nostack)) };
+}
+/// Expects `tx_bytes` without arriving: `mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [bar], tx_bytes;`
+#[inline(always)]
+pub unsafe fn expect_tx(bar: SmemAddr, tx_bytes: u32) {
+    unsafe { asm!("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [{0}], {1};", in(reg32) bar.0, in(reg32) tx_bytes, options(nostack)) };
+}
+/// One non-blocking test: `mbarrier.try_wait.parity.shared::cta.b64 p, [bar], parity;`
+#[inline(always)]
+pub unsafe fn try_wait_parity(bar: SmemAddr, parity: u32) -> bool {
+    let r: u32;
+    unsafe {
+        asm!(
+            "{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [{1}], {2}; selp.u32 {0}, 1, 0, p; }}",
+            out(reg32) r, in(reg32) bar.0, in(reg32) parity, options(nostack)
+        )
+    };
+    r != 0
+}
+/// Waits until the phase with `parity` completed; traps after [`MAX_TRY_WAITS`] tries so a lost
+/// TMA transaction or a missing arrival fails the launch instead of hanging the GPU.
+#[inline(always)]
+pub unsafe fn wait_parity(bar: SmemAddr, parity: u32) {
+    let mut tries = 0u32;
+    while !unsafe { try_wait_parity(bar, parity) } {
+        tries += 1;
+        if tries == MAX_TRY_WAITS {
+            super::trap();
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! The memory model, with order and scope spelled out in every instruction.
+//!
+//! Scope: `Cta` (this block), `Gpu` (this device), `Sys` (peers over NVLink and the host CPU).
+//! Signalling between GPUs and with the CPU proxy uses `.sys`. Addresses are generic, so the
+//! same helpers work on local, peer-mapped and host-mapped memory.
+use core::arch::asm;
+
+/// Visibility scope of an ordering.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    Cta,
+    Gpu,
+    Sys,
+}
+
+/// `ld.acquire.{cta,gpu,sys}.u32 d, [p];`
+#[inline(always)]
+pub unsafe fn ld_acquire_u32(scope: Scope, p: *const u32) -> u32 {
+    let r: u32;
+    unsafe {
+        match scope {
+            Scope::Cta => asm!("ld.acquire.cta.u32 {0}, [{1}];", out(reg32) r, in(reg64) p, options(nostack)),
+            Scope::Gpu => asm!("ld.acquire.gpu.u32 {0}, [{1}];", out(reg32) r, in(reg64) p, options(nostack)),
+            Scope::Sys => asm!("ld.acquire.sys.u32 {0}, [{1}];", out(reg32) r, in(reg64) p, options(nostack)),
+        }
+    }
+    r
+}
+/// `ld.relaxed.{cta,gpu,sys}.u32 d, [p];`
+#[inline(always)]
+pub unsafe fn ld_relaxed_u32(scope: Scope, p: *const u32) -> u32 {
+    let r: u32;
+    unsafe {
+        match scope {
+            Scope::Cta => asm!("ld.relaxed.cta.u32 {0}, [{1}];", out(reg32) r, in(reg64) p, options(nostack)),
+            Scope::Gpu => asm!("ld.relaxed.gpu.u32 {0}, [{1}];", out(reg32) r, in(reg64) p, options(nostack)),
+            Scope::Sys => asm!("ld.relaxed.sys.u32 {0}, [{1}];", out(reg32) r, in(reg64) p, options(nostack)),
+        }
+    }
+    r
+}
+/// `ld.acquire.{cta,gpu,sys}.u64 d, [p];`
+#[inline(always)]
+pub unsafe fn ld_acquire_u64(scope: Scope, p: *const u64) -> u64 {
+    let r: u64;
+    unsafe {
+        match scope {
+            Scope::Cta => asm!("ld.acquire.cta.u64 {0}, [{1}];", out(reg64) r, in(reg64) p, options(nostack)),
+            Scope::Gpu => asm!("ld.acquire.gpu.u64 {0}, [{1}];", out(reg64) r, in(reg64) p, options(nostack)),
+            Scope::Sys => asm!("ld.acquire.sys.u64 {0}, [{1}];", out(reg64) r, in(reg64) p, options(nostack)),
+        }
+    }
+    r
+}
+/// `st.release.{cta,gpu,sys}.u32 [p], v;`
+#[inline(always)]
+pub unsafe fn st_release_u32(scope: Scope, p: *mut u32, v: u32) {
+    unsafe {
+        match scope {
+            Scope::Cta => asm!("st.release.cta.u32 [{0}], {1};", in(reg64) p, in(reg32) v, options(nostack)),
+            Scope::Gpu => asm!("st.release.gpu.u32 [{0}], {1};", in(reg64) p, in(reg32) v, options(nostack)),
+            Scope::Sys => asm!("st.release.sys.u32 [{0}], {1};", in(reg64) p, in(reg32) v, options(nostack)),
+        }
+    }
+}
+/// `st.release.{cta,gpu,sys}.u64 [p], v;`
+#[inline(always)]
+pub unsafe fn st_release_u64(scope: Scope, p: *mut u64, v: u64) {
+    unsafe {
+        match scope {
+            Scope::Cta => asm!("st.release.cta.u64 [{0}], {1};", in(reg64) p, in(reg64) v, options(nostack)),
+            Scope::Gpu => asm!("st.release.gpu.u64 [{0}], {1};", in(reg64) p, in(reg64) v, options(nostack)),
+            Scope::Sys => asm!("st.release.sys.u64 [{0}], {1};", in(reg64) p, in(reg64) v, options(nostack)),
+        }
+    }
+}
+/// `st.relaxed.{cta,gpu,sys}.u32 [p], v;`
+#[inline(always)]
+pub unsafe fn st_relaxed_u32(scope: Scope, p: *mut u32, v: u32) {
+    unsafe {
+        match scope {
+            Scope::Cta => asm!("st.relaxed.cta.u32 [{0}], {1};", in(reg64) p, in(reg32) v, options(nostack)),
+            Scope::Gpu => asm!("st.relaxed.gpu.u32 [{0}], {1};", in(reg64) p, in(reg32) v, options(nostack)),
+            Scope::Sys => asm!("st.relaxed.sys.u32 [{0}], {1};", in(reg64) p, in(reg32) v, options(nostack)),
+        }
+    }
+}
+/// Release-ordered add with no result: `red.release.{cta,gpu,sys}.add.u32 [p], v;`
+#[inline(always)]
+pub unsafe fn red_release_add_u32(scope: Scope, p: *mut u32, v: u32) {
+    unsafe {
+        match scope {
+            Scope::Cta => asm!("red.release.cta.add.u32 [{0}], {1};", in(reg64) p, in(reg32) v, options(nostack)),
+            Scope::Gpu => asm!("red.release.gpu.add.u32 [{0}], {1};", in(reg64) p, in(reg32) v, options(nostack)),
+            Scope::Sys => asm!("red.release.sys.add.u32 [{0}], {1};", in(reg64) p, in(reg32) v, options(nostack)),
+        }
+    }
+}
+/// `atom.acq_rel.{cta,gpu,sys}.add.u32 d, [p], v;` (returns the old value)
+#[inline(always)]
+pub unsafe fn atom_acq_rel_add_u32(scope: Scope, p: *mut u32, v: u32) -> u32 {
+    let r: u32;
+    unsafe {
+        match scope {
+            Scope::Cta => asm!("atom.acq_rel.cta.add.u32 {0}, [{1}], {2};", out(reg32) r, in(reg64) p, in(reg32) v, options(nostack)),
+            Scope::Gpu => asm!("atom.acq_rel.gpu.add.u32 {0}, [{1}], {2};", out(reg32) r, in(reg64) p, in(reg32) v, options(nostack)),
+            Scope::Sys => asm!("atom.acq_rel.sys.add.u32 {0}, [{1}], {2};", out(reg32) r, in(reg64) p, in(reg32) v, options(nostack)),
+        }
+    }
+    r
+}
+/// `atom.relaxed.{cta,gpu,sys}.add.u64 d, [p], v;` (returns the old value; e.g. claiming FIFO slots)
+#[inline(always)]
+pub unsafe fn atom_relaxed_add_u64(scope: Scope, p: *mut u64, v: u64) -> u64 {
+    let r: u64;
+    unsafe {
+        match scope {
+            Scope::Cta => asm!("atom.relaxed.cta.add.u64 {0}, [{1}], {2};", out(reg64) r, in(reg64) p, in(reg64) v, options(nostack)),
+            Scope::Gpu => asm!("atom.relaxed.gpu.add.u64 {0}, [{1}], {2};", out(reg64) r, in(reg64) p, in(reg64) v, options(nostack)),
+            Scope::Sys => asm!("atom.relaxed.sys.add.u64 {0}, [{1}], {2};", out(reg64) r, in(reg64) p, in(reg64) v, options(nostack)),
+        }
+    }
+    r
+}
+/// `atom.acq_rel.{cta,gpu,sys}.cas.b32 d, [p], expected, new;` (returns the old value)
+#[inline(always)]
+pub unsafe fn atom_acq_rel_cas_u32(scope: Scope, p: *mut u32, expected: u32, new: u32) -> u32 {
+    let r: u32;
+    unsafe {
+        match scope {
+            Scope::Cta => asm!("atom.acq_rel.cta.cas.b32 {0}, [{1}], {2}, {3};", out(reg32) r, in(reg64) p, in(reg32) expected, in(reg32) new, options(nostack)),
+            Scope::Gpu => asm!("atom.acq_rel.gpu.cas.b32 {0}, [{1}], {2}, {3};", out(reg32) r, in(reg64) p, in(reg32) expected, in(reg32) new, options(nostack)),
+            Scope::Sys => asm!("atom.acq_rel.sys.cas.b32 {0}, [{1}], {2}, {3};", out(reg32) r, in(reg64) p, in(reg32) expected, in(reg32) new, options(nostack)),
+        }
+    }
+    r
+}
+/// `fence.acq_rel.{cta,gpu,sys};`
+#[inline(always)]
+pub fn fence_acq_rel(scope: Scope) {
+    unsafe {
+        match scope {
+            Scope::Cta => asm!("fence.acq_rel.cta;", options(nostack)),
+            Scope::Gpu => asm!("fence.acq_rel.gpu;", options(nostack)),
+            Scope::Sys => asm!("fence.acq_rel.sys;", options(nostack)),
+        }
+    }
+}
+/// `fence.sc.{cta,gpu,sys};`
+#[inline(always)]
+pub fn fence_sc(scope: Scope) {
+    unsafe {
+        match scope {
+            Scope::Cta => asm!("fence.sc.cta;", options(nostack)),
+            Scope::Gpu => asm!("fence.sc.gpu;", options(nostack)),
+            Scope::Sys => asm!("fence.sc.sys;", options(nostack)),
+        }
+    }
+}
+/// Orders generic-proxy accesses before later async-proxy ones (TMA, wgmma) on all state spaces:
+/// `fence.proxy.async;`
+#[inline(always)]
+pub fn fence_proxy_async() {
+    unsafe { asm!("fence.proxy.async;", options(nostack)) };
+}
+/// As [`fence_proxy_async`] for shared memory only: `fence.proxy.async.shared::cta;`
+#[inline(always)]
+pub fn fence_proxy_async_shared() {
+    unsafe { asm!("fence.proxy.async.shared::cta;", options(nostack)) };
+}

@@ -1,0 +1,54 @@
+//! Shared memory: the dynamic allocation and 32-bit `.shared::cta` addresses.
+use core::arch::asm;
+
+/// A 32-bit address in the CTA's shared window, as `mbarrier`, `cp.async`, TMA, `ldmatrix` and
+/// wgmma descriptors take it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(transparent)]
+pub struct SmemAddr(pub u32);
+
+impl SmemAddr {
+    /// The address `bytes` further on.
+    #[inline(always)]
+    pub const fn add(self, bytes: u32) -> SmemAddr {
+        SmemAddr(self.0 + bytes)
+    }
+}
+
+/// Alignment unit of the dynamic shared allocation: 1024 bytes, what 128-byte TMA swizzle needs.
+#[repr(C, align(1024))]
+pub struct Align1024([u8; 1024]);
+
+/// Base of the dynamic shared memory (`extern .shared .align 1024 .b8 ...[]`), 1024-byte aligned,
+/// as a generic pointer. Its size is whatever the launch gave.
+#[inline(always)]
+pub fn dynamic_smem() -> *mut u8 {
+    core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<Align1024>() as *mut u8
+}
+
+/// Generic pointer to shared address: `cvta.to.shared.u64 d, p;` (truncated to 32 bits).
+#[inline(always)]
+pub fn to_smem_addr<T>(p: *const T) -> SmemAddr {
+    let r: u64;
+    unsafe { asm!("cvta.to.shared.u64 {0}, {1};", out(reg64) r, in(reg64) p as u64, options(pure, nomem, nostack)) };
+    SmemAddr(r as u32)
+}
+
+/// Base of the dynamic shared memory as a shared address.
+#[inline(always)]
+pub fn dynamic_smem_addr() -> SmemAddr {
+    to_smem_addr(dynamic_smem())
+}
+
+/// `st.shared.v4.b32 [a], {x, y, z, w};`
+#[inline(always)]
+pub unsafe fn st_shared_v4(a: SmemAddr, v: [u32; 4]) {
+    unsafe { asm!("st.shared.v4.b32 [{0}], {{{1}, {2}, {3}, {4}}};", in(reg32) a.0, in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3], options(nostack)) };
+}
+/// `ld.shared.v4.b32 {x, y, z, w}, [a];`
+#[inline(always)]
+pub unsafe fn ld_shared_v4(a: SmemAddr) -> [u32; 4] {
+    let (x, y, z, w): (u32, u32, u32, u32);
+    unsafe { asm!("ld.shared.v4.b32 {{{0}, {1}, {2}, {3}}}, [{4}];", out(reg32) x, out(reg32) y, out(reg32) z, out(reg32) w, in(reg32) a.0, options(nostack, readonly)) };
+    [x, y, z, w]
+}

@@ -1,0 +1,59 @@
+//! TMA: bulk tensor copies between global and shared memory, described by a `CUtensorMap`.
+//!
+//! Descriptors are encoded on the host with `cuTensorMapEncodeTiled` and live in global memory;
+//! kernels get a pointer ([`TensorMap`]). Coordinates are in elements, innermost first.
+use super::smem::SmemAddr;
+use core::arch::asm;
+
+/// Generic address of a 64-byte aligned, 128-byte `CUtensorMap` in global memory.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+pub struct TensorMap(pub *const u8);
+
+/// Pulls the descriptor into the TMA unit's cache: `prefetch.tensormap [map];`
+#[inline(always)]
+pub unsafe fn prefetch(map: TensorMap) {
+    unsafe { asm!("prefetch.tensormap [{0}];", in(reg64) map.0, options(nostack)) };
+}
+
+/// 2D tile load into shared memory that completes `bytes` on `bar`:
+/// `cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [dst], [map, {c0, c1}], [bar];`
+/// Elements outside the tensor are filled with zeros.
+#[inline(always)]
+pub unsafe fn load_2d(dst: SmemAddr, map: TensorMap, c0: u32, c1: u32, bar: SmemAddr) {
+    unsafe {
+        asm!(
+            "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [{0}], [{1}, {{{2}, {3}}}], [{4}];",
+            in(reg32) dst.0, in(reg64) map.0, in(reg32) c0, in(reg32) c1, in(reg32) bar.0, options(nostack)
+        )
+    };
+}
+
+/// 2D tile store from shared memory; elements outside the tensor are not written:
+/// `cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [map, {c0, c1}], [src];`
+#[inline(always)]
+pub unsafe fn store_2d(map: TensorMap, c0: u32, c1: u32, src: SmemAddr) {
+    unsafe {
+        asm!(
+            "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [{0}, {{{1}, {2}}}], [{3}];",
+            in(reg64) map.0, in(reg32) c0, in(reg32) c1, in(reg32) src.0, options(nostack)
+        )
+    };
+}
+/// `cp.async.bulk.commit_group;`
+#[inline(always)]
+pub fn store_commit() {
+    unsafe { asm!("cp.async.bulk.commit_group;", options(nostack)) };
+}
+/// Waits until at most `N` bulk store groups still read shared memory:
+/// `cp.async.bulk.wait_group.read N;`
+#[inline(always)]
+pub fn store_wait_read<const N: u32>() {
+    unsafe { asm!("cp.async.bulk.wait_group.read {0};", const N, options(nostack)) };
+}
+/// Waits until at most `N` bulk store groups are incomplete (writes visible):
+/// `cp.async.bulk.wait_group N;`
+#[inline(always)]
+pub fn store_wait<const N: u32>() {
+    unsafe { asm!("cp.async.bulk.wait_group {0};", const N, options(nostack)) };
+}

@@ -1,0 +1,59 @@
+//! The consumer mainloop: a warpgroup multiplies its 64 rows of A by the whole B tile of each
+//! slot with four m64n256k16 wgmmas (K = 64), keeping one commit group in flight: the slot of
+//! K block `kb - 1` is released once the wgmmas of block `kb` are issued and those of `kb - 1`
+//! have completed.
+use super::ring::{Ring, RingPos};
+use super::{BLayout, TILE};
+use crate::arch::{ids, mbarrier, wgmma, wgmma::Swizzle};
+
+/// Bytes of one 128B-swizzled row (64 bf16 of K for A and K-major B).
+const ROW: u32 = 128;
+/// Bytes between the 64-element N atoms of an MN-major B slot (a 64 x 64 box).
+const B_KN_ATOM: u32 = 64 * 64 * 2;
+
+/// Accumulates A[rows of warpgroup `wg`] x B over `k_blocks` K blocks into `acc` (overwriting it).
+#[inline(always)]
+pub unsafe fn mma_tile(ring: &Ring, pos: &mut RingPos, acc: &mut [f32; 128], wg: u32, b_layout: BLayout, k_blocks: u32) {
+    let mut prev = 0u32;
+    for kb in 0..k_blocks {
+        let s = pos.stage;
+        unsafe { mbarrier::wait_parity(ring.full(s), pos.phase) };
+        let a_desc = wgmma::smem_desc(ring.a(s).add(wg * TILE.rows_per_consumer() * ROW), 16, 1024, Swizzle::B128);
+        wgmma::fence();
+        match b_layout {
+            BLayout::Nk => {
+                let b_desc = wgmma::smem_desc(ring.b(s), 16, 1024, Swizzle::B128);
+                for ks in 0..4u64 {
+                    // K step of 16 bf16 = 32 bytes inside the swizzled row: start address += 32 >> 4.
+                    unsafe { wgmma::mma_m64n256k16_bf16::<0>(acc, a_desc + 2 * ks, b_desc + 2 * ks, kb > 0 || ks > 0) };
+                }
+            }
+            BLayout::Kn => {
+                let b_desc = wgmma::smem_desc(ring.b(s), B_KN_ATOM, 1024, Swizzle::B128);
+                for ks in 0..4u64 {
+                    // K step of 16 rows of 128 bytes: start address += 2048 >> 4.
+                    unsafe { wgmma::mma_m64n256k16_bf16::<1>(acc, a_desc + 2 * ks, b_desc + 128 * ks, kb > 0 || ks > 0) };
+                }
+            }
+        }
+        wgmma::commit_group();
+        wgmma::wait_group::<1>();
+        if kb > 0 {
+            release(ring, prev);
+        }
+        prev = s;
+        pos.advance(ring.stages());
+    }
+    wgmma::wait_group::<0>();
+    if k_blocks > 0 {
+        release(ring, prev);
+    }
+}
+
+/// One arrival per warp on the slot's empty barrier.
+#[inline(always)]
+fn release(ring: &Ring, s: u32) {
+    if ids::lane_id() == 0 {
+        unsafe { mbarrier::arrive(ring.empty(s)) };
+    }
+}

@@ -1,0 +1,33 @@
+//! The producer: one thread walks the same tile sequence as the consumers and keeps the ring
+//! full with TMA loads. For each K block it waits for the slot to be empty, announces the bytes
+//! the slot will receive (`arrive.expect_tx`) and issues the loads that complete them.
+use super::ring::{Ring, RingPos};
+use super::scheduler::Tile;
+use super::{BLayout, TILE};
+use crate::arch::{mbarrier, tma, tma::TensorMap};
+
+/// Bytes of one 64 (N) x 64 (K) box of an MN-major B tile.
+const B_KN_BOX_BYTES: u32 = 64 * 64 * 2;
+
+/// Loads the `k_blocks` K blocks of `tile` into the ring, starting at `pos`.
+#[inline(always)]
+pub unsafe fn load_tile(ring: &Ring, pos: &mut RingPos, a: TensorMap, b: TensorMap, b_layout: BLayout, tile: Tile, k_blocks: u32) {
+    for kb in 0..k_blocks {
+        let s = pos.stage;
+        let k0 = kb * TILE.block_k;
+        unsafe {
+            mbarrier::wait_parity(ring.empty(s), pos.phase ^ 1);
+            mbarrier::arrive_expect_tx(ring.full(s), TILE.stage_tx_bytes());
+            tma::load_2d(ring.a(s), a, k0, tile.m0, ring.full(s));
+            match b_layout {
+                BLayout::Nk => tma::load_2d(ring.b(s), b, k0, tile.n0, ring.full(s)),
+                BLayout::Kn => {
+                    for c in 0..TILE.block_n / 64 {
+                        tma::load_2d(ring.b(s).add(c * B_KN_BOX_BYTES), b, tile.n0 + 64 * c, k0, ring.full(s));
+                    }
+                }
+            }
+        }
+        pos.advance(ring.stages());
+    }
+}

@@ -1,0 +1,75 @@
+//! The shared-memory ring: `stages` slots of (A tile, B tile), a `full` mbarrier per slot
+//! (completed by the TMA bytes of the slot) and an `empty` mbarrier per slot (one arrival per
+//! consumer warp once its wgmmas stopped reading the slot).
+//!
+//! Layout from the base of dynamic shared memory (1024-byte aligned):
+//! `[A0 B0][A1 B1]...[A(s-1) B(s-1)][full 0..s][empty 0..s]`.
+use crate::arch::{mbarrier, smem::SmemAddr};
+use mkernel_config::GemmTile;
+
+/// Addresses of the ring's slots and barriers.
+#[derive(Clone, Copy)]
+pub struct Ring {
+    base: SmemAddr,
+    tile: GemmTile,
+}
+
+/// Position in the ring: slot and the parity of the pass over the ring.
+#[derive(Clone, Copy)]
+pub struct RingPos {
+    pub stage: u32,
+    pub phase: u32,
+}
+
+impl RingPos {
+    pub const START: RingPos = RingPos { stage: 0, phase: 0 };
+    /// The next slot, flipping the phase at the end of the ring.
+    #[inline(always)]
+    pub fn advance(&mut self, stages: u32) {
+        self.stage += 1;
+        if self.stage == stages {
+            self.stage = 0;
+            self.phase ^= 1;
+        }
+    }
+}
+
+impl Ring {
+    #[inline(always)]
+    pub fn new(base: SmemAddr, tile: GemmTile) -> Ring {
+        Ring { base, tile }
+    }
+    #[inline(always)]
+    pub fn stages(&self) -> u32 {
+        self.tile.stages
+    }
+    /// A tile of slot `s`: block_m rows of 128 bytes, 128B-swizzled.
+    #[inline(always)]
+    pub fn a(&self, s: u32) -> SmemAddr {
+        self.base.add(s * self.tile.stage_tx_bytes())
+    }
+    /// B tile of slot `s`.
+    #[inline(always)]
+    pub fn b(&self, s: u32) -> SmemAddr {
+        self.a(s).add(self.tile.a_stage_bytes())
+    }
+    #[inline(always)]
+    pub fn full(&self, s: u32) -> SmemAddr {
+        self.base.add(self.tile.barrier_offset() + 8 * s)
+    }
+    #[inline(always)]
+    pub fn empty(&self, s: u32) -> SmemAddr {
+        self.base.add(self.tile.barrier_offset() + 8 * (self.tile.stages + s))
+    }
+    /// Initializes every barrier (one thread), then makes them visible to TMA.
+    #[inline(always)]
+    pub unsafe fn init(&self) {
+        for s in 0..self.tile.stages {
+            unsafe {
+                mbarrier::init(self.full(s), 1);
+                mbarrier::init(self.empty(s), self.tile.consumer_warpgroups * 4);
+            }
+        }
+        mbarrier::fence_init();
+    }
+}

@@ -1,0 +1,62 @@
+//! `mk_gemm_bf16_nk` / `mk_gemm_bf16_kn`: persistent warp-specialized GEMM `C = A * B`.
+//!
+//! Launch: grid = number of CTAs to use (at most one per SM), block = `GemmTile::threads()`,
+//! dynamic shared memory = `GemmTile::smem_bytes()`. `map_a`/`map_b` point to `CUtensorMap`s in
+//! global memory (encoded by crates/host), A: box 64 x 128, B: box 64 x 256 (N x K) or
+//! 64 x 64 (K x N), 128B swizzle, zero fill out of bounds.
+use crate::arch::{ids, regs, smem, sync, tma, tma::TensorMap};
+use crate::gemm::consumer::mma_tile;
+use crate::gemm::epilogue::{store_tile, Output};
+use crate::gemm::producer::load_tile;
+use crate::gemm::ring::{Ring, RingPos};
+use crate::gemm::scheduler::TileScheduler;
+use crate::gemm::{BLayout, TILE};
+
+#[inline(always)]
+unsafe fn gemm(map_a: *const u8, map_b: *const u8, c: *mut u8, m: u32, n: u32, k: u32, ldc: u32, f32_out: u32, b_layout: BLayout) {
+    let ring = Ring::new(smem::dynamic_smem_addr(), TILE);
+    let (a, b) = (TensorMap(map_a), TensorMap(map_b));
+    if ids::thread_idx() == 0 {
+        unsafe {
+            tma::prefetch(a);
+            tma::prefetch(b);
+            ring.init();
+        }
+    }
+    sync::sync_threads();
+
+    let k_blocks = k.div_ceil(TILE.block_k);
+    let tiles = TileScheduler::new(m, n, TILE.block_m, TILE.block_n, TILE.group_m, ids::block_idx(), ids::grid_dim());
+    let wg = ids::warpgroup_idx();
+    let mut pos = RingPos::START;
+    if wg == 0 {
+        regs::setmaxnreg_dec::<{ TILE.producer_regs }>();
+        if ids::thread_idx() == 0 {
+            for tile in tiles {
+                unsafe { load_tile(&ring, &mut pos, a, b, b_layout, tile, k_blocks) };
+            }
+        }
+    } else {
+        regs::setmaxnreg_inc::<{ TILE.consumer_regs }>();
+        let out = Output { c, m, n, ldc, f32_out: f32_out != 0 };
+        let mut acc = [0f32; 128];
+        for tile in tiles {
+            unsafe {
+                mma_tile(&ring, &mut pos, &mut acc, wg - 1, b_layout, k_blocks);
+                store_tile(&out, tile, wg - 1, &acc);
+            }
+        }
+    }
+}
+
+/// B stored N x K (K contiguous).
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_nk(map_a: *const u8, map_b: *const u8, c: *mut u8, m: u32, n: u32, k: u32, ldc: u32, f32_out: u32) {
+    unsafe { gemm(map_a, map_b, c, m, n, k, ldc, f32_out, BLayout::Nk) }
+}
+
+/// B stored K x N (N contiguous).
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_kn(map_a: *const u8, map_b: *const u8, c: *mut u8, m: u32, n: u32, k: u32, ldc: u32, f32_out: u32) {
+    unsafe { gemm(map_a, map_b, c, m, n, k, ldc, f32_out, BLayout::Kn) }
+}

@@ -1,0 +1,4 @@
+//! Kernel entry points. Each is listed in `mkernel_config::KERNELS` with its launch bounds.
+
+pub mod gemm;
+pub mod iota;

@@ -1,0 +1,77 @@
+//! Post-processing of llc's PTX: launch bounds from the kernel table, and link checks.
+
+use mkernel_config::KernelSpec;
+
+/// Checks the PTX and inserts each entry's launch bounds.
+///
+/// Errors when the PTX declares an `.extern .func` (a call nothing defines: it would fail at
+/// module load on the GPU), when an `.entry` is missing from the table, when a table entry is
+/// missing from the PTX, or when an entry already carries launch bounds.
+pub fn finish_ptx(ptx: &str, table: &[KernelSpec]) -> Result<String, String> {
+    if let Some(line) = ptx.lines().find(|l| l.contains(".extern .func")) {
+        return Err(format!("unresolved function in PTX (a device crate calls something no crate defines): `{}`", line.trim()));
+    }
+    let mut out = String::with_capacity(ptx.len() + 256);
+    let mut pending: Option<&KernelSpec> = None;
+    let mut seen: Vec<&str> = Vec::new();
+    for line in ptx.lines() {
+        // llc may put a comment after the closing `)` of the parameter list.
+        let t = line.split("//").next().unwrap_or("").trim();
+        if let Some(name) = entry_name(t) {
+            let spec = table
+                .iter()
+                .find(|k| k.name == name)
+                .ok_or_else(|| format!("kernel `{name}` is in the PTX but not in mkernel_config::KERNELS"))?;
+            seen.push(spec.name);
+            pending = Some(spec);
+        } else if pending.is_some() && (t.starts_with(".maxntid") || t.starts_with(".minnctapersm") || t.starts_with(".reqntid") || t.starts_with(".maxnreg")) {
+            return Err(format!("kernel `{}` already has launch bounds", pending.unwrap().name));
+        }
+        out.push_str(line);
+        out.push('\n');
+        // The parameter list closes with a line holding just `)`; bounds go between it and `{`.
+        if let (Some(spec), true) = (pending, t == ")" || t.ends_with("()")) {
+            out.push_str(&format!(".maxntid {}, 1, 1\n.minnctapersm {}\n", spec.max_threads, spec.min_blocks_per_sm));
+            pending = None;
+        }
+    }
+    if let Some(missing) = table.iter().find(|k| !seen.contains(&k.name)) {
+        return Err(format!("kernel `{}` is in mkernel_config::KERNELS but not in the PTX (missing #[unsafe(no_mangle)]?)", missing.name));
+    }
+    Ok(out)
+}
+
+fn entry_name(line: &str) -> Option<&str> {
+    let rest = line.strip_prefix(".visible .entry ").or_else(|| line.strip_prefix(".entry "))?;
+    Some(rest.split('(').next().unwrap_or(rest).trim())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    const K: KernelSpec = KernelSpec { name: "k", max_threads: 384, min_blocks_per_sm: 1, dynamic_smem: 0 };
+    const PTX: &str = ".version 8.6\n.visible .entry k(\n\t.param .u64 k_param_0\n)\n{\n\tret;\n}\n";
+
+    #[test]
+    fn bounds_are_inserted_after_params() {
+        let out = finish_ptx(PTX, &[K]).unwrap();
+        assert!(out.contains(")\n.maxntid 384, 1, 1\n.minnctapersm 1\n{"), "{out}");
+    }
+    #[test]
+    fn comment_after_params_is_handled() {
+        let ptx = PTX.replace(")\n{", ")                 // @k\n{");
+        let out = finish_ptx(&ptx, &[K]).unwrap();
+        assert!(out.contains("// @k\n.maxntid 384, 1, 1\n.minnctapersm 1\n{"), "{out}");
+    }
+    #[test]
+    fn unresolved_extern_fails() {
+        let ptx = format!("{PTX}.extern .func foo();\n");
+        assert!(finish_ptx(&ptx, &[K]).unwrap_err().contains("unresolved"));
+    }
+    #[test]
+    fn table_and_ptx_must_agree() {
+        assert!(finish_ptx(PTX, &[]).unwrap_err().contains("not in mkernel_config"));
+        let other = KernelSpec { name: "gone", ..K };
+        assert!(finish_ptx(PTX, &[K, other]).unwrap_err().contains("not in the PTX"));
+    }
+}
