@@ -1,0 +1,6 @@
+//! Testing support shared by the integration tests (tests/tests/*.rs) and the benchmarks:
+//! GPU gating, deterministic data, and CPU references computed independently of the kernels.
+
+pub mod data;
+pub mod gpu;
+pub mod reference;

@@ -1,0 +1,94 @@
+//! GEMM: ours vs cuBLAS (cublasGemmEx, bf16 in/out, f32 compute) on the same buffers.
+use crate::timing::median_ms;
+use crate::Args;
+use anyhow::{bail, Result};
+use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig};
+use cudarc::driver::{CudaSlice, CudaStream};
+use half::bf16;
+use mkernel::gemm::{BLayout, GemmPlan, GemmShape};
+use mkernel::Device;
+use mkernel_tests::data::random_bf16;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// The shapes of the GEMM issue: 8192^3 and M x (K, N) over the tensor-parallel shapes.
+fn shapes() -> Vec<(usize, usize, usize)> {
+    let mut v = vec![(8192, 8192, 8192)];
+    for m in [1024, 4096, 8192, 16384] {
+        for (k, n) in [(8192, 8192), (8192, 28672), (28672, 8192)] {
+            if !v.contains(&(m, n, k)) {
+                v.push((m, n, k));
+            }
+        }
+    }
+    v
+}
+
+/// cuBLAS computing the same row-major product (column-major C^T = op(B)^T A^T).
+fn cublas_gemm(blas: &CudaBlas, s: GemmShape, a: &CudaSlice<bf16>, b: &CudaSlice<bf16>, c: &mut CudaSlice<bf16>) -> Result<()> {
+    let (m, n, k) = (s.m as i32, s.n as i32, s.k as i32);
+    let (transa, lda) = match s.b_layout {
+        BLayout::KxN => (cublasOperation_t::CUBLAS_OP_N, n),
+        BLayout::NxK => (cublasOperation_t::CUBLAS_OP_T, k),
+    };
+    let cfg = GemmConfig { transa, transb: cublasOperation_t::CUBLAS_OP_N, m: n, n: m, k, alpha: bf16::ONE, lda, ldb: k, beta: bf16::ZERO, ldc: n };
+    // SAFETY: buffers hold the shape's elements.
+    unsafe { blas.gemm(cfg, b, a, c) }?;
+    Ok(())
+}
+
+/// Elements where ours and cuBLAS differ by more than two bf16 ulps plus accumulation slack.
+fn count_mismatches(ours: &[bf16], theirs: &[bf16], k: usize) -> usize {
+    let slack = (k as f32).sqrt() * 1e-3;
+    ours.iter().zip(theirs).filter(|(x, y)| {
+        let (x, y) = (x.to_f32(), y.to_f32());
+        !((x - y).abs() <= x.abs().max(y.abs()) / 64.0 + slack)
+    }).count()
+}
+
+pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
+    let b_layout = match args.b_layout.as_str() {
+        "nk" => BLayout::NxK,
+        "kn" => BLayout::KxN,
+        other => bail!("--b-layout must be nk or kn, not {other}"),
+    };
+    let stream: Arc<CudaStream> = dev.default_stream();
+    let blas = CudaBlas::new(stream.clone())?;
+    let t = mkernel_config::GemmTile::DEFAULT;
+    println!("# ours: persistent TMA + wgmma GEMM, tile {}x{}x{}, {} stages, {} consumer warpgroups + 1 producer, {} threads, {} B smem, grid = {} SMs",
+        t.block_m, t.block_n, t.block_k, t.stages, t.consumer_warpgroups, t.threads(), t.smem_bytes(), dev.sm_count());
+    println!("# B layout {:?}; median of {} timed runs after {} warm-up; TFLOP/s = 2MNK / time", b_layout, args.iters, args.warmup);
+    println!("{:>6} {:>6} {:>6} {:>10} {:>9} {:>10} {:>9} {:>7} {:>7}", "M", "N", "K", "ours_us", "TFLOP/s", "cublas_us", "TFLOP/s", "ratio", "#wrong");
+    let mut rows = vec![];
+    let mut ratios = vec![];
+    for (m, n, k) in shapes() {
+        let label = format!("{m}x{n}x{k}");
+        if args.filter.as_ref().is_some_and(|f| !label.contains(f.as_str())) {
+            continue;
+        }
+        let shape = GemmShape { m, n, k, b_layout };
+        let (la, lb, lc) = shape.lens();
+        let a = stream.clone_htod(&random_bf16(la, 1))?;
+        let b = stream.clone_htod(&random_bf16(lb, 2))?;
+        let mut c_ours = stream.alloc_zeros::<bf16>(lc)?;
+        let mut c_blas = stream.alloc_zeros::<bf16>(lc)?;
+        let ours_ms = {
+            let plan = GemmPlan::new(dev, &stream, &a, &b, &mut c_ours, shape, None)?;
+            median_ms(&stream, args.warmup, args.iters, || Ok(plan.launch(&stream)?))?
+        };
+        let blas_ms = median_ms(&stream, args.warmup, args.iters, || cublas_gemm(&blas, shape, &a, &b, &mut c_blas))?;
+        let wrong = count_mismatches(&stream.clone_dtoh(&c_ours)?, &stream.clone_dtoh(&c_blas)?, k);
+        let tf = |ms: f64| shape.flops() / (ms * 1e-3) / 1e12;
+        let ratio = blas_ms / ours_ms;
+        ratios.push(ratio);
+        println!("{m:>6} {n:>6} {k:>6} {:>10.1} {:>9.1} {:>10.1} {:>9.1} {:>7.3} {:>7}", ours_ms * 1e3, tf(ours_ms), blas_ms * 1e3, tf(blas_ms), ratio, wrong);
+        rows.push(json!({ "m": m, "n": n, "k": k, "b_layout": format!("{b_layout:?}"), "ours_ms": ours_ms, "ours_tflops": tf(ours_ms),
+            "cublas_ms": blas_ms, "cublas_tflops": tf(blas_ms), "ours_over_cublas": ratio, "wrong": wrong }));
+    }
+    if !ratios.is_empty() {
+        let geo = (ratios.iter().map(|r| r.ln()).sum::<f64>() / ratios.len() as f64).exp();
+        let min = ratios.iter().cloned().fold(f64::INFINITY, f64::min);
+        println!("# geometric mean ours/cuBLAS (throughput) = {geo:.3}, worst = {min:.3}");
+    }
+    Ok(rows)
+}

@@ -1,0 +1,34 @@
+//! Errors of the mkernel runtime.
+use cudarc::driver::DriverError;
+
+/// Everything that can go wrong in mkernel's host code.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// libcuda could not be loaded: no NVIDIA driver on this machine.
+    #[error("no CUDA driver found (libcuda.so could not be loaded); mkernel needs an NVIDIA GPU with its driver")]
+    NoDriver,
+    /// The driver loaded but the requested device does not exist.
+    #[error("CUDA device {ordinal} not found ({count} device(s) present)")]
+    NoDevice { ordinal: usize, count: usize },
+    /// The GPU cannot run the kernels (they need sm_90a: H100/H200).
+    #[error("device {ordinal} is sm_{major}{minor}; mkernel's kernels need a Hopper GPU (sm_90)")]
+    UnsupportedDevice { ordinal: usize, major: i32, minor: i32 },
+    /// A shape argument is invalid for the operation.
+    #[error("invalid shape for {op}: {reason}")]
+    Shape { op: &'static str, reason: String },
+    /// A pointer is not aligned as the operation requires.
+    #[error("{op}: {what} pointer {ptr:#x} is not {align}-byte aligned")]
+    Alignment { op: &'static str, what: &'static str, ptr: u64, align: u64 },
+    /// A buffer is smaller than the shape needs.
+    #[error("{op}: {what} holds {have} elements but the shape needs {need}")]
+    BufferTooSmall { op: &'static str, what: &'static str, have: usize, need: usize },
+    /// A CUDA driver call failed.
+    #[error("CUDA driver: {0}")]
+    Driver(#[from] DriverError),
+    /// The embedded PTX lacks a kernel the runtime expected (a build mismatch).
+    #[error("kernel `{0}` is missing from the embedded PTX")]
+    MissingKernel(&'static str),
+}
+
+/// Result with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,202 @@
+//! `C = A * B` on the persistent warp-specialized TMA + wgmma kernel (bf16 in, f32 accumulate,
+//! bf16 or f32 out).
+//!
+//! A is M x K row-major. B is K x N row-major ([`BLayout::KxN`]) or N x K row-major
+//! ([`BLayout::NxK`], the `nn.Linear` weight layout). C is M x N row-major. Any M and N; K a
+//! multiple of 8 (TMA needs 16-byte row strides), N a multiple of 8 when B is K x N.
+//!
+//! A [`GemmPlan`] encodes the TMA descriptors once and uploads them; `launch` is then a single
+//! kernel launch that can be captured in a CUDA graph.
+use crate::error::{Error, Result};
+use crate::runtime::Device;
+use crate::tensor_map::{encode_bf16_sw128, Tensor2d};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
+use half::bf16;
+use mkernel_config::{kernels, GemmTile, KernelSpec};
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+const OP: &str = "gemm";
+
+/// Storage order of B.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BLayout {
+    /// B is K x N row-major (N contiguous).
+    KxN,
+    /// B is N x K row-major (K contiguous), as `nn.Linear` stores weights: C = A * B^T.
+    NxK,
+}
+
+/// Element type of C.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutDtype {
+    Bf16,
+    F32,
+}
+
+impl OutDtype {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            OutDtype::Bf16 => 2,
+            OutDtype::F32 => 4,
+        }
+    }
+}
+
+/// Problem size and B layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmShape {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub b_layout: BLayout,
+}
+
+impl GemmShape {
+    /// Checks the shape against what the kernel supports, with the reason when it does not.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |reason: String| Err(Error::Shape { op: OP, reason });
+        if self.m == 0 || self.n == 0 || self.k == 0 {
+            return bad(format!("empty problem m={} n={} k={}", self.m, self.n, self.k));
+        }
+        if self.m > i32::MAX as usize || self.n > i32::MAX as usize || self.k > i32::MAX as usize {
+            return bad("dimensions must be below 2^31".into());
+        }
+        if self.k % 8 != 0 {
+            return bad(format!("k={} must be a multiple of 8 (16-byte rows for TMA)", self.k));
+        }
+        if self.b_layout == BLayout::KxN && self.n % 8 != 0 {
+            return bad(format!("n={} must be a multiple of 8 when B is K x N (16-byte rows for TMA)", self.n));
+        }
+        Ok(())
+    }
+    /// Floating-point operations of the product (2 M N K).
+    pub fn flops(&self) -> f64 {
+        2.0 * self.m as f64 * self.n as f64 * self.k as f64
+    }
+    /// Elements of A, B and C.
+    pub fn lens(&self) -> (usize, usize, usize) {
+        (self.m * self.k, self.k * self.n, self.m * self.n)
+    }
+}
+
+/// A GEMM ready to launch: descriptors encoded and uploaded, grid chosen.
+/// Borrows the buffers it was made from for `'a`.
+pub struct GemmPlan<'a> {
+    func: CudaFunction,
+    spec: &'static KernelSpec,
+    maps: CudaSlice<u64>,
+    c: u64,
+    shape: GemmShape,
+    out: OutDtype,
+    grid: u32,
+    _buffers: PhantomData<&'a ()>,
+}
+
+impl<'a> GemmPlan<'a> {
+    /// Plans `c = a * b` on cudarc buffers. `sms` caps the CTAs (default: every SM).
+    pub fn new(
+        device: &Device,
+        stream: &Arc<CudaStream>,
+        a: &'a CudaSlice<bf16>,
+        b: &'a CudaSlice<bf16>,
+        c: &'a mut CudaSlice<bf16>,
+        shape: GemmShape,
+        sms: Option<u32>,
+    ) -> Result<Self> {
+        shape.validate()?;
+        let (la, lb, lc) = shape.lens();
+        for (what, have, need) in [("A", a.len(), la), ("B", b.len(), lb), ("C", c.len(), lc)] {
+            if have < need {
+                return Err(Error::BufferTooSmall { op: OP, what, have, need });
+            }
+        }
+        let (pa, _ra) = a.device_ptr(stream);
+        let (pb, _rb) = b.device_ptr(stream);
+        let (pc, _rc) = c.device_ptr_mut(stream);
+        // SAFETY: the three buffers are borrowed for 'a and hold the shape's elements.
+        unsafe { Self::new_raw(device, stream, pa, pb, pc, shape, OutDtype::Bf16, sms) }
+    }
+
+    /// Plans on raw device pointers (16-byte aligned; C of `out` elements).
+    ///
+    /// # Safety
+    /// `a`, `b`, `c` must point to at least M*K, K*N and M*N elements on `device`, and stay
+    /// valid while the plan is launched.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn new_raw(device: &Device, stream: &Arc<CudaStream>, a: u64, b: u64, c: u64, shape: GemmShape, out: OutDtype, sms: Option<u32>) -> Result<Self> {
+        shape.validate()?;
+        for (what, ptr) in [("A", a), ("B", b), ("C", c)] {
+            if ptr % 16 != 0 {
+                return Err(Error::Alignment { op: OP, what, ptr, align: 16 });
+            }
+        }
+        let t = GemmTile::DEFAULT;
+        let (m, n, k) = (shape.m as u64, shape.n as u64, shape.k as u64);
+        let map_a = encode_bf16_sw128(Tensor2d { ptr: a, cols: k, rows: m, row_stride_bytes: 2 * k }, t.block_k, t.block_m)?;
+        let (spec, map_b) = match shape.b_layout {
+            BLayout::NxK => (&kernels::GEMM_BF16_NK, encode_bf16_sw128(Tensor2d { ptr: b, cols: k, rows: n, row_stride_bytes: 2 * k }, t.block_k, t.block_n)?),
+            BLayout::KxN => (&kernels::GEMM_BF16_KN, encode_bf16_sw128(Tensor2d { ptr: b, cols: n, rows: k, row_stride_bytes: 2 * n }, 64, t.block_k)?),
+        };
+        let mut words = [0u64; 32];
+        words[..16].copy_from_slice(&map_a.opaque);
+        words[16..].copy_from_slice(&map_b.opaque);
+        let maps = stream.clone_htod(&words)?;
+        let tiles = shape.m.div_ceil(t.block_m as usize) * shape.n.div_ceil(t.block_n as usize);
+        let sms = sms.unwrap_or(device.sm_count()).clamp(1, device.sm_count());
+        let grid = (tiles.min(sms as usize)) as u32;
+        Ok(GemmPlan { func: device.function(spec)?, spec, maps, c, shape, out, grid, _buffers: PhantomData })
+    }
+
+    /// Enqueues the kernel on `stream`.
+    pub fn launch(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        let (maps, _r) = self.maps.device_ptr(stream);
+        let (map_a, map_b) = (maps, maps + 128);
+        let (m, n, k) = (self.shape.m as u32, self.shape.n as u32, self.shape.k as u32);
+        let ldc = n;
+        let f32_out = (self.out == OutDtype::F32) as u32;
+        let mut b = stream.launch_builder(&self.func);
+        b.arg(&map_a).arg(&map_b).arg(&self.c).arg(&m).arg(&n).arg(&k).arg(&ldc).arg(&f32_out);
+        // SAFETY: arguments match mk_gemm_bf16_{nk,kn}; the plan's buffers are borrowed for 'a.
+        unsafe { b.launch(Device::launch_config(self.spec, self.grid)) }?;
+        Ok(())
+    }
+
+    /// CTAs launched (persistent: each loops over tiles).
+    pub fn grid(&self) -> u32 {
+        self.grid
+    }
+    /// The tile configuration the kernel is compiled with.
+    pub fn tile(&self) -> GemmTile {
+        GemmTile::DEFAULT
+    }
+    /// The planned shape.
+    pub fn shape(&self) -> GemmShape {
+        self.shape
+    }
+}
+
+/// One-shot `c = a * b` (plans, then launches; keep a [`GemmPlan`] to launch repeatedly).
+pub fn gemm_bf16(device: &Device, stream: &Arc<CudaStream>, a: &CudaSlice<bf16>, b: &CudaSlice<bf16>, c: &mut CudaSlice<bf16>, shape: GemmShape) -> Result<()> {
+    GemmPlan::new(device, stream, a, b, c, shape, None)?.launch(stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    fn shape(m: usize, n: usize, k: usize, b_layout: BLayout) -> GemmShape {
+        GemmShape { m, n, k, b_layout }
+    }
+    #[test]
+    fn shapes_are_validated() {
+        assert!(shape(1, 1, 8, BLayout::NxK).validate().is_ok());
+        assert!(shape(129, 257, 72, BLayout::NxK).validate().is_ok());
+        assert!(shape(129, 264, 72, BLayout::KxN).validate().is_ok());
+        let e = shape(128, 256, 100, BLayout::NxK).validate().unwrap_err().to_string();
+        assert!(e.contains("multiple of 8"), "{e}");
+        let e = shape(128, 257, 64, BLayout::KxN).validate().unwrap_err().to_string();
+        assert!(e.contains("n=257"), "{e}");
+        assert!(shape(0, 256, 64, BLayout::NxK).validate().is_err());
+    }
+}

@@ -1,0 +1,63 @@
+//! TMA descriptors (`CUtensorMap`) for the kernels' 2D bf16 tiles, encoded with
+//! `cuTensorMapEncodeTiled`. The kernels read them from global memory by pointer (a 128-byte,
+//! 64-byte aligned struct cannot be a kernel parameter of rustc's nvptx ABI).
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
+
+/// One encoded descriptor.
+pub type TensorMap = sys::CUtensorMap;
+
+/// A row-major 2D bf16 tensor as TMA sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct Tensor2d {
+    /// Device address of element (0, 0); 16-byte aligned.
+    pub ptr: u64,
+    /// Elements per row (the contiguous dimension).
+    pub cols: u64,
+    /// Rows.
+    pub rows: u64,
+    /// Bytes between rows; a multiple of 16.
+    pub row_stride_bytes: u64,
+}
+
+/// Encodes a descriptor for boxes of `box_rows x box_cols` bf16 elements with 128-byte swizzle
+/// (so `box_cols * 2` must be 128) and zero fill outside the tensor.
+pub fn encode_bf16_sw128(t: Tensor2d, box_cols: u32, box_rows: u32) -> Result<TensorMap> {
+    let bad = |reason: String| Error::Shape { op: "tensor map", reason };
+    if t.ptr % 16 != 0 {
+        return Err(Error::Alignment { op: "tensor map", what: "tensor", ptr: t.ptr, align: 16 });
+    }
+    if t.row_stride_bytes % 16 != 0 {
+        return Err(bad(format!("row stride {} bytes is not a multiple of 16 (row length must be a multiple of 8 bf16)", t.row_stride_bytes)));
+    }
+    if box_cols * 2 != 128 || box_rows == 0 || box_rows > 256 {
+        return Err(bad(format!("box {box_rows}x{box_cols} does not fit 128-byte swizzle")));
+    }
+    if t.cols == 0 || t.rows == 0 || t.cols >= 1 << 32 || t.rows >= 1 << 32 {
+        return Err(bad(format!("{}x{} tensor is empty or too large", t.rows, t.cols)));
+    }
+    let mut map = TensorMap { opaque: [0; 16] };
+    let dims = [t.cols, t.rows];
+    let strides = [t.row_stride_bytes];
+    let boxes = [box_cols, box_rows];
+    let elem_strides = [1u32, 1];
+    // SAFETY: all arrays have rank (2) or rank - 1 (1) entries; map is writable and 64-aligned.
+    unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut map,
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            2,
+            t.ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            elem_strides.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+        .result()?;
+    }
+    Ok(map)
+}

@@ -1,0 +1,27 @@
+//! Whether GPU tests run here.
+//!
+//! GPU tests run when `MKERNEL_GPU_TESTS=1` (set by `cargo xtask test --gpu` and by the bundle's
+//! `run-tests.sh`); then a missing GPU is a failure. Otherwise they print that they were
+//! skipped and pass, so CI on machines without a GPU stays green and says so.
+use mkernel::Device;
+
+/// The environment variable that turns GPU tests on.
+pub const GPU_TESTS_VAR: &str = "MKERNEL_GPU_TESTS";
+
+/// Whether GPU tests were asked for.
+pub fn gpu_tests_enabled() -> bool {
+    std::env::var(GPU_TESTS_VAR).is_ok_and(|v| v == "1")
+}
+
+/// Device 0 when GPU tests are on; `None` (after printing why) when they are off.
+/// Panics with the runtime's error when they are on but no usable GPU is present.
+pub fn device_or_skip(test: &str) -> Option<Device> {
+    if !gpu_tests_enabled() {
+        eprintln!("SKIPPED (no GPU requested): {test}; run `cargo xtask test --gpu` or set {GPU_TESTS_VAR}=1 on a GPU host");
+        return None;
+    }
+    match Device::new(0) {
+        Ok(d) => Some(d),
+        Err(e) => panic!("{GPU_TESTS_VAR}=1 but no usable GPU: {e}"),
+    }
+}
