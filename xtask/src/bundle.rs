@@ -1,0 +1,73 @@
+//! `cargo xtask bundle`: everything a GPU host without Rust needs, in one ignored folder.
+//!
+//! bundle/
+//!   xtask, mkernel-bench       (`./xtask bench --op gemm`, `./xtask launch -n 2 -- ...`)
+//!   tests/<crate>-<target>     every test binary of the workspace (release)
+//!   mkernel.ptx                the PTX the binaries embed (for ptxas/ncu inspection)
+//!   run-tests.sh               runs every test binary with GPU tests on
+use crate::util::{self, root};
+use anyhow::{Context, Result};
+use std::io::BufRead;
+use std::process::{Command, Stdio};
+
+pub fn run() -> Result<()> {
+    let root = root();
+    let dir = root.join("bundle");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("tests"))?;
+    util::run(util::cargo().current_dir(&root).args(["build", "--quiet", "--release", "-p", "mkernel-bench", "-p", "xtask"]))?;
+    for bin in ["mkernel-bench", "xtask"] {
+        std::fs::copy(root.join("target/release").join(bin), dir.join(bin)).with_context(|| format!("copying {bin}"))?;
+    }
+    let mut child = util::cargo()
+        .current_dir(&root)
+        .args(["test", "--release", "--workspace", "--no-run", "--message-format=json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let mut copied = 0;
+    for line in std::io::BufReader::new(child.stdout.take().unwrap()).lines() {
+        let v: serde_json::Value = match serde_json::from_str(&line?) {
+            Ok(v) => v,
+            Err(_) => continue,
+        };
+        let is_test = v["profile"]["test"].as_bool() == Some(true);
+        if let (true, Some(exe)) = (is_test, v["executable"].as_str()) {
+            let krate = v["package_id"].as_str().and_then(crate_name).unwrap_or("crate");
+            let target = v["target"]["name"].as_str().unwrap_or("t");
+            let name = if target.replace('-', "_") == krate.replace('-', "_") { krate.to_string() } else { format!("{krate}-{target}") };
+            std::fs::copy(exe, dir.join("tests").join(&name))?;
+            copied += 1;
+        }
+    }
+    anyhow::ensure!(child.wait()?.success(), "building test binaries failed");
+    std::fs::copy(root.join("crates/host/ptx/mkernel.ptx"), dir.join("mkernel.ptx"))?;
+    let script = dir.join("run-tests.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\n# Runs every mkernel test binary with GPU tests on. Usage: bundle/run-tests.sh [test-binary args]\n\
+         cd \"$(dirname \"$0\")\" || exit 1\nexport MKERNEL_GPU_TESTS=1 NCCL_NVLS_ENABLE=0\n\
+         export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}\nfail=0\n\
+         for t in tests/*; do echo \"== $t\"; \"$t\" --test-threads=1 \"$@\" || { echo \"FAILED: $t\"; fail=1; }; done\n\
+         [ $fail = 0 ] && echo 'ALL TEST BINARIES PASSED'\nexit $fail\n",
+    )?;
+    Command::new("chmod").arg("+x").arg(&script).status()?;
+    let size: u64 = walk_size(&dir)?;
+    println!("bundle/: {copied} test binaries + mkernel-bench + xtask, {:.1} MiB (the device tool carries up to 64 MiB)", size as f64 / (1 << 20) as f64);
+    Ok(())
+}
+
+/// `path+file:///.../tests#mkernel-tests@0.1.0` -> `mkernel-tests`.
+fn crate_name(id: &str) -> Option<&str> {
+    let tail = id.rsplit('#').next()?;
+    Some(tail.split('@').next().unwrap_or(tail))
+}
+
+fn walk_size(dir: &std::path::Path) -> Result<u64> {
+    let mut total = 0;
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        total += if e.file_type()?.is_dir() { walk_size(&e.path())? } else { e.metadata()?.len() };
+    }
+    Ok(total)
+}

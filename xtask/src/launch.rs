@@ -1,0 +1,215 @@
+//! `cargo xtask launch`: one process per GPU with torchrun-style variables.
+//!
+//! One host: `launch -n 4 -- prog`; emulated nodes on one host: `launch -n 4 --nodes 2 -- prog`
+//! (ranks 0,1 form node 0 and ranks 2,3 node 1; their traffic between nodes goes through the
+//! proxy over the emulated wire). Real nodes: run `launch -n 8 --nnodes 2 --node-rank R
+//! --master-addr HOST0 --job-key KEY -- prog` on each node.
+//!
+//! Each process gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK, NNODES,
+//! MASTER_ADDR, MASTER_PORT, MKERNEL_JOB_KEY (the bootstrap store refuses other keys),
+//! MKERNEL_DEVICE (the GPU ordinal to open) and MKERNEL_EMULATED_NODES when nodes are emulated.
+//! Output lines are prefixed with `[rank R]`. When a process fails the others are stopped and
+//! the failing rank is named.
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(Args, Debug)]
+pub struct LaunchArgs {
+    /// Processes (GPUs) on this host.
+    #[arg(short = 'n', long = "nproc")]
+    pub nproc: usize,
+    /// Split this host's processes into this many emulated nodes.
+    #[arg(long, default_value_t = 1)]
+    pub nodes: usize,
+    /// Real multi-node: number of nodes (run the same command on each).
+    #[arg(long)]
+    pub nnodes: Option<usize>,
+    /// Real multi-node: this node's index.
+    #[arg(long, default_value_t = 0)]
+    pub node_rank: usize,
+    /// Address of node 0's bootstrap store.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub master_addr: String,
+    /// Port of the bootstrap store (default: a free port on one host, 29500 across nodes).
+    #[arg(long)]
+    pub master_port: Option<u16>,
+    /// Shared secret of the job (default: MKERNEL_JOB_KEY, else random on one host).
+    #[arg(long)]
+    pub job_key: Option<String>,
+    /// Stop every process after this many seconds.
+    #[arg(long)]
+    pub timeout_s: Option<u64>,
+    /// The command to run in each process.
+    #[arg(last = true, required = true)]
+    pub cmd: Vec<String>,
+}
+
+/// The variables of one process.
+#[derive(Debug, PartialEq, Eq)]
+pub struct RankEnv {
+    pub rank: usize,
+    pub local_rank: usize,
+    pub world_size: usize,
+    pub local_world_size: usize,
+    pub node_rank: usize,
+    pub nnodes: usize,
+    pub device: usize,
+}
+
+/// Rank layout for `args`: emulated nodes split this host's GPUs; real nodes stack hosts.
+pub fn layout(args: &LaunchArgs) -> Result<Vec<RankEnv>> {
+    if args.nproc == 0 {
+        bail!("-n must be at least 1");
+    }
+    if let Some(nnodes) = args.nnodes {
+        if args.nodes != 1 {
+            bail!("--nodes (emulated) and --nnodes (real) cannot be combined");
+        }
+        if args.node_rank >= nnodes {
+            bail!("--node-rank {} must be below --nnodes {}", args.node_rank, nnodes);
+        }
+        return Ok((0..args.nproc)
+            .map(|i| RankEnv { rank: args.node_rank * args.nproc + i, local_rank: i, world_size: nnodes * args.nproc, local_world_size: args.nproc, node_rank: args.node_rank, nnodes, device: i })
+            .collect());
+    }
+    if args.nodes == 0 || args.nproc % args.nodes != 0 {
+        bail!("-n {} does not split into --nodes {} equal nodes", args.nproc, args.nodes);
+    }
+    let local = args.nproc / args.nodes;
+    Ok((0..args.nproc)
+        .map(|r| RankEnv { rank: r, local_rank: r % local, world_size: args.nproc, local_world_size: local, node_rank: r / local, nnodes: args.nodes, device: r })
+        .collect())
+}
+
+fn random_key() -> String {
+    let mut bytes = [0u8; 16];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read;
+        let _ = f.read_exact(&mut bytes);
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+pub fn run(args: LaunchArgs) -> Result<()> {
+    let ranks = layout(&args)?;
+    let port = match (args.master_port, args.nnodes) {
+        (Some(p), _) => p,
+        (None, Some(_)) => 29500,
+        (None, None) => free_port()?,
+    };
+    let key = match (&args.job_key, std::env::var("MKERNEL_JOB_KEY")) {
+        (Some(k), _) => k.clone(),
+        (None, Ok(k)) => k,
+        (None, Err(_)) if args.nnodes.is_some() => bail!("multi-node launch needs --job-key (the same on every node)"),
+        (None, Err(_)) => random_key(),
+    };
+    let mut children: Vec<(usize, Child)> = vec![];
+    let mut printers = vec![];
+    for r in &ranks {
+        let mut cmd = Command::new(&args.cmd[0]);
+        cmd.args(&args.cmd[1..])
+            .env("RANK", r.rank.to_string())
+            .env("LOCAL_RANK", r.local_rank.to_string())
+            .env("WORLD_SIZE", r.world_size.to_string())
+            .env("LOCAL_WORLD_SIZE", r.local_world_size.to_string())
+            .env("NODE_RANK", r.node_rank.to_string())
+            .env("NNODES", r.nnodes.to_string())
+            .env("MASTER_ADDR", &args.master_addr)
+            .env("MASTER_PORT", port.to_string())
+            .env("MKERNEL_JOB_KEY", &key)
+            .env("MKERNEL_DEVICE", r.device.to_string())
+            .env("NCCL_NVLS_ENABLE", "0")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // Own process group, so stopping a rank also stops what it started.
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        if args.nodes > 1 {
+            cmd.env("MKERNEL_EMULATED_NODES", args.nodes.to_string());
+        }
+        let mut child = cmd.spawn().with_context(|| format!("starting rank {}: {:?}", r.rank, args.cmd))?;
+        for stream in [child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>), child.stderr.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>)].into_iter().flatten() {
+            let rank = r.rank;
+            printers.push(std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    println!("[rank {rank}] {line}");
+                }
+            }));
+        }
+        children.push((r.rank, child));
+    }
+    let start = Instant::now();
+    let mut failed: Option<String> = None;
+    let mut running: Vec<bool> = vec![true; children.len()];
+    while running.iter().any(|&r| r) && failed.is_none() {
+        for (i, (rank, child)) in children.iter_mut().enumerate() {
+            if running[i] {
+                if let Some(status) = child.try_wait()? {
+                    running[i] = false;
+                    if !status.success() {
+                        failed = Some(format!("rank {rank} exited with {status}"));
+                    }
+                }
+            }
+        }
+        if let Some(t) = args.timeout_s {
+            if failed.is_none() && start.elapsed() > Duration::from_secs(t) {
+                let stuck: Vec<usize> = children.iter().zip(&running).filter(|(_, r)| **r).map(|((rank, _), _)| *rank).collect();
+                failed = Some(format!("timeout after {t} s; ranks still running: {stuck:?}"));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for (i, (_, child)) in children.iter_mut().enumerate() {
+        if running[i] {
+            let _ = Command::new("kill").args(["-KILL", &format!("-{}", child.id())]).status();
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+    for p in printers {
+        let _ = p.join();
+    }
+    match failed {
+        Some(why) => bail!("launch failed: {why}; the other ranks were stopped"),
+        None => {
+            println!("launch: all {} ranks exited successfully", children.len());
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    fn args(n: usize, nodes: usize, nnodes: Option<usize>, node_rank: usize) -> LaunchArgs {
+        LaunchArgs { nproc: n, nodes, nnodes, node_rank, master_addr: "127.0.0.1".into(), master_port: None, job_key: None, timeout_s: None, cmd: vec!["true".into()] }
+    }
+    #[test]
+    fn emulated_nodes_split_one_host() {
+        let l = layout(&args(4, 2, None, 0)).unwrap();
+        assert_eq!(l[3], RankEnv { rank: 3, local_rank: 1, world_size: 4, local_world_size: 2, node_rank: 1, nnodes: 2, device: 3 });
+        assert!(layout(&args(3, 2, None, 0)).is_err());
+    }
+    #[test]
+    fn real_nodes_stack_hosts() {
+        let l = layout(&args(8, 1, Some(2), 1)).unwrap();
+        assert_eq!(l[0].rank, 8);
+        assert_eq!(l[0].world_size, 16);
+        assert_eq!(l[7].local_rank, 7);
+        assert!(layout(&args(8, 1, Some(2), 2)).is_err());
+    }
+    #[test]
+    fn a_failing_rank_is_named_and_others_stopped() {
+        let mut a = args(2, 1, None, 0);
+        a.cmd = vec!["sh".into(), "-c".into(), "if [ $RANK = 1 ]; then exit 3; fi; sleep 30".into()];
+        let e = run(a).unwrap_err().to_string();
+        assert!(e.contains("rank 1"), "{e}");
+    }
+}
