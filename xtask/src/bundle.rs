@@ -57,10 +57,21 @@ pub fn run() -> Result<()> {
     Ok(())
 }
 
-/// `path+file:///.../tests#mkernel-tests@0.1.0` -> `mkernel-tests`.
+/// `path+file:///.../tests#mkernel-tests@0.1.0` -> `mkernel-tests`;
+/// `path+file:///.../xtask#0.1.0` (name = folder) -> `xtask`.
 fn crate_name(id: &str) -> Option<&str> {
-    let tail = id.rsplit('#').next()?;
-    Some(tail.split('@').next().unwrap_or(tail))
+    let (path, tail) = id.rsplit_once('#')?;
+    match tail.split_once('@') {
+        Some((name, _)) => Some(name),
+        None => path.rsplit('/').next(),
+    }
+}
+
+#[cfg(test)]
+#[test]
+fn crate_names_from_package_ids() {
+    assert_eq!(crate_name("path+file:///w/tests#mkernel-tests@0.1.0"), Some("mkernel-tests"));
+    assert_eq!(crate_name("path+file:///w/xtask#0.1.0"), Some("xtask"));
 }
 
 fn walk_size(dir: &std::path::Path) -> Result<u64> {

@@ -66,12 +66,29 @@ impl GemmTile {
     pub const fn stage_tx_bytes(&self) -> u32 {
         self.a_stage_bytes() + self.b_stage_bytes()
     }
-    /// Offset of the mbarrier block after the operand ring.
-    pub const fn barrier_offset(&self) -> u32 {
+    /// Rows x columns of one epilogue staging box (bf16, 128-byte swizzled rows): what one TMA
+    /// store writes.
+    pub const EPILOGUE_BOX_ROWS: u32 = 64;
+    pub const EPILOGUE_BOX_COLS: u32 = 64;
+    /// Bytes of one staging box.
+    pub const fn epilogue_box_bytes(&self) -> u32 {
+        Self::EPILOGUE_BOX_ROWS * Self::EPILOGUE_BOX_COLS * BF16_BYTES
+    }
+    /// Offset of the epilogue staging area (two boxes per consumer warpgroup, double-buffered)
+    /// after the operand ring.
+    pub const fn epilogue_offset(&self) -> u32 {
         self.stages * self.stage_tx_bytes()
     }
-    /// Dynamic shared memory to launch with: ring + 2 mbarriers per stage (full, empty),
-    /// padded so the 1024-byte alignment of the swizzled ring holds.
+    /// Bytes of the epilogue staging area.
+    pub const fn epilogue_bytes(&self) -> u32 {
+        self.consumer_warpgroups * 2 * self.epilogue_box_bytes()
+    }
+    /// Offset of the mbarrier block after the staging area.
+    pub const fn barrier_offset(&self) -> u32 {
+        self.epilogue_offset() + self.epilogue_bytes()
+    }
+    /// Dynamic shared memory to launch with: ring + epilogue staging + 2 mbarriers per stage
+    /// (full, empty), padded so the 1024-byte alignment of the swizzled ring holds.
     pub const fn smem_bytes(&self) -> u32 {
         self.barrier_offset() + self.stages * 2 * 8 + 1024
     }
@@ -89,6 +106,8 @@ impl GemmTile {
         assert!(self.block_n % 64 == 0 && self.block_n >= 64 && self.block_n <= 256, "wgmma N: 64..=256 in steps of 64 (B loads are 64-wide boxes)");
         assert!(self.stages >= 2, "a ring needs at least 2 stages");
         assert!(self.a_stage_bytes() % 1024 == 0 && self.b_stage_bytes() % 1024 == 0, "stage tiles must keep 1024-byte swizzle alignment");
+        assert!(self.rows_per_consumer() == Self::EPILOGUE_BOX_ROWS, "one staging box spans a consumer's rows");
+        assert!(self.block_n % Self::EPILOGUE_BOX_COLS == 0, "staging boxes tile block_n");
         assert!(self.smem_bytes() <= crate::SM90_MAX_SMEM_PER_CTA, "shared memory ring does not fit in 227 KiB");
         assert!(self.producer_regs % 8 == 0 && self.consumer_regs % 8 == 0, "setmaxnreg counts are multiples of 8");
         assert!(self.producer_regs >= 24 && self.consumer_regs <= 256, "setmaxnreg range is 24..=256");

@@ -91,6 +91,7 @@ pub struct GemmPlan<'a> {
     shape: GemmShape,
     out: OutDtype,
     grid: u32,
+    tma_store: bool,
     _buffers: PhantomData<&'a ()>,
 }
 
@@ -139,25 +140,33 @@ impl<'a> GemmPlan<'a> {
             BLayout::NxK => (&kernels::GEMM_BF16_NK, encode_bf16_sw128(Tensor2d { ptr: b, cols: k, rows: n, row_stride_bytes: 2 * k }, t.block_k, t.block_n)?),
             BLayout::KxN => (&kernels::GEMM_BF16_KN, encode_bf16_sw128(Tensor2d { ptr: b, cols: n, rows: k, row_stride_bytes: 2 * n }, 64, t.block_k)?),
         };
-        let mut words = [0u64; 32];
+        // bf16 C with 16-byte rows is written by TMA from shared memory; otherwise direct stores.
+        let tma_store = out == OutDtype::Bf16 && shape.n % 8 == 0;
+        let mut words = [0u64; 48];
         words[..16].copy_from_slice(&map_a.opaque);
-        words[16..].copy_from_slice(&map_b.opaque);
+        words[16..32].copy_from_slice(&map_b.opaque);
+        if tma_store {
+            let box_rows = GemmTile::EPILOGUE_BOX_ROWS;
+            let map_c = encode_bf16_sw128(Tensor2d { ptr: c, cols: n, rows: m, row_stride_bytes: 2 * n }, GemmTile::EPILOGUE_BOX_COLS, box_rows)?;
+            words[32..].copy_from_slice(&map_c.opaque);
+        }
         let maps = stream.clone_htod(&words)?;
         let tiles = shape.m.div_ceil(t.block_m as usize) * shape.n.div_ceil(t.block_n as usize);
         let sms = sms.unwrap_or(device.sm_count()).clamp(1, device.sm_count());
         let grid = (tiles.min(sms as usize)) as u32;
-        Ok(GemmPlan { func: device.function(spec)?, spec, maps, c, shape, out, grid, _buffers: PhantomData })
+        Ok(GemmPlan { func: device.function(spec)?, spec, maps, c, shape, out, grid, tma_store, _buffers: PhantomData })
     }
 
     /// Enqueues the kernel on `stream`.
     pub fn launch(&self, stream: &Arc<CudaStream>) -> Result<()> {
         let (maps, _r) = self.maps.device_ptr(stream);
         let (map_a, map_b) = (maps, maps + 128);
+        let map_c = if self.tma_store { maps + 256 } else { 0 };
         let (m, n, k) = (self.shape.m as u32, self.shape.n as u32, self.shape.k as u32);
         let ldc = n;
         let f32_out = (self.out == OutDtype::F32) as u32;
         let mut b = stream.launch_builder(&self.func);
-        b.arg(&map_a).arg(&map_b).arg(&self.c).arg(&m).arg(&n).arg(&k).arg(&ldc).arg(&f32_out);
+        b.arg(&map_a).arg(&map_b).arg(&map_c).arg(&self.c).arg(&m).arg(&n).arg(&k).arg(&ldc).arg(&f32_out);
         // SAFETY: arguments match mk_gemm_bf16_{nk,kn}; the plan's buffers are borrowed for 'a.
         unsafe { b.launch(Device::launch_config(self.spec, self.grid)) }?;
         Ok(())
@@ -166,6 +175,10 @@ impl<'a> GemmPlan<'a> {
     /// CTAs launched (persistent: each loops over tiles).
     pub fn grid(&self) -> u32 {
         self.grid
+    }
+    /// Whether the epilogue writes C through shared memory and TMA (bf16 C, N a multiple of 8).
+    pub fn tma_store(&self) -> bool {
+        self.tma_store
     }
     /// The tile configuration the kernel is compiled with.
     pub fn tile(&self) -> GemmTile {

@@ -1,10 +1,13 @@
 //! Epilogue: a consumer warpgroup's 64 x 256 f32 accumulators to C in global memory.
 //!
-//! Thread layout of the accumulators: see [`crate::arch::wgmma`]. Interior tiles store without
-//! checks; tiles on the M/N edge check every element pair.
+//! Two paths: [`store_tile_tma`] (bf16 C whose rows are 16-byte multiples: staged in shared memory,
+//! written by TMA, asynchronous) and [`store_tile`] (f32 C or odd widths: direct stores from
+//! registers; interior tiles store without checks, edge tiles check every element pair).
+//! Thread layout of the accumulators: see [`crate::arch::wgmma`].
+use super::ring::Ring;
 use super::scheduler::Tile;
 use super::TILE;
-use crate::arch::{convert::pack_bf16x2, ids};
+use crate::arch::{convert::pack_bf16x2, ids, matrix, memory, sync, tma, tma::TensorMap};
 
 /// Where and how C is stored.
 #[derive(Clone, Copy)]
@@ -25,6 +28,68 @@ macro_rules! unroll_32 {
     (@ $j:ident $body:block; $($n:literal)*) => {
         $( { #[allow(non_upper_case_globals)] const $j: usize = $n; $body } )*
     };
+}
+
+/// Stores warpgroup `wg`'s 64 x 256 accumulators as bf16 through shared memory and TMA: four
+/// 64 x 64 boxes, double-buffered per warpgroup. For each box every thread converts its values and
+/// writes them with `stmatrix` into the 128B-swizzled staging box (the layout the TMA store
+/// expects), `fence.proxy.async` makes them visible to the copy engine, a named barrier joins the
+/// warpgroup, and one thread issues the bulk store. Rows and columns outside C are clipped by TMA.
+/// A buffer is rewritten only after the store that last read it has finished reading
+/// (`cp.async.bulk.wait_group.read 1` keeps the other buffer's store in flight).
+#[inline(always)]
+pub unsafe fn store_tile_tma(ring: &Ring, map_c: TensorMap, tile: Tile, wg: u32, acc: &[f32; 128]) {
+    let t = ids::thread_in_warpgroup();
+    let (warp, lane) = (t / 32, t % 32);
+    let leader = t == 0;
+    let barrier = 1 + wg; // named barrier per consumer warpgroup; 0 is __syncthreads
+    // Lane l addresses row (l % 8) of matrix (l / 8): matrices 0/1 = rows +0/+8 of n8 block j,
+    // 2/3 = the same rows of block j + 1.
+    let row = warp * 16 + ((lane / 8) % 2) * 8 + lane % 8;
+    let chunk_of_pair = lane / 16;
+    macro_rules! store_box {
+        ($q:literal, $buf:literal) => {{
+            let staging = ring.staging(wg, $buf);
+            if leader {
+                tma::store_wait_read::<1>();
+            }
+            sync::named_barrier_sync(barrier, 128);
+            store_box_pairs!($q, staging, 0 1 2 3);
+            memory::fence_proxy_async_shared();
+            sync::named_barrier_sync(barrier, 128);
+            if leader {
+                unsafe { tma::store_2d(map_c, tile.n0 + 64 * $q, tile.m0 + wg * TILE.rows_per_consumer(), staging) };
+                tma::store_commit();
+            }
+        }};
+    }
+    macro_rules! store_box_pairs {
+        ($q:literal, $staging:ident, $($p:literal)*) => {$({
+            // n8 blocks j = 8q + 2p and j + 1: 16-byte chunks 2p and 2p + 1 of the 128-byte row.
+            const J: usize = 8 * $q + 2 * $p;
+            let chunk = 2 * $p + chunk_of_pair;
+            let addr = $staging.add(row * 128 + ((chunk ^ (row % 8)) * 16));
+            let v = [
+                pack_bf16x2(acc[4 * J], acc[4 * J + 1]),
+                pack_bf16x2(acc[4 * J + 2], acc[4 * J + 3]),
+                pack_bf16x2(acc[4 * J + 4], acc[4 * J + 5]),
+                pack_bf16x2(acc[4 * J + 6], acc[4 * J + 7]),
+            ];
+            unsafe { matrix::stmatrix_x4(addr, v) };
+        })*};
+    }
+    store_box!(0, 0);
+    store_box!(1, 1);
+    store_box!(2, 0);
+    store_box!(3, 1);
+}
+
+/// Waits until the warpgroup's bulk stores stopped reading shared memory (before the CTA exits).
+#[inline(always)]
+pub fn drain_tma_stores() {
+    if ids::thread_in_warpgroup() == 0 {
+        tma::store_wait::<0>();
+    }
 }
 
 /// Stores warpgroup `wg`'s rows of `tile`.

@@ -3,17 +3,18 @@
 //! Launch: grid = number of CTAs to use (at most one per SM), block = `GemmTile::threads()`,
 //! dynamic shared memory = `GemmTile::smem_bytes()`. `map_a`/`map_b` point to `CUtensorMap`s in
 //! global memory (encoded by crates/host), A: box 64 x 128, B: box 64 x 256 (N x K) or
-//! 64 x 64 (K x N), 128B swizzle, zero fill out of bounds.
+//! 64 x 64 (K x N), 128B swizzle, zero fill out of bounds. `map_c` (box 64 x 64, 128B swizzle)
+//! selects the TMA-store epilogue for bf16 C; null selects direct stores to `c`.
 use crate::arch::{ids, regs, smem, sync, tma, tma::TensorMap};
 use crate::gemm::consumer::mma_tile;
-use crate::gemm::epilogue::{store_tile, Output};
+use crate::gemm::epilogue::{drain_tma_stores, store_tile, store_tile_tma, Output};
 use crate::gemm::producer::load_tile;
 use crate::gemm::ring::{Ring, RingPos};
 use crate::gemm::scheduler::TileScheduler;
 use crate::gemm::{BLayout, TILE};
 
 #[inline(always)]
-unsafe fn gemm(map_a: *const u8, map_b: *const u8, c: *mut u8, m: u32, n: u32, k: u32, ldc: u32, f32_out: u32, b_layout: BLayout) {
+unsafe fn gemm(map_a: *const u8, map_b: *const u8, map_c: *const u8, c: *mut u8, m: u32, n: u32, k: u32, ldc: u32, f32_out: u32, b_layout: BLayout) {
     let ring = Ring::new(smem::dynamic_smem_addr(), TILE);
     let (a, b) = (TensorMap(map_a), TensorMap(map_b));
     if ids::thread_idx() == 0 {
@@ -40,23 +41,31 @@ unsafe fn gemm(map_a: *const u8, map_b: *const u8, c: *mut u8, m: u32, n: u32, k
         regs::setmaxnreg_inc::<{ TILE.consumer_regs }>();
         let out = Output { c, m, n, ldc, f32_out: f32_out != 0 };
         let mut acc = [0f32; 128];
+        let tma_out = !map_c.is_null();
         for tile in tiles {
             unsafe {
                 mma_tile(&ring, &mut pos, &mut acc, wg - 1, b_layout, k_blocks);
-                store_tile(&out, tile, wg - 1, &acc);
+                if tma_out {
+                    store_tile_tma(&ring, TensorMap(map_c), tile, wg - 1, &acc);
+                } else {
+                    store_tile(&out, tile, wg - 1, &acc);
+                }
             }
+        }
+        if tma_out {
+            drain_tma_stores();
         }
     }
 }
 
 /// B stored N x K (K contiguous).
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_nk(map_a: *const u8, map_b: *const u8, c: *mut u8, m: u32, n: u32, k: u32, ldc: u32, f32_out: u32) {
-    unsafe { gemm(map_a, map_b, c, m, n, k, ldc, f32_out, BLayout::Nk) }
+pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_nk(map_a: *const u8, map_b: *const u8, map_c: *const u8, c: *mut u8, m: u32, n: u32, k: u32, ldc: u32, f32_out: u32) {
+    unsafe { gemm(map_a, map_b, map_c, c, m, n, k, ldc, f32_out, BLayout::Nk) }
 }
 
 /// B stored K x N (N contiguous).
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_kn(map_a: *const u8, map_b: *const u8, c: *mut u8, m: u32, n: u32, k: u32, ldc: u32, f32_out: u32) {
-    unsafe { gemm(map_a, map_b, c, m, n, k, ldc, f32_out, BLayout::Kn) }
+pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_kn(map_a: *const u8, map_b: *const u8, map_c: *const u8, c: *mut u8, m: u32, n: u32, k: u32, ldc: u32, f32_out: u32) {
+    unsafe { gemm(map_a, map_b, map_c, c, m, n, k, ldc, f32_out, BLayout::Kn) }
 }
