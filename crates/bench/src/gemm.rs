@@ -1,5 +1,5 @@
 //! GEMM: ours vs cuBLAS (cublasGemmEx, bf16 in/out, f32 compute) on the same buffers.
-use crate::timing::median_ms;
+use crate::timing::median_ms_interleaved;
 use crate::Args;
 use anyhow::{bail, Result};
 use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig};
@@ -57,7 +57,7 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
     let t = mkernel_config::GemmTile::DEFAULT;
     println!("# ours: persistent TMA + wgmma GEMM, tile {}x{}x{}, {} stages, {} consumer warpgroups + 1 producer, {} threads, {} B smem, grid = {} SMs",
         t.block_m, t.block_n, t.block_k, t.stages, t.consumer_warpgroups, t.threads(), t.smem_bytes(), dev.sm_count());
-    println!("# B layout {:?}; median of {} timed runs after {} warm-up; TFLOP/s = 2MNK / time", b_layout, args.iters, args.warmup);
+    println!("# B layout {:?}; ours and cuBLAS interleaved run by run, median of {} after {} warm-up each; TFLOP/s = 2MNK / time", b_layout, args.iters, args.warmup);
     println!("{:>6} {:>6} {:>6} {:>10} {:>9} {:>10} {:>9} {:>7} {:>7}", "M", "N", "K", "ours_us", "TFLOP/s", "cublas_us", "TFLOP/s", "ratio", "#wrong");
     let mut rows = vec![];
     let mut ratios = vec![];
@@ -72,11 +72,13 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
         let b = stream.clone_htod(&random_bf16(lb, 2))?;
         let mut c_ours = stream.alloc_zeros::<bf16>(lc)?;
         let mut c_blas = stream.alloc_zeros::<bf16>(lc)?;
-        let ours_ms = {
+        let (ours_ms, blas_ms) = {
             let plan = GemmPlan::new(dev, &stream, &a, &b, &mut c_ours, shape, None)?;
-            median_ms(&stream, args.warmup, args.iters, || Ok(plan.launch(&stream)?))?
+            let mut ours = || Ok(plan.launch(&stream)?);
+            let mut theirs = || cublas_gemm(&blas, shape, &a, &b, &mut c_blas);
+            let t = median_ms_interleaved(&stream, args.warmup, args.iters, &mut [&mut ours, &mut theirs])?;
+            (t[0], t[1])
         };
-        let blas_ms = median_ms(&stream, args.warmup, args.iters, || cublas_gemm(&blas, shape, &a, &b, &mut c_blas))?;
         let wrong = count_mismatches(&stream.clone_dtoh(&c_ours)?, &stream.clone_dtoh(&c_blas)?, k);
         let tf = |ms: f64| shape.flops() / (ms * 1e-3) / 1e12;
         let ratio = blas_ms / ours_ms;

@@ -1,26 +1,36 @@
-//! Timing with CUDA events: each iteration between its own pair of events, median reported.
+//! Timing with CUDA events: each run between its own pair of events, median reported.
 use anyhow::Result;
 use cudarc::driver::{sys::CUevent_flags, CudaStream};
 use std::sync::Arc;
 
-/// Median milliseconds of `iters` runs of `f` on `stream` after `warmup` untimed runs.
-pub fn median_ms(stream: &Arc<CudaStream>, warmup: usize, iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+/// Median milliseconds of each of several competitors, timed interleaved (A B A B ...) so
+/// that clocks and temperature drift affect them alike.
+pub fn median_ms_interleaved(stream: &Arc<CudaStream>, warmup: usize, iters: usize, fs: &mut [&mut dyn FnMut() -> Result<()>]) -> Result<Vec<f64>> {
     for _ in 0..warmup {
-        f()?;
+        for f in fs.iter_mut() {
+            f()?;
+        }
     }
     let ctx = stream.context();
-    let mut pairs = Vec::with_capacity(iters);
+    let mut events: Vec<Vec<_>> = (0..fs.len()).map(|_| Vec::with_capacity(iters)).collect();
     for _ in 0..iters {
-        let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        let end = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        start.record(stream)?;
-        f()?;
-        end.record(stream)?;
-        pairs.push((start, end));
+        for (i, f) in fs.iter_mut().enumerate() {
+            let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+            let end = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+            start.record(stream)?;
+            f()?;
+            end.record(stream)?;
+            events[i].push((start, end));
+        }
     }
     stream.synchronize()?;
-    let mut ms: Vec<f64> = pairs.iter().map(|(s, e)| s.elapsed_ms(e).map(|x| x as f64)).collect::<Result<_, _>>()?;
-    Ok(median(&mut ms))
+    events
+        .iter()
+        .map(|pairs| {
+            let mut ms: Vec<f64> = pairs.iter().map(|(s, e)| s.elapsed_ms(e).map(|x| x as f64)).collect::<Result<_, _>>()?;
+            Ok(median(&mut ms))
+        })
+        .collect()
 }
 
 /// Median of a non-empty sample.
