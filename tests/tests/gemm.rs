@@ -30,16 +30,7 @@ fn check_shape(dev: &Device, shape: GemmShape, out: OutDtype, seed: u64) -> Stri
         }
         OutDtype::F32 => {
             let mut dc = stream.alloc_zeros::<f32>(lc).unwrap();
-            {
-                use mkernel::cudarc::driver::{DevicePtr, DevicePtrMut};
-                let (pa, _ra) = da.device_ptr(&stream);
-                let (pb, _rb) = db.device_ptr(&stream);
-                let (pc, _rc) = dc.device_ptr_mut(&stream);
-                // SAFETY: buffers sized by the shape, alive until after synchronize below.
-                let plan = unsafe { GemmPlan::new_raw(dev, &stream, pa, pb, pc, shape, OutDtype::F32, None) }.unwrap();
-                plan.launch(&stream).unwrap();
-                stream.synchronize().unwrap();
-            }
+            gemm_bf16(dev, &stream, &da, &db, &mut dc, shape).unwrap();
             stream.clone_dtoh(&dc).unwrap().iter().map(|&x| x as f64).collect()
         }
     };
@@ -122,4 +113,41 @@ fn gemm_rejects_bad_input() {
     // SAFETY: rejected before any use of the pointers.
     let misaligned = unsafe { GemmPlan::new_raw(&dev, &stream, 0x1002, 0x2000, 0x3000, GemmShape { m: 8, n: 8, k: 8, b_layout: BLayout::NxK }, OutDtype::Bf16, None) };
     assert!(matches!(misaligned, Err(Error::Alignment { what: "A", .. })));
+}
+
+#[test]
+fn gemm_plan_replays_in_a_cuda_graph() {
+    let Some(dev) = device_or_skip("gemm_plan_replays_in_a_cuda_graph") else { return };
+    use mkernel::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let ctx = dev.context().clone();
+    // One stream only: no cross-stream event tracking inside the capture.
+    // SAFETY: this test's buffers are used on `stream` alone.
+    unsafe { ctx.disable_event_tracking() };
+    let stream = ctx.new_stream().unwrap();
+    let shape = GemmShape { m: 300, n: 512, k: 256, b_layout: BLayout::KxN };
+    let (la, lb, lc) = shape.lens();
+    let (a, b) = (random_bf16(la, 5), random_bf16(lb, 6));
+    let da = stream.clone_htod(&a).unwrap();
+    let db = stream.clone_htod(&b).unwrap();
+    let mut dc = stream.alloc_zeros::<bf16>(lc).unwrap();
+    let got = {
+        let plan = GemmPlan::new(&dev, &stream, &da, &db, &mut dc, shape, None).unwrap();
+        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+        plan.launch(&stream).unwrap();
+        let graph = stream.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("captured graph");
+        for _ in 0..3 {
+            graph.launch().unwrap();
+        }
+        stream.synchronize().unwrap();
+        drop(graph);
+        plan.grid()
+    };
+    assert!(got > 0);
+    let out: Vec<f64> = stream.clone_dtoh(&dc).unwrap().iter().map(|x| x.to_f64()).collect();
+    let (want, scale) = cpu_gemm(&a, &b, shape.m, shape.n, shape.k, BOrder::KxN);
+    let c = compare(&out, &want, &scale, BF16_OUT_REL, F32_ACC);
+    assert_eq!(c.wrong, 0, "graph replay: {c:?}");
+    // SAFETY: restores the default for the other tests.
+    unsafe { ctx.enable_event_tracking() };
+    println!("gemm {}x{}x{} replayed 3 times from a CUDA graph: correct", shape.m, shape.n, shape.k);
 }

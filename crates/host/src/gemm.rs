@@ -44,6 +44,18 @@ impl OutDtype {
     }
 }
 
+/// Element types C may have: `half::bf16` or `f32`.
+pub trait GemmOutput: cudarc::driver::DeviceRepr {
+    /// The kernel's output selector.
+    const DTYPE: OutDtype;
+}
+impl GemmOutput for bf16 {
+    const DTYPE: OutDtype = OutDtype::Bf16;
+}
+impl GemmOutput for f32 {
+    const DTYPE: OutDtype = OutDtype::F32;
+}
+
 /// Problem size and B layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GemmShape {
@@ -96,13 +108,14 @@ pub struct GemmPlan<'a> {
 }
 
 impl<'a> GemmPlan<'a> {
-    /// Plans `c = a * b` on cudarc buffers. `sms` caps the CTAs (default: every SM).
-    pub fn new(
+    /// Plans `c = a * b` on cudarc buffers; C is bf16 or f32. `sms` caps the CTAs (default:
+    /// every SM).
+    pub fn new<C: GemmOutput>(
         device: &Device,
         stream: &Arc<CudaStream>,
         a: &'a CudaSlice<bf16>,
         b: &'a CudaSlice<bf16>,
-        c: &'a mut CudaSlice<bf16>,
+        c: &'a mut CudaSlice<C>,
         shape: GemmShape,
         sms: Option<u32>,
     ) -> Result<Self> {
@@ -117,7 +130,7 @@ impl<'a> GemmPlan<'a> {
         let (pb, _rb) = b.device_ptr(stream);
         let (pc, _rc) = c.device_ptr_mut(stream);
         // SAFETY: the three buffers are borrowed for 'a and hold the shape's elements.
-        unsafe { Self::new_raw(device, stream, pa, pb, pc, shape, OutDtype::Bf16, sms) }
+        unsafe { Self::new_raw(device, stream, pa, pb, pc, shape, C::DTYPE, sms) }
     }
 
     /// Plans on raw device pointers (16-byte aligned; C of `out` elements).
@@ -190,8 +203,9 @@ impl<'a> GemmPlan<'a> {
     }
 }
 
-/// One-shot `c = a * b` (plans, then launches; keep a [`GemmPlan`] to launch repeatedly).
-pub fn gemm_bf16(device: &Device, stream: &Arc<CudaStream>, a: &CudaSlice<bf16>, b: &CudaSlice<bf16>, c: &mut CudaSlice<bf16>, shape: GemmShape) -> Result<()> {
+/// One-shot `c = a * b` with bf16 or f32 C (plans, then launches; keep a [`GemmPlan`] to launch
+/// repeatedly or inside a CUDA graph).
+pub fn gemm_bf16<C: GemmOutput>(device: &Device, stream: &Arc<CudaStream>, a: &CudaSlice<bf16>, b: &CudaSlice<bf16>, c: &mut CudaSlice<C>, shape: GemmShape) -> Result<()> {
     GemmPlan::new(device, stream, a, b, c, shape, None)?.launch(stream)
 }
 
