@@ -35,8 +35,17 @@ pub const GEMM_BF16_NK: KernelSpec = KernelSpec {
 /// The persistent warp-specialized GEMM, B stored K x N (N-major, row-major).
 pub const GEMM_BF16_KN: KernelSpec = KernelSpec { name: "mk_gemm_bf16_kn", ..GEMM_BF16_NK };
 
+/// Threads of the communication kernels (each keeps 4 x 16 bytes in flight per thread).
+pub const COLLECTIVE: KernelSpec = KernelSpec { name: "mk_allgather", max_threads: 512, min_blocks_per_sm: 1, dynamic_smem: 0 };
+/// AllGather over NVLink (push).
+pub const ALLGATHER: KernelSpec = COLLECTIVE;
+/// ReduceScatter over NVLink (pull + f32 sum).
+pub const REDUCE_SCATTER: KernelSpec = KernelSpec { name: "mk_reduce_scatter", ..COLLECTIVE };
+/// AllReduce over NVLink (two-shot: pull-reduce own chunk, push to all).
+pub const ALLREDUCE: KernelSpec = KernelSpec { name: "mk_allreduce", ..COLLECTIVE };
+
 /// Every kernel entry in the embedded PTX.
-pub const KERNELS: &[KernelSpec] = &[IOTA, GEMM_BF16_NK, GEMM_BF16_KN];
+pub const KERNELS: &[KernelSpec] = &[IOTA, GEMM_BF16_NK, GEMM_BF16_KN, ALLGATHER, REDUCE_SCATTER, ALLREDUCE];
 
 /// Looks a kernel up by its entry name.
 pub fn find(name: &str) -> Option<&'static KernelSpec> {

@@ -6,6 +6,7 @@
 //! once and checked at compile time (`const _: () = ...check()`).
 #![no_std]
 
+pub mod comm;
 pub mod gemm;
 pub mod kernels;
 

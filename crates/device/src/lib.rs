@@ -12,6 +12,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod arch;
+pub mod comm;
 pub mod gemm;
 pub mod kernels;
 

@@ -14,7 +14,7 @@
 
 mod patch;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
 struct Args {

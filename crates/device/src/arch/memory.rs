@@ -168,3 +168,28 @@ pub fn fence_proxy_async() {
 pub fn fence_proxy_async_shared() {
     unsafe { asm!("fence.proxy.async.shared::cta;", options(nostack)) };
 }
+/// `ld.relaxed.{cta,gpu,sys}.u64 d, [p];`
+#[inline(always)]
+pub unsafe fn ld_relaxed_u64(scope: Scope, p: *const u64) -> u64 {
+    let r: u64;
+    unsafe {
+        match scope {
+            Scope::Cta => asm!("ld.relaxed.cta.u64 {0}, [{1}];", out(reg64) r, in(reg64) p, options(nostack)),
+            Scope::Gpu => asm!("ld.relaxed.gpu.u64 {0}, [{1}];", out(reg64) r, in(reg64) p, options(nostack)),
+            Scope::Sys => asm!("ld.relaxed.sys.u64 {0}, [{1}];", out(reg64) r, in(reg64) p, options(nostack)),
+        }
+    }
+    r
+}
+/// 16 bytes from global memory: `ld.global.v4.u32 {a, b, c, d}, [p];`
+#[inline(always)]
+pub unsafe fn ld_v4(p: *const u8) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    unsafe { asm!("ld.global.v4.u32 {{{0}, {1}, {2}, {3}}}, [{4}];", out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg64) p, options(nostack, readonly)) };
+    [a, b, c, d]
+}
+/// 16 bytes to global memory (local or a peer's, over NVLink): `st.global.v4.u32 [p], {a, b, c, d};`
+#[inline(always)]
+pub unsafe fn st_v4(p: *mut u8, v: [u32; 4]) {
+    unsafe { asm!("st.global.v4.u32 [{0}], {{{1}, {2}, {3}, {4}}};", in(reg64) p, in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3], options(nostack)) };
+}

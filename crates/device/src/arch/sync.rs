@@ -33,3 +33,16 @@ pub fn elect_one() -> bool {
     };
     r != 0
 }
+/// All threads of the CTA, returning whether `pred` held in any of them:
+/// `bar.red.or.pred q, 0, p;`
+#[inline(always)]
+pub fn sync_threads_or(pred: bool) -> bool {
+    let r: u32;
+    unsafe {
+        asm!(
+            "{{ .reg .pred p, q; setp.ne.u32 p, {1}, 0; bar.red.or.pred q, 0, p; selp.u32 {0}, 1, 0, q; }}",
+            out(reg32) r, in(reg32) pred as u32, options(nostack)
+        )
+    };
+    r != 0
+}

@@ -1,4 +1,5 @@
 //! Kernel entry points. Each is listed in `mkernel_config::KERNELS` with its launch bounds.
 
+pub mod collectives;
 pub mod gemm;
 pub mod iota;

@@ -1,0 +1,186 @@
+//! Layouts shared by the device communication layer and the host: the symmetric heap's flag
+//! area, the device error record, role splits of persistent kernels, and the per-rank descriptor.
+//!
+//! Protocol (docs/protocol.md): every rank's symmetric heap starts with a control area of
+//! `u64` flags. A flag is written only by its *source* rank (a remote `st.release.sys` over
+//! NVLink into the destination's heap) and read only by its destination (a local
+//! `ld.acquire.sys`). Flags carry epochs: per-CTA launch counters that only grow, so nothing is
+//! reset between launches and a captured CUDA graph replays correctly.
+
+/// Most ranks in one NVLink domain.
+pub const MAX_LOCAL_RANKS: u32 = 8;
+/// Most CTAs of a communication kernel (one flag per CTA per source per slot).
+pub const MAX_COMM_CTAS: u32 = 256;
+
+/// Flag slots: what a flag means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum FlagSlot {
+    /// "I (source) entered epoch e: my inputs are final and my outputs may be overwritten."
+    Ready = 0,
+    /// "I (source) finished writing my data of epoch e into your buffer and reading yours."
+    Done = 1,
+    /// Spare slots for fused kernels (tile arrival).
+    Tile0 = 2,
+    Tile1 = 3,
+}
+
+impl FlagSlot {
+    /// The slot with number `v`, if any.
+    pub const fn from_u32(v: u32) -> Option<FlagSlot> {
+        match v {
+            0 => Some(FlagSlot::Ready),
+            1 => Some(FlagSlot::Done),
+            2 => Some(FlagSlot::Tile0),
+            3 => Some(FlagSlot::Tile1),
+            _ => None,
+        }
+    }
+}
+
+/// Number of flag slots.
+pub const FLAG_SLOTS: u32 = 4;
+/// Per-CTA epoch counters follow the flags (one `u64` per CTA, local use only).
+pub const EPOCH_COUNTERS_OFFSET: u64 = (FLAG_SLOTS * MAX_LOCAL_RANKS * MAX_COMM_CTAS) as u64 * 8;
+/// The rank's [`ErrorRecord`] follows the epoch counters (local use; the host reads it back).
+pub const ERROR_RECORD_OFFSET: u64 = EPOCH_COUNTERS_OFFSET + MAX_COMM_CTAS as u64 * 8;
+/// The rank's abort word (`u32`): nonzero makes every wait of the rank give up at once.
+pub const ABORT_OFFSET: u64 = ERROR_RECORD_OFFSET + 64;
+/// Bytes of the heap's control area (flags, epoch counters, error record, abort), rounded to
+/// 64 KiB; data follows.
+pub const HEAP_CONTROL_BYTES: u64 = (ABORT_OFFSET + 8).div_ceil(65536) * 65536;
+
+/// Byte offset of flag (`slot`, `src` rank, `cta`) in a heap.
+pub const fn flag_offset(slot: FlagSlot, src: u32, cta: u32) -> u64 {
+    (((slot as u32 * MAX_LOCAL_RANKS + src) * MAX_COMM_CTAS + cta) as u64) * 8
+}
+
+/// What a device-side wait reports when it gives up. Lives in the rank's own heap at
+/// [`ERROR_RECORD_OFFSET`]; the first failing thread of the rank claims it (`code` from 0 by
+/// compare-and-swap), fills the rest, then raises the abort word so the other waiters stop at once.
+/// The host reads it after the stream synchronizes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct ErrorRecord {
+    /// 0 = no error; see [`ErrorCode`].
+    pub code: u32,
+    /// Rank that stalled (the waiter).
+    pub rank: u32,
+    /// Role of the waiting CTA ([`Role`] as u32).
+    pub role: u32,
+    /// Flag slot waited on ([`FlagSlot`] as u32).
+    pub slot: u32,
+    /// The rank whose flag never arrived.
+    pub peer: u32,
+    /// CTA index of the waiter.
+    pub cta: u32,
+    /// Epoch expected.
+    pub expected: u64,
+    /// Value last seen.
+    pub seen: u64,
+    /// Nanoseconds waited.
+    pub waited_ns: u64,
+}
+
+/// Error codes of [`ErrorRecord`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum ErrorCode {
+    None = 0,
+    /// A flag did not reach the expected epoch in time.
+    Timeout = 1,
+}
+
+/// Roles a CTA of a persistent kernel can take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Role {
+    /// Tensor-core math (GEMM / attention tiles).
+    Compute = 0,
+    /// NVLink traffic inside the node.
+    IntraComm = 1,
+    /// Posting inter-node sends to the proxy.
+    InterSend = 2,
+    /// Reducing data that arrived from other nodes.
+    InterReduce = 3,
+}
+
+impl Role {
+    /// Name for error messages.
+    pub const fn name(v: u32) -> &'static str {
+        match v {
+            0 => "compute",
+            1 => "intra-node comm",
+            2 => "inter-node send",
+            3 => "inter-node reduce",
+            _ => "unknown",
+        }
+    }
+}
+
+/// Split of a grid into contiguous role ranges, in the order compute, intra, send, reduce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct RoleSplit {
+    pub compute: u32,
+    pub intra_comm: u32,
+    pub inter_send: u32,
+    pub inter_reduce: u32,
+}
+
+impl RoleSplit {
+    /// CTAs in the grid.
+    pub const fn grid(&self) -> u32 {
+        self.compute + self.intra_comm + self.inter_send + self.inter_reduce
+    }
+    /// Role of CTA `block` and its index among the CTAs of that role.
+    pub const fn role_of(&self, block: u32) -> (Role, u32) {
+        if block < self.compute {
+            (Role::Compute, block)
+        } else if block < self.compute + self.intra_comm {
+            (Role::IntraComm, block - self.compute)
+        } else if block < self.compute + self.intra_comm + self.inter_send {
+            (Role::InterSend, block - self.compute - self.intra_comm)
+        } else {
+            (Role::InterReduce, block - self.compute - self.intra_comm - self.inter_send)
+        }
+    }
+}
+
+/// Per-rank descriptor the communication kernels read (device memory, written once by the host).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct CommDesc {
+    /// This rank within the NVLink domain.
+    pub rank: u32,
+    /// Ranks in the NVLink domain.
+    pub world: u32,
+    /// Timeout of every device-side wait, in nanoseconds.
+    pub timeout_ns: u64,
+    /// Base address of every rank's heap as mapped in this process (index = rank).
+    pub heaps: [u64; MAX_LOCAL_RANKS as usize],
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn flags_do_not_overlap_and_fit_the_control_area() {
+        let last = flag_offset(FlagSlot::Tile1, MAX_LOCAL_RANKS - 1, MAX_COMM_CTAS - 1);
+        assert!(last + 8 <= EPOCH_COUNTERS_OFFSET);
+        assert!(EPOCH_COUNTERS_OFFSET + MAX_COMM_CTAS as u64 * 8 <= ERROR_RECORD_OFFSET);
+        assert!(core::mem::size_of::<ErrorRecord>() <= 64);
+        assert!(ABORT_OFFSET + 8 <= HEAP_CONTROL_BYTES);
+        assert_eq!(flag_offset(FlagSlot::Ready, 0, 1), 8);
+        assert_eq!(flag_offset(FlagSlot::Ready, 1, 0), MAX_COMM_CTAS as u64 * 8);
+    }
+    #[test]
+    fn role_split_assigns_contiguous_ranges() {
+        let s = RoleSplit { compute: 118, intra_comm: 6, inter_send: 0, inter_reduce: 8 };
+        assert_eq!(s.grid(), 132);
+        assert_eq!(s.role_of(0), (Role::Compute, 0));
+        assert_eq!(s.role_of(118), (Role::IntraComm, 0));
+        assert_eq!(s.role_of(124), (Role::InterReduce, 0));
+        assert_eq!(s.role_of(131), (Role::InterReduce, 7));
+    }
+}

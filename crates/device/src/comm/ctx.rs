@@ -1,0 +1,58 @@
+//! A CTA's view of the communicator: its rank, the peers' heaps and its epoch.
+use crate::arch::{ids, memory, memory::Scope};
+use mkernel_config::comm::{flag_offset, CommDesc, FlagSlot, Role, EPOCH_COUNTERS_OFFSET};
+
+/// What one CTA of a communication kernel knows.
+#[derive(Clone, Copy)]
+pub struct CommCtx {
+    pub rank: u32,
+    pub world: u32,
+    pub timeout_ns: u64,
+    /// The descriptor in global memory (peer heap bases are read from it, not copied: a copy
+    /// indexed by a run-time rank would live on the stack).
+    desc: *const CommDesc,
+    /// Index of this CTA among the CTAs that share flags (its slice of the work).
+    pub cta: u32,
+    /// Role of this CTA (for error records).
+    pub role: Role,
+    /// This launch's epoch for this CTA: its counter + 1.
+    pub epoch: u64,
+}
+
+impl CommCtx {
+    /// Reads the descriptor and this CTA's epoch counter. Every thread reads the counter; it is
+    /// advanced by [`CommCtx::finish`] after a CTA barrier, so all threads see the same value.
+    #[inline(always)]
+    pub unsafe fn new(desc: *const CommDesc, cta: u32, role: Role) -> CommCtx {
+        let d = unsafe { &*desc };
+        let local = unsafe { *d.heaps.as_ptr().add(d.rank as usize) };
+        let counter = (local + EPOCH_COUNTERS_OFFSET + 8 * cta as u64) as *const u64;
+        let epoch = unsafe { counter.read_volatile() } + 1;
+        CommCtx { rank: d.rank, world: d.world, timeout_ns: d.timeout_ns, desc, cta, role, epoch }
+    }
+    /// Base address of `rank`'s heap (this rank's own heap for `rank == self.rank`).
+    #[inline(always)]
+    pub fn heap(&self, rank: u32) -> u64 {
+        unsafe { *(*self.desc).heaps.as_ptr().add(rank as usize) }
+    }
+    /// The flag `(slot, src, self.cta)` in `owner`'s heap.
+    #[inline(always)]
+    pub fn flag(&self, owner: u32, slot: FlagSlot, src: u32) -> *mut u64 {
+        (self.heap(owner) + flag_offset(slot, src, self.cta)) as *mut u64
+    }
+    /// Raises `slot` for this epoch in `dst`'s heap. Call from one thread after a CTA barrier
+    /// that follows the data this flag publishes.
+    #[inline(always)]
+    pub unsafe fn signal(&self, dst: u32, slot: FlagSlot) {
+        memory::fence_acq_rel(Scope::Sys);
+        unsafe { memory::st_release_u64(Scope::Sys, self.flag(dst, slot, self.rank), self.epoch) };
+    }
+    /// Stores the advanced epoch counter (thread 0, after the CTA's last barrier).
+    #[inline(always)]
+    pub unsafe fn finish(&self) {
+        if ids::thread_idx() == 0 {
+            let counter = (self.heap(self.rank) + EPOCH_COUNTERS_OFFSET + 8 * self.cta as u64) as *mut u64;
+            unsafe { counter.write_volatile(self.epoch) };
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! Bounded waits on epoch flags, and the error record they leave when they give up.
+use super::CommCtx;
+use crate::arch::{ids, memory, memory::Scope, sync, time};
+use mkernel_config::comm::{ErrorCode, ErrorRecord, FlagSlot, ABORT_OFFSET, ERROR_RECORD_OFFSET};
+
+/// Polls between clock and abort checks.
+const POLLS_PER_CHECK: u32 = 64;
+
+/// Waits until this rank's flag `(slot, src)` reaches the epoch. Returns false (after writing
+/// the error record if it is the first to fail) on timeout or when the rank is aborting.
+#[inline(always)]
+pub unsafe fn wait_flag(c: &CommCtx, slot: FlagSlot, src: u32) -> bool {
+    let flag = c.flag(c.rank, slot, src);
+    let abort = (c.heap(c.rank) + ABORT_OFFSET) as *const u32;
+    let start = time::globaltimer_ns();
+    let mut polls = 0u32;
+    loop {
+        let seen = unsafe { memory::ld_acquire_u64(Scope::Sys, flag) };
+        if seen >= c.epoch {
+            return true;
+        }
+        polls += 1;
+        if polls % POLLS_PER_CHECK == 0 {
+            if unsafe { memory::ld_relaxed_u32(Scope::Gpu, abort) } != 0 {
+                return false;
+            }
+            let waited = time::globaltimer_ns().wrapping_sub(start);
+            if waited > c.timeout_ns {
+                unsafe { report_timeout(c, slot, src, seen, waited) };
+                return false;
+            }
+        }
+    }
+}
+
+/// Threads `0..world` (except the own rank) each wait for one source's flag; then the whole CTA
+/// learns whether all arrived. Call from every thread of the CTA.
+#[inline(always)]
+pub unsafe fn wait_all_peers(c: &CommCtx, slot: FlagSlot) -> bool {
+    let t = ids::thread_idx();
+    let failed = t < c.world && t != c.rank && !unsafe { wait_flag(c, slot, t) };
+    !sync::sync_threads_or(failed)
+}
+
+/// Threads `0..world` (except the own rank) each raise `slot` at one peer. Call from every
+/// thread of the CTA after a barrier that follows the data.
+#[inline(always)]
+pub unsafe fn signal_all_peers(c: &CommCtx, slot: FlagSlot) {
+    let t = ids::thread_idx();
+    if t < c.world && t != c.rank {
+        unsafe { c.signal(t, slot) };
+    }
+}
+
+/// Claims the rank's error record (first failure wins) and raises its abort word.
+unsafe fn report_timeout(c: &CommCtx, slot: FlagSlot, src: u32, seen: u64, waited: u64) {
+    let local = c.heap(c.rank);
+    let rec = (local + ERROR_RECORD_OFFSET) as *mut ErrorRecord;
+    let code = rec as *mut u32;
+    unsafe {
+        if memory::atom_acq_rel_cas_u32(Scope::Gpu, code, 0, u32::MAX) == 0 {
+            (*rec).rank = c.rank;
+            (*rec).role = c.role as u32;
+            (*rec).slot = slot as u32;
+            (*rec).peer = src;
+            (*rec).cta = c.cta;
+            (*rec).expected = c.epoch;
+            (*rec).seen = seen;
+            (*rec).waited_ns = waited;
+            memory::st_release_u32(Scope::Gpu, code, ErrorCode::Timeout as u32);
+        }
+        memory::st_release_u32(Scope::Gpu, (local + ABORT_OFFSET) as *mut u32, 1);
+    }
+}
