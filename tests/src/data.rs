@@ -25,3 +25,9 @@ pub fn random_bf16(len: usize, seed: u64) -> Vec<bf16> {
     let mut r = Rng::new(seed);
     (0..len).map(|_| bf16::from_f32(r.uniform())).collect()
 }
+
+/// `len` f32 values uniform in [-1, 1).
+pub fn random_f32(len: usize, seed: u64) -> Vec<f32> {
+    let mut r = Rng::new(seed);
+    (0..len).map(|_| r.uniform()).collect()
+}

@@ -25,3 +25,20 @@ pub fn device_or_skip(test: &str) -> Option<Device> {
         Err(e) => panic!("{GPU_TESTS_VAR}=1 but no usable GPU: {e}"),
     }
 }
+
+/// For tests that run one process per GPU under `cargo xtask launch -n N -- <test binary>`:
+/// this rank's device and bootstrap, or `None` (after printing why) when not launched that way
+/// or when GPU tests are off.
+pub fn launched_rank_or_skip(test: &str) -> Option<(Device, mkernel::bootstrap::Bootstrap)> {
+    if std::env::var("RANK").is_err() {
+        eprintln!("SKIPPED (not launched as ranks): {test}; run `bundle/xtask launch -n 2 -- <this test binary>` on a multi-GPU host");
+        return None;
+    }
+    if !gpu_tests_enabled() {
+        eprintln!("SKIPPED (no GPU requested): {test}; set {GPU_TESTS_VAR}=1");
+        return None;
+    }
+    let boot = mkernel::bootstrap::Bootstrap::from_env(std::time::Duration::from_secs(60)).unwrap_or_else(|e| panic!("bootstrap: {e}"));
+    let dev = Device::new(boot.info().device()).unwrap_or_else(|e| panic!("rank {}: {e}", boot.info().rank()));
+    Some((dev, boot))
+}

@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use std::io::BufRead;
 use std::process::{Command, Stdio};
 
-pub fn run() -> Result<()> {
+pub fn run(exclude: &[String]) -> Result<()> {
     let root = root();
     let dir = root.join("bundle");
     let _ = std::fs::remove_dir_all(&dir);
@@ -22,6 +22,7 @@ pub fn run() -> Result<()> {
     let mut child = util::cargo()
         .current_dir(&root)
         .args(["test", "--release", "--workspace", "--no-run", "--message-format=json"])
+        .args(exclude.iter().flat_map(|e| ["--exclude", e.as_str()]))
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()?;
@@ -45,10 +46,15 @@ pub fn run() -> Result<()> {
     let script = dir.join("run-tests.sh");
     std::fs::write(
         &script,
-        "#!/bin/sh\n# Runs every mkernel test binary with GPU tests on. Usage: bundle/run-tests.sh [test-binary args]\n\
+        "#!/bin/sh\n# Runs every mkernel test binary with GPU tests on; multi-rank tests (collective*) run\n\
+         # under `xtask launch -n <GPUs>`. Usage: bundle/run-tests.sh [test-binary args]\n\
          cd \"$(dirname \"$0\")\" || exit 1\nexport MKERNEL_GPU_TESTS=1 NCCL_NVLS_ENABLE=0\n\
-         export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}\nfail=0\n\
-         for t in tests/*; do echo \"== $t\"; \"$t\" --test-threads=1 \"$@\" || { echo \"FAILED: $t\"; fail=1; }; done\n\
+         export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}\n\
+         NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')\nfail=0\n\
+         for t in tests/*; do\n  echo \"== $t\"\n  case \"$t\" in\n\
+         *collective*) if [ \"$NGPU\" -ge 2 ]; then ./xtask launch -n \"$NGPU\" --timeout-s 600 -- \"$t\" --test-threads=1 --nocapture \"$@\" || { echo \"FAILED: $t\"; fail=1; }; \\\n\
+         else \"$t\" --nocapture || fail=1; fi ;;\n\
+         *) \"$t\" --test-threads=1 \"$@\" || { echo \"FAILED: $t\"; fail=1; } ;;\n  esac\ndone\n\
          [ $fail = 0 ] && echo 'ALL TEST BINARIES PASSED'\nexit $fail\n",
     )?;
     Command::new("chmod").arg("+x").arg(&script).status()?;

@@ -47,6 +47,13 @@ pub struct LaunchArgs {
     pub cmd: Vec<String>,
 }
 
+impl LaunchArgs {
+    /// `n` processes on this host running `cmd`.
+    pub fn single_host(n: usize, cmd: Vec<String>) -> LaunchArgs {
+        LaunchArgs { nproc: n, nodes: 1, nnodes: None, node_rank: 0, master_addr: "127.0.0.1".into(), master_port: None, job_key: None, timeout_s: None, cmd }
+    }
+}
+
 /// The variables of one process.
 #[derive(Debug, PartialEq, Eq)]
 pub struct RankEnv {

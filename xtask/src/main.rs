@@ -34,12 +34,19 @@ enum Task {
     },
     /// Build release test binaries, the benchmark and xtask into bundle/, which runs on a GPU
     /// host with no Rust installed (`bundle/run-tests.sh`, `bundle/xtask bench --op gemm`).
-    Bundle,
+    Bundle {
+        /// Leave these workspace packages' tests out (e.g. one that is mid-change).
+        #[arg(long)]
+        exclude: Vec<String>,
+    },
     /// Run a benchmark: ours beside cuBLAS/NCCL in the same run; prints a table, writes JSON.
     Bench {
-        /// gemm (more ops come with their issues).
+        /// gemm | allgather | reducescatter | allreduce
         #[arg(long)]
         op: String,
+        /// Collectives: processes (GPUs) to launch (default: every GPU nvidia-smi lists).
+        #[arg(long)]
+        nproc: Option<usize>,
         /// Extra arguments for mkernel-bench (e.g. `-- --iters 50 --b-layout kn`).
         #[arg(last = true)]
         rest: Vec<String>,
@@ -53,8 +60,8 @@ fn main() -> Result<()> {
     match Cli::parse().task {
         Task::Ptx { check } => ptx::run(check),
         Task::Test { gpu } => test(gpu),
-        Task::Bundle => bundle::run(),
-        Task::Bench { op, rest } => bench(&op, &rest),
+        Task::Bundle { exclude } => bundle::run(&exclude),
+        Task::Bench { op, nproc, rest } => bench(&op, nproc, &rest),
         Task::Launch(args) => launch::run(args),
     }
 }
@@ -80,22 +87,32 @@ fn test(gpu: bool) -> Result<()> {
     Ok(())
 }
 
-fn bench(op: &str, rest: &[String]) -> Result<()> {
+fn bench(op: &str, nproc: Option<usize>, rest: &[String]) -> Result<()> {
     // Inside a bundle, the benchmark binary sits next to this executable.
     let here = std::env::current_exe()?;
     let sibling = here.with_file_name("mkernel-bench");
-    let mut cmd = if sibling.exists() {
-        std::process::Command::new(sibling)
+    let bin = if sibling.exists() {
+        sibling
     } else {
-        let mut c = util::cargo();
-        c.current_dir(util::root()).args(["run", "--quiet", "--release", "-p", "mkernel-bench", "--"]);
-        c
+        util::run(util::cargo().current_dir(util::root()).args(["build", "--quiet", "--release", "-p", "mkernel-bench"]))?;
+        util::root().join("target/release/mkernel-bench")
     };
-    cmd.args(["--op", op]);
+    let mut argv: Vec<String> = vec![bin.display().to_string(), "--op".into(), op.into()];
     if !rest.iter().any(|a| a == "--json") {
-        cmd.args(["--json", &format!("results/{op}.json")]);
+        argv.extend(["--json".into(), format!("results/{op}.json")]);
     }
-    cmd.args(rest);
+    argv.extend(rest.iter().cloned());
+    let collective = matches!(op, "allgather" | "reducescatter" | "allreduce");
+    if collective && std::env::var("RANK").is_err() {
+        let n = match nproc {
+            Some(n) => n,
+            None => util::gpu_count()?,
+        };
+        std::env::set_var("LD_LIBRARY_PATH", util::cuda_lib_path());
+        return launch::run(launch::LaunchArgs::single_host(n, argv));
+    }
+    let mut cmd = std::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
     util::add_cuda_libs(&mut cmd);
     util::run(&mut cmd)
 }

@@ -28,6 +28,11 @@ pub fn run(cmd: &mut Command) -> Result<()> {
 /// Puts the CUDA toolkit's libraries (cuBLAS) on the loader path when they exist: the GPU
 /// hosts keep them in /usr/local/cuda/lib64, off the default LD_LIBRARY_PATH.
 pub fn add_cuda_libs(cmd: &mut Command) {
+    cmd.env("LD_LIBRARY_PATH", cuda_lib_path());
+}
+
+/// LD_LIBRARY_PATH with the CUDA toolkit's library folders in front.
+pub fn cuda_lib_path() -> String {
     let mut paths: Vec<String> = ["/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib"]
         .iter()
         .filter(|p| std::path::Path::new(p).exists())
@@ -36,7 +41,15 @@ pub fn add_cuda_libs(cmd: &mut Command) {
     if let Ok(old) = std::env::var("LD_LIBRARY_PATH") {
         paths.push(old);
     }
-    if !paths.is_empty() {
-        cmd.env("LD_LIBRARY_PATH", paths.join(":"));
+    paths.join(":")
+}
+
+/// GPUs on this host, from `nvidia-smi -L`.
+pub fn gpu_count() -> Result<usize> {
+    let out = Command::new("nvidia-smi").arg("-L").output().context("running nvidia-smi -L (pass --nproc on hosts without it)")?;
+    let n = String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.starts_with("GPU ")).count();
+    if n == 0 {
+        bail!("nvidia-smi lists no GPU");
     }
+    Ok(n)
 }

@@ -1,7 +1,9 @@
 //! `mkernel-bench --op <op>`: ours beside the vendor baseline, one run, medians, JSON.
 //! Usually started as `cargo xtask bench --op gemm` (or `bundle/xtask bench --op gemm` on a GPU
 //! host with no Rust).
+mod collectives;
 mod gemm;
+mod nccl;
 mod report;
 mod timing;
 
@@ -12,6 +14,12 @@ use clap::{Parser, ValueEnum};
 enum Op {
     /// bf16 GEMM, ours vs cuBLAS.
     Gemm,
+    /// AllGather vs NCCL (one process per GPU: run under `xtask launch`).
+    Allgather,
+    /// ReduceScatter (bf16 sum) vs NCCL.
+    Reducescatter,
+    /// AllReduce (bf16 sum) vs NCCL.
+    Allreduce,
 }
 
 #[derive(Parser, Debug)]
@@ -35,15 +43,29 @@ struct Args {
     /// GEMM only: B layout (nk = N x K weights, kn = K x N).
     #[arg(long, default_value = "nk")]
     b_layout: String,
+    /// Collectives: smallest size in bytes.
+    #[arg(long, default_value_t = 1024)]
+    min_bytes: u64,
+    /// Collectives: largest size in bytes.
+    #[arg(long, default_value_t = 1 << 30)]
+    max_bytes: u64,
+    /// Collectives: CTAs of our kernels (default: by size).
+    #[arg(long)]
+    ctas: Option<u32>,
 }
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let dev = mkernel::Device::new(0)?;
     let rows = match args.op {
-        Op::Gemm => gemm::run(&dev, &args)?,
+        Op::Gemm => gemm::run(&mkernel::Device::new(0)?, &args)?,
+        Op::Allgather => collectives::run(&args, collectives::Coll::AllGather)?,
+        Op::Reducescatter => collectives::run(&args, collectives::Coll::ReduceScatter)?,
+        Op::Allreduce => collectives::run(&args, collectives::Coll::AllReduce)?,
     };
-    report::write_json(&args.json, &format!("{:?}", args.op).to_lowercase(), &rows)?;
-    println!("wrote {}", args.json.display());
+    // Under launch, rank 0 writes the JSON.
+    if std::env::var("RANK").map_or(true, |r| r == "0") {
+        report::write_json(&args.json, &format!("{:?}", args.op).to_lowercase(), &rows)?;
+        println!("wrote {}", args.json.display());
+    }
     Ok(())
 }

@@ -82,12 +82,17 @@ impl EnvError {
     /// The variable this error is about.
     pub fn var(&self) -> &'static str {
         match self {
-            EnvError::Missing { var, .. } | EnvError::Invalid { var, .. } | EnvError::Inconsistent { var, .. } => var,
+            EnvError::Missing { var, .. }
+            | EnvError::Invalid { var, .. }
+            | EnvError::Inconsistent { var, .. } => var,
         }
     }
 
     fn inconsistent(var: &'static str, reason: impl Into<String>) -> Self {
-        EnvError::Inconsistent { var, reason: reason.into() }
+        EnvError::Inconsistent {
+            var,
+            reason: reason.into(),
+        }
     }
 }
 
@@ -121,18 +126,32 @@ impl RankInfo {
         let mut get = |var: &'static str| lookup(var).map(|v| (var, v));
         let launcher = "start the processes with `cargo xtask launch` or torchrun";
 
-        let rank = parse_usize(get(RANK).ok_or(EnvError::Missing { var: RANK, hint: launcher })?)?;
-        let world_size =
-            parse_usize(get(WORLD_SIZE).ok_or(EnvError::Missing { var: WORLD_SIZE, hint: launcher })?)?;
-        let local_rank =
-            parse_usize(get(LOCAL_RANK).ok_or(EnvError::Missing { var: LOCAL_RANK, hint: launcher })?)?;
-        let local_world_size = parse_usize(
-            get(LOCAL_WORLD_SIZE).ok_or(EnvError::Missing { var: LOCAL_WORLD_SIZE, hint: launcher })?,
-        )?;
+        let rank = parse_usize(get(RANK).ok_or(EnvError::Missing {
+            var: RANK,
+            hint: launcher,
+        })?)?;
+        let world_size = parse_usize(get(WORLD_SIZE).ok_or(EnvError::Missing {
+            var: WORLD_SIZE,
+            hint: launcher,
+        })?)?;
+        let local_rank = parse_usize(get(LOCAL_RANK).ok_or(EnvError::Missing {
+            var: LOCAL_RANK,
+            hint: launcher,
+        })?)?;
+        let local_world_size = parse_usize(get(LOCAL_WORLD_SIZE).ok_or(EnvError::Missing {
+            var: LOCAL_WORLD_SIZE,
+            hint: launcher,
+        })?)?;
         let node_rank = get(NODE_RANK).map(parse_usize).transpose()?;
         let nnodes = get(NNODES).map(parse_usize).transpose()?;
-        let (_, master_addr) = get(MASTER_ADDR).ok_or(EnvError::Missing { var: MASTER_ADDR, hint: launcher })?;
-        let master_port = parse_port(get(MASTER_PORT).ok_or(EnvError::Missing { var: MASTER_PORT, hint: launcher })?)?;
+        let (_, master_addr) = get(MASTER_ADDR).ok_or(EnvError::Missing {
+            var: MASTER_ADDR,
+            hint: launcher,
+        })?;
+        let master_port = parse_port(get(MASTER_PORT).ok_or(EnvError::Missing {
+            var: MASTER_PORT,
+            hint: launcher,
+        })?)?;
         let (_, key) = get(MKERNEL_JOB_KEY).ok_or(EnvError::Missing {
             var: MKERNEL_JOB_KEY,
             hint: "every rank needs the same secret; `cargo xtask launch` sets it, with torchrun export it yourself",
@@ -170,7 +189,12 @@ impl RankInfo {
         master_port: u16,
         job_key: JobKey,
     ) -> Result<Self, EnvError> {
-        check_sizes(rank, world_size, rank % local_world_size.max(1), local_world_size)?;
+        check_sizes(
+            rank,
+            world_size,
+            rank % local_world_size.max(1),
+            local_world_size,
+        )?;
         let info = RankInfo {
             rank,
             local_rank: rank % local_world_size,
@@ -202,7 +226,12 @@ impl RankInfo {
     }
 
     fn validate(&self) -> Result<(), EnvError> {
-        check_sizes(self.rank, self.world_size, self.local_rank, self.local_world_size)?;
+        check_sizes(
+            self.rank,
+            self.world_size,
+            self.local_rank,
+            self.local_world_size,
+        )?;
         let expected_nodes = self.world_size / self.local_world_size;
         if self.nnodes != expected_nodes {
             return Err(EnvError::inconsistent(
@@ -216,7 +245,10 @@ impl RankInfo {
         if self.node_rank >= self.nnodes {
             return Err(EnvError::inconsistent(
                 NODE_RANK,
-                format!("NODE_RANK {} is not below NNODES {}", self.node_rank, self.nnodes),
+                format!(
+                    "NODE_RANK {} is not below NNODES {}",
+                    self.node_rank, self.nnodes
+                ),
             ));
         }
         let expected_rank = self.node_rank * self.local_world_size + self.local_rank;
@@ -238,7 +270,11 @@ impl RankInfo {
             });
         }
         if self.master_port == 0 {
-            return Err(EnvError::Invalid { var: MASTER_PORT, value: "0".into(), reason: "port 0".into() });
+            return Err(EnvError::Invalid {
+                var: MASTER_PORT,
+                value: "0".into(),
+                reason: "port 0".into(),
+            });
         }
         if let Some(n) = self.emulated_nodes {
             if n != self.nnodes {
@@ -337,20 +373,38 @@ impl RankInfo {
     }
 }
 
-fn check_sizes(rank: usize, world_size: usize, local_rank: usize, local_world_size: usize) -> Result<(), EnvError> {
+fn check_sizes(
+    rank: usize,
+    world_size: usize,
+    local_rank: usize,
+    local_world_size: usize,
+) -> Result<(), EnvError> {
     if world_size == 0 {
-        return Err(EnvError::Invalid { var: WORLD_SIZE, value: "0".into(), reason: "must be at least 1".into() });
+        return Err(EnvError::Invalid {
+            var: WORLD_SIZE,
+            value: "0".into(),
+            reason: "must be at least 1".into(),
+        });
     }
     if rank >= world_size {
-        return Err(EnvError::inconsistent(RANK, format!("RANK {rank} is not below WORLD_SIZE {world_size}")));
+        return Err(EnvError::inconsistent(
+            RANK,
+            format!("RANK {rank} is not below WORLD_SIZE {world_size}"),
+        ));
     }
     if local_world_size == 0 {
-        return Err(EnvError::Invalid { var: LOCAL_WORLD_SIZE, value: "0".into(), reason: "must be at least 1".into() });
+        return Err(EnvError::Invalid {
+            var: LOCAL_WORLD_SIZE,
+            value: "0".into(),
+            reason: "must be at least 1".into(),
+        });
     }
     if world_size % local_world_size != 0 {
         return Err(EnvError::inconsistent(
             LOCAL_WORLD_SIZE,
-            format!("WORLD_SIZE {world_size} is not a multiple of LOCAL_WORLD_SIZE {local_world_size}"),
+            format!(
+                "WORLD_SIZE {world_size} is not a multiple of LOCAL_WORLD_SIZE {local_world_size}"
+            ),
         ));
     }
     if local_rank >= local_world_size {
@@ -363,12 +417,20 @@ fn check_sizes(rank: usize, world_size: usize, local_rank: usize, local_world_si
 }
 
 fn parse_usize((var, value): (&'static str, String)) -> Result<usize, EnvError> {
-    value.trim().parse().map_err(|_| EnvError::Invalid { var, value, reason: "not a non-negative integer".into() })
+    value.trim().parse().map_err(|_| EnvError::Invalid {
+        var,
+        value,
+        reason: "not a non-negative integer".into(),
+    })
 }
 
 fn parse_port((var, value): (&'static str, String)) -> Result<u16, EnvError> {
     match value.trim().parse::<u16>() {
-        Ok(0) | Err(_) => Err(EnvError::Invalid { var, value, reason: "not a TCP port (1..=65535)".into() }),
+        Ok(0) | Err(_) => Err(EnvError::Invalid {
+            var,
+            value,
+            reason: "not a TCP port (1..=65535)".into(),
+        }),
         Ok(port) => Ok(port),
     }
 }
@@ -409,7 +471,15 @@ mod tests {
     #[test]
     fn defaults_follow_from_the_rank() {
         let info = parse(&[]).unwrap();
-        assert_eq!((info.rank(), info.local_rank(), info.node_rank(), info.nnodes()), (5, 1, 1, 2));
+        assert_eq!(
+            (
+                info.rank(),
+                info.local_rank(),
+                info.node_rank(),
+                info.nnodes()
+            ),
+            (5, 1, 1, 2)
+        );
         assert_eq!(info.device(), 1);
         assert_eq!(info.emulated_nodes(), None);
         assert_eq!(info.store_addr(), "node0:29500");
@@ -432,7 +502,15 @@ mod tests {
             (MKERNEL_EMULATED_NODES, "2"),
         ])
         .unwrap();
-        assert_eq!((info.node_rank(), info.nnodes(), info.device(), info.emulated_nodes()), (1, 2, 3, Some(2)));
+        assert_eq!(
+            (
+                info.node_rank(),
+                info.nnodes(),
+                info.device(),
+                info.emulated_nodes()
+            ),
+            (1, 2, 3, Some(2))
+        );
     }
 
     #[test]
@@ -477,13 +555,37 @@ mod tests {
     fn explicit_constructor_validates() {
         let key = JobKey::new("k").unwrap();
         let info = RankInfo::new(3, 4, 2, "127.0.0.1", 1234, key.clone()).unwrap();
-        assert_eq!((info.local_rank(), info.node_rank(), info.nnodes(), info.device()), (1, 1, 2, 1));
+        assert_eq!(
+            (
+                info.local_rank(),
+                info.node_rank(),
+                info.nnodes(),
+                info.device()
+            ),
+            (1, 1, 2, 1)
+        );
         assert_eq!(info.clone().with_device(3).device(), 3);
         assert!(info.clone().with_emulated_nodes(2).is_ok());
-        assert_eq!(info.with_emulated_nodes(3).unwrap_err().var(), MKERNEL_EMULATED_NODES);
-        assert_eq!(RankInfo::new(4, 4, 2, "h", 1, key.clone()).unwrap_err().var(), RANK);
-        assert_eq!(RankInfo::new(0, 4, 3, "h", 1, key.clone()).unwrap_err().var(), LOCAL_WORLD_SIZE);
-        assert_eq!(RankInfo::new(0, 4, 0, "h", 1, key).unwrap_err().var(), LOCAL_WORLD_SIZE);
+        assert_eq!(
+            info.with_emulated_nodes(3).unwrap_err().var(),
+            MKERNEL_EMULATED_NODES
+        );
+        assert_eq!(
+            RankInfo::new(4, 4, 2, "h", 1, key.clone())
+                .unwrap_err()
+                .var(),
+            RANK
+        );
+        assert_eq!(
+            RankInfo::new(0, 4, 3, "h", 1, key.clone())
+                .unwrap_err()
+                .var(),
+            LOCAL_WORLD_SIZE
+        );
+        assert_eq!(
+            RankInfo::new(0, 4, 0, "h", 1, key).unwrap_err().var(),
+            LOCAL_WORLD_SIZE
+        );
         let v6 = RankInfo::new(0, 1, 1, "::1", 9, JobKey::new("k").unwrap()).unwrap();
         assert_eq!(v6.store_addr(), "[::1]:9");
     }

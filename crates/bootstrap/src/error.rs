@@ -41,13 +41,19 @@ impl fmt::Display for Refusal {
         match *self {
             Refusal::WrongKey => write!(f, "wrong MKERNEL_JOB_KEY"),
             Refusal::DuplicateRank { rank } => {
-                write!(f, "rank {rank} is already connected (two processes with the same RANK?)")
+                write!(
+                    f,
+                    "rank {rank} is already connected (two processes with the same RANK?)"
+                )
             }
             Refusal::RankOutOfRange { rank, world_size } => {
                 write!(f, "RANK {rank} is out of range for WORLD_SIZE {world_size}")
             }
             Refusal::WorldSizeMismatch { client, store } => {
-                write!(f, "this client's WORLD_SIZE {client} differs from the store's {store}")
+                write!(
+                    f,
+                    "this client's WORLD_SIZE {client} differs from the store's {store}"
+                )
             }
         }
     }
@@ -177,12 +183,18 @@ pub enum Error {
 impl Error {
     /// An [`Error::Io`] with `context`.
     pub(crate) fn io(context: impl Into<String>, source: io::Error) -> Self {
-        Error::Io { context: context.into(), source }
+        Error::Io {
+            context: context.into(),
+            source,
+        }
     }
 
     /// An [`Error::JobDir`].
     pub(crate) fn job_dir(path: impl Into<PathBuf>, problem: impl Into<String>) -> Self {
-        Error::JobDir { path: path.into(), problem: problem.into() }
+        Error::JobDir {
+            path: path.into(),
+            problem: problem.into(),
+        }
     }
 }
 
@@ -191,7 +203,12 @@ pub(crate) fn secs(d: Duration) -> String {
     format!("{} s", d.as_secs_f64())
 }
 
-fn timeout_message(op: &str, after: Duration, missing: &[usize], never_connected: &[usize]) -> String {
+fn timeout_message(
+    op: &str,
+    after: Duration,
+    missing: &[usize],
+    never_connected: &[usize],
+) -> String {
     let mut m = format!("{op} timed out after {}: ", secs(after));
     if missing.is_empty() {
         m.push_str("the key was never set");
@@ -199,7 +216,9 @@ fn timeout_message(op: &str, after: Duration, missing: &[usize], never_connected
         m.push_str(&format!("ranks {missing:?} did not arrive"));
     }
     if !never_connected.is_empty() {
-        m.push_str(&format!(" (never connected to the store: {never_connected:?})"));
+        m.push_str(&format!(
+            " (never connected to the store: {never_connected:?})"
+        ));
     }
     m
 }
@@ -216,8 +235,16 @@ mod tests {
             missing: vec![3],
             never_connected: vec![],
         };
-        assert_eq!(e.to_string(), "barrier 'init' timed out after 5 s: ranks [3] did not arrive");
-        let e = Error::Refused { reason: Refusal::WrongKey };
-        assert_eq!(e.to_string(), "bootstrap store refused this client: wrong MKERNEL_JOB_KEY");
+        assert_eq!(
+            e.to_string(),
+            "barrier 'init' timed out after 5 s: ranks [3] did not arrive"
+        );
+        let e = Error::Refused {
+            reason: Refusal::WrongKey,
+        };
+        assert_eq!(
+            e.to_string(),
+            "bootstrap store refused this client: wrong MKERNEL_JOB_KEY"
+        );
     }
 }

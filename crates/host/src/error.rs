@@ -25,6 +25,12 @@ pub enum Error {
     /// A CUDA driver call failed.
     #[error("CUDA driver: {0}")]
     Driver(#[from] DriverError),
+    /// A device-side wait of a communication kernel gave up.
+    #[error("rank {rank} ({role} CTA {cta}) timed out after {waited_ms} ms waiting for rank {peer}'s {flag} flag: expected epoch {expected}, saw {seen}")]
+    CommTimeout { rank: u32, role: &'static str, flag: String, peer: u32, cta: u32, expected: u64, seen: u64, waited_ms: u64 },
+    /// Bootstrap (store, fd passing, environment) failed.
+    #[error("bootstrap: {0}")]
+    Bootstrap(#[from] mkernel_bootstrap::Error),
     /// The embedded PTX lacks a kernel the runtime expected (a build mismatch).
     #[error("kernel `{0}` is missing from the embedded PTX")]
     MissingKernel(&'static str),

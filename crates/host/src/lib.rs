@@ -11,6 +11,7 @@
 //!   pointer layer underneath ([`gemm::GemmPlan::new_raw`]);
 //! - [`tensor_map`]: TMA descriptors encoded with `cuTensorMapEncodeTiled`.
 
+pub mod comm;
 pub mod error;
 pub mod gemm;
 pub mod ptx;
@@ -20,4 +21,6 @@ pub mod tensor_map;
 pub use cudarc;
 pub use error::{Error, Result};
 pub use gemm::{BLayout, GemmPlan, GemmShape, OutDtype};
+pub use comm::{CommConfig, Communicator, ReduceDtype, SymBuffer};
+pub use mkernel_bootstrap as bootstrap;
 pub use runtime::Device;

@@ -1,0 +1,61 @@
+//! The NCCL baseline through cudarc's raw bindings (bf16 reductions need `ncclBfloat16`, which
+//! cudarc's safe layer does not expose). NVLink SHARP stays off: NCCL_NVLS_ENABLE=0.
+use anyhow::{bail, Result};
+use cudarc::driver::CudaStream;
+use cudarc::nccl::sys;
+use mkernel::bootstrap::Bootstrap;
+use std::time::Duration;
+
+/// One NCCL communicator over the same ranks as ours.
+pub struct Nccl {
+    comm: sys::ncclComm_t,
+}
+
+fn ok(r: sys::ncclResult_t, what: &str) -> Result<()> {
+    if r != sys::ncclResult_t::ncclSuccess {
+        bail!("NCCL {what}: {r:?}");
+    }
+    Ok(())
+}
+
+impl Nccl {
+    /// Rank 0 makes the unique id, the store carries it to the others.
+    pub fn new(boot: &Bootstrap, rank: usize, world: usize) -> Result<Nccl> {
+        // SAFETY: plain C struct.
+        let mut id: sys::ncclUniqueId = unsafe { std::mem::zeroed() };
+        if rank == 0 {
+            // SAFETY: out-pointer.
+            ok(unsafe { sys::ncclGetUniqueId(&mut id) }, "get unique id")?;
+            let bytes: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
+            boot.store().set("bench/nccl-id", &bytes)?;
+        } else {
+            let bytes = boot.store().get("bench/nccl-id", Duration::from_secs(60))?;
+            for (d, s) in id.internal.iter_mut().zip(bytes) {
+                *d = s as _;
+            }
+        }
+        let mut comm: sys::ncclComm_t = std::ptr::null_mut();
+        // SAFETY: out-pointer; id shared by all ranks.
+        ok(unsafe { sys::ncclCommInitRank(&mut comm, world as i32, id, rank as i32) }, "comm init")?;
+        Ok(Nccl { comm })
+    }
+    pub fn all_gather(&self, stream: &CudaStream, src: u64, dst: u64, bytes_per_rank: usize) -> Result<()> {
+        // SAFETY: device buffers of the given sizes.
+        ok(unsafe { sys::ncclAllGather(src as _, dst as _, bytes_per_rank, sys::ncclDataType_t::ncclUint8, self.comm, stream.cu_stream() as _) }, "all_gather")
+    }
+    pub fn reduce_scatter(&self, stream: &CudaStream, src: u64, dst: u64, count_per_rank: usize) -> Result<()> {
+        // SAFETY: device buffers of the given sizes.
+        ok(unsafe { sys::ncclReduceScatter(src as _, dst as _, count_per_rank, sys::ncclDataType_t::ncclBfloat16, sys::ncclRedOp_t::ncclSum, self.comm, stream.cu_stream() as _) }, "reduce_scatter")
+    }
+    pub fn all_reduce(&self, stream: &CudaStream, src: u64, dst: u64, count: usize) -> Result<()> {
+        // SAFETY: device buffers of the given sizes.
+        ok(unsafe { sys::ncclAllReduce(src as _, dst as _, count, sys::ncclDataType_t::ncclBfloat16, sys::ncclRedOp_t::ncclSum, self.comm, stream.cu_stream() as _) }, "all_reduce")
+    }
+}
+
+impl Drop for Nccl {
+    fn drop(&mut self) {
+        // SAFETY: created by ncclCommInitRank.
+        unsafe { sys::ncclCommDestroy(self.comm) };
+    }
+}

@@ -1,0 +1,133 @@
+//! The symmetric heap: one `cuMemCreate` allocation per rank, exported as a POSIX file
+//! descriptor, passed to the local peers over the job's Unix socket (SCM_RIGHTS), imported and
+//! mapped by every local rank (`cuMemMap` + `cuMemSetAccess`). A kernel then sees every local
+//! peer's heap at an address of its own process: unicast NVLink loads and stores, no multicast.
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
+use mkernel_bootstrap::Bootstrap;
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::time::Duration;
+
+/// One mapping of one rank's allocation into this process.
+struct Mapping {
+    va: u64,
+    handle: sys::CUmemGenericAllocationHandle,
+}
+
+/// Every local rank's heap, mapped here. Index = local rank.
+pub struct SymmetricHeap {
+    bytes: u64,
+    mappings: Vec<Mapping>,
+    local_rank: usize,
+}
+
+fn prop(device: i32) -> sys::CUmemAllocationProp {
+    // SAFETY: plain C struct; zero is a valid start for every field.
+    let mut p: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    p.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.requestedHandleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    p.location = sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: device };
+    p
+}
+
+impl SymmetricHeap {
+    /// Allocates `bytes` (rounded up to the allocation granularity) on `device`, exchanges
+    /// handles with the local ranks and maps all of them read-write for `device`.
+    /// The caller's CUDA context must be current on this thread.
+    pub fn new(device: i32, bytes: u64, boot: &mut Bootstrap, timeout: Duration) -> Result<SymmetricHeap> {
+        let p = prop(device);
+        let mut gran = 0usize;
+        // SAFETY: out-pointer to a usize; valid prop.
+        unsafe { sys::cuMemGetAllocationGranularity(&mut gran, &p, sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED).result()? };
+        let gran = gran.max(1 << 21) as u64;
+        let bytes = bytes.div_ceil(gran) * gran;
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: out-pointer; valid prop.
+        unsafe { sys::cuMemCreate(&mut handle, bytes as usize, &p, 0).result()? };
+        let mut raw_fd: i32 = -1;
+        // SAFETY: for POSIX fd handles the shareable handle is an int.
+        let exported = unsafe {
+            sys::cuMemExportToShareableHandle(&mut raw_fd as *mut i32 as *mut std::ffi::c_void, handle, sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0).result()
+        };
+        if let Err(e) = exported {
+            // SAFETY: the handle was created above and is not mapped.
+            unsafe { sys::cuMemRelease(handle) };
+            return Err(e.into());
+        }
+        // SAFETY: the driver returned a fresh descriptor that we now own.
+        let own_fd = unsafe { OwnedFd::from_raw_fd(raw_fd) };
+        let info = boot.info().clone();
+        let local_rank = info.local_rank();
+        let fds = boot.exchange_fds(&[own_fd.as_fd()], timeout)?;
+        let mut heap = SymmetricHeap { bytes, mappings: Vec::with_capacity(fds.len()), local_rank };
+        for (peer, peer_fds) in fds.into_iter().enumerate() {
+            let h = if peer == local_rank {
+                handle
+            } else {
+                let fd = peer_fds.into_iter().next().ok_or_else(|| Error::Shape { op: "symmetric heap", reason: format!("local rank {peer} sent no memory handle") })?;
+                let mut h: sys::CUmemGenericAllocationHandle = 0;
+                // SAFETY: fd is a descriptor exported by a peer's cuMemExportToShareableHandle.
+                unsafe {
+                    use std::os::fd::AsRawFd;
+                    sys::cuMemImportFromShareableHandle(&mut h, fd.as_raw_fd() as isize as *mut std::ffi::c_void, sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR).result()?
+                };
+                h
+            };
+            let va = map(h, bytes, gran, device)?;
+            heap.mappings.push(Mapping { va, handle: h });
+        }
+        Ok(heap)
+    }
+
+    /// Bytes of each rank's heap.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+    /// Address of local rank `r`'s heap in this process.
+    pub fn base(&self, r: usize) -> u64 {
+        self.mappings[r].va
+    }
+    /// Address of this rank's own heap.
+    pub fn local_base(&self) -> u64 {
+        self.base(self.local_rank)
+    }
+    /// Local ranks mapped.
+    pub fn ranks(&self) -> usize {
+        self.mappings.len()
+    }
+}
+
+fn map(h: sys::CUmemGenericAllocationHandle, bytes: u64, align: u64, device: i32) -> Result<u64> {
+    let mut va: sys::CUdeviceptr = 0;
+    // SAFETY: reserves address space only.
+    unsafe { sys::cuMemAddressReserve(&mut va, bytes as usize, align as usize, 0, 0).result()? };
+    let access = sys::CUmemAccessDesc {
+        location: sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: device },
+        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    // SAFETY: va was reserved for `bytes`; h is a live allocation of `bytes`.
+    let mapped = unsafe { sys::cuMemMap(va, bytes as usize, 0, h, 0).result().and_then(|_| sys::cuMemSetAccess(va, bytes as usize, &access, 1).result()) };
+    if let Err(e) = mapped {
+        // SAFETY: undo the reservation (and the mapping if it happened).
+        unsafe {
+            sys::cuMemUnmap(va, bytes as usize);
+            sys::cuMemAddressFree(va, bytes as usize);
+        }
+        return Err(e.into());
+    }
+    Ok(va)
+}
+
+impl Drop for SymmetricHeap {
+    fn drop(&mut self) {
+        for m in &self.mappings {
+            // SAFETY: each mapping was made by `map` with `self.bytes`; kernels using it have
+            // completed (the communicator synchronizes before dropping the heap).
+            unsafe {
+                sys::cuMemUnmap(m.va, self.bytes as usize);
+                sys::cuMemAddressFree(m.va, self.bytes as usize);
+                sys::cuMemRelease(m.handle);
+            }
+        }
+    }
+}

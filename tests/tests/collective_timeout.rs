@@ -1,0 +1,41 @@
+//! A rank that never arrives: the others report a timeout naming it instead of hanging.
+//! Run: `bundle/xtask launch -n 2 -- bundle/tests/mkernel-tests-collective_timeout`.
+use mkernel::cudarc::driver::DevicePtrMut;
+use mkernel::{CommConfig, Communicator, Error};
+use mkernel_tests::gpu::launched_rank_or_skip;
+use std::time::{Duration, Instant};
+
+#[test]
+fn missing_rank_is_named_by_the_timeout() {
+    let Some((dev, boot)) = launched_rank_or_skip("missing_rank_is_named_by_the_timeout") else { return };
+    let cfg = CommConfig { heap_bytes: 16 << 20, timeout: Duration::from_secs(2), ..Default::default() };
+    let mut comm = Communicator::new(&dev, boot, cfg).unwrap();
+    let (rank, world) = (comm.rank(), comm.world());
+    let absent = world - 1;
+    let stream = dev.default_stream();
+    let dst = comm.alloc(4096 * world as u64).unwrap();
+    let mut src = stream.alloc_zeros::<u8>(4096).unwrap();
+    let src_ptr = { let (p, _g) = src.device_ptr_mut(&stream); p };
+    // One good round first: epochs are in step.
+    comm.all_gather(&stream, src_ptr, &dst, 4096, 4).unwrap();
+    stream.synchronize().unwrap();
+    comm.check().unwrap();
+    if rank == absent {
+        println!("rank {rank}: skipping the second all_gather on purpose");
+        return;
+    }
+    let start = Instant::now();
+    comm.all_gather(&stream, src_ptr, &dst, 4096, 4).unwrap();
+    stream.synchronize().unwrap();
+    let elapsed = start.elapsed();
+    let err = comm.check().expect_err("the all_gather must time out");
+    match &err {
+        Error::CommTimeout { rank: r, peer, .. } => {
+            assert_eq!(*r, rank);
+            assert_eq!(*peer, absent, "{err}");
+        }
+        other => panic!("expected CommTimeout, got {other}"),
+    }
+    assert!(elapsed < Duration::from_secs(10), "gave up after {elapsed:?}, the timeout is 2 s");
+    println!("rank {rank}: {err} (returned after {:.2} s)", elapsed.as_secs_f64());
+}

@@ -1,0 +1,155 @@
+//! Collectives across ranks (one process per GPU) against CPU references.
+//! Run: `bundle/xtask launch -n 2 -- bundle/tests/mkernel-tests-collectives` (and -n 4, -n 8).
+use half::bf16;
+use mkernel::cudarc::driver::{DevicePtr, DevicePtrMut};
+use mkernel::{CommConfig, Communicator, ReduceDtype};
+use mkernel_tests::data::{random_bf16, random_f32};
+use mkernel_tests::gpu::launched_rank_or_skip;
+use mkernel_tests::reference::{compare, BF16_OUT_REL, F32_ACC, F32_OUT_REL};
+
+fn seed(rank: u32, case: u64, rep: u64) -> u64 {
+    1_000_000 * case + 1000 * rep + rank as u64
+}
+
+/// Every rank's input as f64, and its bit pattern to upload.
+fn inputs(world: u32, len: usize, dtype: ReduceDtype, case: u64, rep: u64) -> (Vec<Vec<f64>>, Vec<Vec<u8>>) {
+    (0..world)
+        .map(|r| match dtype {
+            ReduceDtype::Bf16 => {
+                let v = random_bf16(len, seed(r, case, rep));
+                (v.iter().map(|x| x.to_f64()).collect(), v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect())
+            }
+            ReduceDtype::F32 => {
+                let v = random_f32(len, seed(r, case, rep));
+                (v.iter().map(|&x| x as f64).collect(), v.iter().flat_map(|x| x.to_le_bytes()).collect())
+            }
+        })
+        .unzip()
+}
+
+fn decode(bytes: &[u8], dtype: ReduceDtype) -> Vec<f64> {
+    match dtype {
+        ReduceDtype::Bf16 => bytes.chunks(2).map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f64()).collect(),
+        ReduceDtype::F32 => bytes.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64).collect(),
+    }
+}
+
+fn htod(addr: u64, bytes: &[u8]) {
+    // SAFETY: addr is a device buffer of at least bytes.len() bytes owned by the test.
+    unsafe { mkernel::cudarc::driver::result::memcpy_htod_sync(addr, bytes) }.unwrap();
+}
+fn dtoh(addr: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    // SAFETY: addr is a device buffer of at least len bytes.
+    unsafe { mkernel::cudarc::driver::result::memcpy_dtoh_sync(&mut v, addr) }.unwrap();
+    v
+}
+
+#[test]
+fn collectives_match_cpu_reference() {
+    let Some((dev, boot)) = launched_rank_or_skip("collectives_match_cpu_reference") else { return };
+    let mut comm = Communicator::new(&dev, boot, CommConfig { heap_bytes: 1 << 30, ..Default::default() }).unwrap();
+    let (rank, world) = (comm.rank(), comm.world());
+    let stream = dev.default_stream();
+    let big = comm.alloc(256 << 20).unwrap();
+    let big2 = comm.alloc(256 << 20).unwrap();
+    let mut local = stream.alloc_zeros::<u8>(64 << 20).unwrap();
+    let local_ptr = { let (p, _g) = local.device_ptr_mut(&stream); p };
+    let mut case = 0u64;
+    let mut lines = vec![];
+
+    // AllGather: bytes per rank x CTAs, three launches each (epochs advance, no reset).
+    for &bytes in &[16u64, 4096, (1 << 20) + 48, 8 << 20] {
+        for &ctas in &[1u32, 7, 32] {
+            case += 1;
+            for rep in 0..3 {
+                let (_, all) = inputs(world, bytes as usize, ReduceDtype::F32, case, rep); // bytes as raw data
+                let all: Vec<Vec<u8>> = all.into_iter().map(|v| v[..bytes as usize].to_vec()).collect();
+                htod(local_ptr, &all[rank as usize]);
+                comm.all_gather(&stream, local_ptr, &big, bytes, ctas).unwrap();
+                stream.synchronize().unwrap();
+                comm.check().unwrap();
+                let got = dtoh(comm.ptr(&big), (bytes * world as u64) as usize);
+                let want: Vec<u8> = all.concat();
+                assert!(got == want, "rank {rank}: all_gather {bytes} B x {ctas} CTAs rep {rep} differs");
+            }
+            lines.push(format!("all_gather {bytes:>8} B/rank, {ctas:>2} CTAs, 3 launches: exact"));
+        }
+    }
+
+    // ReduceScatter and AllReduce, bf16 and f32, including counts whose chunks are uneven.
+    for dtype in [ReduceDtype::Bf16, ReduceDtype::F32] {
+        let esize = dtype.size() as usize;
+        for &count in &[8usize, 4096, 100_000, 3 << 20] {
+            let count = count / (16 / esize) * (16 / esize); // whole 16-byte vectors per rank
+            for &ctas in &[1u32, 16] {
+                case += 1;
+                for rep in 0..2 {
+                    let (vals, raw) = inputs(world, count * world as usize, dtype, case, rep);
+                    htod(comm.ptr(&big), &raw[rank as usize]);
+                    comm.reduce_scatter(&stream, &big, local_ptr, count as u64, dtype, ctas).unwrap();
+                    stream.synchronize().unwrap();
+                    comm.check().unwrap();
+                    let got = decode(&dtoh(local_ptr, count * esize), dtype);
+                    let lo = rank as usize * count;
+                    let want: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[lo + i]).sum()).collect();
+                    let scale: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[lo + i].abs()).sum()).collect();
+                    let rel = if dtype == ReduceDtype::Bf16 { BF16_OUT_REL } else { F32_OUT_REL };
+                    let c = compare(&got, &want, &scale, rel, F32_ACC);
+                    assert_eq!(c.wrong, 0, "rank {rank}: reduce_scatter {dtype:?} count {count} ctas {ctas}: {c:?}");
+                }
+                lines.push(format!("reduce_scatter {dtype:?} {count:>8}/rank, {ctas:>2} CTAs: all elements within tolerance"));
+            }
+        }
+        for &count in &[8usize, 1000, 123_456, 4 << 20] {
+            let count = count / (16 / esize) * (16 / esize);
+            for (in_place, ctas) in [(false, 3u32), (true, 24)] {
+                case += 1;
+                let dst = if in_place { big } else { big2 };
+                let (vals, raw) = inputs(world, count, dtype, case, 0);
+                htod(comm.ptr(&big), &raw[rank as usize]);
+                comm.all_reduce(&stream, &big, &dst, count as u64, dtype, ctas).unwrap();
+                stream.synchronize().unwrap();
+                comm.check().unwrap();
+                let got = decode(&dtoh(comm.ptr(&dst), count * esize), dtype);
+                let want: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[i]).sum()).collect();
+                let scale: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[i].abs()).sum()).collect();
+                let rel = if dtype == ReduceDtype::Bf16 { BF16_OUT_REL } else { F32_OUT_REL };
+                let c = compare(&got, &want, &scale, rel, F32_ACC);
+                assert_eq!(c.wrong, 0, "rank {rank}: all_reduce {dtype:?} count {count} in_place {in_place}: {c:?}");
+                lines.push(format!("all_reduce {dtype:?} {count:>8}, in place {in_place}, {ctas} CTAs: all elements within tolerance"));
+            }
+        }
+    }
+
+    // The same all_reduce captured once in a CUDA graph and replayed with new inputs.
+    {
+        use mkernel::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+        let gstream = dev.context().new_stream().unwrap();
+        let count = 65536usize;
+        gstream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+        comm.all_reduce(&gstream, &big, &big2, count as u64, ReduceDtype::Bf16, 8).unwrap();
+        let graph = gstream.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("graph");
+        for rep in 0..3 {
+            case += 1;
+            let (vals, raw) = inputs(world, count, ReduceDtype::Bf16, case, rep);
+            htod(comm.ptr(&big), &raw[rank as usize]);
+            comm.bootstrap().store().barrier(&format!("graph-input-{rep}"), std::time::Duration::from_secs(30)).unwrap();
+            graph.launch().unwrap();
+            gstream.synchronize().unwrap();
+            comm.check().unwrap();
+            let got = decode(&dtoh(comm.ptr(&big2), count * 2), ReduceDtype::Bf16);
+            let want: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[i]).sum()).collect();
+            let scale: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[i].abs()).sum()).collect();
+            let c = compare(&got, &want, &scale, BF16_OUT_REL, F32_ACC);
+            assert_eq!(c.wrong, 0, "rank {rank}: graph replay {rep}: {c:?}");
+            comm.bootstrap().store().barrier(&format!("graph-output-{rep}"), std::time::Duration::from_secs(30)).unwrap();
+        }
+        lines.push("all_reduce captured in a CUDA graph, replayed 3 times with new inputs: correct".into());
+    }
+    if rank == 0 {
+        for l in lines {
+            println!("[world {world}] {l}");
+        }
+    }
+}
