@@ -1,7 +1,7 @@
 //! Collectives across ranks (one process per GPU) against CPU references.
 //! Run: `bundle/xtask launch -n 2 -- bundle/tests/mkernel-tests-collectives` (and -n 4, -n 8).
 use half::bf16;
-use mkernel::cudarc::driver::{DevicePtr, DevicePtrMut};
+use mkernel::cudarc::driver::DevicePtrMut;
 use mkernel::{CommConfig, Communicator, ReduceDtype};
 use mkernel_tests::data::{random_bf16, random_f32};
 use mkernel_tests::gpu::launched_rank_or_skip;
@@ -120,6 +120,33 @@ fn collectives_match_cpu_reference() {
                 lines.push(format!("all_reduce {dtype:?} {count:>8}, in place {in_place}, {ctas} CTAs: all elements within tolerance"));
             }
         }
+    }
+
+    // Many launches back to back with no host synchronization, alternating the staged and the
+    // direct paths (staging credits and epochs must keep the ranks in step).
+    {
+        case += 1;
+        let small = 8192usize; // bf16 elements: 16 KiB, staged
+        let big_bytes = 2u64 << 20; // per rank, direct
+        let (vals, raw) = inputs(world, small, ReduceDtype::Bf16, case, 0);
+        let small_in = comm.alloc(small as u64 * 2).unwrap();
+        let small_out = comm.alloc(small as u64 * 2).unwrap();
+        let gather_out = comm.alloc(big_bytes * world as u64).unwrap();
+        htod(comm.ptr(&small_in), &raw[rank as usize]);
+        let (_, gathered) = inputs(world, big_bytes as usize / 4, ReduceDtype::F32, case + 1, 0);
+        htod(local_ptr, &gathered[rank as usize]);
+        for _ in 0..50 {
+            comm.all_reduce(&stream, &small_in, &small_out, small as u64, ReduceDtype::Bf16, 2).unwrap();
+            comm.all_gather(&stream, local_ptr, &gather_out, big_bytes, 16).unwrap();
+        }
+        stream.synchronize().unwrap();
+        comm.check().unwrap();
+        let got = decode(&dtoh(comm.ptr(&small_out), small * 2), ReduceDtype::Bf16);
+        let want: Vec<f64> = (0..small).map(|i| vals.iter().map(|v| v[i]).sum()).collect();
+        let scale: Vec<f64> = (0..small).map(|i| vals.iter().map(|v| v[i].abs()).sum()).collect();
+        assert_eq!(compare(&got, &want, &scale, BF16_OUT_REL, F32_ACC).wrong, 0, "rank {rank}: back-to-back all_reduce");
+        assert!(dtoh(comm.ptr(&gather_out), (big_bytes * world as u64) as usize) == gathered.concat(), "rank {rank}: back-to-back all_gather");
+        lines.push("50 x (staged all_reduce + direct all_gather) back to back without host sync: correct".into());
     }
 
     // The same all_reduce captured once in a CUDA graph and replayed with new inputs.

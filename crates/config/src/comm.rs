@@ -18,11 +18,14 @@ pub const MAX_COMM_CTAS: u32 = 256;
 pub enum FlagSlot {
     /// "I (source) entered epoch e: my inputs are final and my outputs may be overwritten."
     Ready = 0,
-    /// "I (source) finished writing my data of epoch e into your buffer and reading yours."
+    /// "I (source) am finished with epoch e: my data is in your buffer and I no longer read
+    /// yours (or, on the staged and LL paths, I consumed what you staged in my heap)."
     Done = 1,
+    /// "My data of epoch e is in your staging area" (bulk staged path).
+    Staged = 2,
     /// Spare slots for fused kernels (tile arrival).
-    Tile0 = 2,
-    Tile1 = 3,
+    Tile0 = 3,
+    Tile1 = 4,
 }
 
 impl FlagSlot {
@@ -31,15 +34,16 @@ impl FlagSlot {
         match v {
             0 => Some(FlagSlot::Ready),
             1 => Some(FlagSlot::Done),
-            2 => Some(FlagSlot::Tile0),
-            3 => Some(FlagSlot::Tile1),
+            2 => Some(FlagSlot::Staged),
+            3 => Some(FlagSlot::Tile0),
+            4 => Some(FlagSlot::Tile1),
             _ => None,
         }
     }
 }
 
 /// Number of flag slots.
-pub const FLAG_SLOTS: u32 = 4;
+pub const FLAG_SLOTS: u32 = 5;
 /// Per-CTA epoch counters follow the flags (one `u64` per CTA, local use only).
 pub const EPOCH_COUNTERS_OFFSET: u64 = (FLAG_SLOTS * MAX_LOCAL_RANKS * MAX_COMM_CTAS) as u64 * 8;
 /// The rank's [`ErrorRecord`] follows the epoch counters (local use; the host reads it back).
@@ -47,8 +51,44 @@ pub const ERROR_RECORD_OFFSET: u64 = EPOCH_COUNTERS_OFFSET + MAX_COMM_CTAS as u6
 /// The rank's abort word (`u32`): nonzero makes every wait of the rank give up at once.
 pub const ABORT_OFFSET: u64 = ERROR_RECORD_OFFSET + 64;
 /// Bytes of the heap's control area (flags, epoch counters, error record, abort), rounded to
-/// 64 KiB; data follows.
+/// 64 KiB. The LL and staging areas follow, then user buffers.
 pub const HEAP_CONTROL_BYTES: u64 = (ABORT_OFFSET + 8).div_ceil(65536) * 65536;
+
+/// CTAs that carry the LL and staged paths. Every collective launch has at least this many
+/// CTAs, so CTAs `0..STAGED_CTAS` advance their epochs in lockstep: in every launch they share
+/// one epoch, and the staging credit can check all of them (a later launch may slice the slot
+/// differently, so one CTA's credit alone would not cover the words it is about to overwrite).
+pub const STAGED_CTAS: u32 = 4;
+/// Largest message a rank sends one peer on the staged (one-hop, no handshake) path.
+pub const SMALL_MSG_MAX: u64 = 256 << 10;
+/// Largest message a rank sends one peer on the LL path (data + flag words: twice the bytes).
+pub const LL_MSG_MAX: u64 = 64 << 10;
+
+/// LL area: 2 epoch parities x one slot per source rank of `2 * LL_MSG_MAX` bytes. It has its
+/// own area (never shared with bulk staging, whose raw data could look like a valid flag) and
+/// is zeroed with the control area, so no stale word can carry a live epoch.
+pub const LL_OFFSET: u64 = HEAP_CONTROL_BYTES;
+/// Bytes of one LL slot.
+pub const LL_SLOT_BYTES: u64 = 2 * LL_MSG_MAX;
+/// Bytes of the LL area.
+pub const LL_BYTES: u64 = 2 * MAX_LOCAL_RANKS as u64 * LL_SLOT_BYTES;
+/// Bulk staging area: 2 epoch parities x one slot per source rank of [`SMALL_MSG_MAX`] bytes.
+pub const STAGING_OFFSET: u64 = LL_OFFSET + LL_BYTES;
+/// Bytes of the staging area.
+pub const STAGING_BYTES: u64 = 2 * MAX_LOCAL_RANKS as u64 * SMALL_MSG_MAX;
+/// Bytes the host zeroes when a communicator is created (control + LL areas).
+pub const HEAP_ZEROED_BYTES: u64 = STAGING_OFFSET;
+/// Bytes of every heap reserved by mkernel (control + LL + staging); user buffers follow.
+pub const HEAP_RESERVED_BYTES: u64 = STAGING_OFFSET + STAGING_BYTES;
+
+/// Offset of the bulk staging slot that `src` writes into (in the receiver's heap) in `epoch`.
+pub const fn staging_offset(epoch: u64, src: u32) -> u64 {
+    STAGING_OFFSET + ((epoch % 2) * MAX_LOCAL_RANKS as u64 + src as u64) * SMALL_MSG_MAX
+}
+/// Offset of the LL slot that `src` writes into (in the receiver's heap) in `epoch`.
+pub const fn ll_offset(epoch: u64, src: u32) -> u64 {
+    LL_OFFSET + ((epoch % 2) * MAX_LOCAL_RANKS as u64 + src as u64) * LL_SLOT_BYTES
+}
 
 /// Byte offset of flag (`slot`, `src` rank, `cta`) in a heap.
 pub const fn flag_offset(slot: FlagSlot, src: u32, cta: u32) -> u64 {
@@ -171,6 +211,9 @@ mod tests {
         assert!(EPOCH_COUNTERS_OFFSET + MAX_COMM_CTAS as u64 * 8 <= ERROR_RECORD_OFFSET);
         assert!(core::mem::size_of::<ErrorRecord>() <= 64);
         assert!(ABORT_OFFSET + 8 <= HEAP_CONTROL_BYTES);
+        assert_eq!(ll_offset(3, MAX_LOCAL_RANKS - 1) + LL_SLOT_BYTES, STAGING_OFFSET);
+        assert_eq!(staging_offset(3, MAX_LOCAL_RANKS - 1) + SMALL_MSG_MAX, HEAP_RESERVED_BYTES);
+        assert_eq!(staging_offset(2, 0), STAGING_OFFSET);
         assert_eq!(flag_offset(FlagSlot::Ready, 0, 1), 8);
         assert_eq!(flag_offset(FlagSlot::Ready, 1, 0), MAX_COMM_CTAS as u64 * 8);
     }

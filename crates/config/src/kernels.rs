@@ -36,7 +36,7 @@ pub const GEMM_BF16_NK: KernelSpec = KernelSpec {
 pub const GEMM_BF16_KN: KernelSpec = KernelSpec { name: "mk_gemm_bf16_kn", ..GEMM_BF16_NK };
 
 /// Threads of the communication kernels (each keeps 4 x 16 bytes in flight per thread).
-pub const COLLECTIVE: KernelSpec = KernelSpec { name: "mk_allgather", max_threads: 512, min_blocks_per_sm: 1, dynamic_smem: 0 };
+pub const COLLECTIVE: KernelSpec = KernelSpec { name: "mk_allgather", max_threads: 384, min_blocks_per_sm: 1, dynamic_smem: 0 };
 /// AllGather over NVLink (push).
 pub const ALLGATHER: KernelSpec = COLLECTIVE;
 /// ReduceScatter over NVLink (pull + f32 sum).

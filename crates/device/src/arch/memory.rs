@@ -193,3 +193,29 @@ pub unsafe fn ld_v4(p: *const u8) -> [u32; 4] {
 pub unsafe fn st_v4(p: *mut u8, v: [u32; 4]) {
     unsafe { asm!("st.global.v4.u32 [{0}], {{{1}, {2}, {3}, {4}}};", in(reg64) p, in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3], options(nostack)) };
 }
+/// Two 8-byte words to global memory, each single-copy atomic (what the LL protocol relies on:
+/// a word's data half and flag half land together): `st.relaxed.sys.global.v2.u64 [p], {a, b};`
+#[inline(always)]
+pub unsafe fn st_relaxed_sys_v2_u64(p: *mut u8, a: u64, b: u64) {
+    unsafe { asm!("st.relaxed.sys.global.v2.u64 [{0}], {{{1}, {2}}};", in(reg64) p, in(reg64) a, in(reg64) b, options(nostack)) };
+}
+/// Two 8-byte words from global memory, each single-copy atomic:
+/// `ld.relaxed.sys.global.v2.u64 {a, b}, [p];`
+#[inline(always)]
+pub unsafe fn ld_relaxed_sys_v2_u64(p: *const u8) -> (u64, u64) {
+    let (a, b): (u64, u64);
+    unsafe { asm!("ld.relaxed.sys.global.v2.u64 {{{0}, {1}}}, [{2}];", out(reg64) a, out(reg64) b, in(reg64) p, options(nostack)) };
+    (a, b)
+}
+/// 8 bytes from global memory: `ld.global.v2.u32 {a, b}, [p];`
+#[inline(always)]
+pub unsafe fn ld_v2(p: *const u8) -> [u32; 2] {
+    let (a, b): (u32, u32);
+    unsafe { asm!("ld.global.v2.u32 {{{0}, {1}}}, [{2}];", out(reg32) a, out(reg32) b, in(reg64) p, options(nostack, readonly)) };
+    [a, b]
+}
+/// 8 bytes to global memory: `st.global.v2.u32 [p], {a, b};`
+#[inline(always)]
+pub unsafe fn st_v2(p: *mut u8, v: [u32; 2]) {
+    unsafe { asm!("st.global.v2.u32 [{0}], {{{1}, {2}}};", in(reg64) p, in(reg32) v[0], in(reg32) v[1], options(nostack)) };
+}

@@ -1,5 +1,6 @@
 //! A CTA's view of the communicator: its rank, the peers' heaps and its epoch.
 use crate::arch::{ids, memory, memory::Scope};
+use mkernel_config::comm::{ll_offset, staging_offset};
 use mkernel_config::comm::{flag_offset, CommDesc, FlagSlot, Role, EPOCH_COUNTERS_OFFSET};
 
 /// What one CTA of a communication kernel knows.
@@ -38,14 +39,29 @@ impl CommCtx {
     /// The flag `(slot, src, self.cta)` in `owner`'s heap.
     #[inline(always)]
     pub fn flag(&self, owner: u32, slot: FlagSlot, src: u32) -> *mut u64 {
-        (self.heap(owner) + flag_offset(slot, src, self.cta)) as *mut u64
+        self.flag_of_cta(owner, slot, src, self.cta)
     }
-    /// Raises `slot` for this epoch in `dst`'s heap. Call from one thread after a CTA barrier
-    /// that follows the data this flag publishes.
+    /// The flag `(slot, src, cta)` in `owner`'s heap.
+    #[inline(always)]
+    pub fn flag_of_cta(&self, owner: u32, slot: FlagSlot, src: u32, cta: u32) -> *mut u64 {
+        (self.heap(owner) + flag_offset(slot, src, cta)) as *mut u64
+    }
+    /// Raises `slot` for this epoch in `dst`'s heap: `st.release.sys`. Call from one thread after
+    /// a CTA barrier that follows the data this flag publishes; the release is cumulative over
+    /// the CTA's writes ordered before it by the barrier.
     #[inline(always)]
     pub unsafe fn signal(&self, dst: u32, slot: FlagSlot) {
-        memory::fence_acq_rel(Scope::Sys);
         unsafe { memory::st_release_u64(Scope::Sys, self.flag(dst, slot, self.rank), self.epoch) };
+    }
+    /// Address of the LL slot `src` writes into in `owner`'s heap during this epoch.
+    #[inline(always)]
+    pub fn ll_slot(&self, owner: u32, src: u32) -> u64 {
+        self.heap(owner) + ll_offset(self.epoch, src)
+    }
+    /// Address of the staging slot `src` writes into in `owner`'s heap during this epoch.
+    #[inline(always)]
+    pub fn staging(&self, owner: u32, src: u32) -> u64 {
+        self.heap(owner) + staging_offset(self.epoch, src)
     }
     /// Stores the advanced epoch counter (thread 0, after the CTA's last barrier).
     #[inline(always)]

@@ -7,6 +7,7 @@
 //! and read only by the destination with `ld.acquire.sys`; waits poll local memory only.
 
 pub mod ctx;
+pub mod ll;
 pub mod move_data;
 pub mod wait;
 

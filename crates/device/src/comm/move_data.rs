@@ -34,56 +34,89 @@ pub unsafe fn copy(dst: *mut u8, src: *const u8, n16: u64) {
     }
 }
 
-/// [`reduce_n`] for a run-time `world` (2, 4 or 8 get fully unrolled code; others the generic 8).
+/// [`reduce_n`] instantiated for the run-time `world` (1..=8), so every loop over sources has
+/// a constant trip count and the loaded vectors stay in registers.
 #[inline(always)]
-pub unsafe fn reduce(dsts: &[u64; 8], ndst: u32, srcs: &[u64; 8], world: u32, n16: u64, dtype: Dtype) {
+pub unsafe fn reduce(dsts: [u64; 8], ndst: u32, srcs: [u64; 8], world: u32, n16: u64, dtype: Dtype) {
+    unsafe {
+        match dtype {
+            Dtype::Bf16 => reduce_w::<false>(dsts, ndst, srcs, world, n16),
+            Dtype::F32 => reduce_w::<true>(dsts, ndst, srcs, world, n16),
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn reduce_w<const F32: bool>(dsts: [u64; 8], ndst: u32, srcs: [u64; 8], world: u32, n16: u64) {
     unsafe {
         match world {
-            1 => reduce_n::<1>(dsts, ndst, srcs, n16, dtype),
-            2 => reduce_n::<2>(dsts, ndst, srcs, n16, dtype),
-            4 => reduce_n::<4>(dsts, ndst, srcs, n16, dtype),
-            _ => reduce_n::<8>(dsts, ndst.min(world), srcs, n16, dtype),
+            1 => reduce_n::<1, 4, F32>(&dsts, ndst, &srcs, n16),
+            2 => reduce_n::<2, 4, F32>(&dsts, ndst, &srcs, n16),
+            3 => reduce_n::<3, 2, F32>(&dsts, ndst, &srcs, n16),
+            4 => reduce_n::<4, 2, F32>(&dsts, ndst, &srcs, n16),
+            5 => reduce_n::<5, 1, F32>(&dsts, ndst, &srcs, n16),
+            6 => reduce_n::<6, 1, F32>(&dsts, ndst, &srcs, n16),
+            7 => reduce_n::<7, 1, F32>(&dsts, ndst, &srcs, n16),
+            _ => reduce_n::<8, 1, F32>(&dsts, ndst, &srcs, n16),
         }
     }
 }
 
 /// `dsts[*][i] = sum over r < W of srcs[r][i]` for `n16` 16-byte vectors, f32 accumulation,
 /// the sum stored to every pointer in `dsts[..ndst]`. Sources are summed in rank order, so every
-/// rank computes bit-identical sums. Unused sources (r >= world when W = 8) must be 0 and are
-/// skipped.
+/// rank computes bit-identical sums. Each thread keeps `U` vectors of every source in flight
+/// (remote loads over NVLink need many outstanding requests).
 #[inline(always)]
-pub unsafe fn reduce_n<const W: usize>(dsts: &[u64; 8], ndst: u32, srcs: &[u64; 8], n16: u64, dtype: Dtype) {
+pub unsafe fn reduce_n<const W: usize, const U: usize, const F32: bool>(dsts: &[u64; 8], ndst: u32, srcs: &[u64; 8], n16: u64) {
     let (t, nt) = (ids::thread_idx() as u64, ids::block_dim() as u64);
-    let mut i = t;
-    while i < n16 {
-        let off = (i * 16) as usize;
-        // All loads first (predicated, independent), then the sums in rank order.
-        let mut vs = [[0u32; 4]; W];
-        for r in 0..W {
-            if srcs[r] != 0 {
-                vs[r] = unsafe { memory::ld_v4((srcs[r] as *const u8).add(off)) };
+    let mut base = t;
+    // Full trips: U vectors per thread, no bounds checks; all loads before any sum.
+    while base + (U as u64 - 1) * nt < n16 {
+        let mut vs = [[[0u32; 4]; W]; U];
+        for u in 0..U {
+            let off = ((base + u as u64 * nt) * 16) as usize;
+            for r in 0..W {
+                vs[u][r] = unsafe { memory::ld_v4((srcs[r] as *const u8).add(off)) };
             }
         }
+        for u in 0..U {
+            unsafe { sum_store::<W, F32>(dsts, ndst, &vs[u], ((base + u as u64 * nt) * 16) as usize) };
+        }
+        base += nt * U as u64;
+    }
+    // The rest, one vector per trip.
+    while base < n16 {
+        let off = (base * 16) as usize;
+        let mut v = [[0u32; 4]; W];
+        for r in 0..W {
+            v[r] = unsafe { memory::ld_v4((srcs[r] as *const u8).add(off)) };
+        }
+        unsafe { sum_store::<W, F32>(dsts, ndst, &v, off) };
+        base += nt;
+    }
+}
+
+#[inline(always)]
+unsafe fn sum_store<const W: usize, const F32: bool>(dsts: &[u64; 8], ndst: u32, vs: &[[u32; 4]; W], off: usize) {
+    {
         let mut acc = [0f32; 8];
         for r in 0..W {
             let v = vs[r];
-            match dtype {
-                Dtype::Bf16 => {
-                    for w in 0..4 {
-                        acc[2 * w] += f32::from_bits(v[w] << 16);
-                        acc[2 * w + 1] += f32::from_bits(v[w] & 0xffff_0000);
-                    }
+            if F32 {
+                for w in 0..4 {
+                    acc[w] += f32::from_bits(v[w]);
                 }
-                Dtype::F32 => {
-                    for w in 0..4 {
-                        acc[w] += f32::from_bits(v[w]);
-                    }
+            } else {
+                for w in 0..4 {
+                    acc[2 * w] += f32::from_bits(v[w] << 16);
+                    acc[2 * w + 1] += f32::from_bits(v[w] & 0xffff_0000);
                 }
             }
         }
-        let out = match dtype {
-            Dtype::Bf16 => [pack_bf16x2(acc[0], acc[1]), pack_bf16x2(acc[2], acc[3]), pack_bf16x2(acc[4], acc[5]), pack_bf16x2(acc[6], acc[7])],
-            Dtype::F32 => [acc[0].to_bits(), acc[1].to_bits(), acc[2].to_bits(), acc[3].to_bits()],
+        let out = if F32 {
+            [acc[0].to_bits(), acc[1].to_bits(), acc[2].to_bits(), acc[3].to_bits()]
+        } else {
+            [pack_bf16x2(acc[0], acc[1]), pack_bf16x2(acc[2], acc[3]), pack_bf16x2(acc[4], acc[5]), pack_bf16x2(acc[6], acc[7])]
         };
         for d in 0..8 {
             if d as u32 >= ndst {
@@ -91,6 +124,5 @@ pub unsafe fn reduce_n<const W: usize>(dsts: &[u64; 8], ndst: u32, srcs: &[u64; 
             }
             unsafe { memory::st_v4((dsts[d] as *mut u8).add(off), out) };
         }
-        i += nt;
     }
 }

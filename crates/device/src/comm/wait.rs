@@ -1,22 +1,29 @@
 //! Bounded waits on epoch flags, and the error record they leave when they give up.
 use super::CommCtx;
 use crate::arch::{ids, memory, memory::Scope, sync, time};
-use mkernel_config::comm::{ErrorCode, ErrorRecord, FlagSlot, ABORT_OFFSET, ERROR_RECORD_OFFSET};
+use mkernel_config::comm::{ErrorCode, ErrorRecord, FlagSlot, ABORT_OFFSET, ERROR_RECORD_OFFSET, STAGED_CTAS};
 
 /// Polls between clock and abort checks.
 const POLLS_PER_CHECK: u32 = 64;
 
-/// Waits until this rank's flag `(slot, src)` reaches the epoch. Returns false (after writing
-/// the error record if it is the first to fail) on timeout or when the rank is aborting.
+/// Waits until this rank's flag `(slot, src)` of this CTA reaches `target`. Returns false
+/// (after writing the error record if it is the first to fail) on timeout or when the rank is
+/// aborting.
 #[inline(always)]
-pub unsafe fn wait_flag(c: &CommCtx, slot: FlagSlot, src: u32) -> bool {
-    let flag = c.flag(c.rank, slot, src);
+pub unsafe fn wait_flag(c: &CommCtx, slot: FlagSlot, src: u32, target: u64) -> bool {
+    unsafe { wait_flag_of_cta(c, slot, src, c.cta, target) }
+}
+
+/// As [`wait_flag`] for the flag of CTA `cta`.
+#[inline(always)]
+pub unsafe fn wait_flag_of_cta(c: &CommCtx, slot: FlagSlot, src: u32, cta: u32, target: u64) -> bool {
+    let flag = c.flag_of_cta(c.rank, slot, src, cta);
     let abort = (c.heap(c.rank) + ABORT_OFFSET) as *const u32;
     let start = time::globaltimer_ns();
     let mut polls = 0u32;
     loop {
         let seen = unsafe { memory::ld_acquire_u64(Scope::Sys, flag) };
-        if seen >= c.epoch {
+        if seen >= target {
             return true;
         }
         polls += 1;
@@ -26,19 +33,37 @@ pub unsafe fn wait_flag(c: &CommCtx, slot: FlagSlot, src: u32) -> bool {
             }
             let waited = time::globaltimer_ns().wrapping_sub(start);
             if waited > c.timeout_ns {
-                unsafe { report_timeout(c, slot, src, seen, waited) };
+                unsafe { report_timeout(c, slot, src, target, seen, waited) };
                 return false;
             }
         }
     }
 }
 
-/// Threads `0..world` (except the own rank) each wait for one source's flag; then the whole CTA
-/// learns whether all arrived. Call from every thread of the CTA.
+/// Threads `0..world` (except the own rank) each wait for one source's flag to reach this
+/// epoch; then the whole CTA learns whether all arrived. Call from every thread of the CTA.
 #[inline(always)]
 pub unsafe fn wait_all_peers(c: &CommCtx, slot: FlagSlot) -> bool {
+    unsafe { wait_all_peers_at(c, slot, c.epoch) }
+}
+
+/// As [`wait_all_peers`] for an explicit `target` (e.g. the staging credit, epoch - 2).
+#[inline(always)]
+pub unsafe fn wait_all_peers_at(c: &CommCtx, slot: FlagSlot, target: u64) -> bool {
     let t = ids::thread_idx();
-    let failed = t < c.world && t != c.rank && !unsafe { wait_flag(c, slot, t) };
+    let failed = t < c.world && t != c.rank && !unsafe { wait_flag(c, slot, t, target) };
+    !sync::sync_threads_or(failed)
+}
+
+/// The staging credit: every peer finished epoch `epoch - 2` in every staged CTA
+/// (`0..STAGED_CTAS`), so the slots of this epoch's parity are free. Thread `t` waits for
+/// peer `t / STAGED_CTAS`, CTA `t % STAGED_CTAS`. Call from every thread of the CTA.
+#[inline(always)]
+pub unsafe fn wait_staging_credit(c: &CommCtx) -> bool {
+    let t = ids::thread_idx();
+    let (peer, cta) = (t / STAGED_CTAS, t % STAGED_CTAS);
+    let target = c.epoch.saturating_sub(2);
+    let failed = peer < c.world && peer != c.rank && !unsafe { wait_flag_of_cta(c, FlagSlot::Done, peer, cta, target) };
     !sync::sync_threads_or(failed)
 }
 
@@ -53,7 +78,7 @@ pub unsafe fn signal_all_peers(c: &CommCtx, slot: FlagSlot) {
 }
 
 /// Claims the rank's error record (first failure wins) and raises its abort word.
-unsafe fn report_timeout(c: &CommCtx, slot: FlagSlot, src: u32, seen: u64, waited: u64) {
+pub(crate) unsafe fn report_timeout(c: &CommCtx, slot: FlagSlot, src: u32, target: u64, seen: u64, waited: u64) {
     let local = c.heap(c.rank);
     let rec = (local + ERROR_RECORD_OFFSET) as *mut ErrorRecord;
     let code = rec as *mut u32;
@@ -64,7 +89,7 @@ unsafe fn report_timeout(c: &CommCtx, slot: FlagSlot, src: u32, seen: u64, waite
             (*rec).slot = slot as u32;
             (*rec).peer = src;
             (*rec).cta = c.cta;
-            (*rec).expected = c.epoch;
+            (*rec).expected = target;
             (*rec).seen = seen;
             (*rec).waited_ns = waited;
             memory::st_release_u32(Scope::Gpu, code, ErrorCode::Timeout as u32);

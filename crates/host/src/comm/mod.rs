@@ -16,7 +16,7 @@ use crate::runtime::Device;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use heap::SymmetricHeap;
 use mkernel_bootstrap::Bootstrap;
-use mkernel_config::comm::{CommDesc, ErrorRecord, FlagSlot, Role, ABORT_OFFSET, ERROR_RECORD_OFFSET, HEAP_CONTROL_BYTES, MAX_COMM_CTAS, MAX_LOCAL_RANKS};
+use mkernel_config::comm::{CommDesc, ErrorRecord, FlagSlot, Role, ABORT_OFFSET, ERROR_RECORD_OFFSET, HEAP_RESERVED_BYTES, HEAP_ZEROED_BYTES, MAX_COMM_CTAS, MAX_LOCAL_RANKS, STAGED_CTAS};
 use mkernel_config::{kernels, KernelSpec};
 use std::sync::Arc;
 use std::time::Duration;
@@ -72,7 +72,10 @@ pub struct Communicator {
     device: Device,
     boot: Bootstrap,
     heap: SymmetricHeap,
-    desc: CudaSlice<u8>,
+    /// The device copy of this rank's `CommDesc` (kept alive; kernels read it by address).
+    _desc: CudaSlice<u8>,
+    /// `desc`'s device address, cached: taking it through cudarc per launch records an event.
+    desc_addr: u64,
     rank: u32,
     world: u32,
     next_free: u64,
@@ -88,11 +91,11 @@ impl Communicator {
             return Err(Error::Shape { op: "communicator", reason: format!("{world} local ranks; at most {MAX_LOCAL_RANKS} are supported") });
         }
         device.context().bind_to_thread()?;
-        let heap = SymmetricHeap::new(device.ordinal() as i32, HEAP_CONTROL_BYTES + cfg.heap_bytes, &mut boot, cfg.bootstrap_timeout)?;
+        let heap = SymmetricHeap::new(device.ordinal() as i32, HEAP_RESERVED_BYTES + cfg.heap_bytes, &mut boot, cfg.bootstrap_timeout)?;
         let stream = device.default_stream();
-        // Zero the control area (flags, epochs, error record) before anyone signals into it.
-        let zeros = vec![0u8; HEAP_CONTROL_BYTES as usize];
-        // SAFETY: the heap's first HEAP_CONTROL_BYTES are ours and mapped.
+        // Zero the control and LL areas (flags, epochs, error record, LL words) before anyone signals into them.
+        let zeros = vec![0u8; HEAP_ZEROED_BYTES as usize];
+        // SAFETY: the first HEAP_ZEROED_BYTES of our heap are ours and mapped.
         unsafe { cudarc::driver::result::memcpy_htod_sync(heap.local_base(), &zeros)? };
         let mut d = CommDesc { rank, world, timeout_ns: cfg.timeout.as_nanos() as u64, heaps: [0; MAX_LOCAL_RANKS as usize] };
         for r in 0..world as usize {
@@ -104,7 +107,8 @@ impl Communicator {
         stream.synchronize()?;
         // Nobody may signal into a heap before its owner zeroed it.
         boot.store().barrier("mkernel/communicator/zeroed", cfg.bootstrap_timeout)?;
-        Ok(Communicator { device: device.clone(), boot, heap, desc, rank, world, next_free: HEAP_CONTROL_BYTES })
+        let desc_addr = desc.device_ptr(&stream).0;
+        Ok(Communicator { device: device.clone(), boot, heap, _desc: desc, desc_addr, rank, world, next_free: HEAP_RESERVED_BYTES })
     }
 
     /// This rank among the local ranks.
@@ -144,15 +148,17 @@ impl Communicator {
         self.heap.base(r as usize) + b.offset
     }
     /// Device address of the descriptor the kernels read.
-    pub fn desc_ptr(&self, stream: &CudaStream) -> u64 {
-        self.desc.device_ptr(stream).0
+    pub fn desc_ptr(&self) -> u64 {
+        self.desc_addr
     }
 
+    /// The kernel and its launch over `ctas` CTAs, raised to `STAGED_CTAS` (the LL and staged
+    /// paths need CTAs `0..STAGED_CTAS` in every launch to keep their epochs in lockstep).
     fn prepare(&self, spec: &'static KernelSpec, ctas: u32) -> Result<(CudaFunction, LaunchConfig)> {
         if ctas == 0 || ctas > MAX_COMM_CTAS {
             return Err(Error::Shape { op: spec.name, reason: format!("{ctas} CTAs; 1..={MAX_COMM_CTAS} allowed") });
         }
-        Ok((self.device.function(spec)?, Device::launch_config(spec, ctas)))
+        Ok((self.device.function(spec)?, Device::launch_config(spec, ctas.max(STAGED_CTAS))))
     }
 
     /// AllGather of `bytes` per rank: `src` (any local device address) goes to
@@ -162,7 +168,7 @@ impl Communicator {
         check_multiple(op, "bytes per rank", bytes, 16)?;
         check_fits(op, dst, bytes * self.world as u64)?;
         check_aligned(op, "src", src)?;
-        let (desc, dst_off) = (self.desc_ptr(stream), dst.offset);
+        let (desc, dst_off) = (self.desc_ptr(), dst.offset);
         let (f, cfg) = self.prepare(&kernels::ALLGATHER, ctas)?;
         let mut b = stream.launch_builder(&f);
         b.arg(&desc).arg(&src).arg(&dst_off).arg(&bytes);
@@ -178,7 +184,7 @@ impl Communicator {
         check_multiple(op, "bytes per rank", count * dtype.size(), 16)?;
         check_fits(op, src, count * dtype.size() * self.world as u64)?;
         check_aligned(op, "dst", dst)?;
-        let (desc, src_off, code) = (self.desc_ptr(stream), src.offset, dtype.code());
+        let (desc, src_off, code) = (self.desc_ptr(), src.offset, dtype.code());
         let (f, cfg) = self.prepare(&kernels::REDUCE_SCATTER, ctas)?;
         let mut b = stream.launch_builder(&f);
         b.arg(&desc).arg(&src_off).arg(&dst).arg(&count).arg(&code);
@@ -194,7 +200,7 @@ impl Communicator {
         check_multiple(op, "bytes", count * dtype.size(), 16)?;
         check_fits(op, src, count * dtype.size())?;
         check_fits(op, dst, count * dtype.size())?;
-        let (desc, src_off, dst_off, code) = (self.desc_ptr(stream), src.offset, dst.offset, dtype.code());
+        let (desc, src_off, dst_off, code) = (self.desc_ptr(), src.offset, dst.offset, dtype.code());
         let (f, cfg) = self.prepare(&kernels::ALLREDUCE, ctas)?;
         let mut b = stream.launch_builder(&f);
         b.arg(&desc).arg(&src_off).arg(&dst_off).arg(&count).arg(&code);
