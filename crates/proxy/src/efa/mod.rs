@@ -1,0 +1,28 @@
+//! The AWS EFA backend: scalable reliable datagrams (SRD) through efadv.
+//!
+//! SRD delivers reliably but in any order, so "flag after data" cannot come from the wire.
+//! Instead:
+//! * every data chunk is an RDMA write-with-immediate whose immediate names the sender
+//!   ([`imm`]); the receiver counts data arrivals per sender;
+//! * every flag is a send-with-immediate carrying a [`SignalRecord`]: flag offset, value, and
+//!   the number of data messages the sender had sent to this receiver before it;
+//! * the RECEIVING proxy raises the flag (through a [`FlagSink`]) once that many data
+//!   messages from that sender have arrived ([`recv`]), never lowering a flag.
+//!
+//! So a flag guarantees that the data of every earlier put from the same sender to this
+//! receiver has landed, the same guarantee RC gives on one queue pair.
+//!
+//! libefa is opened at run time like libibverbs (no link-time dependency, no cargo feature):
+//! the code always builds, and on a host without libefa or without an EFA device, opening
+//! returns "no RDMA device found: ...". EFA's RDMA write (needed for write-with-immediate)
+//! requires rdma-core 45+ and a device reporting `EFADV_DEVICE_ATTR_CAPS_RDMA_WRITE`.
+pub mod dl;
+pub mod imm;
+pub mod plan;
+pub mod recv;
+pub mod srd;
+
+pub use imm::{Imm, ImmKind, SignalRecord};
+pub use plan::{SrdPlanner, SrdWr};
+pub use recv::{FlagSink, RecvTracker, VecFlags};
+pub use srd::{SrdConfig, SrdEndpoint, SrdTransport};

@@ -1,0 +1,25 @@
+//! The InfiniBand / RoCE backend: reliable-connected queue pairs through libibverbs.
+//!
+//! Per put: an RDMA write of the data from the registered local region, then an 8-byte inline
+//! RDMA write of the flag into the peer's flag array, on the same queue pair, so RC's in-order
+//! execution makes the flag visible after the data. Up to 8 commands per peer go out as one
+//! chained `ibv_post_send`; only every Nth request asks for a completion.
+//!
+//! Layers: [`sysfs`] (which NIC), [`blob`] (what peers exchange), [`plan`] (work requests as
+//! plain data), [`wr`] (`ibv_send_wr` chains), [`dl`] (libibverbs loaded at run time),
+//! [`device`] (owned verbs objects), [`rc`] (endpoint and transport). Everything up to `wr`
+//! is tested without a NIC.
+pub mod blob;
+pub mod config;
+pub mod device;
+pub mod dl;
+pub mod plan;
+pub mod rc;
+pub mod sysfs;
+pub mod wr;
+
+pub use blob::{BlobKind, ConnBlob, QpAddr, RemoteMem};
+pub use config::RcConfig;
+pub use device::MemSource;
+pub use rc::{NetSetup, RcEndpoint, RcTransport};
+pub use sysfs::{choose_nic, list_nics, NicChoice, NicInfo, NicKind};
