@@ -38,7 +38,45 @@ pub fn finish_ptx(ptx: &str, table: &[KernelSpec]) -> Result<String, String> {
     if let Some(missing) = table.iter().find(|k| !seen.contains(&k.name)) {
         return Err(format!("kernel `{}` is in mkernel_config::KERNELS but not in the PTX (missing #[unsafe(no_mangle)]?)", missing.name));
     }
-    Ok(out)
+    Ok(rename_internal_funcs(&out))
+}
+
+/// Gives every internal (non-`.visible`) `.func` a name that depends only on its order in the
+/// PTX. Rust's mangled names embed a hash of the crate's path, which would make the committed
+/// PTX differ between checkouts; the functions are internal, so their names are free.
+fn rename_internal_funcs(ptx: &str) -> String {
+    let mut names: Vec<String> = vec![];
+    for line in ptx.lines() {
+        let t = line.trim_start();
+        if let Some(rest) = t.strip_prefix(".func ") {
+            // `.func NAME(` or `.func (.param ...) NAME(`
+            let rest = if rest.starts_with('(') { rest.split_once(") ").map(|(_, r)| r).unwrap_or(rest) } else { rest };
+            let name: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '$').collect();
+            if !name.is_empty() && !names.contains(&name) {
+                names.push(name);
+            }
+        }
+    }
+    let mut out = ptx.to_string();
+    for (i, name) in names.iter().enumerate() {
+        out = replace_word(&out, name, &format!("mk_internal_func_{i}"));
+    }
+    out
+}
+
+/// Replaces `from` where it stands as a whole identifier (parameter names extend it with
+/// `_param_N`, which is renamed along since the prefix is the identifier itself).
+fn replace_word(s: &str, from: &str, to: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(at) = rest.find(from) {
+        let before_ok = rest[..at].chars().last().is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '_' || c == '$'));
+        out.push_str(&rest[..at]);
+        out.push_str(if before_ok { to } else { from });
+        rest = &rest[at + from.len()..];
+    }
+    out.push_str(rest);
+    out
 }
 
 fn entry_name(line: &str) -> Option<&str> {
@@ -62,6 +100,13 @@ mod tests {
         let ptx = PTX.replace(")\n{", ")                 // @k\n{");
         let out = finish_ptx(&ptx, &[K]).unwrap();
         assert!(out.contains("// @k\n.maxntid 384, 1, 1\n.minnctapersm 1\n{"), "{out}");
+    }
+    #[test]
+    fn internal_functions_get_path_independent_names() {
+        let ptx = format!("{PTX}.func _RNCabc123_f(\n\t.param .b64 _RNCabc123_f_param_0\n)\n{{\n}}\n\tcall.uni _RNCabc123_f, (x);\n");
+        let out = finish_ptx(&ptx, &[K]).unwrap();
+        assert!(!out.contains("_RNCabc123_f"), "{out}");
+        assert!(out.contains(".func mk_internal_func_0(") && out.contains("mk_internal_func_0_param_0") && out.contains("call.uni mk_internal_func_0,"), "{out}");
     }
     #[test]
     fn unresolved_extern_fails() {

@@ -177,12 +177,14 @@ pub unsafe extern "ptx-kernel" fn mk_allgather(desc: *const CommDesc, src: *cons
             let out8 = |r: u32| c.heap(c.rank) + dst_off + r as u64 * bytes;
             ll_path(
                 &c,
+                #[inline(always)]
                 || {
                     for k in 1..c.world {
                         let p = (c.rank + k) % c.world;
                         ll::send(&c, (c.ll_slot(p, c.rank) + lo8 * 16) as *mut u8, src.add((lo8 * 8) as usize), hi8 - lo8);
                     }
                 },
+                #[inline(always)]
                 || {
                     let nt = ids::block_dim() as u64;
                     let mut i = lo8 + ids::thread_idx() as u64;
@@ -203,6 +205,7 @@ pub unsafe extern "ptx-kernel" fn mk_allgather(desc: *const CommDesc, src: *cons
         } else if bytes <= SMALL_MSG_MAX {
             staged(
                 &c,
+                #[inline(always)]
                 || {
                     for k in 1..c.world {
                         let p = (c.rank + k) % c.world;
@@ -210,6 +213,7 @@ pub unsafe extern "ptx-kernel" fn mk_allgather(desc: *const CommDesc, src: *cons
                     }
                     copy(out(c.rank), mine, hi - lo);
                 },
+                #[inline(always)]
                 || {
                     for k in 1..c.world {
                         let q = (c.rank + k) % c.world;
@@ -219,7 +223,7 @@ pub unsafe extern "ptx-kernel" fn mk_allgather(desc: *const CommDesc, src: *cons
             )
         } else {
             // Push: each rank stores its own chunk into every peer (NVLink writes).
-            direct(&c, || {
+            direct(&c, #[inline(always)] || {
                 for k in 0..c.world {
                     let p = (c.rank + k) % c.world;
                     copy((c.heap(p) + dst_off + c.rank as u64 * bytes + lo * 16) as *mut u8, mine, hi - lo);
@@ -247,17 +251,20 @@ pub unsafe extern "ptx-kernel" fn mk_reduce_scatter(desc: *const CommDesc, src_o
             let chunk_of = |p: u32| c.heap(c.rank) + src_off + p as u64 * chunk;
             ll_path(
                 &c,
+                #[inline(always)]
                 || {
                     for k in 1..c.world {
                         let p = (c.rank + k) % c.world;
                         ll::send(&c, (c.ll_slot(p, c.rank) + lo8 * 16) as *mut u8, (chunk_of(p) + lo8 * 8) as *const u8, hi8 - lo8);
                     }
                 },
+                #[inline(always)]
                 || ll_reduce(&c, chunk_of(c.rank), dst as u64, lo8, hi8, dt),
             )
         } else if chunk <= SMALL_MSG_MAX {
             staged(
                 &c,
+                #[inline(always)]
                 || {
                     // My contribution to peer p's chunk goes to p's staging slot for me.
                     for k in 1..c.world {
@@ -265,6 +272,7 @@ pub unsafe extern "ptx-kernel" fn mk_reduce_scatter(desc: *const CommDesc, src_o
                         copy((c.staging(p, c.rank) + lo * 16) as *mut u8, input(c.rank, p) as *const u8, hi - lo);
                     }
                 },
+                #[inline(always)]
                 || {
                     let mut srcs = [0u64; 8];
                     for r in 0..8 {
@@ -277,7 +285,7 @@ pub unsafe extern "ptx-kernel" fn mk_reduce_scatter(desc: *const CommDesc, src_o
             )
         } else {
             // Pull: read my chunk from every peer (NVLink loads) and sum.
-            direct(&c, || {
+            direct(&c, #[inline(always)] || {
                 let mut srcs = [0u64; 8];
                 for r in 0..8 {
                     if r < c.world {
@@ -308,12 +316,14 @@ pub unsafe extern "ptx-kernel" fn mk_allreduce(desc: *const CommDesc, src_off: u
             let (mine, out) = (c.heap(c.rank) + src_off, c.heap(c.rank) + dst_off);
             ll_path(
                 &c,
+                #[inline(always)]
                 || {
                     for k in 1..c.world {
                         let p = (c.rank + k) % c.world;
                         ll::send(&c, (c.ll_slot(p, c.rank) + lo8 * 16) as *mut u8, (mine + lo8 * 8) as *const u8, hi8 - lo8);
                     }
                 },
+                #[inline(always)]
                 || ll_reduce(&c, mine, out, lo8, hi8, dt),
             )
         } else if bytes <= SMALL_MSG_MAX {
@@ -321,12 +331,14 @@ pub unsafe extern "ptx-kernel" fn mk_allreduce(desc: *const CommDesc, src_off: u
             let mine = c.heap(c.rank) + src_off + lo * 16;
             staged(
                 &c,
+                #[inline(always)]
                 || {
                     for k in 1..c.world {
                         let p = (c.rank + k) % c.world;
                         copy((c.staging(p, c.rank) + lo * 16) as *mut u8, mine as *const u8, hi - lo);
                     }
                 },
+                #[inline(always)]
                 || {
                     let mut srcs = [0u64; 8];
                     for r in 0..8 {
@@ -345,7 +357,7 @@ pub unsafe extern "ptx-kernel" fn mk_allreduce(desc: *const CommDesc, src_off: u
             let mine = (first + per_rank).min(n16) - first;
             let (lo, hi) = slice(mine);
             let off = (first + lo) * 16;
-            direct(&c, || {
+            direct(&c, #[inline(always)] || {
                 let (mut srcs, mut dsts) = ([0u64; 8], [0u64; 8]);
                 for r in 0..8 {
                     if r < c.world {
