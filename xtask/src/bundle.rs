@@ -54,6 +54,8 @@ pub fn run(exclude: &[String]) -> Result<()> {
          for t in tests/*; do\n  echo \"== $t\"\n  case \"$t\" in\n\
          *collective*) if [ \"$NGPU\" -ge 2 ]; then ./xtask launch -n \"$NGPU\" --timeout-s 600 -- \"$t\" --test-threads=1 --nocapture \"$@\" || { echo \"FAILED: $t\"; fail=1; }; \\\n\
          else \"$t\" --nocapture || fail=1; fi ;;\n\
+         *internode*) if [ \"$NGPU\" -ge 2 ]; then ./xtask launch -n \"$NGPU\" --nodes 2 --timeout-s 600 -- \"$t\" --test-threads=1 --nocapture \"$@\" || { echo \"FAILED: $t\"; fail=1; }; \\\n\
+         else \"$t\" --nocapture || fail=1; fi ;;\n\
          *) \"$t\" --test-threads=1 \"$@\" || { echo \"FAILED: $t\"; fail=1; } ;;\n  esac\ndone\n\
          [ $fail = 0 ] && echo 'ALL TEST BINARIES PASSED'\nexit $fail\n",
     )?;

@@ -50,9 +50,59 @@ pub const EPOCH_COUNTERS_OFFSET: u64 = (FLAG_SLOTS * MAX_LOCAL_RANKS * MAX_COMM_
 pub const ERROR_RECORD_OFFSET: u64 = EPOCH_COUNTERS_OFFSET + MAX_COMM_CTAS as u64 * 8;
 /// The rank's abort word (`u32`): nonzero makes every wait of the rank give up at once.
 pub const ABORT_OFFSET: u64 = ERROR_RECORD_OFFSET + 64;
-/// Bytes of the heap's control area (flags, epoch counters, error record, abort), rounded to
-/// 64 KiB. The LL and staging areas follow, then user buffers.
-pub const HEAP_CONTROL_BYTES: u64 = (ABORT_OFFSET + 8).div_ceil(65536) * 65536;
+/// Most ranks in a job (all nodes).
+pub const MAX_RANKS: u32 = 64;
+/// Inter-node flags `[RemoteSlot][source global rank]` (u64 epochs), written by the *proxy*
+/// (emulated wire: the sender's proxy; RC: the sender's NIC; EFA: the receiver's proxy).
+pub const REMOTE_FLAGS_OFFSET: u64 = ABORT_OFFSET + 64;
+/// What an inter-node flag means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum RemoteSlot {
+    /// "I (source) entered epoch e: you may write into my buffers."
+    Ready = 0,
+    /// "My data of epoch e has landed in your buffer."
+    Data = 1,
+}
+/// Byte offset of inter-node flag (`slot`, `src` global rank) in a heap.
+pub const fn remote_flag_offset(slot: RemoteSlot, src: u32) -> u64 {
+    REMOTE_FLAGS_OFFSET + ((slot as u32 * MAX_RANKS + src) as u64) * 8
+}
+/// The device-side head of this rank's proxy FIFO (a u64 claimed with `atom.add`).
+pub const FIFO_HEAD_OFFSET: u64 = REMOTE_FLAGS_OFFSET + 2 * MAX_RANKS as u64 * 8;
+
+/// Bytes of the heap's control area (flags, epoch counters, error record, abort, inter-node
+/// flags, FIFO head), rounded to 64 KiB. The LL and staging areas follow, then user buffers.
+pub const HEAP_CONTROL_BYTES: u64 = (FIFO_HEAD_OFFSET + 8).div_ceil(65536) * 65536;
+
+/// The proxy command FIFO as the device writes it. It mirrors `mkernel_proxy::protocol`
+/// (crates/proxy), whose tests assert that every number here matches.
+pub mod fifo {
+    /// Bytes before slot 0.
+    pub const HEADER_BYTES: u64 = 320;
+    /// Bytes per command slot.
+    pub const SLOT_BYTES: u64 = 64;
+    /// Offset of `tail` (u64, written by the proxy after consuming a slot).
+    pub const TAIL: u64 = 64;
+    /// Offset of `done` (u64: every command below it completed; its source may be reused).
+    pub const DONE: u64 = 72;
+    /// Offset of `abort` (u32, nonzero once the proxy failed).
+    pub const ABORT: u64 = 144;
+    /// Command field offsets within a slot.
+    pub const CMD_HEADER: u64 = 0;
+    pub const CMD_OPCODE: u64 = 8;
+    pub const CMD_DST_RANK: u64 = 12;
+    pub const CMD_SRC_OFFSET: u64 = 16;
+    pub const CMD_DST_OFFSET: u64 = 24;
+    pub const CMD_BYTES: u64 = 32;
+    pub const CMD_FLAG_OFFSET: u64 = 40;
+    pub const CMD_FLAG_VALUE: u64 = 48;
+    pub const CMD_EPOCH: u64 = 56;
+    pub const CMD_FLAGS: u64 = 60;
+    /// Opcodes.
+    pub const OP_PUT: u32 = 1;
+    pub const OP_SIGNAL: u32 = 2;
+}
 
 /// CTAs that carry the LL and staged paths. Every collective launch has at least this many
 /// CTAs, so CTAs `0..STAGED_CTAS` advance their epochs in lockstep: in every launch they share
@@ -199,6 +249,15 @@ pub struct CommDesc {
     pub timeout_ns: u64,
     /// Base address of every rank's heap as mapped in this process (index = rank).
     pub heaps: [u64; MAX_LOCAL_RANKS as usize],
+    /// This rank in the whole job.
+    pub global_rank: u32,
+    /// Ranks in the whole job (`nnodes * world`).
+    pub global_world: u32,
+    /// Device address of the host-mapped proxy FIFO (0 on a single node).
+    pub fifo: u64,
+    /// Slots of the FIFO (a power of two).
+    pub fifo_capacity: u32,
+    pub _pad: u32,
 }
 
 #[cfg(test)]
@@ -211,6 +270,8 @@ mod tests {
         assert!(EPOCH_COUNTERS_OFFSET + MAX_COMM_CTAS as u64 * 8 <= ERROR_RECORD_OFFSET);
         assert!(core::mem::size_of::<ErrorRecord>() <= 64);
         assert!(ABORT_OFFSET + 8 <= HEAP_CONTROL_BYTES);
+        assert!(FIFO_HEAD_OFFSET + 8 <= HEAP_CONTROL_BYTES);
+        assert_eq!(remote_flag_offset(RemoteSlot::Data, MAX_RANKS - 1) + 8, FIFO_HEAD_OFFSET);
         assert_eq!(ll_offset(3, MAX_LOCAL_RANKS - 1) + LL_SLOT_BYTES, STAGING_OFFSET);
         assert_eq!(staging_offset(3, MAX_LOCAL_RANKS - 1) + SMALL_MSG_MAX, HEAP_RESERVED_BYTES);
         assert_eq!(staging_offset(2, 0), STAGING_OFFSET);

@@ -44,8 +44,13 @@ pub const REDUCE_SCATTER: KernelSpec = KernelSpec { name: "mk_reduce_scatter", .
 /// AllReduce over NVLink (two-shot: pull-reduce own chunk, push to all).
 pub const ALLREDUCE: KernelSpec = KernelSpec { name: "mk_allreduce", ..COLLECTIVE };
 
+/// AllGather across nodes (NVLink + proxy puts).
+pub const ALLGATHER_INTERNODE: KernelSpec = KernelSpec { name: "mk_allgather_internode", ..COLLECTIVE };
+/// The inter-node half of AllReduce (proxy puts to rail peers + sum over nodes).
+pub const ALLREDUCE_INTERNODE: KernelSpec = KernelSpec { name: "mk_allreduce_internode", ..COLLECTIVE };
+
 /// Every kernel entry in the embedded PTX.
-pub const KERNELS: &[KernelSpec] = &[IOTA, GEMM_BF16_NK, GEMM_BF16_KN, ALLGATHER, REDUCE_SCATTER, ALLREDUCE];
+pub const KERNELS: &[KernelSpec] = &[IOTA, GEMM_BF16_NK, GEMM_BF16_KN, ALLGATHER, REDUCE_SCATTER, ALLREDUCE, ALLGATHER_INTERNODE, ALLREDUCE_INTERNODE];
 
 /// Looks a kernel up by its entry name.
 pub fn find(name: &str) -> Option<&'static KernelSpec> {

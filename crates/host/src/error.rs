@@ -28,6 +28,12 @@ pub enum Error {
     /// A device-side wait of a communication kernel gave up.
     #[error("rank {rank} ({role} CTA {cta}) timed out after {waited_ms} ms waiting for rank {peer}'s {flag} flag: expected epoch {expected}, saw {seen}")]
     CommTimeout { rank: u32, role: &'static str, flag: String, peer: u32, cta: u32, expected: u64, seen: u64, waited_ms: u64 },
+    /// The request is valid but not implemented (yet); the message says what is missing.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// The inter-node proxy failed; its error record.
+    #[error("proxy: {0}")]
+    Proxy(String),
     /// Bootstrap (store, fd passing, environment) failed.
     #[error("bootstrap: {0}")]
     Bootstrap(#[from] mkernel_bootstrap::Error),

@@ -18,6 +18,12 @@ pub struct CommCtx {
     pub role: Role,
     /// This launch's epoch for this CTA: its counter + 1.
     pub epoch: u64,
+    /// This rank in the whole job, and the job's size.
+    pub global_rank: u32,
+    pub global_world: u32,
+    /// Device address of the host-mapped proxy FIFO (0 on a single node) and its slots.
+    pub fifo: u64,
+    pub fifo_capacity: u32,
 }
 
 impl CommCtx {
@@ -29,7 +35,19 @@ impl CommCtx {
         let local = unsafe { *d.heaps.as_ptr().add(d.rank as usize) };
         let counter = (local + EPOCH_COUNTERS_OFFSET + 8 * cta as u64) as *const u64;
         let epoch = unsafe { counter.read_volatile() } + 1;
-        CommCtx { rank: d.rank, world: d.world, timeout_ns: d.timeout_ns, desc, cta, role, epoch }
+        CommCtx {
+            rank: d.rank,
+            world: d.world,
+            timeout_ns: d.timeout_ns,
+            desc,
+            cta,
+            role,
+            epoch,
+            global_rank: d.global_rank,
+            global_world: d.global_world,
+            fifo: d.fifo,
+            fifo_capacity: d.fifo_capacity,
+        }
     }
     /// Base address of `rank`'s heap (this rank's own heap for `rank == self.rank`).
     #[inline(always)]

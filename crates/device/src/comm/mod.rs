@@ -9,6 +9,7 @@
 pub mod ctx;
 pub mod ll;
 pub mod move_data;
+pub mod proxy;
 pub mod wait;
 
 pub use ctx::CommCtx;

@@ -79,6 +79,12 @@ pub unsafe fn signal_all_peers(c: &CommCtx, slot: FlagSlot) {
 
 /// Claims the rank's error record (first failure wins) and raises its abort word.
 pub(crate) unsafe fn report_timeout(c: &CommCtx, slot: FlagSlot, src: u32, target: u64, seen: u64, waited: u64) {
+    unsafe { report_timeout_code(c, slot as u32, src, target, seen, waited) }
+}
+
+/// As [`report_timeout`] with a raw wait code (flag slots, or the inter-node codes of
+/// [`super::proxy`]).
+pub(crate) unsafe fn report_timeout_code(c: &CommCtx, code_of_wait: u32, src: u32, target: u64, seen: u64, waited: u64) {
     let local = c.heap(c.rank);
     let rec = (local + ERROR_RECORD_OFFSET) as *mut ErrorRecord;
     let code = rec as *mut u32;
@@ -86,7 +92,7 @@ pub(crate) unsafe fn report_timeout(c: &CommCtx, slot: FlagSlot, src: u32, targe
         if memory::atom_acq_rel_cas_u32(Scope::Gpu, code, 0, u32::MAX) == 0 {
             (*rec).rank = c.rank;
             (*rec).role = c.role as u32;
-            (*rec).slot = slot as u32;
+            (*rec).slot = code_of_wait;
             (*rec).peer = src;
             (*rec).cta = c.cta;
             (*rec).expected = target;

@@ -2,4 +2,5 @@
 
 pub mod collectives;
 pub mod gemm;
+pub mod internode;
 pub mod iota;

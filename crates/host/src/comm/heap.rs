@@ -8,10 +8,39 @@ use mkernel_bootstrap::Bootstrap;
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::time::Duration;
 
-/// One mapping of one rank's allocation into this process.
-struct Mapping {
-    va: u64,
+/// One mapping of one rank's allocation into this process; unmapped and released on drop.
+pub struct Mapping {
+    pub va: u64,
     handle: sys::CUmemGenericAllocationHandle,
+    bytes: u64,
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: made by `map` with `self.bytes`; kernels using it have completed (owners
+        // synchronize before dropping).
+        unsafe {
+            sys::cuMemUnmap(self.va, self.bytes as usize);
+            sys::cuMemAddressFree(self.va, self.bytes as usize);
+            sys::cuMemRelease(self.handle);
+        }
+    }
+}
+
+/// Imports an allocation exported by a peer (`cuMemImportFromShareableHandle`) and maps it
+/// read-write for `device`.
+pub fn import_and_map(fd: &OwnedFd, bytes: u64, device: i32) -> Result<Mapping> {
+    let mut h: sys::CUmemGenericAllocationHandle = 0;
+    // SAFETY: fd is a descriptor exported by cuMemExportToShareableHandle.
+    unsafe {
+        use std::os::fd::AsRawFd;
+        sys::cuMemImportFromShareableHandle(&mut h, fd.as_raw_fd() as isize as *mut std::ffi::c_void, sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR).result()?
+    };
+    let va = map(h, bytes, 1 << 21, device).inspect_err(|_| {
+        // SAFETY: the imported handle is not mapped.
+        unsafe { sys::cuMemRelease(h) };
+    })?;
+    Ok(Mapping { va, handle: h, bytes })
 }
 
 /// Every local rank's heap, mapped here. Index = local rank.
@@ -19,6 +48,8 @@ pub struct SymmetricHeap {
     bytes: u64,
     mappings: Vec<Mapping>,
     local_rank: usize,
+    /// The exported handle of our own allocation (re-sent to the emulated wire's peers).
+    own_fd: OwnedFd,
 }
 
 fn prop(device: i32) -> sys::CUmemAllocationProp {
@@ -59,24 +90,17 @@ impl SymmetricHeap {
         let info = boot.info().clone();
         let local_rank = info.local_rank();
         let fds = boot.exchange_fds(&[own_fd.as_fd()], timeout)?;
-        let mut heap = SymmetricHeap { bytes, mappings: Vec::with_capacity(fds.len()), local_rank };
+        let mut mappings = Vec::with_capacity(fds.len());
         for (peer, peer_fds) in fds.into_iter().enumerate() {
-            let h = if peer == local_rank {
-                handle
+            if peer == local_rank {
+                let va = map(handle, bytes, gran, device)?;
+                mappings.push(Mapping { va, handle, bytes });
             } else {
                 let fd = peer_fds.into_iter().next().ok_or_else(|| Error::Shape { op: "symmetric heap", reason: format!("local rank {peer} sent no memory handle") })?;
-                let mut h: sys::CUmemGenericAllocationHandle = 0;
-                // SAFETY: fd is a descriptor exported by a peer's cuMemExportToShareableHandle.
-                unsafe {
-                    use std::os::fd::AsRawFd;
-                    sys::cuMemImportFromShareableHandle(&mut h, fd.as_raw_fd() as isize as *mut std::ffi::c_void, sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR).result()?
-                };
-                h
-            };
-            let va = map(h, bytes, gran, device)?;
-            heap.mappings.push(Mapping { va, handle: h });
+                mappings.push(import_and_map(&fd, bytes, device)?);
+            }
         }
-        Ok(heap)
+        Ok(SymmetricHeap { bytes, mappings, local_rank, own_fd })
     }
 
     /// Bytes of each rank's heap.
@@ -94,6 +118,10 @@ impl SymmetricHeap {
     /// Local ranks mapped.
     pub fn ranks(&self) -> usize {
         self.mappings.len()
+    }
+    /// The exported handle of this rank's allocation.
+    pub fn own_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.own_fd.as_fd()
     }
 }
 
@@ -118,16 +146,3 @@ fn map(h: sys::CUmemGenericAllocationHandle, bytes: u64, align: u64, device: i32
     Ok(va)
 }
 
-impl Drop for SymmetricHeap {
-    fn drop(&mut self) {
-        for m in &self.mappings {
-            // SAFETY: each mapping was made by `map` with `self.bytes`; kernels using it have
-            // completed (the communicator synchronizes before dropping the heap).
-            unsafe {
-                sys::cuMemUnmap(m.va, self.bytes as usize);
-                sys::cuMemAddressFree(m.va, self.bytes as usize);
-                sys::cuMemRelease(m.handle);
-            }
-        }
-    }
-}

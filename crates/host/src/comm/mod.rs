@@ -10,11 +10,13 @@
 //! captured in CUDA graphs. Every device-side wait has a timeout; [`Communicator::check`] turns
 //! the device error record into [`Error::CommTimeout`] naming the rank, role and flag that stalled.
 pub mod heap;
+pub mod internode;
 
 use crate::error::{Error, Result};
 use crate::runtime::Device;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use heap::SymmetricHeap;
+use internode::{InterNode, FIFO_CAPACITY};
 use mkernel_bootstrap::Bootstrap;
 use mkernel_config::comm::{CommDesc, ErrorRecord, FlagSlot, Role, ABORT_OFFSET, ERROR_RECORD_OFFSET, HEAP_RESERVED_BYTES, HEAP_ZEROED_BYTES, MAX_COMM_CTAS, MAX_LOCAL_RANKS, STAGED_CTAS};
 use mkernel_config::{kernels, KernelSpec};
@@ -59,16 +61,32 @@ pub struct CommConfig {
     pub timeout: Duration,
     /// Timeout of host-side bootstrap steps.
     pub bootstrap_timeout: Duration,
+    /// Jobs of several nodes: heap bytes reserved for inter-node staging (split into a
+    /// source stage, a node-sum buffer and one receive slot per node).
+    pub internode_scratch_bytes: u64,
 }
 
 impl Default for CommConfig {
     fn default() -> Self {
-        CommConfig { heap_bytes: 256 << 20, timeout: Duration::from_secs(10), bootstrap_timeout: Duration::from_secs(60) }
+        CommConfig { heap_bytes: 256 << 20, timeout: Duration::from_secs(10), bootstrap_timeout: Duration::from_secs(60), internode_scratch_bytes: 256 << 20 }
     }
+}
+
+/// Heap buffers of the inter-node path.
+struct Wire {
+    node: InterNode,
+    nnodes: u32,
+    /// Largest per-rank message of an inter-node collective.
+    max_bytes: u64,
+    stage: SymBuffer,
+    node_sum: SymBuffer,
+    recv: SymBuffer,
 }
 
 /// The NVLink communicator of one rank: its heap, its peers' heaps, its device descriptor.
 pub struct Communicator {
+    /// Inter-node transport (jobs of several nodes); dropped (proxy stopped) before the heap.
+    wire: Option<Wire>,
     device: Device,
     boot: Bootstrap,
     heap: SymmetricHeap,
@@ -91,13 +109,26 @@ impl Communicator {
             return Err(Error::Shape { op: "communicator", reason: format!("{world} local ranks; at most {MAX_LOCAL_RANKS} are supported") });
         }
         device.context().bind_to_thread()?;
-        let heap = SymmetricHeap::new(device.ordinal() as i32, HEAP_RESERVED_BYTES + cfg.heap_bytes, &mut boot, cfg.bootstrap_timeout)?;
+        let nnodes = info.nnodes() as u32;
+        let wire_bytes = if nnodes > 1 { cfg.internode_scratch_bytes } else { 0 };
+        let heap = SymmetricHeap::new(device.ordinal() as i32, HEAP_RESERVED_BYTES + cfg.heap_bytes + wire_bytes, &mut boot, cfg.bootstrap_timeout)?;
         let stream = device.default_stream();
         // Zero the control and LL areas (flags, epochs, error record, LL words) before anyone signals into them.
         let zeros = vec![0u8; HEAP_ZEROED_BYTES as usize];
         // SAFETY: the first HEAP_ZEROED_BYTES of our heap are ours and mapped.
         unsafe { cudarc::driver::result::memcpy_htod_sync(heap.local_base(), &zeros)? };
-        let mut d = CommDesc { rank, world, timeout_ns: cfg.timeout.as_nanos() as u64, heaps: [0; MAX_LOCAL_RANKS as usize] };
+        let node = if nnodes > 1 { Some(InterNode::new(device.context(), &boot, heap.own_fd(), heap.bytes(), cfg.bootstrap_timeout)?) } else { None };
+        let mut d = CommDesc {
+            rank,
+            world,
+            timeout_ns: cfg.timeout.as_nanos() as u64,
+            heaps: [0; MAX_LOCAL_RANKS as usize],
+            global_rank: info.rank() as u32,
+            global_world: info.world_size() as u32,
+            fifo: node.as_ref().map_or(0, |n| n.fifo_device_ptr()),
+            fifo_capacity: FIFO_CAPACITY,
+            _pad: 0,
+        };
         for r in 0..world as usize {
             d.heaps[r] = heap.base(r);
         }
@@ -108,7 +139,15 @@ impl Communicator {
         // Nobody may signal into a heap before its owner zeroed it.
         boot.store().barrier("mkernel/communicator/zeroed", cfg.bootstrap_timeout)?;
         let desc_addr = desc.device_ptr(&stream).0;
-        Ok(Communicator { device: device.clone(), boot, heap, _desc: desc, desc_addr, rank, world, next_free: HEAP_RESERVED_BYTES })
+        let mut comm = Communicator { wire: None, device: device.clone(), boot, heap, _desc: desc, desc_addr, rank, world, next_free: HEAP_RESERVED_BYTES };
+        if let Some(node) = node {
+            let max_bytes = wire_bytes / (nnodes as u64 + 2) / 256 * 256;
+            let stage = comm.alloc(max_bytes)?;
+            let node_sum = comm.alloc(max_bytes)?;
+            let recv = comm.alloc(max_bytes * nnodes as u64)?;
+            comm.wire = Some(Wire { node, nnodes, max_bytes, stage, node_sum, recv });
+        }
+        Ok(comm)
     }
 
     /// This rank among the local ranks.
@@ -118,6 +157,14 @@ impl Communicator {
     /// Local ranks.
     pub fn world(&self) -> u32 {
         self.world
+    }
+    /// Nodes of the job (1 unless launched across nodes).
+    pub fn nnodes(&self) -> u32 {
+        self.wire.as_ref().map_or(1, |w| w.nnodes)
+    }
+    /// This rank in the whole job.
+    pub fn global_rank(&self) -> u32 {
+        self.boot.info().rank() as u32
     }
     /// The bootstrap (store) this communicator was built on.
     pub fn bootstrap(&self) -> &Bootstrap {
@@ -166,8 +213,24 @@ impl Communicator {
     pub fn all_gather(&self, stream: &Arc<CudaStream>, src: u64, dst: &SymBuffer, bytes: u64, ctas: u32) -> Result<()> {
         let op = "all_gather";
         check_multiple(op, "bytes per rank", bytes, 16)?;
-        check_fits(op, dst, bytes * self.world as u64)?;
         check_aligned(op, "src", src)?;
+        if let Some(w) = &self.wire {
+            check_fits(op, dst, bytes * (self.world * w.nnodes) as u64)?;
+            if bytes > w.max_bytes {
+                return Err(Error::Shape { op, reason: format!("{bytes} bytes per rank exceed the inter-node stage of {} (CommConfig::internode_scratch_bytes)", w.max_bytes) });
+            }
+            // The proxy reads the source from the heap: stage it there.
+            // SAFETY: both ranges are device memory of at least `bytes`.
+            unsafe { cudarc::driver::result::memcpy_dtod_async(self.ptr(&w.stage), src, bytes as usize, stream.cu_stream())? };
+            let (desc, src_off, dst_off) = (self.desc_ptr(), w.stage.offset, dst.offset);
+            let (f, cfg) = self.prepare(&kernels::ALLGATHER_INTERNODE, ctas)?;
+            let mut b = stream.launch_builder(&f);
+            b.arg(&desc).arg(&src_off).arg(&dst_off).arg(&bytes);
+            // SAFETY: mk_allgather_internode(desc, src_off, dst_off, bytes).
+            unsafe { b.launch(cfg) }?;
+            return Ok(());
+        }
+        check_fits(op, dst, bytes * self.world as u64)?;
         let (desc, dst_off) = (self.desc_ptr(), dst.offset);
         let (f, cfg) = self.prepare(&kernels::ALLGATHER, ctas)?;
         let mut b = stream.launch_builder(&f);
@@ -181,6 +244,9 @@ impl Communicator {
     /// `[rank * count, (rank + 1) * count)` of `src`. `count * size` must be a multiple of 16.
     pub fn reduce_scatter(&self, stream: &Arc<CudaStream>, src: &SymBuffer, dst: u64, count: u64, dtype: ReduceDtype, ctas: u32) -> Result<()> {
         let op = "reduce_scatter";
+        if self.wire.is_some() {
+            return Err(Error::Unsupported("reduce_scatter across nodes is not implemented yet (all_gather and all_reduce are)".into()));
+        }
         check_multiple(op, "bytes per rank", count * dtype.size(), 16)?;
         check_fits(op, src, count * dtype.size() * self.world as u64)?;
         check_aligned(op, "dst", dst)?;
@@ -200,6 +266,27 @@ impl Communicator {
         check_multiple(op, "bytes", count * dtype.size(), 16)?;
         check_fits(op, src, count * dtype.size())?;
         check_fits(op, dst, count * dtype.size())?;
+        if let Some(w) = &self.wire {
+            let bytes = count * dtype.size();
+            if bytes > w.max_bytes {
+                return Err(Error::Shape { op, reason: format!("{bytes} bytes exceed the inter-node stage of {} (CommConfig::internode_scratch_bytes)", w.max_bytes) });
+            }
+            // 1. Sum inside the node (NVLink) into the node-sum buffer; 2. exchange node sums
+            //    with the rail peers through the proxy and add them up in node order.
+            let (desc, code) = (self.desc_ptr(), dtype.code());
+            let (src_off, sum_off, recv_off, dst_off) = (src.offset, w.node_sum.offset, w.recv.offset, dst.offset);
+            let (f, cfg) = self.prepare(&kernels::ALLREDUCE, ctas)?;
+            let mut b = stream.launch_builder(&f);
+            b.arg(&desc).arg(&src_off).arg(&sum_off).arg(&count).arg(&code);
+            // SAFETY: mk_allreduce(desc, src_off, dst_off, count, dtype).
+            unsafe { b.launch(cfg) }?;
+            let (f, cfg) = self.prepare(&kernels::ALLREDUCE_INTERNODE, ctas)?;
+            let mut b = stream.launch_builder(&f);
+            b.arg(&desc).arg(&sum_off).arg(&recv_off).arg(&dst_off).arg(&count).arg(&code);
+            // SAFETY: mk_allreduce_internode(desc, src_off, scratch_off, dst_off, count, dtype).
+            unsafe { b.launch(cfg) }?;
+            return Ok(());
+        }
         let (desc, src_off, dst_off, code) = (self.desc_ptr(), src.offset, dst.offset, dtype.code());
         let (f, cfg) = self.prepare(&kernels::ALLREDUCE, ctas)?;
         let mut b = stream.launch_builder(&f);
@@ -212,6 +299,9 @@ impl Communicator {
     /// Reads the device error record (after the stream's work finished). A timeout becomes
     /// [`Error::CommTimeout`] naming the rank that stalled and the peer it waited for.
     pub fn check(&self) -> Result<()> {
+        if let Some(w) = &self.wire {
+            w.node.check()?;
+        }
         let mut rec = ErrorRecord::default();
         // SAFETY: reads the record from this rank's own heap into a repr(C) struct.
         unsafe {
@@ -224,7 +314,7 @@ impl Communicator {
         Err(Error::CommTimeout {
             rank: rec.rank,
             role: Role::name(rec.role),
-            flag: FlagSlot::from_u32(rec.slot).map(|s| format!("{s:?}")).unwrap_or_else(|| format!("slot {}", rec.slot)),
+            flag: wait_name(rec.slot),
             peer: rec.peer,
             cta: rec.cta,
             expected: rec.expected,
@@ -238,6 +328,19 @@ impl Communicator {
         // SAFETY: writes the abort word of this rank's own heap.
         unsafe { cudarc::driver::result::memcpy_htod_sync(self.heap.local_base() + ABORT_OFFSET, &1u32.to_ne_bytes())? };
         Ok(())
+    }
+}
+
+/// What the error record's `slot` says was awaited (flag slots, then the device's inter-node
+/// wait codes of crates/device/src/comm/proxy.rs).
+fn wait_name(code: u32) -> String {
+    match (FlagSlot::from_u32(code), code) {
+        (Some(s), _) => format!("{s:?}"),
+        (None, 16) => "inter-node Ready".into(),
+        (None, 17) => "inter-node Data".into(),
+        (None, 18) => "proxy FIFO space".into(),
+        (None, 19) => "proxy completion (done)".into(),
+        (None, c) => format!("wait code {c}"),
     }
 }
 

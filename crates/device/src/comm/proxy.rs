@@ -1,0 +1,120 @@
+//! The device side of GPU-initiated inter-node traffic: commands posted into the proxy's
+//! host-mapped FIFO (layout in `mkernel_config::comm::fifo`, protocol in docs/internode.md),
+//! and bounded waits on the flags the proxy raises.
+//!
+//! Posting: claim `seq` with `atom.add` on the device-side head; wait (bounded) until
+//! `seq - tail < capacity`; write the body with plain stores; commit with
+//! `st.release.sys header = seq + 1` (the proxy acquires the header, then reads the body).
+use super::wait::report_timeout_code;
+use super::CommCtx;
+use crate::arch::{memory, memory::Scope, time};
+use mkernel_config::comm::{fifo, remote_flag_offset, RemoteSlot, ABORT_OFFSET, FIFO_HEAD_OFFSET};
+
+/// What a stalled inter-node wait was waiting for (the error record's `slot`).
+pub const WAIT_REMOTE_READY: u32 = 16;
+pub const WAIT_REMOTE_DATA: u32 = 17;
+pub const WAIT_FIFO_SPACE: u32 = 18;
+pub const WAIT_FIFO_DONE: u32 = 19;
+
+/// One command.
+#[derive(Clone, Copy)]
+pub struct Command {
+    pub opcode: u32,
+    pub dst_rank: u32,
+    pub src_offset: u64,
+    pub dst_offset: u64,
+    pub bytes: u64,
+    pub flag_offset: u64,
+    pub flag_value: u64,
+}
+
+/// Polls `cond` until it holds; false on timeout (error record: `code`, `peer`, `target`,
+/// last value) or when this rank or its proxy aborted.
+#[inline(always)]
+unsafe fn wait_until(c: &CommCtx, code: u32, peer: u32, target: u64, mut read: impl FnMut() -> u64, done: impl Fn(u64) -> bool) -> bool {
+    let mut seen = read();
+    if done(seen) {
+        return true;
+    }
+    let abort = (c.heap(c.rank) + ABORT_OFFSET) as *const u32;
+    let fifo_abort = (c.fifo + fifo::ABORT) as *const u32;
+    let start = time::globaltimer_ns();
+    let mut polls = 0u32;
+    loop {
+        seen = read();
+        if done(seen) {
+            return true;
+        }
+        polls += 1;
+        if polls % 64 == 0 {
+            if unsafe { memory::ld_relaxed_u32(Scope::Gpu, abort) } != 0 || unsafe { memory::ld_relaxed_u32(Scope::Sys, fifo_abort) } != 0 {
+                return false;
+            }
+            let waited = time::globaltimer_ns().wrapping_sub(start);
+            if waited > c.timeout_ns {
+                unsafe { report_timeout_code(c, code, peer, target, seen, waited) };
+                return false;
+            }
+        }
+    }
+}
+
+/// Posts `cmd`; returns its sequence number, or `None` when the FIFO stayed full past the
+/// timeout or the proxy aborted.
+#[inline(always)]
+pub unsafe fn post(c: &CommCtx, cmd: Command) -> Option<u64> {
+    let head = (c.heap(c.rank) + FIFO_HEAD_OFFSET) as *mut u64;
+    let seq = unsafe { memory::atom_relaxed_add_u64(Scope::Gpu, head, 1) };
+    let tail = (c.fifo + fifo::TAIL) as *const u64;
+    let cap = c.fifo_capacity as u64;
+    if !unsafe { wait_until(c, WAIT_FIFO_SPACE, cmd.dst_rank, seq, || memory::ld_acquire_u64(Scope::Sys, tail), |t| seq - t < cap) } {
+        return None;
+    }
+    let slot = c.fifo + fifo::HEADER_BYTES + (seq % cap) * fifo::SLOT_BYTES;
+    unsafe {
+        ((slot + fifo::CMD_OPCODE) as *mut u32).write_volatile(cmd.opcode);
+        ((slot + fifo::CMD_DST_RANK) as *mut u32).write_volatile(cmd.dst_rank);
+        ((slot + fifo::CMD_SRC_OFFSET) as *mut u64).write_volatile(cmd.src_offset);
+        ((slot + fifo::CMD_DST_OFFSET) as *mut u64).write_volatile(cmd.dst_offset);
+        ((slot + fifo::CMD_BYTES) as *mut u64).write_volatile(cmd.bytes);
+        ((slot + fifo::CMD_FLAG_OFFSET) as *mut u64).write_volatile(cmd.flag_offset);
+        ((slot + fifo::CMD_FLAG_VALUE) as *mut u64).write_volatile(cmd.flag_value);
+        ((slot + fifo::CMD_EPOCH) as *mut u32).write_volatile(c.epoch as u32);
+        ((slot + fifo::CMD_FLAGS) as *mut u32).write_volatile(0);
+        memory::st_release_u64(Scope::Sys, (slot + fifo::CMD_HEADER) as *mut u64, seq + 1);
+    }
+    Some(seq)
+}
+
+/// `SIGNAL`: raise `slot` of this rank at `dst` to this epoch (ordered after earlier puts to `dst`).
+#[inline(always)]
+pub unsafe fn signal(c: &CommCtx, dst: u32, slot: RemoteSlot) -> Option<u64> {
+    unsafe {
+        post(c, Command { opcode: fifo::OP_SIGNAL, dst_rank: dst, src_offset: 0, dst_offset: 0, bytes: 0, flag_offset: remote_flag_offset(slot, c.global_rank), flag_value: c.epoch })
+    }
+}
+
+/// `PUT`: `bytes` from offset `src_off` of this rank's heap to offset `dst_off` of `dst`'s heap,
+/// then raise this rank's `Data` flag at `dst` to this epoch.
+#[inline(always)]
+pub unsafe fn put(c: &CommCtx, dst: u32, src_off: u64, dst_off: u64, bytes: u64) -> Option<u64> {
+    unsafe {
+        post(c, Command { opcode: fifo::OP_PUT, dst_rank: dst, src_offset: src_off, dst_offset: dst_off, bytes, flag_offset: remote_flag_offset(RemoteSlot::Data, c.global_rank), flag_value: c.epoch })
+    }
+}
+
+/// Waits until the inter-node flag (`slot`, `src`) in this rank's heap reaches this epoch.
+#[inline(always)]
+pub unsafe fn wait_remote(c: &CommCtx, slot: RemoteSlot, src: u32) -> bool {
+    let flag = (c.heap(c.rank) + remote_flag_offset(slot, src)) as *const u64;
+    let code = if slot == RemoteSlot::Ready { WAIT_REMOTE_READY } else { WAIT_REMOTE_DATA };
+    let e = c.epoch;
+    unsafe { wait_until(c, code, src, e, || memory::ld_acquire_u64(Scope::Sys, flag), |v| v >= e) }
+}
+
+/// Waits until the proxy completed every command up to `seq` (their sources may be reused).
+#[inline(always)]
+pub unsafe fn wait_done(c: &CommCtx, seq: u64) -> bool {
+    let done = (c.fifo + fifo::DONE) as *const u64;
+    unsafe { wait_until(c, WAIT_FIFO_DONE, c.global_rank, seq + 1, || memory::ld_acquire_u64(Scope::Sys, done), |d| d > seq) }
+}

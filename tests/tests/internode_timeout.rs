@@ -1,0 +1,43 @@
+//! A rank on another node that never arrives: the others report a timeout naming it.
+//! Run: `bundle/xtask launch -n 2 --nodes 2 -- bundle/tests/mkernel-tests-internode_timeout`.
+use mkernel::cudarc::driver::DevicePtrMut;
+use mkernel::{CommConfig, Communicator, Error};
+use mkernel_tests::gpu::launched_rank_or_skip;
+use std::time::{Duration, Instant};
+
+#[test]
+fn missing_remote_rank_is_named_by_the_timeout() {
+    let Some((dev, boot)) = launched_rank_or_skip("missing_remote_rank_is_named_by_the_timeout") else { return };
+    if boot.info().nnodes() < 2 {
+        eprintln!("SKIPPED: launch with --nodes 2 to test the inter-node path");
+        return;
+    }
+    let cfg = CommConfig { heap_bytes: 16 << 20, timeout: Duration::from_secs(2), internode_scratch_bytes: 16 << 20, ..Default::default() };
+    let mut comm = Communicator::new(&dev, boot, cfg).unwrap();
+    let (g, nglobal) = (comm.global_rank(), comm.world() * comm.nnodes());
+    let absent = nglobal - 1;
+    let stream = dev.default_stream();
+    let out = comm.alloc(4096 * nglobal as u64).unwrap();
+    let mut src = stream.alloc_zeros::<u8>(4096).unwrap();
+    let src_ptr = { let (p, _g) = src.device_ptr_mut(&stream); p };
+    comm.all_gather(&stream, src_ptr, &out, 4096, 4).unwrap();
+    stream.synchronize().unwrap();
+    comm.check().unwrap();
+    if g == absent {
+        println!("rank {g}: skipping the second all_gather on purpose");
+        return;
+    }
+    let start = Instant::now();
+    comm.all_gather(&stream, src_ptr, &out, 4096, 4).unwrap();
+    stream.synchronize().unwrap();
+    let elapsed = start.elapsed();
+    let err = comm.check().expect_err("the all_gather must time out");
+    assert!(matches!(err, Error::CommTimeout { .. }), "{err}");
+    if let Error::CommTimeout { peer, .. } = &err {
+        // Ranks on the absent rank's node wait for it over NVLink (local index), the others
+        // over the wire (global rank).
+        assert!(*peer == absent || *peer == absent % comm.world(), "{err}");
+    }
+    assert!(elapsed < Duration::from_secs(10), "gave up after {elapsed:?}, the timeout is 2 s");
+    println!("rank {g}: {err} (returned after {:.2} s)", elapsed.as_secs_f64());
+}
