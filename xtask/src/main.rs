@@ -41,7 +41,7 @@ enum Task {
     },
     /// Run a benchmark: ours beside cuBLAS/NCCL in the same run; prints a table, writes JSON.
     Bench {
-        /// gemm | allgather | reducescatter | allreduce
+        /// gemm | allgather | reducescatter | allreduce | proxy
         #[arg(long)]
         op: String,
         /// Collectives: processes (GPUs) to launch (default: every GPU nvidia-smi lists).
@@ -102,14 +102,18 @@ fn bench(op: &str, nproc: Option<usize>, rest: &[String]) -> Result<()> {
         argv.extend(["--json".into(), format!("results/{op}.json")]);
     }
     argv.extend(rest.iter().cloned());
-    let collective = matches!(op, "allgather" | "reducescatter" | "allreduce");
-    if collective && std::env::var("RANK").is_err() {
+    let multi_rank = matches!(op, "allgather" | "reducescatter" | "allreduce" | "proxy");
+    if multi_rank && std::env::var("RANK").is_err() {
         let n = match nproc {
             Some(n) => n,
             None => util::gpu_count()?,
         };
         std::env::set_var("LD_LIBRARY_PATH", util::cuda_lib_path());
-        return launch::run(launch::LaunchArgs::single_host(n, argv));
+        let mut launch_args = launch::LaunchArgs::single_host(n, argv);
+        if op == "proxy" {
+            launch_args.nodes = 2; // emulated nodes: the inter-node path
+        }
+        return launch::run(launch_args);
     }
     let mut cmd = std::process::Command::new(&argv[0]);
     cmd.args(&argv[1..]);

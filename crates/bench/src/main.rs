@@ -4,6 +4,7 @@
 mod collectives;
 mod gemm;
 mod nccl;
+mod proxy;
 mod report;
 mod timing;
 
@@ -20,6 +21,8 @@ enum Op {
     Reducescatter,
     /// AllReduce (bf16 sum) vs NCCL.
     Allreduce,
+    /// Latency and bandwidth of the GPU -> proxy -> emulated wire path (2 emulated nodes).
+    Proxy,
 }
 
 #[derive(Parser, Debug)]
@@ -61,6 +64,7 @@ fn main() -> Result<()> {
         Op::Allgather => collectives::run(&args, collectives::Coll::AllGather)?,
         Op::Reducescatter => collectives::run(&args, collectives::Coll::ReduceScatter)?,
         Op::Allreduce => collectives::run(&args, collectives::Coll::AllReduce)?,
+        Op::Proxy => proxy::run(&args)?,
     };
     // Under launch, rank 0 writes the JSON.
     if std::env::var("RANK").map_or(true, |r| r == "0") {

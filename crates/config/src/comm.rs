@@ -44,6 +44,9 @@ impl FlagSlot {
 
 /// Number of flag slots.
 pub const FLAG_SLOTS: u32 = 5;
+/// The epoch counter of latency probes: the last CTA slot, which collectives never use (they
+/// launch at most `MAX_COMM_CTAS - 1` CTAs).
+pub const PROBE_COUNTER: u32 = MAX_COMM_CTAS - 1;
 /// Per-CTA epoch counters follow the flags (one `u64` per CTA, local use only).
 pub const EPOCH_COUNTERS_OFFSET: u64 = (FLAG_SLOTS * MAX_LOCAL_RANKS * MAX_COMM_CTAS) as u64 * 8;
 /// The rank's [`ErrorRecord`] follows the epoch counters (local use; the host reads it back).
@@ -63,13 +66,15 @@ pub enum RemoteSlot {
     Ready = 0,
     /// "My data of epoch e has landed in your buffer."
     Data = 1,
+    /// Latency probes (`mk_proxy_pingpong`): values `epoch << 12 | i`, kept apart from `Data`.
+    Probe = 2,
 }
 /// Byte offset of inter-node flag (`slot`, `src` global rank) in a heap.
 pub const fn remote_flag_offset(slot: RemoteSlot, src: u32) -> u64 {
     REMOTE_FLAGS_OFFSET + ((slot as u32 * MAX_RANKS + src) as u64) * 8
 }
 /// The device-side head of this rank's proxy FIFO (a u64 claimed with `atom.add`).
-pub const FIFO_HEAD_OFFSET: u64 = REMOTE_FLAGS_OFFSET + 2 * MAX_RANKS as u64 * 8;
+pub const FIFO_HEAD_OFFSET: u64 = REMOTE_FLAGS_OFFSET + 3 * MAX_RANKS as u64 * 8;
 
 /// Bytes of the heap's control area (flags, epoch counters, error record, abort, inter-node
 /// flags, FIFO head), rounded to 64 KiB. The LL and staging areas follow, then user buffers.
@@ -271,7 +276,7 @@ mod tests {
         assert!(core::mem::size_of::<ErrorRecord>() <= 64);
         assert!(ABORT_OFFSET + 8 <= HEAP_CONTROL_BYTES);
         assert!(FIFO_HEAD_OFFSET + 8 <= HEAP_CONTROL_BYTES);
-        assert_eq!(remote_flag_offset(RemoteSlot::Data, MAX_RANKS - 1) + 8, FIFO_HEAD_OFFSET);
+        assert_eq!(remote_flag_offset(RemoteSlot::Probe, MAX_RANKS - 1) + 8, FIFO_HEAD_OFFSET);
         assert_eq!(ll_offset(3, MAX_LOCAL_RANKS - 1) + LL_SLOT_BYTES, STAGING_OFFSET);
         assert_eq!(staging_offset(3, MAX_LOCAL_RANKS - 1) + SMALL_MSG_MAX, HEAP_RESERVED_BYTES);
         assert_eq!(staging_offset(2, 0), STAGING_OFFSET);

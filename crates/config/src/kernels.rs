@@ -49,8 +49,11 @@ pub const ALLGATHER_INTERNODE: KernelSpec = KernelSpec { name: "mk_allgather_int
 /// The inter-node half of AllReduce (proxy puts to rail peers + sum over nodes).
 pub const ALLREDUCE_INTERNODE: KernelSpec = KernelSpec { name: "mk_allreduce_internode", ..COLLECTIVE };
 
+/// Latency probe of the inter-node path: one thread ping-pongs puts with a remote rank.
+pub const PROXY_PINGPONG: KernelSpec = KernelSpec { name: "mk_proxy_pingpong", max_threads: 32, min_blocks_per_sm: 1, dynamic_smem: 0 };
+
 /// Every kernel entry in the embedded PTX.
-pub const KERNELS: &[KernelSpec] = &[IOTA, GEMM_BF16_NK, GEMM_BF16_KN, ALLGATHER, REDUCE_SCATTER, ALLREDUCE, ALLGATHER_INTERNODE, ALLREDUCE_INTERNODE];
+pub const KERNELS: &[KernelSpec] = &[IOTA, GEMM_BF16_NK, GEMM_BF16_KN, ALLGATHER, REDUCE_SCATTER, ALLREDUCE, ALLGATHER_INTERNODE, ALLREDUCE_INTERNODE, PROXY_PINGPONG];
 
 /// Looks a kernel up by its entry name.
 pub fn find(name: &str) -> Option<&'static KernelSpec> {

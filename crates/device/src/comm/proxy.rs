@@ -103,13 +103,26 @@ pub unsafe fn put(c: &CommCtx, dst: u32, src_off: u64, dst_off: u64, bytes: u64)
     }
 }
 
+/// `PUT` raising this rank's `slot` flag at `dst` to `value` (latency probes).
+#[inline(always)]
+pub unsafe fn put_value(c: &CommCtx, dst: u32, src_off: u64, dst_off: u64, bytes: u64, slot: RemoteSlot, value: u64) -> Option<u64> {
+    unsafe {
+        post(c, Command { opcode: fifo::OP_PUT, dst_rank: dst, src_offset: src_off, dst_offset: dst_off, bytes, flag_offset: remote_flag_offset(slot, c.global_rank), flag_value: value })
+    }
+}
+
 /// Waits until the inter-node flag (`slot`, `src`) in this rank's heap reaches this epoch.
 #[inline(always)]
 pub unsafe fn wait_remote(c: &CommCtx, slot: RemoteSlot, src: u32) -> bool {
+    unsafe { wait_remote_value(c, slot, src, c.epoch) }
+}
+
+/// Waits until the inter-node flag (`slot`, `src`) in this rank's heap reaches `target`.
+#[inline(always)]
+pub unsafe fn wait_remote_value(c: &CommCtx, slot: RemoteSlot, src: u32, target: u64) -> bool {
     let flag = (c.heap(c.rank) + remote_flag_offset(slot, src)) as *const u64;
     let code = if slot == RemoteSlot::Ready { WAIT_REMOTE_READY } else { WAIT_REMOTE_DATA };
-    let e = c.epoch;
-    unsafe { wait_until(c, code, src, e, || memory::ld_acquire_u64(Scope::Sys, flag), |v| v >= e) }
+    unsafe { wait_until(c, code, src, target, || memory::ld_acquire_u64(Scope::Sys, flag), |v| v >= target) }
 }
 
 /// Waits until the proxy completed every command up to `seq` (their sources may be reused).

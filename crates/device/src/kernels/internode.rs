@@ -9,7 +9,7 @@ use crate::comm::move_data::{copy, reduce, Dtype};
 use crate::comm::proxy;
 use crate::comm::wait::{signal_all_peers, wait_all_peers};
 use crate::comm::CommCtx;
-use mkernel_config::comm::{CommDesc, FlagSlot, RemoteSlot, Role};
+use mkernel_config::comm::{CommDesc, FlagSlot, RemoteSlot, Role, PROBE_COUNTER};
 
 #[inline(always)]
 fn slice(n: u64) -> (u64, u64) {
@@ -128,6 +128,50 @@ pub unsafe extern "ptx-kernel" fn mk_allreduce_internode(desc: *const CommDesc, 
         dsts[0] = local + dst_off + lo * 16;
         reduce(dsts, 1, srcs, nnodes, hi - lo, dt);
         sync::sync_threads();
+        c.finish();
+    }
+}
+
+/// Latency probe: one thread posts `iters` puts of `bytes` to `peer` and waits for each to come
+/// back (the peer answers every put with its own); `out[i]` gets the round trip of probe `i` in
+/// nanoseconds (`%globaltimer`), measured from before the post to the arrival of the answer's
+/// flag. Flag values `epoch << 12 | i` in the `Probe` slot. `initiator`: 1 on the rank that
+/// starts, 0 on the answering rank. `iters` < 4096.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn mk_proxy_pingpong(desc: *const CommDesc, peer: u32, src_off: u64, dst_off: u64, bytes: u64, iters: u32, initiator: u32, out: *mut u64) {
+    // Its own epoch counter (the last CTA slot, which collectives never use), so probes do not
+    // move the collectives' epochs out of step.
+    let c = unsafe { CommCtx::new(desc, PROBE_COUNTER, Role::InterSend) };
+    if ids::thread_idx() != 0 {
+        return;
+    }
+    let base = c.epoch << 12;
+    let mut last = None;
+    unsafe {
+        for i in 1..=iters as u64 {
+            let v = base | i;
+            if initiator != 0 {
+                let t0 = crate::arch::time::globaltimer_ns();
+                last = proxy::put_value(&c, peer, src_off, dst_off, bytes, RemoteSlot::Probe, v);
+                if last.is_none() || !proxy::wait_remote_value(&c, RemoteSlot::Probe, peer, v) {
+                    return;
+                }
+                out.add(i as usize - 1).write(crate::arch::time::globaltimer_ns() - t0);
+            } else {
+                if !proxy::wait_remote_value(&c, RemoteSlot::Probe, peer, v) {
+                    return;
+                }
+                last = proxy::put_value(&c, peer, src_off, dst_off, bytes, RemoteSlot::Probe, v);
+                if last.is_none() {
+                    return;
+                }
+            }
+        }
+        if let Some(seq) = last {
+            if !proxy::wait_done(&c, seq) {
+                return;
+            }
+        }
         c.finish();
     }
 }

@@ -202,8 +202,8 @@ impl Communicator {
     /// The kernel and its launch over `ctas` CTAs, raised to `STAGED_CTAS` (the LL and staged
     /// paths need CTAs `0..STAGED_CTAS` in every launch to keep their epochs in lockstep).
     fn prepare(&self, spec: &'static KernelSpec, ctas: u32) -> Result<(CudaFunction, LaunchConfig)> {
-        if ctas == 0 || ctas > MAX_COMM_CTAS {
-            return Err(Error::Shape { op: spec.name, reason: format!("{ctas} CTAs; 1..={MAX_COMM_CTAS} allowed") });
+        if ctas == 0 || ctas >= MAX_COMM_CTAS {
+            return Err(Error::Shape { op: spec.name, reason: format!("{ctas} CTAs; 1..{MAX_COMM_CTAS} allowed") });
         }
         Ok((self.device.function(spec)?, Device::launch_config(spec, ctas.max(STAGED_CTAS))))
     }
@@ -294,6 +294,28 @@ impl Communicator {
         // SAFETY: mk_allreduce(desc, src_off, dst_off, count, dtype).
         unsafe { b.launch(cfg) }?;
         Ok(())
+    }
+
+    /// Round trips of `iters` put-and-answer probes of `bytes` between this rank and `peer` (a
+    /// rank on another node) over the proxy, in nanoseconds, measured on the GPU from before the
+    /// post to the arrival of the answer's flag. Both ranks call it (`initiator` on exactly one).
+    pub fn proxy_pingpong(&self, stream: &Arc<CudaStream>, peer: u32, bytes: u64, iters: u32, initiator: bool) -> Result<Vec<u64>> {
+        let op = "proxy_pingpong";
+        let w = self.wire.as_ref().ok_or_else(|| Error::Unsupported("proxy probes need a job of several nodes".into()))?;
+        if bytes > w.max_bytes || iters == 0 || iters >= 4096 {
+            return Err(Error::Shape { op, reason: format!("bytes {bytes} (max {}), iters {iters} (1..4096)", w.max_bytes) });
+        }
+        let out = stream.alloc_zeros::<u64>(iters as usize)?;
+        let out_ptr = out.device_ptr(stream).0;
+        let (desc, src_off, dst_off, init) = (self.desc_ptr(), w.stage.offset, w.recv.offset, initiator as u32);
+        let f = self.device.function(&kernels::PROXY_PINGPONG)?;
+        let mut b = stream.launch_builder(&f);
+        b.arg(&desc).arg(&peer).arg(&src_off).arg(&dst_off).arg(&bytes).arg(&iters).arg(&init).arg(&out_ptr);
+        // SAFETY: mk_proxy_pingpong(desc, peer, src_off, dst_off, bytes, iters, initiator, out).
+        unsafe { b.launch(Device::launch_config(&kernels::PROXY_PINGPONG, 1)) }?;
+        stream.synchronize()?;
+        self.check()?;
+        Ok(stream.clone_dtoh(&out)?)
     }
 
     /// Reads the device error record (after the stream's work finished). A timeout becomes
