@@ -152,7 +152,10 @@ fn print_report(r: &Report) -> Vec<String> {
         let (threads, dyn_smem, min) = spec.map(|s| (s.max_threads, s.dynamic_smem, s.min_blocks_per_sm)).unwrap_or((0, 0, 0));
         println!("{:<20} {:>7} {:>5} {:>6} {:>5}/{:<6} {:>11} {:>11} {:>12}", e.name, threads, e.registers, e.stack, e.spill_stores, e.spill_loads, e.static_smem, dyn_smem, min);
         if e.spill_stores + e.spill_loads > 0 {
-            problems.push(format!("{} spills {} / {} bytes", e.name, e.spill_stores, e.spill_loads));
+            match mkernel_config::kernels::EXPERIMENTAL.iter().find(|(k, _)| *k == e.name) {
+                Some((_, why)) => println!("  (experimental, spills not failing the check: {why})"),
+                None => problems.push(format!("{} spills {} / {} bytes", e.name, e.spill_stores, e.spill_loads)),
+            }
         }
     }
     for w in &r.warnings {

@@ -25,7 +25,7 @@ fn shapes() -> Vec<(usize, usize, usize)> {
 }
 
 /// cuBLAS computing the same row-major product (column-major C^T = op(B)^T A^T).
-fn cublas_gemm(blas: &CudaBlas, s: GemmShape, a: &CudaSlice<bf16>, b: &CudaSlice<bf16>, c: &mut CudaSlice<bf16>) -> Result<()> {
+pub(crate) fn cublas_gemm(blas: &CudaBlas, s: GemmShape, a: &CudaSlice<bf16>, b: &CudaSlice<bf16>, c: &mut CudaSlice<bf16>) -> Result<()> {
     let (m, n, k) = (s.m as i32, s.n as i32, s.k as i32);
     let (transa, lda) = match s.b_layout {
         BLayout::KxN => (cublasOperation_t::CUBLAS_OP_N, n),

@@ -2,6 +2,7 @@
 //! Usually started as `cargo xtask bench --op gemm` (or `bundle/xtask bench --op gemm` on a GPU
 //! host with no Rust).
 mod collectives;
+mod fused;
 mod gemm;
 mod nccl;
 mod proxy;
@@ -23,6 +24,8 @@ enum Op {
     Allreduce,
     /// Latency and bandwidth of the GPU -> proxy -> emulated wire path (2 emulated nodes).
     Proxy,
+    /// Fused AllGather + GEMM vs NCCL AllGather + cuBLAS in sequence.
+    AgGemm,
 }
 
 #[derive(Parser, Debug)]
@@ -65,6 +68,7 @@ fn main() -> Result<()> {
         Op::Reducescatter => collectives::run(&args, collectives::Coll::ReduceScatter)?,
         Op::Allreduce => collectives::run(&args, collectives::Coll::AllReduce)?,
         Op::Proxy => proxy::run(&args)?,
+        Op::AgGemm => fused::run(&args)?,
     };
     // Under launch, rank 0 writes the JSON.
     if std::env::var("RANK").map_or(true, |r| r == "0") {

@@ -76,9 +76,15 @@ pub const fn remote_flag_offset(slot: RemoteSlot, src: u32) -> u64 {
 /// The device-side head of this rank's proxy FIFO (a u64 claimed with `atom.add`).
 pub const FIFO_HEAD_OFFSET: u64 = REMOTE_FLAGS_OFFSET + 3 * MAX_RANKS as u64 * 8;
 
+/// Launch epoch of the fused kernels (u64): every CTA reads it at start; the last CTA to exit
+/// (counted at [`FUSED_EXITS_OFFSET`]) advances it, so all CTAs of a launch agree on it.
+pub const FUSED_EPOCH_OFFSET: u64 = FIFO_HEAD_OFFSET + 8;
+/// CTAs of the current fused launch that have exited (u32).
+pub const FUSED_EXITS_OFFSET: u64 = FUSED_EPOCH_OFFSET + 8;
+
 /// Bytes of the heap's control area (flags, epoch counters, error record, abort, inter-node
-/// flags, FIFO head), rounded to 64 KiB. The LL and staging areas follow, then user buffers.
-pub const HEAP_CONTROL_BYTES: u64 = (FIFO_HEAD_OFFSET + 8).div_ceil(65536) * 65536;
+/// flags, FIFO head, fused epoch), rounded to 64 KiB. The LL and staging areas follow, then user buffers.
+pub const HEAP_CONTROL_BYTES: u64 = (FUSED_EXITS_OFFSET + 8).div_ceil(65536) * 65536;
 
 /// The proxy command FIFO as the device writes it. It mirrors `mkernel_proxy::protocol`
 /// (crates/proxy), whose tests assert that every number here matches.

@@ -46,6 +46,11 @@ impl GemmTile {
         group_m: 8,
     };
 
+    /// The GEMM inside fused kernels: the producer thread also waits on communication flags
+    /// (bounded waits need the clock and the error record), so it keeps 64 registers and the
+    /// consumers 224: (64 + 2 x 224) x 128 is exactly the register file.
+    pub const FUSED: GemmTile = GemmTile { producer_regs: 64, consumer_regs: 224, ..GemmTile::DEFAULT };
+
     /// Threads per CTA: one producer warpgroup plus the consumers.
     pub const fn threads(&self) -> u32 {
         (1 + self.consumer_warpgroups) * crate::WARPGROUP_SIZE
@@ -121,6 +126,7 @@ impl GemmTile {
 }
 
 const _: () = GemmTile::DEFAULT.check();
+const _: () = GemmTile::FUSED.check();
 
 #[cfg(test)]
 mod tests {

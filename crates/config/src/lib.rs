@@ -7,6 +7,7 @@
 #![no_std]
 
 pub mod comm;
+pub mod fused;
 pub mod gemm;
 pub mod kernels;
 

@@ -13,6 +13,7 @@
 
 pub mod comm;
 pub mod error;
+pub mod fused;
 pub mod gemm;
 pub mod ptx;
 pub mod runtime;

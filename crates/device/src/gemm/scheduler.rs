@@ -19,6 +19,9 @@ pub struct TileScheduler {
     stride: u32,
     block_m: u32,
     block_n: u32,
+    /// Tile rows are visited starting at this one (wrapping): fused kernels start where their
+    /// data is already present (AllGather+GEMM: the local shard first, then peers in order).
+    first_tile_m: u32,
 }
 
 impl TileScheduler {
@@ -33,7 +36,15 @@ impl TileScheduler {
             stride,
             block_m,
             block_n,
+            first_tile_m: 0,
         }
+    }
+
+    /// Visits tile rows from `first_tile_m` on (wrapping around).
+    #[inline(always)]
+    pub fn starting_at_row(mut self, first_tile_m: u32) -> Self {
+        self.first_tile_m = first_tile_m % self.tiles_m.max(1);
+        self
     }
 
     /// The tile with linear index `t` under grouped rasterization.
@@ -44,7 +55,8 @@ impl TileScheduler {
         let first_m = group * self.group_m;
         let rows = if self.tiles_m - first_m < self.group_m { self.tiles_m - first_m } else { self.group_m };
         let in_group = t % group_size;
-        Tile { m0: (first_m + in_group % rows) * self.block_m, n0: (in_group / rows) * self.block_n }
+        let tm = (first_m + in_group % rows + self.first_tile_m) % self.tiles_m;
+        Tile { m0: tm * self.block_m, n0: (in_group / rows) * self.block_n }
     }
 
     /// Number of output tiles.

@@ -1,6 +1,7 @@
 //! Kernel entry points. Each is listed in `mkernel_config::KERNELS` with its launch bounds.
 
 pub mod collectives;
+pub mod fused;
 pub mod gemm;
 pub mod internode;
 pub mod iota;

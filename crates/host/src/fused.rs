@@ -1,0 +1,119 @@
+//! Fused communication + GEMM operations on a [`Communicator`].
+//!
+//! [`AgGemmPlan`]: AllGather + GEMM for tensor parallelism: each rank holds `m / world` rows of
+//! A (`a_shard`, local) and its own B (`n` x `k`, `nn.Linear` layout); every rank gets
+//! `C = gather_rows(A) * B^T` (`m` x `n`, bf16) from one persistent kernel whose first `n_comm`
+//! CTAs move A over NVLink chunk by chunk while the others run the GEMM on chunks as they land
+//! (docs/fused.md).
+//!
+//! **Experimental**: the kernel builds and is tested, but its first run on 2 x H200 failed
+//! (launch failure); [`AgGemmPlan::new`] refuses unless `MKERNEL_EXPERIMENTAL=1`.
+use crate::comm::{Communicator, SymBuffer};
+use crate::error::{Error, Result};
+use crate::runtime::Device;
+use crate::tensor_map::{encode_bf16_sw128, Tensor2d};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, PushKernelArg};
+use mkernel_config::fused::AgGemmArgs;
+use mkernel_config::{kernels, GemmTile};
+use std::sync::Arc;
+
+const OP: &str = "ag_gemm";
+
+/// A planned AllGather + GEMM: descriptors and arguments uploaded, gathered-A buffer reserved.
+pub struct AgGemmPlan {
+    func: CudaFunction,
+    _maps: CudaSlice<u64>,
+    args: CudaSlice<u8>,
+    args_addr: u64,
+    grid: u32,
+    n_comm: u32,
+    gathered: SymBuffer,
+}
+
+impl AgGemmPlan {
+    /// Plans `c = gather_rows(a_shard) * b^T` (`c`: `m` x `n`; `b`: `n` x `k`; `a_shard`:
+    /// `m / world` x `k`; device addresses, 16-byte aligned). `n_comm` CTAs move A; the rest of
+    /// the GPU's SMs compute. Collective: every local rank plans the same shape.
+    ///
+    /// # Safety
+    /// The buffers must hold the sizes above and stay valid while the plan is launched.
+    pub unsafe fn new(comm: &mut Communicator, stream: &Arc<CudaStream>, a_shard: u64, b: u64, c: u64, m: usize, n: usize, k: usize, n_comm: u32) -> Result<AgGemmPlan> {
+        if std::env::var("MKERNEL_EXPERIMENTAL").map_or(true, |v| v != "1") {
+            return Err(Error::Unsupported(
+                "fused AllGather+GEMM is experimental and not yet correct on a GPU (docs/fused.md); set MKERNEL_EXPERIMENTAL=1 to run it anyway".into(),
+            ));
+        }
+        let world = comm.world() as usize;
+        let t = GemmTile::DEFAULT;
+        let bad = |reason: String| Err(Error::Shape { op: OP, reason });
+        if comm.nnodes() > 1 {
+            return Err(Error::Unsupported("AllGather+GEMM across nodes is not implemented yet (intra-node only)".into()));
+        }
+        if m == 0 || m % (world * t.block_m as usize) != 0 {
+            return bad(format!("m = {m} must be a positive multiple of world x {} = {}", t.block_m, world * t.block_m as usize));
+        }
+        if k == 0 || k % 8 != 0 || n == 0 || n % 8 != 0 {
+            return bad(format!("k = {k} and n = {n} must be positive multiples of 8 (16-byte TMA rows)"));
+        }
+        let chunks = m / world / t.block_m as usize;
+        if chunks > mkernel_config::comm::MAX_COMM_CTAS as usize {
+            return bad(format!("{chunks} chunks of {} rows per shard; at most {} (flags per chunk)", t.block_m, mkernel_config::comm::MAX_COMM_CTAS));
+        }
+        for (what, ptr) in [("A shard", a_shard), ("B", b), ("C", c)] {
+            if ptr % 16 != 0 {
+                return Err(Error::Alignment { op: OP, what, ptr, align: 16 });
+            }
+        }
+        let device: Device = comm.device().clone();
+        let sms = device.sm_count();
+        if n_comm == 0 || n_comm + 1 >= sms {
+            return bad(format!("n_comm = {n_comm}: between 1 and {} (the GPU has {sms} SMs)", sms - 2));
+        }
+        let gathered = comm.alloc((m * k * 2) as u64)?;
+        let (m64, n64, k64) = (m as u64, n as u64, k as u64);
+        let map_a = encode_bf16_sw128(Tensor2d { ptr: comm.ptr(&gathered), cols: k64, rows: m64, row_stride_bytes: 2 * k64 }, t.block_k, t.block_m)?;
+        let map_b = encode_bf16_sw128(Tensor2d { ptr: b, cols: k64, rows: n64, row_stride_bytes: 2 * k64 }, t.block_k, t.block_n)?;
+        let map_c = encode_bf16_sw128(Tensor2d { ptr: c, cols: n64, rows: m64, row_stride_bytes: 2 * n64 }, GemmTile::EPILOGUE_BOX_COLS, GemmTile::EPILOGUE_BOX_ROWS)?;
+        let mut words = [0u64; 48];
+        words[..16].copy_from_slice(&map_a.opaque);
+        words[16..32].copy_from_slice(&map_b.opaque);
+        words[32..].copy_from_slice(&map_c.opaque);
+        let maps = stream.clone_htod(&words)?;
+        let maps_addr = maps.device_ptr(stream).0;
+        let a = AgGemmArgs {
+            desc: comm.desc_ptr(),
+            a_shard,
+            a_gathered_off: gathered.offset,
+            map_a: maps_addr,
+            map_b: maps_addr + 128,
+            map_c: maps_addr + 256,
+            m: m as u32,
+            n: n as u32,
+            k: k as u32,
+            n_comm,
+        };
+        // SAFETY: AgGemmArgs is repr(C) plain data.
+        let bytes = unsafe { std::slice::from_raw_parts(&a as *const AgGemmArgs as *const u8, std::mem::size_of::<AgGemmArgs>()) };
+        let args = stream.clone_htod(bytes)?;
+        let args_addr = args.device_ptr(stream).0;
+        Ok(AgGemmPlan { func: device.function(&kernels::AG_GEMM_NK)?, _maps: maps, args, args_addr, grid: sms, n_comm, gathered })
+    }
+
+    /// Enqueues the fused kernel.
+    pub fn launch(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        let mut b = stream.launch_builder(&self.func);
+        b.arg(&self.args_addr);
+        // SAFETY: mk_ag_gemm_bf16_nk(args); the plan's buffers outlive its launches (new's contract).
+        unsafe { b.launch(Device::launch_config(&kernels::AG_GEMM_NK, self.grid)) }?;
+        let _ = &self.args;
+        Ok(())
+    }
+    /// CTAs moving A, and in total.
+    pub fn split(&self) -> (u32, u32) {
+        (self.n_comm, self.grid)
+    }
+    /// The gathered A (every rank's shard) in the heap.
+    pub fn gathered(&self) -> SymBuffer {
+        self.gathered
+    }
+}
