@@ -47,13 +47,19 @@ impl GemmTile {
     };
 
     /// The GEMM inside fused kernels: the producer thread also waits on communication flags
-    /// (bounded waits need the clock and the error record), so it keeps 64 registers and the
-    /// consumers 224: (64 + 2 x 224) x 128 is exactly the register file.
-    pub const FUSED: GemmTile = GemmTile { producer_regs: 64, consumer_regs: 224, ..GemmTile::DEFAULT };
+    /// (bounded waits need the clock and the error record), so it keeps 56 registers and the
+    /// consumers 224: (56 + 2 x 224) x 128 = 168 x 384, what the CTA is launched with.
+    pub const FUSED: GemmTile = GemmTile { producer_regs: 56, consumer_regs: 224, ..GemmTile::DEFAULT };
 
     /// Threads per CTA: one producer warpgroup plus the consumers.
     pub const fn threads(&self) -> u32 {
         (1 + self.consumer_warpgroups) * crate::WARPGROUP_SIZE
+    }
+    /// Registers per thread at launch (what `.maxntid` + `.minnctapersm 1` give): the register
+    /// file split over the CTA's threads, rounded down to a multiple of 8.
+    pub const fn entry_regs(&self) -> u32 {
+        let r = crate::SM90_REGS_PER_SM / self.threads() / 8 * 8;
+        if r > 255 { 248 } else { r }
     }
     /// Rows of the tile owned by one consumer warpgroup.
     pub const fn rows_per_consumer(&self) -> u32 {
@@ -116,9 +122,12 @@ impl GemmTile {
         assert!(self.smem_bytes() <= crate::SM90_MAX_SMEM_PER_CTA, "shared memory ring does not fit in 227 KiB");
         assert!(self.producer_regs % 8 == 0 && self.consumer_regs % 8 == 0, "setmaxnreg counts are multiples of 8");
         assert!(self.producer_regs >= 24 && self.consumer_regs <= 256, "setmaxnreg range is 24..=256");
+        // setmaxnreg moves registers between the warpgroups of one CTA: the split must fit in
+        // what the CTA was launched with (entry registers x threads), not the whole register
+        // file, or `setmaxnreg.inc` waits forever for registers nobody releases.
         assert!(
-            (self.producer_regs + self.consumer_regs * self.consumer_warpgroups) * crate::WARPGROUP_SIZE <= crate::SM90_REGS_PER_SM,
-            "register split exceeds the register file"
+            (self.producer_regs + self.consumer_regs * self.consumer_warpgroups) * crate::WARPGROUP_SIZE <= self.entry_regs() * self.threads(),
+            "register split exceeds the registers the CTA is launched with"
         );
         assert!(self.accumulators_per_thread() + 40 <= self.consumer_regs, "accumulators must fit the consumer register budget");
         assert!(self.group_m >= 1, "group_m must be positive");
@@ -138,6 +147,12 @@ mod tests {
         assert_eq!(t.stage_tx_bytes(), 48 * 1024);
         assert!(t.smem_bytes() <= 227 * 1024);
         assert_eq!(t.accumulators_per_thread(), 128);
+    }
+    #[test]
+    #[should_panic(expected = "registers the CTA is launched with")]
+    fn a_split_beyond_the_launch_registers_is_rejected() {
+        // (64 + 2 x 224) x 128 = 65536 fits the register file but not 168 x 384 = 64512.
+        GemmTile { producer_regs: 64, consumer_regs: 224, ..GemmTile::DEFAULT }.check();
     }
     #[test]
     #[should_panic(expected = "does not fit")]

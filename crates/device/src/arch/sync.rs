@@ -1,20 +1,24 @@
 //! CTA barriers.
 use core::arch::asm;
 
-/// All threads of the CTA: `barrier.sync 0;` (`bar.sync 0`).
+/// All threads of the CTA: `barrier.sync 0;` — the non-`.aligned` form (`bar.sync` is
+/// `barrier.sync.aligned`), so threads of a warp may arrive from divergent paths (a lane that
+/// waited on a flag while its warp-mates went ahead); an aligned barrier reached divergently is
+/// undefined behaviour.
 #[inline(always)]
 pub fn sync_threads() {
-    unsafe { core::arch::nvptx::_syncthreads() }
+    unsafe { asm!("barrier.sync 0;", options(nostack)) };
 }
-/// Named barrier `id` (1..16) among `threads` threads (a multiple of 32): `bar.sync id, threads;`
+/// Named barrier `id` (1..16) among `threads` threads (a multiple of 32):
+/// `barrier.sync id, threads;` (non-aligned).
 #[inline(always)]
 pub fn named_barrier_sync(id: u32, threads: u32) {
-    unsafe { asm!("bar.sync {0}, {1};", in(reg32) id, in(reg32) threads, options(nostack)) };
+    unsafe { asm!("barrier.sync {0}, {1};", in(reg32) id, in(reg32) threads, options(nostack)) };
 }
-/// Arrive at named barrier `id` without waiting: `bar.arrive id, threads;`
+/// Arrive at named barrier `id` without waiting: `barrier.arrive id, threads;` (non-aligned).
 #[inline(always)]
 pub fn named_barrier_arrive(id: u32, threads: u32) {
-    unsafe { asm!("bar.arrive {0}, {1};", in(reg32) id, in(reg32) threads, options(nostack)) };
+    unsafe { asm!("barrier.arrive {0}, {1};", in(reg32) id, in(reg32) threads, options(nostack)) };
 }
 /// The lanes of the current warp: `bar.warp.sync 0xffffffff;`
 #[inline(always)]
@@ -34,13 +38,13 @@ pub fn elect_one() -> bool {
     r != 0
 }
 /// All threads of the CTA, returning whether `pred` held in any of them:
-/// `bar.red.or.pred q, 0, p;`
+/// `barrier.red.or.pred q, 0, p;` (non-aligned: divergent arrival allowed).
 #[inline(always)]
 pub fn sync_threads_or(pred: bool) -> bool {
     let r: u32;
     unsafe {
         asm!(
-            "{{ .reg .pred p, q; setp.ne.u32 p, {1}, 0; bar.red.or.pred q, 0, p; selp.u32 {0}, 1, 0, q; }}",
+            "{{ .reg .pred p, q; setp.ne.u32 p, {1}, 0; barrier.red.or.pred q, 0, p; selp.u32 {0}, 1, 0, q; }}",
             out(reg32) r, in(reg32) pred as u32, options(nostack)
         )
     };
