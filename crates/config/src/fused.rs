@@ -13,6 +13,8 @@ pub struct AgGemmArgs {
     /// Tensor maps (global memory): A over the gathered buffer (box 64 x 128), B as N x K
     /// (box 64 x 256), C (box 64 x 64).
     pub map_a: u64,
+    /// A over this rank's shard itself (box 64 x 128): its tiles are read in place, not copied.
+    pub map_a_local: u64,
     pub map_b: u64,
     pub map_c: u64,
     pub m: u32,

@@ -6,8 +6,7 @@
 //! CTAs move A over NVLink chunk by chunk while the others run the GEMM on chunks as they land
 //! (docs/fused.md).
 //!
-//! **Experimental**: the kernel builds and is tested, but its first run on 2 x H200 failed
-//! (launch failure); [`AgGemmPlan::new`] refuses unless `MKERNEL_EXPERIMENTAL=1`.
+//! Intra-node only for now (a job of several nodes gets `Error::Unsupported`); B as N x K.
 use crate::comm::{Communicator, SymBuffer};
 use crate::error::{Error, Result};
 use crate::runtime::Device;
@@ -38,11 +37,6 @@ impl AgGemmPlan {
     /// # Safety
     /// The buffers must hold the sizes above and stay valid while the plan is launched.
     pub unsafe fn new(comm: &mut Communicator, stream: &Arc<CudaStream>, a_shard: u64, b: u64, c: u64, m: usize, n: usize, k: usize, n_comm: u32) -> Result<AgGemmPlan> {
-        if std::env::var("MKERNEL_EXPERIMENTAL").map_or(true, |v| v != "1") {
-            return Err(Error::Unsupported(
-                "fused AllGather+GEMM is experimental and not yet correct on a GPU (docs/fused.md); set MKERNEL_EXPERIMENTAL=1 to run it anyway".into(),
-            ));
-        }
         let world = comm.world() as usize;
         let t = GemmTile::DEFAULT;
         let bad = |reason: String| Err(Error::Shape { op: OP, reason });
@@ -72,12 +66,14 @@ impl AgGemmPlan {
         let gathered = comm.alloc((m * k * 2) as u64)?;
         let (m64, n64, k64) = (m as u64, n as u64, k as u64);
         let map_a = encode_bf16_sw128(Tensor2d { ptr: comm.ptr(&gathered), cols: k64, rows: m64, row_stride_bytes: 2 * k64 }, t.block_k, t.block_m)?;
+        let map_a_local = encode_bf16_sw128(Tensor2d { ptr: a_shard, cols: k64, rows: (m / world) as u64, row_stride_bytes: 2 * k64 }, t.block_k, t.block_m)?;
         let map_b = encode_bf16_sw128(Tensor2d { ptr: b, cols: k64, rows: n64, row_stride_bytes: 2 * k64 }, t.block_k, t.block_n)?;
         let map_c = encode_bf16_sw128(Tensor2d { ptr: c, cols: n64, rows: m64, row_stride_bytes: 2 * n64 }, GemmTile::EPILOGUE_BOX_COLS, GemmTile::EPILOGUE_BOX_ROWS)?;
-        let mut words = [0u64; 48];
+        let mut words = [0u64; 64];
         words[..16].copy_from_slice(&map_a.opaque);
         words[16..32].copy_from_slice(&map_b.opaque);
-        words[32..].copy_from_slice(&map_c.opaque);
+        words[32..48].copy_from_slice(&map_c.opaque);
+        words[48..].copy_from_slice(&map_a_local.opaque);
         let maps = stream.clone_htod(&words)?;
         let maps_addr = maps.device_ptr(stream).0;
         let a = AgGemmArgs {
@@ -85,6 +81,7 @@ impl AgGemmPlan {
             a_shard,
             a_gathered_off: gathered.offset,
             map_a: maps_addr,
+            map_a_local: maps_addr + 384,
             map_b: maps_addr + 128,
             map_c: maps_addr + 256,
             m: m as u32,

@@ -9,16 +9,18 @@ use crate::arch::{mbarrier, tma, tma::TensorMap};
 /// Bytes of one 64 (N) x 64 (K) box of an MN-major B tile.
 const B_KN_BOX_BYTES: u32 = 64 * 64 * 2;
 
-/// Loads the `k_blocks` K blocks of `tile` into the ring, starting at `pos`.
+/// Loads the `k_blocks` K blocks of `tile` into the ring, starting at `pos`. A's rows are read
+/// from row `a_row` of the tensor `a` (the tile's own `m0` for a plain GEMM; fused kernels may
+/// point a tile at another tensor, e.g. the local shard instead of the gathered buffer).
 #[inline(always)]
-pub unsafe fn load_tile(ring: &Ring, pos: &mut RingPos, a: TensorMap, b: TensorMap, b_layout: BLayout, tile: Tile, k_blocks: u32) {
+pub unsafe fn load_tile(ring: &Ring, pos: &mut RingPos, a: TensorMap, a_row: u32, b: TensorMap, b_layout: BLayout, tile: Tile, k_blocks: u32) {
     for kb in 0..k_blocks {
         let s = pos.stage;
         let k0 = kb * TILE.block_k;
         unsafe {
             mbarrier::wait_parity(ring.empty(s), pos.phase ^ 1);
             mbarrier::arrive_expect_tx(ring.full(s), TILE.stage_tx_bytes());
-            tma::load_2d(ring.a(s), a, k0, tile.m0, ring.full(s));
+            tma::load_2d(ring.a(s), a, k0, a_row, ring.full(s));
             match b_layout {
                 BLayout::Nk => tma::load_2d(ring.b(s), b, k0, tile.n0, ring.full(s)),
                 BLayout::Kn => {

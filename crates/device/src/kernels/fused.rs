@@ -3,11 +3,12 @@
 //! `mk_ag_gemm_bf16_nk`: C (M x N) = AllGather_rows(A) (M x K) * B^T (B: N x K, local).
 //! Each rank holds rows `[rank * Ms, (rank + 1) * Ms)` of A (`Ms = M / world`, a multiple of 128).
 //! - CTAs `0..n_comm` (role IntraComm) copy this rank's shard, 128-row chunk by chunk, into the
-//!   gathered A buffer of every rank (its own first, over HBM; then the peers, over NVLink) and
-//!   raise flag `(Tile0, rank, chunk)` at the receiver after each chunk.
-//! - CTAs `n_comm..` (role Compute) run the persistent GEMM over the gathered buffer; tile rows
-//!   are visited from this rank's shard on, so work starts on data that is (nearly) local, and
-//!   the producer waits for a chunk's flag before its first TMA load of those rows.
+//!   gathered A buffer of every peer over NVLink and raise flag `(Tile0, rank, chunk)` at the
+//!   receiver after each chunk.
+//! - CTAs `n_comm..` (role Compute) run the persistent GEMM; tile rows are visited from this
+//!   rank's shard on: those tiles read A in place from the shard (no copy, no wait), the peers'
+//!   rows come from the gathered buffer, and the producer waits for a chunk's flag before its
+//!   first TMA load of those rows.
 //!
 //! Epoch: one per launch, read by every CTA at start and advanced by the last CTA to exit.
 //! Buffer reuse: before writing into a peer's gathered buffer, a comm CTA waits for that peer's
@@ -69,7 +70,7 @@ pub unsafe extern "ptx-kernel" fn mk_ag_gemm_bf16_nk(args: *const AgGemmArgs) {
     unsafe { exit_launch(&c, c.epoch) };
 }
 
-/// Pushes this rank's shard, chunk by chunk, to every rank (itself first).
+/// Pushes this rank's shard, chunk by chunk, to every peer.
 #[inline(always)]
 unsafe fn comm_role(c: &CommCtx, a: &AgGemmArgs, idx: u32, chunks: u32, row_bytes: u64) {
     let t = ids::thread_idx();
@@ -80,14 +81,12 @@ unsafe fn comm_role(c: &CommCtx, a: &AgGemmArgs, idx: u32, chunks: u32, row_byte
         }
         let chunk_bytes = TILE.block_m as u64 * row_bytes;
         let shard_first_row = c.rank as u64 * chunks as u64 * TILE.block_m as u64;
-        for kk in 0..c.world {
+        for kk in 1..c.world {
             let p = (c.rank + kk) % c.world;
-            if p != c.rank {
-                // Wait (one thread, bounded) until p's previous launch finished with its buffer.
-                let ok = t != 0 || wait_flag_of_cta(c, FlagSlot::Ready, p, 0, c.epoch);
-                if sync::sync_threads_or(!ok) {
-                    return;
-                }
+            // Wait (one thread, bounded) until p's previous launch finished with its buffer.
+            let ok = t != 0 || wait_flag_of_cta(c, FlagSlot::Ready, p, 0, c.epoch);
+            if sync::sync_threads_or(!ok) {
+                return;
             }
             let mut j = idx;
             while j < chunks {
@@ -115,9 +114,11 @@ unsafe fn wait_chunk(c: &CommCtx, src: u32, chunk: u32) -> bool {
 unsafe fn compute_role(c: &CommCtx, a: &AgGemmArgs, idx: u32, shard_rows: u32) {
     let ring = Ring::new(smem::dynamic_smem_addr(), TILE);
     let (map_a, map_b, map_c) = (TensorMap(a.map_a as *const u8), TensorMap(a.map_b as *const u8), TensorMap(a.map_c as *const u8));
+    let map_a_local = TensorMap(a.map_a_local as *const u8);
     if ids::thread_idx() == 0 {
         unsafe {
             tma::prefetch(map_a);
+            tma::prefetch(map_a_local);
             tma::prefetch(map_b);
             ring.init();
         }
@@ -134,18 +135,23 @@ unsafe fn compute_role(c: &CommCtx, a: &AgGemmArgs, idx: u32, shard_rows: u32) {
         if ids::thread_idx() == 0 {
             let mut ready_row: u32 = u32::MAX; // last tile row known to have arrived
             for tile in tiles {
+                let src = tile.m0 / shard_rows;
+                if src == c.rank {
+                    // Our own rows: read the shard in place.
+                    unsafe { load_tile(&ring, &mut pos, map_a_local, tile.m0 - src * shard_rows, map_b, BLayout::Nk, tile, k_blocks) };
+                    continue;
+                }
                 if tile.m0 != ready_row {
-                    let src = tile.m0 / shard_rows;
                     let chunk = (tile.m0 % shard_rows) / TILE.block_m;
                     if !unsafe { wait_chunk(c, src, chunk) } {
                         break; // the error record names the stalled source; consumers trap
                     }
-                    // The rows were written by generic-proxy stores (ours or a peer's over
-                    // NVLink); TMA reads through the async proxy.
+                    // The rows were written by a peer's generic-proxy stores over NVLink; TMA
+                    // reads through the async proxy.
                     memory::fence_proxy_async();
                     ready_row = tile.m0;
                 }
-                unsafe { load_tile(&ring, &mut pos, map_a, map_b, BLayout::Nk, tile, k_blocks) };
+                unsafe { load_tile(&ring, &mut pos, map_a, tile.m0, map_b, BLayout::Nk, tile, k_blocks) };
             }
         }
     } else {
