@@ -2,7 +2,7 @@
 //! Run: `bundle/xtask launch -n 2 -- bundle/tests/mkernel-tests-fused`.
 use half::bf16;
 use mkernel::cudarc::driver::{DevicePtr, DevicePtrMut};
-use mkernel::fused::AgGemmPlan;
+use mkernel::fused::{AgGemmPlan, GemmRsPlan};
 use mkernel::{CommConfig, Communicator};
 use mkernel_tests::data::random_bf16;
 use mkernel_tests::gpu::launched_rank_or_skip;
@@ -37,6 +37,40 @@ fn fused_collectives_ag_gemm_matches_cpu_reference() {
             assert_eq!(c.wrong, 0, "rank {rank}: ag_gemm m {m} n {n} k {k} n_comm {n_comm} rep {rep}: {c:?}");
         }
         lines.push(format!("ag_gemm M {m} N {n} K {k}, {n_comm} comm CTAs of {}, 3 launches: every element within tolerance", plan.split().1));
+    }
+    // GEMM + ReduceScatter: K split over ranks, rank r gets row chunk r of the sum of partials.
+    for (case, &(m, n, kl, n_reduce)) in [(1024usize, 512usize, 256usize, 4u32), (2048, 768, 512, 8), (512, 1000, 136, 1)].iter().enumerate() {
+        let ms = m / world;
+        let mut da = stream.alloc_zeros::<bf16>(m * kl).unwrap();
+        let mut db = stream.alloc_zeros::<bf16>(n * kl).unwrap();
+        let mut dout = stream.alloc_zeros::<bf16>(ms * n).unwrap();
+        let (pa, pb, po) = ({ let (p, _g) = da.device_ptr_mut(&stream); p }, { let (p, _g) = db.device_ptr_mut(&stream); p }, { let (p, _g) = dout.device_ptr_mut(&stream); p });
+        // SAFETY: buffers sized for the shape, alive until the end of the case.
+        let plan = unsafe { GemmRsPlan::new(&mut comm, &stream, pa, pb, po, m, n, kl, n_reduce) }.unwrap();
+        for rep in 0..3u64 {
+            let seed = 20_000 + 100 * case as u64 + 10 * rep;
+            let a_all: Vec<Vec<bf16>> = (0..world).map(|r| random_bf16(m * kl, seed + r as u64)).collect();
+            let b_all: Vec<Vec<bf16>> = (0..world).map(|r| random_bf16(n * kl, seed + 5 + r as u64)).collect();
+            stream.memcpy_htod(&a_all[rank], &mut da).unwrap();
+            stream.memcpy_htod(&b_all[rank], &mut db).unwrap();
+            stream.synchronize().unwrap();
+            plan.launch(&stream).unwrap();
+            stream.synchronize().unwrap();
+            comm.check().unwrap();
+            let got: Vec<f64> = stream.clone_dtoh(&dout).unwrap().iter().map(|x| x.to_f64()).collect();
+            let (mut want, mut scale) = (vec![0.0; ms * n], vec![0.0; ms * n]);
+            for r in 0..world {
+                let (p, s) = cpu_gemm(&a_all[r][rank * ms * kl..(rank + 1) * ms * kl], &b_all[r], ms, n, kl, BOrder::NxK);
+                for i in 0..ms * n {
+                    want[i] += p[i];
+                    scale[i] += s[i];
+                }
+            }
+            // Partials are rounded to bf16 before the f32 sum: two bf16 roundings.
+            let c = compare(&got, &want, &scale, 2.0 * BF16_OUT_REL, 2.0 * BF16_OUT_REL);
+            assert_eq!(c.wrong, 0, "rank {rank}: gemm_rs m {m} n {n} k_local {kl} n_reduce {n_reduce} rep {rep}: {c:?}");
+        }
+        lines.push(format!("gemm_rs M {m} N {n} K_local {kl}, {n_reduce} reduce CTAs of {}, 3 launches: every element within tolerance", plan.split().1));
     }
     if rank == 0 {
         for l in lines {

@@ -11,7 +11,7 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 use half::bf16;
 use mkernel::bootstrap::Bootstrap;
-use mkernel::fused::AgGemmPlan;
+use mkernel::fused::{AgGemmPlan, GemmRsPlan};
 use mkernel::gemm::{BLayout, GemmShape};
 use mkernel::{CommConfig, Communicator, Device};
 use mkernel_tests::data::random_bf16;
@@ -87,6 +87,79 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
         rows.push(json!({ "m": m, "k": k, "n": n, "world": world, "rank": rank, "n_comm": best.1, "sweep": sweep,
             "ours_ms": t[0], "nccl_cublas_ms": t[1], "gemm_alone_ms": t[2], "ag_alone_ms": t[3],
             "speedup": speedup, "overlap_efficiency": overlap, "ours_tflops_per_gpu": tflops, "wrong": wrong }));
+    }
+    Ok(rows)
+}
+
+/// `--op gemm-rs`: fused GEMM + ReduceScatter beside cuBLAS GEMM + NCCL ReduceScatter in
+/// sequence, GEMM alone and ReduceScatter alone. K is split over ranks (K / world per rank);
+/// every rank gets M / world rows of the M x N sum.
+pub fn run_rs(args: &Args) -> Result<Vec<Value>> {
+    let boot = Bootstrap::from_env(Duration::from_secs(60))?;
+    let info = boot.info().clone();
+    let dev = Device::new(info.device())?;
+    let (rank, world) = (info.rank(), info.world_size());
+    let nccl = Nccl::new(&boot, rank, world)?;
+    let shapes: Vec<(usize, usize, usize)> = [2048usize, 4096, 8192, 16384].iter().map(|&m| (m, 8192, 8192)).collect();
+    let heap: usize = shapes.iter().map(|s| 4 * s.0 * s.2 * 2).sum();
+    let mut comm = Communicator::new(&dev, boot, CommConfig { heap_bytes: heap as u64 + (64 << 20), ..Default::default() })?;
+    let stream = dev.default_stream();
+    let blas = CudaBlas::new(stream.clone())?;
+    if rank == 0 {
+        println!("# GEMM+ReduceScatter, {world} ranks, bf16 (f32 sums); M K N global (K split over ranks, rows of C scattered); interleaved medians of {} runs", args.iters);
+        println!("{:>6} {:>6} {:>6} | {:>8} {:>9} | {:>11} {:>10} {:>10} | {:>8} {:>8} {:>7}", "M", "K", "N", "n_reduce", "ours(us)", "cublas+nccl", "gemm alone", "rs alone", "speedup", "overlap", "#wrong");
+    }
+    let mut rows = vec![];
+    for (m, k, n) in shapes {
+        if args.filter.as_ref().is_some_and(|f| !format!("{m}x{k}x{n}").contains(f.as_str())) {
+            continue;
+        }
+        let (kl, ms) = (k / world, m / world);
+        let a = stream.clone_htod(&random_bf16(m * kl, 1 + rank as u64))?;
+        let b = stream.clone_htod(&random_bf16(n * kl, 100 + rank as u64))?;
+        let mut out = stream.alloc_zeros::<bf16>(ms * n)?;
+        let mut partial = stream.alloc_zeros::<bf16>(m * n)?;
+        let mut partial_alone = stream.alloc_zeros::<bf16>(m * n)?;
+        let mut out_ref = stream.alloc_zeros::<bf16>(ms * n)?;
+        let (pa, pb, po) = (a.device_ptr(&stream).0, b.device_ptr(&stream).0, out.device_ptr_mut(&stream).0);
+        let (pp, pr) = (partial.device_ptr_mut(&stream).0, out_ref.device_ptr_mut(&stream).0);
+        let mut best = (f64::INFINITY, 0u32, None);
+        let mut sweep = vec![];
+        for n_reduce in [4u32, 8, 16] {
+            // SAFETY: buffers sized for the shape and alive for the whole case.
+            let plan = unsafe { GemmRsPlan::new(&mut comm, &stream, pa, pb, po, m, n, kl, n_reduce)? };
+            let mut f = || Ok(plan.launch(&stream)?);
+            let t = median_ms_interleaved(&stream, 2, 5, &mut [&mut f])?[0];
+            comm.check()?;
+            sweep.push(json!({ "n_reduce": n_reduce, "ms": t }));
+            if t < best.0 {
+                best = (t, n_reduce, Some(plan));
+            }
+        }
+        let plan = best.2.take().expect("a plan");
+        let shape = GemmShape { m, n, k: kl, b_layout: BLayout::NxK };
+        let mut ours = || Ok(plan.launch(&stream)?);
+        let mut baseline = || -> Result<()> {
+            cublas_gemm(&blas, shape, &a, &b, &mut partial)?;
+            nccl.reduce_scatter(&stream, pp, pr, ms * n)
+        };
+        let mut gemm_alone = || cublas_gemm(&blas, shape, &a, &b, &mut partial_alone);
+        let mut rs_alone = || nccl.reduce_scatter(&stream, pp, pr, ms * n);
+        let t = median_ms_interleaved(&stream, args.warmup, args.iters, &mut [&mut ours, &mut baseline, &mut gemm_alone, &mut rs_alone])?;
+        comm.check()?;
+        baseline()?;
+        let (x, y) = (stream.clone_dtoh(&out)?, stream.clone_dtoh(&out_ref)?);
+        let wrong = x.iter().zip(&y).filter(|(p, q)| {
+            let (p, q) = (p.to_f32(), q.to_f32());
+            !((p - q).abs() <= p.abs().max(q.abs()) / 32.0 + (k as f32).sqrt() * 2e-3)
+        }).count();
+        let (speedup, overlap) = (t[1] / t[0], t[2].max(t[3]) / t[0]);
+        if rank == 0 {
+            println!("{m:>6} {k:>6} {n:>6} | {:>8} {:>9.1} | {:>11.1} {:>10.1} {:>10.1} | {speedup:>8.3} {overlap:>8.3} {wrong:>7}", best.1, t[0] * 1e3, t[1] * 1e3, t[2] * 1e3, t[3] * 1e3);
+        }
+        rows.push(json!({ "m": m, "k": k, "n": n, "world": world, "rank": rank, "n_reduce": best.1, "sweep": sweep,
+            "ours_ms": t[0], "cublas_nccl_ms": t[1], "gemm_alone_ms": t[2], "rs_alone_ms": t[3],
+            "speedup": speedup, "overlap_efficiency": overlap, "wrong": wrong }));
     }
     Ok(rows)
 }

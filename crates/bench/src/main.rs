@@ -26,6 +26,8 @@ enum Op {
     Proxy,
     /// Fused AllGather + GEMM vs NCCL AllGather + cuBLAS in sequence.
     AgGemm,
+    /// Fused GEMM + ReduceScatter vs cuBLAS + NCCL ReduceScatter in sequence.
+    GemmRs,
 }
 
 #[derive(Parser, Debug)]
@@ -69,6 +71,7 @@ fn main() -> Result<()> {
         Op::Allreduce => collectives::run(&args, collectives::Coll::AllReduce)?,
         Op::Proxy => proxy::run(&args)?,
         Op::AgGemm => fused::run(&args)?,
+        Op::GemmRs => fused::run_rs(&args)?,
     };
     // Under launch, rank 0 writes the JSON.
     if std::env::var("RANK").map_or(true, |r| r == "0") {

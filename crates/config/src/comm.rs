@@ -23,9 +23,14 @@ pub enum FlagSlot {
     Done = 1,
     /// "My data of epoch e is in your staging area" (bulk staged path).
     Staged = 2,
-    /// Spare slots for fused kernels (tile arrival).
+    /// Fused kernels: chunk arrival (AllGather+GEMM: `(Tile0, src, chunk)` = launch epoch).
     Tile0 = 3,
+    /// Fused kernels: partial tiles landed (GEMM+ReduceScatter: `(Tile1, src, row tile)` counts
+    /// tiles, see [`CONSUMED_OFFSET`]).
     Tile1 = 4,
+    /// Fused kernels' buffer handshake (`(FusedReady, src, 0)` = launch epoch): kept apart from
+    /// the collectives' `Ready`, whose CTA-0 epochs follow another sequence.
+    FusedReady = 5,
 }
 
 impl FlagSlot {
@@ -37,13 +42,14 @@ impl FlagSlot {
             2 => Some(FlagSlot::Staged),
             3 => Some(FlagSlot::Tile0),
             4 => Some(FlagSlot::Tile1),
+            5 => Some(FlagSlot::FusedReady),
             _ => None,
         }
     }
 }
 
 /// Number of flag slots.
-pub const FLAG_SLOTS: u32 = 5;
+pub const FLAG_SLOTS: u32 = 6;
 /// The epoch counter of latency probes: the last CTA slot, which collectives never use (they
 /// launch at most `MAX_COMM_CTAS - 1` CTAs).
 pub const PROBE_COUNTER: u32 = MAX_COMM_CTAS - 1;
@@ -82,9 +88,15 @@ pub const FUSED_EPOCH_OFFSET: u64 = FIFO_HEAD_OFFSET + 8;
 /// CTAs of the current fused launch that have exited (u32).
 pub const FUSED_EXITS_OFFSET: u64 = FUSED_EPOCH_OFFSET + 8;
 
+/// GEMM+ReduceScatter: partial tiles of row tile `mt` from `src` this rank has already reduced,
+/// `[src][mt]` u64 (local). A producer adds one to `(Tile1, src, mt)` per tile it lands; the
+/// reducer waits for `consumed + tiles_n` and then advances `consumed`, so counters never reset
+/// and shapes may change between launches.
+pub const CONSUMED_OFFSET: u64 = FUSED_EXITS_OFFSET + 8;
+
 /// Bytes of the heap's control area (flags, epoch counters, error record, abort, inter-node
-/// flags, FIFO head, fused epoch), rounded to 64 KiB. The LL and staging areas follow, then user buffers.
-pub const HEAP_CONTROL_BYTES: u64 = (FUSED_EXITS_OFFSET + 8).div_ceil(65536) * 65536;
+/// flags, FIFO head, fused epoch, consumed counts), rounded to 64 KiB. The LL and staging areas follow, then user buffers.
+pub const HEAP_CONTROL_BYTES: u64 = (CONSUMED_OFFSET + (MAX_LOCAL_RANKS * MAX_COMM_CTAS) as u64 * 8).div_ceil(65536) * 65536;
 
 /// The proxy command FIFO as the device writes it. It mirrors `mkernel_proxy::protocol`
 /// (crates/proxy), whose tests assert that every number here matches.

@@ -23,3 +23,27 @@ pub struct AgGemmArgs {
     /// CTAs that move A; the rest of the grid computes.
     pub n_comm: u32,
 }
+
+/// `mk_gemm_rs_bf16_nk`'s argument block: `P_r = A_r * B_r^T` (M x N, K split over ranks),
+/// reduced over ranks by row chunk: rank r gets rows `[r * M / world, (r + 1) * M / world)`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct GemmRsArgs {
+    /// Device address of the rank's `CommDesc`.
+    pub desc: u64,
+    /// Tensor maps: A (M x K_local, box 64 x 128), B as N x K_local (box 64 x 256).
+    pub map_a: u64,
+    pub map_b: u64,
+    /// `map_recv[p]`: this rank's slot in rank p's receive buffer (`M / world` x N bf16,
+    /// box 64 x 64), as mapped here (a peer's over NVLink).
+    pub map_recv: [u64; 8],
+    /// Heap offset of the receive buffer: `world` slots of `M / world` x N bf16.
+    pub recv_off: u64,
+    /// This rank's output rows (local, `M / world` x N bf16).
+    pub out: u64,
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    /// CTAs that reduce; the rest of the grid computes.
+    pub n_reduce: u32,
+}

@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::runtime::Device;
 use crate::tensor_map::{encode_bf16_sw128, Tensor2d};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, PushKernelArg};
-use mkernel_config::fused::AgGemmArgs;
+use mkernel_config::fused::{AgGemmArgs, GemmRsArgs};
 use mkernel_config::{kernels, GemmTile};
 use std::sync::Arc;
 
@@ -112,5 +112,106 @@ impl AgGemmPlan {
     /// The gathered A (every rank's shard) in the heap.
     pub fn gathered(&self) -> SymBuffer {
         self.gathered
+    }
+}
+
+/// A planned GEMM + ReduceScatter: every rank holds `a` (`m` x `k_local`) and `b` (`n` x
+/// `k_local`, `nn.Linear` layout) with K split over ranks, and gets rows
+/// `[rank * m / world, (rank + 1) * m / world)` of `sum_r a_r * b_r^T` in `out` (`m / world` x
+/// `n` bf16, local), partial tiles summed in f32. `n_reduce` CTAs reduce; the rest compute.
+pub struct GemmRsPlan {
+    func: CudaFunction,
+    _maps: CudaSlice<u64>,
+    _args: CudaSlice<u8>,
+    args_addr: u64,
+    grid: u32,
+    n_reduce: u32,
+}
+
+impl GemmRsPlan {
+    /// Plans the fused GEMM + ReduceScatter (collective: every local rank plans the same shape).
+    ///
+    /// # Safety
+    /// `a`, `b`, `out` must hold the sizes above (16-byte aligned) and stay valid while the plan
+    /// is launched.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn new(comm: &mut Communicator, stream: &Arc<CudaStream>, a: u64, b: u64, out: u64, m: usize, n: usize, k_local: usize, n_reduce: u32) -> Result<GemmRsPlan> {
+        let op = "gemm_rs";
+        let world = comm.world() as usize;
+        let t = GemmTile::DEFAULT;
+        let bad = |reason: String| Err(Error::Shape { op, reason });
+        if comm.nnodes() > 1 {
+            return Err(Error::Unsupported("GEMM+ReduceScatter across nodes is not implemented yet (intra-node only)".into()));
+        }
+        if m == 0 || m % (world * t.block_m as usize) != 0 {
+            return bad(format!("m = {m} must be a positive multiple of world x {} = {}", t.block_m, world * t.block_m as usize));
+        }
+        if m / world / t.block_m as usize > mkernel_config::comm::MAX_COMM_CTAS as usize {
+            return bad(format!("m / world = {} is more than {} row tiles", m / world, mkernel_config::comm::MAX_COMM_CTAS));
+        }
+        if k_local == 0 || k_local % 8 != 0 || n == 0 || n % 8 != 0 {
+            return bad(format!("k_local = {k_local} and n = {n} must be positive multiples of 8"));
+        }
+        for (what, ptr) in [("A", a), ("B", b), ("out", out)] {
+            if ptr % 16 != 0 {
+                return Err(Error::Alignment { op, what, ptr, align: 16 });
+            }
+        }
+        let device: Device = comm.device().clone();
+        let sms = device.sm_count();
+        if n_reduce == 0 || n_reduce + 1 >= sms {
+            return bad(format!("n_reduce = {n_reduce}: between 1 and {}", sms - 2));
+        }
+        let chunk_rows = (m / world) as u64;
+        let slot_bytes = chunk_rows * n as u64 * 2;
+        let recv = comm.alloc(slot_bytes * world as u64)?;
+        let rank = comm.rank() as u64;
+        let (m64, n64, k64) = (m as u64, n as u64, k_local as u64);
+        let map_a = encode_bf16_sw128(Tensor2d { ptr: a, cols: k64, rows: m64, row_stride_bytes: 2 * k64 }, t.block_k, t.block_m)?;
+        let map_b = encode_bf16_sw128(Tensor2d { ptr: b, cols: k64, rows: n64, row_stride_bytes: 2 * k64 }, t.block_k, t.block_n)?;
+        let mut words = vec![0u64; 16 * (2 + world)];
+        words[..16].copy_from_slice(&map_a.opaque);
+        words[16..32].copy_from_slice(&map_b.opaque);
+        for p in 0..world {
+            let slot = comm.peer_ptr(p as u32, &recv) + rank * slot_bytes;
+            let map = encode_bf16_sw128(Tensor2d { ptr: slot, cols: n64, rows: chunk_rows, row_stride_bytes: 2 * n64 }, GemmTile::EPILOGUE_BOX_COLS, GemmTile::EPILOGUE_BOX_ROWS)?;
+            words[16 * (2 + p)..16 * (3 + p)].copy_from_slice(&map.opaque);
+        }
+        let maps = stream.clone_htod(&words)?;
+        let maps_addr = maps.device_ptr(stream).0;
+        let mut map_recv = [0u64; 8];
+        for (p, m) in map_recv.iter_mut().enumerate().take(world) {
+            *m = maps_addr + 128 * (2 + p as u64);
+        }
+        let args = GemmRsArgs {
+            desc: comm.desc_ptr(),
+            map_a: maps_addr,
+            map_b: maps_addr + 128,
+            map_recv,
+            recv_off: recv.offset,
+            out,
+            m: m as u32,
+            n: n as u32,
+            k: k_local as u32,
+            n_reduce,
+        };
+        // SAFETY: GemmRsArgs is repr(C) plain data.
+        let bytes = unsafe { std::slice::from_raw_parts(&args as *const GemmRsArgs as *const u8, std::mem::size_of::<GemmRsArgs>()) };
+        let args_dev = stream.clone_htod(bytes)?;
+        let args_addr = args_dev.device_ptr(stream).0;
+        Ok(GemmRsPlan { func: device.function(&kernels::GEMM_RS_NK)?, _maps: maps, _args: args_dev, args_addr, grid: sms, n_reduce })
+    }
+
+    /// Enqueues the fused kernel.
+    pub fn launch(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        let mut b = stream.launch_builder(&self.func);
+        b.arg(&self.args_addr);
+        // SAFETY: mk_gemm_rs_bf16_nk(args); buffers outlive launches (new's contract).
+        unsafe { b.launch(Device::launch_config(&kernels::GEMM_RS_NK, self.grid)) }?;
+        Ok(())
+    }
+    /// CTAs reducing, and in total.
+    pub fn split(&self) -> (u32, u32) {
+        (self.n_reduce, self.grid)
     }
 }

@@ -1,6 +1,9 @@
 //! Thread, warp, warpgroup and block indices.
 use core::arch::{asm, nvptx};
 
+/// Threads in a warpgroup.
+pub const WARPGROUP_THREADS: u32 = 128;
+
 /// `mov.u32 %r, %tid.x;`
 #[inline(always)]
 pub fn thread_idx() -> u32 {

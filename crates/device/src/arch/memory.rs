@@ -219,3 +219,14 @@ pub unsafe fn ld_v2(p: *const u8) -> [u32; 2] {
 pub unsafe fn st_v2(p: *mut u8, v: [u32; 2]) {
     unsafe { asm!("st.global.v2.u32 [{0}], {{{1}, {2}}};", in(reg64) p, in(reg32) v[0], in(reg32) v[1], options(nostack)) };
 }
+/// Release-ordered 64-bit add with no result: `red.release.{gpu,sys}.global.add.u64 [p], v;`
+#[inline(always)]
+pub unsafe fn red_release_add_u64(scope: Scope, p: *mut u64, v: u64) {
+    unsafe {
+        match scope {
+            Scope::Cta => asm!("red.release.cta.global.add.u64 [{0}], {1};", in(reg64) p, in(reg64) v, options(nostack)),
+            Scope::Gpu => asm!("red.release.gpu.global.add.u64 [{0}], {1};", in(reg64) p, in(reg64) v, options(nostack)),
+            Scope::Sys => asm!("red.release.sys.global.add.u64 [{0}], {1};", in(reg64) p, in(reg64) v, options(nostack)),
+        }
+    }
+}

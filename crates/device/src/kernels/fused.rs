@@ -23,9 +23,11 @@ use crate::gemm::producer::load_tile;
 use crate::gemm::ring::{Ring, RingPos};
 use crate::gemm::scheduler::TileScheduler;
 use crate::gemm::{BLayout, TILE};
-use mkernel_config::fused::AgGemmArgs;
+use crate::comm::move_data::{reduce, Dtype};
+use crate::gemm::scheduler::Tile;
+use mkernel_config::fused::{AgGemmArgs, GemmRsArgs};
 use mkernel_config::GemmTile;
-use mkernel_config::comm::{flag_offset, CommDesc, FlagSlot, Role, FUSED_EPOCH_OFFSET, FUSED_EXITS_OFFSET};
+use mkernel_config::comm::{flag_offset, CommDesc, FlagSlot, Role, CONSUMED_OFFSET, FUSED_EPOCH_OFFSET, FUSED_EXITS_OFFSET, MAX_COMM_CTAS};
 
 
 #[inline(always)]
@@ -77,14 +79,14 @@ unsafe fn comm_role(c: &CommCtx, a: &AgGemmArgs, idx: u32, chunks: u32, row_byte
     unsafe {
         // Our gathered buffer is free (our previous launch ended): tell the peers.
         if idx == 0 && t < c.world && t != c.rank {
-            memory::st_release_u64(Scope::Sys, (c.heap(t) + flag_offset(FlagSlot::Ready, c.rank, 0)) as *mut u64, c.epoch);
+            memory::st_release_u64(Scope::Sys, (c.heap(t) + flag_offset(FlagSlot::FusedReady, c.rank, 0)) as *mut u64, c.epoch);
         }
         let chunk_bytes = TILE.block_m as u64 * row_bytes;
         let shard_first_row = c.rank as u64 * chunks as u64 * TILE.block_m as u64;
         for kk in 1..c.world {
             let p = (c.rank + kk) % c.world;
             // Wait (one thread, bounded) until p's previous launch finished with its buffer.
-            let ok = t != 0 || wait_flag_of_cta(c, FlagSlot::Ready, p, 0, c.epoch);
+            let ok = t != 0 || wait_flag_of_cta(c, FlagSlot::FusedReady, p, 0, c.epoch);
             if sync::sync_threads_or(!ok) {
                 return;
             }
@@ -165,4 +167,147 @@ unsafe fn compute_role(c: &CommCtx, a: &AgGemmArgs, idx: u32, shard_rows: u32) {
         }
         drain_tma_stores();
     }
+}
+
+/// `mk_gemm_rs_bf16_nk`: GEMM + ReduceScatter. Every rank computes its partial product
+/// `P_r = A_r * B_r^T` (M x N; K is split over ranks) and rank `d` gets rows chunk `d` of
+/// `sum_r P_r`, summed in f32.
+/// - CTAs `n_reduce..` (Compute): the persistent GEMM, tile rows visited from the next rank's
+///   chunk on (own chunk last), so peers can start reducing early. Each output tile is stored
+///   with TMA straight into the destination rank's receive slot for this rank (over NVLink for
+///   peers); once the bulk stores completed, one thread adds 1 to `(Tile1, rank, row tile)` at
+///   the destination (`red.release.sys`). Before the first tile for a peer, it waits for the
+///   peer's `FusedReady` (its receive buffer is free).
+/// - CTAs `0..n_reduce` (role InterReduce reused as "reduce"): for each row tile of this rank's
+///   chunk, wait until every source's count reached `consumed + tiles_n`, sum the `world`
+///   slots in f32 (rank order) into the output, and advance `consumed`.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn mk_gemm_rs_bf16_nk(args: *const GemmRsArgs) {
+    let a = unsafe { &*args };
+    let reducer = ids::block_idx() < a.n_reduce;
+    let role = if reducer { Role::InterReduce } else { Role::Compute };
+    let mut c = unsafe { CommCtx::new(a.desc as *const CommDesc, 0, role) };
+    c.epoch = unsafe { launch_epoch(&c) };
+    let chunk_rows = a.m / c.world;
+    if reducer {
+        unsafe { reduce_role(&c, a, ids::block_idx(), chunk_rows) };
+    } else {
+        unsafe { rs_compute_role(&c, a, ids::block_idx() - a.n_reduce, chunk_rows) };
+    }
+    unsafe { exit_launch(&c, c.epoch) };
+}
+
+#[inline(always)]
+unsafe fn reduce_role(c: &CommCtx, a: &GemmRsArgs, idx: u32, chunk_rows: u32) {
+    let t = ids::thread_idx();
+    let local = c.heap(c.rank);
+    unsafe {
+        // Our receive buffer is free (our previous launch ended): tell the peers.
+        if idx == 0 && t < c.world && t != c.rank {
+            memory::st_release_u64(Scope::Sys, (c.heap(t) + flag_offset(FlagSlot::FusedReady, c.rank, 0)) as *mut u64, c.epoch);
+        }
+        let tiles_n = a.n.div_ceil(TILE.block_n) as u64;
+        let row_tiles = chunk_rows / TILE.block_m;
+        let slot_bytes = chunk_rows as u64 * a.n as u64 * 2;
+        let tile_bytes = TILE.block_m as u64 * a.n as u64 * 2;
+        let mut mt = idx;
+        while mt < row_tiles {
+            let consumed = |src: u32| (local + CONSUMED_OFFSET + ((src * MAX_COMM_CTAS + mt) as u64) * 8) as *mut u64;
+            let failed = t < c.world && !wait_flag_of_cta(c, FlagSlot::Tile1, t, mt, consumed(t).read_volatile() + tiles_n);
+            if sync::sync_threads_or(failed) {
+                return;
+            }
+            let mut srcs = [0u64; 8];
+            for r in 0..8u32 {
+                if r < c.world {
+                    srcs[r as usize] = local + a.recv_off + r as u64 * slot_bytes + mt as u64 * tile_bytes;
+                }
+            }
+            let mut dsts = [0u64; 8];
+            dsts[0] = a.out + mt as u64 * tile_bytes;
+            reduce(dsts, 1, srcs, c.world, tile_bytes / 16, Dtype::Bf16);
+            sync::sync_threads();
+            if t < c.world {
+                let p = consumed(t);
+                p.write_volatile(p.read_volatile() + tiles_n);
+            }
+            mt += a.n_reduce;
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn rs_compute_role(c: &CommCtx, a: &GemmRsArgs, idx: u32, chunk_rows: u32) {
+    let ring = Ring::new(smem::dynamic_smem_addr(), TILE);
+    let (map_a, map_b) = (TensorMap(a.map_a as *const u8), TensorMap(a.map_b as *const u8));
+    if ids::thread_idx() == 0 {
+        unsafe {
+            tma::prefetch(map_a);
+            tma::prefetch(map_b);
+            ring.init();
+        }
+    }
+    sync::sync_threads();
+    let k_blocks = a.k.div_ceil(TILE.block_k);
+    let n_compute = ids::grid_dim() - a.n_reduce;
+    let next_chunk_row_tile = ((c.rank + 1) % c.world) * chunk_rows / TILE.block_m;
+    let tiles = TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, TILE.group_m, idx, n_compute).starting_at_row(next_chunk_row_tile);
+    let wg = ids::warpgroup_idx();
+    let mut pos = RingPos::START;
+    if wg == 0 {
+        regs::setmaxnreg_dec::<{ GemmTile::FUSED.producer_regs }>();
+        if ids::thread_idx() == 0 {
+            for tile in tiles {
+                unsafe { load_tile(&ring, &mut pos, map_a, tile.m0, map_b, BLayout::Nk, tile, k_blocks) };
+            }
+        }
+    } else {
+        regs::setmaxnreg_inc::<{ GemmTile::FUSED.consumer_regs }>();
+        let first_consumer = ids::thread_idx() == 128;
+        let leader = ids::thread_in_warpgroup() == 0;
+        let mut ready: u32 = 1 << c.rank; // peers whose receive buffer we may write
+        let mut acc = [0f32; 128];
+        for tile in tiles {
+            let dest = tile.m0 / chunk_rows;
+            unsafe {
+                mma_tile(&ring, &mut pos, &mut acc, wg - 1, BLayout::Nk, k_blocks);
+                if ready & (1 << dest) == 0 {
+                    let ok = !first_consumer || wait_flag_of_cta(c, FlagSlot::FusedReady, dest, 0, c.epoch);
+                    // Both consumer warpgroups learn the outcome (named barrier 3, 256 threads).
+                    let failed = named_barrier_or(3, 2 * crate::arch::ids::WARPGROUP_THREADS, !ok);
+                    if failed {
+                        break;
+                    }
+                    ready |= 1 << dest;
+                }
+                let local_row = tile.m0 - dest * chunk_rows;
+                let map = TensorMap(*a.map_recv.as_ptr().add(dest as usize) as *const u8);
+                store_tile_tma(&ring, map, Tile { m0: local_row, n0: tile.n0 }, wg - 1, &acc);
+                if leader {
+                    tma::store_wait::<0>();
+                    memory::fence_proxy_async();
+                }
+                sync::named_barrier_sync(3, 2 * crate::arch::ids::WARPGROUP_THREADS);
+                if first_consumer {
+                    let counter = (c.heap(dest) + flag_offset(FlagSlot::Tile1, c.rank, local_row / TILE.block_m)) as *mut u64;
+                    memory::red_release_add_u64(Scope::Sys, counter, 1);
+                }
+            }
+        }
+        drain_tma_stores();
+    }
+}
+
+/// Named barrier `id` among `threads` threads that also ORs `pred` over them:
+/// `barrier.red.or.pred q, id, threads, p;`
+#[inline(always)]
+fn named_barrier_or(id: u32, threads: u32, pred: bool) -> bool {
+    let r: u32;
+    unsafe {
+        core::arch::asm!(
+            "{{ .reg .pred p, q; setp.ne.u32 p, {2}, 0; barrier.red.or.pred q, {0}, {1}, p; selp.u32 {3}, 1, 0, q; }}",
+            in(reg32) id, in(reg32) threads, in(reg32) pred as u32, out(reg32) r, options(nostack)
+        )
+    };
+    r != 0
 }
