@@ -125,7 +125,7 @@ pub fn run_rs(args: &Args) -> Result<Vec<Value>> {
         let (pp, pr) = (partial.device_ptr_mut(&stream).0, out_ref.device_ptr_mut(&stream).0);
         let mut best = (f64::INFINITY, 0u32, None);
         let mut sweep = vec![];
-        for n_reduce in [4u32, 8, 16] {
+        for n_reduce in [8u32, 16, 32, 48] {
             // SAFETY: buffers sized for the shape and alive for the whole case.
             let plan = unsafe { GemmRsPlan::new(&mut comm, &stream, pa, pb, po, m, n, kl, n_reduce)? };
             let mut f = || Ok(plan.launch(&stream)?);

@@ -267,10 +267,16 @@ unsafe fn rs_compute_role(c: &CommCtx, a: &GemmRsArgs, idx: u32, chunk_rows: u32
         let leader = ids::thread_in_warpgroup() == 0;
         let mut ready: u32 = 1 << c.rank; // peers whose receive buffer we may write
         let mut acc = [0f32; 128];
+        // The counter of the previous tile is raised only when this tile's epilogue starts: its
+        // bulk stores drained over NVLink during this tile's mainloop instead of stalling it.
+        let mut pending: Option<*mut u64> = None;
         for tile in tiles {
             let dest = tile.m0 / chunk_rows;
             unsafe {
                 mma_tile(&ring, &mut pos, &mut acc, wg - 1, BLayout::Nk, k_blocks);
+                if let Some(counter) = pending.take() {
+                    publish(counter, leader, first_consumer);
+                }
                 if ready & (1 << dest) == 0 {
                     let ok = !first_consumer || wait_flag_of_cta(c, FlagSlot::FusedReady, dest, 0, c.epoch);
                     // Both consumer warpgroups learn the outcome (named barrier 3, 256 threads).
@@ -283,18 +289,27 @@ unsafe fn rs_compute_role(c: &CommCtx, a: &GemmRsArgs, idx: u32, chunk_rows: u32
                 let local_row = tile.m0 - dest * chunk_rows;
                 let map = TensorMap(*a.map_recv.as_ptr().add(dest as usize) as *const u8);
                 store_tile_tma(&ring, map, Tile { m0: local_row, n0: tile.n0 }, wg - 1, &acc);
-                if leader {
-                    tma::store_wait::<0>();
-                    memory::fence_proxy_async();
-                }
-                sync::named_barrier_sync(3, 2 * crate::arch::ids::WARPGROUP_THREADS);
-                if first_consumer {
-                    let counter = (c.heap(dest) + flag_offset(FlagSlot::Tile1, c.rank, local_row / TILE.block_m)) as *mut u64;
-                    memory::red_release_add_u64(Scope::Sys, counter, 1);
-                }
+                pending = Some((c.heap(dest) + flag_offset(FlagSlot::Tile1, c.rank, local_row / TILE.block_m)) as *mut u64);
             }
         }
+        if let Some(counter) = pending {
+            unsafe { publish(counter, leader, first_consumer) };
+        }
         drain_tma_stores();
+    }
+}
+
+/// Waits until both consumer warpgroups' bulk stores of the last tile completed, then one
+/// thread adds 1 to that tile's row counter at its destination (`red.release.sys`).
+#[inline(always)]
+unsafe fn publish(counter: *mut u64, leader: bool, first_consumer: bool) {
+    if leader {
+        tma::store_wait::<0>();
+        memory::fence_proxy_async();
+    }
+    sync::named_barrier_sync(3, 2 * crate::arch::ids::WARPGROUP_THREADS);
+    if first_consumer {
+        unsafe { memory::red_release_add_u64(Scope::Sys, counter, 1) };
     }
 }
 
