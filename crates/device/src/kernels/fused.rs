@@ -35,6 +35,17 @@ unsafe fn launch_epoch(c: &CommCtx) -> u64 {
     unsafe { ((c.heap(c.rank) + FUSED_EPOCH_OFFSET) as *const u64).read_volatile() + 1 }
 }
 
+/// This launch's context, read from the descriptor. Each role builds its own after its
+/// `setmaxnreg` (rather than one built before the role split and kept live across it, which
+/// ptxas had to spill in the 56-register producer). Every warp reads the launch epoch before it
+/// exits, and the epoch only advances after the last warp exited, so all reads agree.
+#[inline(always)]
+unsafe fn fused_ctx(desc: u64, role: Role) -> CommCtx {
+    let mut c = unsafe { CommCtx::new(desc as *const CommDesc, 0, role) };
+    c.epoch = unsafe { launch_epoch(&c) };
+    c
+}
+
 /// The last warp of the launch to get here advances the launch epoch. Counted per warp with
 /// `bar.warp.sync` (no CTA-wide barrier: after the role split the producer's lane 0 runs long
 /// after the rest of its warpgroup, and an aligned CTA barrier reached divergently is undefined).
@@ -59,16 +70,14 @@ pub unsafe extern "ptx-kernel" fn mk_ag_gemm_bf16_nk(args: *const AgGemmArgs) {
     // copy passed by reference would live on the stack.
     let a = unsafe { &*args };
     let (role, role_idx) = if ids::block_idx() < a.n_comm { (Role::IntraComm, ids::block_idx()) } else { (Role::Compute, ids::block_idx() - a.n_comm) };
-    let mut c = unsafe { CommCtx::new(a.desc as *const CommDesc, 0, role) };
-    c.epoch = unsafe { launch_epoch(&c) };
-    let shard_rows = a.m / c.world;
-    let chunks = shard_rows / TILE.block_m;
-    let row_bytes = a.k as u64 * 2;
     if role == Role::IntraComm {
-        unsafe { comm_role(&c, a, role_idx, chunks, row_bytes) };
+        let c = unsafe { fused_ctx(a.desc, role) };
+        let shard_rows = a.m / c.world;
+        unsafe { comm_role(&c, a, role_idx, shard_rows / TILE.block_m, a.k as u64 * 2) };
     } else {
-        unsafe { compute_role(&c, a, role_idx, shard_rows) };
+        unsafe { compute_role(a, role_idx) };
     }
+    let c = unsafe { fused_ctx(a.desc, role) };
     unsafe { exit_launch(&c, c.epoch) };
 }
 
@@ -113,7 +122,7 @@ unsafe fn wait_chunk(c: &CommCtx, src: u32, chunk: u32) -> bool {
 
 /// The persistent GEMM over the gathered A, waiting for each 128-row chunk before loading it.
 #[inline(always)]
-unsafe fn compute_role(c: &CommCtx, a: &AgGemmArgs, idx: u32, shard_rows: u32) {
+unsafe fn compute_role(a: &AgGemmArgs, idx: u32) {
     let ring = Ring::new(smem::dynamic_smem_addr(), TILE);
     let (map_a, map_b, map_c) = (TensorMap(a.map_a as *const u8), TensorMap(a.map_b as *const u8), TensorMap(a.map_c as *const u8));
     let map_a_local = TensorMap(a.map_a_local as *const u8);
@@ -128,13 +137,18 @@ unsafe fn compute_role(c: &CommCtx, a: &AgGemmArgs, idx: u32, shard_rows: u32) {
     sync::sync_threads();
     let k_blocks = a.k.div_ceil(TILE.block_k);
     let n_compute = ids::grid_dim() - a.n_comm;
-    let first_row_tile = c.rank * shard_rows / TILE.block_m;
+    let rank = unsafe { (*(a.desc as *const CommDesc)).rank };
+    let world = unsafe { (*(a.desc as *const CommDesc)).world };
+    let shard_rows = a.m / world;
+    let first_row_tile = rank * shard_rows / TILE.block_m;
     let tiles = TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, TILE.group_m, idx, n_compute).starting_at_row(first_row_tile);
     let wg = ids::warpgroup_idx();
     let mut pos = RingPos::START;
     if wg == 0 {
         regs::setmaxnreg_dec::<{ GemmTile::FUSED.producer_regs }>();
         if ids::thread_idx() == 0 {
+            let c = unsafe { fused_ctx(a.desc, Role::Compute) };
+            let c = &c;
             let mut ready_row: u32 = u32::MAX; // last tile row known to have arrived
             for tile in tiles {
                 let src = tile.m0 / shard_rows;
@@ -186,14 +200,13 @@ pub unsafe extern "ptx-kernel" fn mk_gemm_rs_bf16_nk(args: *const GemmRsArgs) {
     let a = unsafe { &*args };
     let reducer = ids::block_idx() < a.n_reduce;
     let role = if reducer { Role::InterReduce } else { Role::Compute };
-    let mut c = unsafe { CommCtx::new(a.desc as *const CommDesc, 0, role) };
-    c.epoch = unsafe { launch_epoch(&c) };
-    let chunk_rows = a.m / c.world;
     if reducer {
-        unsafe { reduce_role(&c, a, ids::block_idx(), chunk_rows) };
+        let c = unsafe { fused_ctx(a.desc, role) };
+        unsafe { reduce_role(&c, a, ids::block_idx(), a.m / c.world) };
     } else {
-        unsafe { rs_compute_role(&c, a, ids::block_idx() - a.n_reduce, chunk_rows) };
+        unsafe { rs_compute_role(a, ids::block_idx() - a.n_reduce) };
     }
+    let c = unsafe { fused_ctx(a.desc, role) };
     unsafe { exit_launch(&c, c.epoch) };
 }
 
@@ -237,7 +250,7 @@ unsafe fn reduce_role(c: &CommCtx, a: &GemmRsArgs, idx: u32, chunk_rows: u32) {
 }
 
 #[inline(always)]
-unsafe fn rs_compute_role(c: &CommCtx, a: &GemmRsArgs, idx: u32, chunk_rows: u32) {
+unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
     let ring = Ring::new(smem::dynamic_smem_addr(), TILE);
     let (map_a, map_b) = (TensorMap(a.map_a as *const u8), TensorMap(a.map_b as *const u8));
     if ids::thread_idx() == 0 {
@@ -250,7 +263,10 @@ unsafe fn rs_compute_role(c: &CommCtx, a: &GemmRsArgs, idx: u32, chunk_rows: u32
     sync::sync_threads();
     let k_blocks = a.k.div_ceil(TILE.block_k);
     let n_compute = ids::grid_dim() - a.n_reduce;
-    let next_chunk_row_tile = ((c.rank + 1) % c.world) * chunk_rows / TILE.block_m;
+    let rank = unsafe { (*(a.desc as *const CommDesc)).rank };
+    let world = unsafe { (*(a.desc as *const CommDesc)).world };
+    let chunk_rows = a.m / world;
+    let next_chunk_row_tile = ((rank + 1) % world) * chunk_rows / TILE.block_m;
     let tiles = TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, TILE.group_m, idx, n_compute).starting_at_row(next_chunk_row_tile);
     let wg = ids::warpgroup_idx();
     let mut pos = RingPos::START;
@@ -263,6 +279,8 @@ unsafe fn rs_compute_role(c: &CommCtx, a: &GemmRsArgs, idx: u32, chunk_rows: u32
         }
     } else {
         regs::setmaxnreg_inc::<{ GemmTile::FUSED.consumer_regs }>();
+        let c = unsafe { fused_ctx(a.desc, Role::Compute) };
+        let c = &c;
         let first_consumer = ids::thread_idx() == 128;
         let leader = ids::thread_in_warpgroup() == 0;
         let mut ready: u32 = 1 << c.rank; // peers whose receive buffer we may write
