@@ -72,6 +72,41 @@ fn fused_collectives_ag_gemm_matches_cpu_reference() {
         }
         lines.push(format!("gemm_rs M {m} N {n} K_local {kl}, {n_reduce} reduce CTAs of {}, 3 launches: every element within tolerance", plan.split().1));
     }
+    // GEMM + AllReduce: every rank gets the whole sum (in the heap).
+    for (case, &(m, n, kl, n_reduce)) in [(1024usize, 512usize, 256usize, 4u32), (512, 1000, 136, 2)].iter().enumerate() {
+        let mut da = stream.alloc_zeros::<bf16>(m * kl).unwrap();
+        let mut db = stream.alloc_zeros::<bf16>(n * kl).unwrap();
+        let (pa, pb) = ({ let (p, _g) = da.device_ptr_mut(&stream); p }, { let (p, _g) = db.device_ptr_mut(&stream); p });
+        // SAFETY: buffers sized for the shape, alive until the end of the case.
+        let plan = unsafe { GemmRsPlan::new_all_reduce(&mut comm, &stream, pa, pb, m, n, kl, n_reduce) }.unwrap();
+        let out = plan.all_reduce_output().unwrap();
+        for rep in 0..3u64 {
+            let seed = 40_000 + 100 * case as u64 + 10 * rep;
+            let a_all: Vec<Vec<bf16>> = (0..world).map(|r| random_bf16(m * kl, seed + r as u64)).collect();
+            let b_all: Vec<Vec<bf16>> = (0..world).map(|r| random_bf16(n * kl, seed + 5 + r as u64)).collect();
+            stream.memcpy_htod(&a_all[rank], &mut da).unwrap();
+            stream.memcpy_htod(&b_all[rank], &mut db).unwrap();
+            stream.synchronize().unwrap();
+            plan.launch(&stream).unwrap();
+            stream.synchronize().unwrap();
+            comm.check().unwrap();
+            let mut raw = vec![0u8; m * n * 2];
+            // SAFETY: the plan's output holds m x n bf16 in this rank's heap.
+            unsafe { mkernel::cudarc::driver::result::memcpy_dtoh_sync(&mut raw, comm.ptr(&out)) }.unwrap();
+            let got: Vec<f64> = raw.chunks(2).map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f64()).collect();
+            let (mut want, mut scale) = (vec![0.0; m * n], vec![0.0; m * n]);
+            for r in 0..world {
+                let (p, s) = cpu_gemm(&a_all[r], &b_all[r], m, n, kl, BOrder::NxK);
+                for i in 0..m * n {
+                    want[i] += p[i];
+                    scale[i] += s[i];
+                }
+            }
+            let c = compare(&got, &want, &scale, 2.0 * BF16_OUT_REL, 2.0 * BF16_OUT_REL);
+            assert_eq!(c.wrong, 0, "rank {rank}: gemm_ar m {m} n {n} k_local {kl} rep {rep}: {c:?}");
+        }
+        lines.push(format!("gemm_ar M {m} N {n} K_local {kl}, {n_reduce} reduce CTAs, 3 launches: whole sum on every rank, every element within tolerance"));
+    }
     if rank == 0 {
         for l in lines {
             println!("[world {world}] {l}");

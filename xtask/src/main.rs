@@ -41,7 +41,7 @@ enum Task {
     },
     /// Run a benchmark: ours beside cuBLAS/NCCL in the same run; prints a table, writes JSON.
     Bench {
-        /// gemm | allgather | reducescatter | allreduce | proxy | ag-gemm | gemm-rs
+        /// gemm | allgather | reducescatter | allreduce | proxy | ag-gemm | gemm-rs | gemm-ar
         #[arg(long)]
         op: String,
         /// Collectives: processes (GPUs) to launch (default: every GPU nvidia-smi lists).
@@ -102,7 +102,7 @@ fn bench(op: &str, nproc: Option<usize>, rest: &[String]) -> Result<()> {
         argv.extend(["--json".into(), format!("results/{op}.json")]);
     }
     argv.extend(rest.iter().cloned());
-    let multi_rank = matches!(op, "allgather" | "reducescatter" | "allreduce" | "proxy" | "ag-gemm" | "gemm-rs");
+    let multi_rank = matches!(op, "allgather" | "reducescatter" | "allreduce" | "proxy" | "ag-gemm" | "gemm-rs" | "gemm-ar");
     if multi_rank && std::env::var("RANK").is_err() {
         let n = match nproc {
             Some(n) => n,

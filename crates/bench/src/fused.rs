@@ -95,19 +95,29 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
 /// sequence, GEMM alone and ReduceScatter alone. K is split over ranks (K / world per rank);
 /// every rank gets M / world rows of the M x N sum.
 pub fn run_rs(args: &Args) -> Result<Vec<Value>> {
+    run_reduce(args, false)
+}
+
+/// `--op gemm-ar`: fused GEMM + AllReduce beside cuBLAS GEMM + NCCL AllReduce in sequence.
+pub fn run_ar(args: &Args) -> Result<Vec<Value>> {
+    run_reduce(args, true)
+}
+
+fn run_reduce(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
     let boot = Bootstrap::from_env(Duration::from_secs(60))?;
     let info = boot.info().clone();
     let dev = Device::new(info.device())?;
     let (rank, world) = (info.rank(), info.world_size());
     let nccl = Nccl::new(&boot, rank, world)?;
     let shapes: Vec<(usize, usize, usize)> = [2048usize, 4096, 8192, 16384].iter().map(|&m| (m, 8192, 8192)).collect();
-    let heap: usize = shapes.iter().map(|s| 4 * s.0 * s.2 * 2).sum();
+    let heap: usize = shapes.iter().map(|s| 4 * s.0 * s.2 * 2 * if all_reduce { 2 } else { 1 }).sum();
     let mut comm = Communicator::new(&dev, boot, CommConfig { heap_bytes: heap as u64 + (64 << 20), ..Default::default() })?;
     let stream = dev.default_stream();
     let blas = CudaBlas::new(stream.clone())?;
     if rank == 0 {
-        println!("# GEMM+ReduceScatter, {world} ranks, bf16 (f32 sums); M K N global (K split over ranks, rows of C scattered); interleaved medians of {} runs", args.iters);
-        println!("{:>6} {:>6} {:>6} | {:>8} {:>9} | {:>11} {:>10} {:>10} | {:>8} {:>8} {:>7}", "M", "K", "N", "n_reduce", "ours(us)", "cublas+nccl", "gemm alone", "rs alone", "speedup", "overlap", "#wrong");
+        let what = if all_reduce { "GEMM+AllReduce (every rank gets C)" } else { "GEMM+ReduceScatter (rows of C scattered)" };
+        println!("# {what}, {world} ranks, bf16 (f32 sums); M K N global (K split over ranks); interleaved medians of {} runs", args.iters);
+        println!("{:>6} {:>6} {:>6} | {:>8} {:>9} | {:>11} {:>10} {:>10} | {:>8} {:>8} {:>7}", "M", "K", "N", "n_reduce", "ours(us)", "cublas+nccl", "gemm alone", "coll alone", "speedup", "overlap", "#wrong");
     }
     let mut rows = vec![];
     for (m, k, n) in shapes {
@@ -127,7 +137,9 @@ pub fn run_rs(args: &Args) -> Result<Vec<Value>> {
         let mut sweep = vec![];
         for n_reduce in [8u32, 16, 32, 48] {
             // SAFETY: buffers sized for the shape and alive for the whole case.
-            let plan = unsafe { GemmRsPlan::new(&mut comm, &stream, pa, pb, po, m, n, kl, n_reduce)? };
+            let plan = unsafe {
+                if all_reduce { GemmRsPlan::new_all_reduce(&mut comm, &stream, pa, pb, m, n, kl, n_reduce)? } else { GemmRsPlan::new(&mut comm, &stream, pa, pb, po, m, n, kl, n_reduce)? }
+            };
             let mut f = || Ok(plan.launch(&stream)?);
             let t = median_ms_interleaved(&stream, 2, 5, &mut [&mut f])?[0];
             comm.check()?;
@@ -139,16 +151,26 @@ pub fn run_rs(args: &Args) -> Result<Vec<Value>> {
         let plan = best.2.take().expect("a plan");
         let shape = GemmShape { m, n, k: kl, b_layout: BLayout::NxK };
         let mut ours = || Ok(plan.launch(&stream)?);
+        let mut ar_ref = stream.alloc_zeros::<bf16>(if all_reduce { m * n } else { 1 })?;
+        let par = ar_ref.device_ptr_mut(&stream).0;
         let mut baseline = || -> Result<()> {
             cublas_gemm(&blas, shape, &a, &b, &mut partial)?;
-            nccl.reduce_scatter(&stream, pp, pr, ms * n)
+            if all_reduce { nccl.all_reduce(&stream, pp, par, m * n) } else { nccl.reduce_scatter(&stream, pp, pr, ms * n) }
         };
         let mut gemm_alone = || cublas_gemm(&blas, shape, &a, &b, &mut partial_alone);
-        let mut rs_alone = || nccl.reduce_scatter(&stream, pp, pr, ms * n);
+        let mut rs_alone = || if all_reduce { nccl.all_reduce(&stream, pp, par, m * n) } else { nccl.reduce_scatter(&stream, pp, pr, ms * n) };
         let t = median_ms_interleaved(&stream, args.warmup, args.iters, &mut [&mut ours, &mut baseline, &mut gemm_alone, &mut rs_alone])?;
         comm.check()?;
         baseline()?;
-        let (x, y) = (stream.clone_dtoh(&out)?, stream.clone_dtoh(&out_ref)?);
+        let (x, y) = if all_reduce {
+            let mut raw = vec![0u8; m * n * 2];
+            let ours_out = plan.all_reduce_output().expect("an AllReduce plan");
+            // SAFETY: the plan's output holds m x n bf16 in this rank's heap.
+            unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut raw, comm.ptr(&ours_out))? };
+            (raw.chunks(2).map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]]))).collect::<Vec<_>>(), stream.clone_dtoh(&ar_ref)?)
+        } else {
+            (stream.clone_dtoh(&out)?, stream.clone_dtoh(&out_ref)?)
+        };
         let wrong = x.iter().zip(&y).filter(|(p, q)| {
             let (p, q) = (p.to_f32(), q.to_f32());
             !((p - q).abs() <= p.abs().max(q.abs()) / 32.0 + (k as f32).sqrt() * 2e-3)
@@ -158,7 +180,8 @@ pub fn run_rs(args: &Args) -> Result<Vec<Value>> {
             println!("{m:>6} {k:>6} {n:>6} | {:>8} {:>9.1} | {:>11.1} {:>10.1} {:>10.1} | {speedup:>8.3} {overlap:>8.3} {wrong:>7}", best.1, t[0] * 1e3, t[1] * 1e3, t[2] * 1e3, t[3] * 1e3);
         }
         rows.push(json!({ "m": m, "k": k, "n": n, "world": world, "rank": rank, "n_reduce": best.1, "sweep": sweep,
-            "ours_ms": t[0], "cublas_nccl_ms": t[1], "gemm_alone_ms": t[2], "rs_alone_ms": t[3],
+            "op": if all_reduce { "gemm-ar" } else { "gemm-rs" },
+            "ours_ms": t[0], "cublas_nccl_ms": t[1], "gemm_alone_ms": t[2], "coll_alone_ms": t[3],
             "speedup": speedup, "overlap_efficiency": overlap, "wrong": wrong }));
     }
     Ok(rows)

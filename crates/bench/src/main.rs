@@ -28,6 +28,8 @@ enum Op {
     AgGemm,
     /// Fused GEMM + ReduceScatter vs cuBLAS + NCCL ReduceScatter in sequence.
     GemmRs,
+    /// Fused GEMM + AllReduce vs cuBLAS + NCCL AllReduce in sequence.
+    GemmAr,
 }
 
 #[derive(Parser, Debug)]
@@ -72,6 +74,7 @@ fn main() -> Result<()> {
         Op::Proxy => proxy::run(&args)?,
         Op::AgGemm => fused::run(&args)?,
         Op::GemmRs => fused::run_rs(&args)?,
+        Op::GemmAr => fused::run_ar(&args)?,
     };
     // Under launch, rank 0 writes the JSON.
     if std::env::var("RANK").map_or(true, |r| r == "0") {

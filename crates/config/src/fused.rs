@@ -46,4 +46,11 @@ pub struct GemmRsArgs {
     pub k: u32,
     /// CTAs that reduce; the rest of the grid computes.
     pub n_reduce: u32,
+    /// 1: GEMM + AllReduce. The reduced row tiles are also stored into every peer's output, and
+    /// `out_off` (heap offset of an `M` x N bf16 buffer, same on every rank) receives the whole
+    /// sum on every rank; `out` is then unused. 0: GEMM + ReduceScatter into `out`.
+    pub all_reduce: u32,
+    pub _pad: u32,
+    /// Heap offset of the AllReduce output (`all_reduce == 1`).
+    pub out_off: u64,
 }

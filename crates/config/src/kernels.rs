@@ -62,7 +62,7 @@ pub const GEMM_RS_NK: KernelSpec = KernelSpec { name: "mk_gemm_rs_bf16_nk", ..GE
 /// them without failing. Each entry says why.
 pub const EXPERIMENTAL: &[(&str, &str)] = &[(
     "mk_gemm_rs_bf16_nk",
-    "ptxas spills ~68 bytes in the consumer region (the destination bookkeeping next to 128 accumulators); correct on 2 x H200, a few L1-cached reloads per K block (docs/fused.md)",
+    "ptxas spills ~80 bytes (consumer destination bookkeeping next to 128 accumulators; reducers' per-destination addresses); correct on 2 x H200, L1-cached reloads (docs/fused.md)",
 )];
 
 /// Every kernel entry in the embedded PTX.

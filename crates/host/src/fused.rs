@@ -126,6 +126,8 @@ pub struct GemmRsPlan {
     args_addr: u64,
     grid: u32,
     n_reduce: u32,
+    /// GEMM + AllReduce: the whole `m` x `n` sum, in the heap (same offset on every rank).
+    ar_out: Option<SymBuffer>,
 }
 
 impl GemmRsPlan {
@@ -136,7 +138,28 @@ impl GemmRsPlan {
     /// is launched.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn new(comm: &mut Communicator, stream: &Arc<CudaStream>, a: u64, b: u64, out: u64, m: usize, n: usize, k_local: usize, n_reduce: u32) -> Result<GemmRsPlan> {
-        let op = "gemm_rs";
+        unsafe { Self::build(comm, stream, a, b, Some(out), m, n, k_local, n_reduce) }
+    }
+
+    /// Plans GEMM + AllReduce: as [`GemmRsPlan::new`], but every rank gets the whole
+    /// `m` x `n` sum, in a heap buffer the plan reserves ([`GemmRsPlan::all_reduce_output`]):
+    /// each reduced row tile is stored into every rank's output over NVLink.
+    ///
+    /// # Safety
+    /// As [`GemmRsPlan::new`] (without `out`).
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn new_all_reduce(comm: &mut Communicator, stream: &Arc<CudaStream>, a: u64, b: u64, m: usize, n: usize, k_local: usize, n_reduce: u32) -> Result<GemmRsPlan> {
+        unsafe { Self::build(comm, stream, a, b, None, m, n, k_local, n_reduce) }
+    }
+
+    /// The AllReduce output in the heap (`None` for a ReduceScatter plan).
+    pub fn all_reduce_output(&self) -> Option<SymBuffer> {
+        self.ar_out
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn build(comm: &mut Communicator, stream: &Arc<CudaStream>, a: u64, b: u64, out: Option<u64>, m: usize, n: usize, k_local: usize, n_reduce: u32) -> Result<GemmRsPlan> {
+        let op = if out.is_some() { "gemm_rs" } else { "gemm_ar" };
         let world = comm.world() as usize;
         let t = GemmTile::DEFAULT;
         let bad = |reason: String| Err(Error::Shape { op, reason });
@@ -152,7 +175,7 @@ impl GemmRsPlan {
         if k_local == 0 || k_local % 8 != 0 || n == 0 || n % 8 != 0 {
             return bad(format!("k_local = {k_local} and n = {n} must be positive multiples of 8"));
         }
-        for (what, ptr) in [("A", a), ("B", b), ("out", out)] {
+        for (what, ptr) in [("A", a), ("B", b), ("out", out.unwrap_or(0))] {
             if ptr % 16 != 0 {
                 return Err(Error::Alignment { op, what, ptr, align: 16 });
             }
@@ -165,6 +188,7 @@ impl GemmRsPlan {
         let chunk_rows = (m / world) as u64;
         let slot_bytes = chunk_rows * n as u64 * 2;
         let recv = comm.alloc(slot_bytes * world as u64)?;
+        let ar_out = if out.is_none() { Some(comm.alloc((m * n * 2) as u64)?) } else { None };
         let rank = comm.rank() as u64;
         let (m64, n64, k64) = (m as u64, n as u64, k_local as u64);
         let map_a = encode_bf16_sw128(Tensor2d { ptr: a, cols: k64, rows: m64, row_stride_bytes: 2 * k64 }, t.block_k, t.block_m)?;
@@ -189,17 +213,20 @@ impl GemmRsPlan {
             map_b: maps_addr + 128,
             map_recv,
             recv_off: recv.offset,
-            out,
+            out: out.unwrap_or(0),
             m: m as u32,
             n: n as u32,
             k: k_local as u32,
             n_reduce,
+            all_reduce: ar_out.is_some() as u32,
+            _pad: 0,
+            out_off: ar_out.map_or(0, |b| b.offset),
         };
         // SAFETY: GemmRsArgs is repr(C) plain data.
         let bytes = unsafe { std::slice::from_raw_parts(&args as *const GemmRsArgs as *const u8, std::mem::size_of::<GemmRsArgs>()) };
         let args_dev = stream.clone_htod(bytes)?;
         let args_addr = args_dev.device_ptr(stream).0;
-        Ok(GemmRsPlan { func: device.function(&kernels::GEMM_RS_NK)?, _maps: maps, _args: args_dev, args_addr, grid: sms, n_reduce })
+        Ok(GemmRsPlan { func: device.function(&kernels::GEMM_RS_NK)?, _maps: maps, _args: args_dev, args_addr, grid: sms, n_reduce, ar_out })
     }
 
     /// Enqueues the fused kernel.

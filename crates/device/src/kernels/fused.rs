@@ -237,14 +237,47 @@ unsafe fn reduce_role(c: &CommCtx, a: &GemmRsArgs, idx: u32, chunk_rows: u32) {
                 }
             }
             let mut dsts = [0u64; 8];
-            dsts[0] = a.out + mt as u64 * tile_bytes;
-            reduce(dsts, 1, srcs, c.world, tile_bytes / 16, Dtype::Bf16);
+            let ndst = if a.all_reduce != 0 {
+                // AllReduce: the reduced rows go to their place in every rank's output (NVLink
+                // stores for the peers) once each peer's buffers are free.
+                let failed = t < c.world && t != c.rank && !wait_flag_of_cta(c, FlagSlot::FusedReady, t, 0, c.epoch);
+                if sync::sync_threads_or(failed) {
+                    return;
+                }
+                let row_off = (c.rank as u64 * chunk_rows as u64 + mt as u64 * TILE.block_m as u64) * a.n as u64 * 2;
+                for r in 0..8u32 {
+                    if r < c.world {
+                        dsts[r as usize] = c.heap(r) + a.out_off + row_off;
+                    }
+                }
+                c.world
+            } else {
+                dsts[0] = a.out + mt as u64 * tile_bytes;
+                1
+            };
+            reduce(dsts, ndst, srcs, c.world, tile_bytes / 16, Dtype::Bf16);
             sync::sync_threads();
             if t < c.world {
                 let p = consumed(t);
                 p.write_volatile(p.read_volatile() + tiles_n);
+                if a.all_reduce != 0 && t != c.rank {
+                    // "Row tile mt of my chunk is in your output."
+                    memory::st_release_u64(Scope::Sys, (c.heap(t) + flag_offset(FlagSlot::Tile0, c.rank, mt)) as *mut u64, c.epoch);
+                }
             }
             mt += a.n_reduce;
+        }
+        if a.all_reduce != 0 {
+            // The launch ends only when the peers' reduced rows are in our output: this CTA
+            // waits for the same row tiles of every peer's chunk.
+            let mut mt = idx;
+            while mt < row_tiles {
+                let failed = t < c.world && t != c.rank && !wait_flag_of_cta(c, FlagSlot::Tile0, t, mt, c.epoch);
+                if sync::sync_threads_or(failed) {
+                    return;
+                }
+                mt += a.n_reduce;
+            }
         }
     }
 }
