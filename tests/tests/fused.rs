@@ -58,14 +58,7 @@ fn fused_collectives_ag_gemm_matches_cpu_reference() {
             stream.synchronize().unwrap();
             comm.check().unwrap();
             let got: Vec<f64> = stream.clone_dtoh(&dout).unwrap().iter().map(|x| x.to_f64()).collect();
-            let (mut want, mut scale) = (vec![0.0; ms * n], vec![0.0; ms * n]);
-            for r in 0..world {
-                let (p, s) = cpu_gemm(&a_all[r][rank * ms * kl..(rank + 1) * ms * kl], &b_all[r], ms, n, kl, BOrder::NxK);
-                for i in 0..ms * n {
-                    want[i] += p[i];
-                    scale[i] += s[i];
-                }
-            }
+            let (want, scale) = sum_of_partials(&a_all, &b_all, rank * ms..(rank + 1) * ms, n, kl);
             // Partials are rounded to bf16 before the f32 sum: two bf16 roundings.
             let c = compare(&got, &want, &scale, 2.0 * BF16_OUT_REL, 2.0 * BF16_OUT_REL);
             assert_eq!(c.wrong, 0, "rank {rank}: gemm_rs m {m} n {n} k_local {kl} n_reduce {n_reduce} rep {rep}: {c:?}");
@@ -94,14 +87,7 @@ fn fused_collectives_ag_gemm_matches_cpu_reference() {
             // SAFETY: the plan's output holds m x n bf16 in this rank's heap.
             unsafe { mkernel::cudarc::driver::result::memcpy_dtoh_sync(&mut raw, comm.ptr(&out)) }.unwrap();
             let got: Vec<f64> = raw.chunks(2).map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f64()).collect();
-            let (mut want, mut scale) = (vec![0.0; m * n], vec![0.0; m * n]);
-            for r in 0..world {
-                let (p, s) = cpu_gemm(&a_all[r], &b_all[r], m, n, kl, BOrder::NxK);
-                for i in 0..m * n {
-                    want[i] += p[i];
-                    scale[i] += s[i];
-                }
-            }
+            let (want, scale) = sum_of_partials(&a_all, &b_all, 0..m, n, kl);
             let c = compare(&got, &want, &scale, 2.0 * BF16_OUT_REL, 2.0 * BF16_OUT_REL);
             assert_eq!(c.wrong, 0, "rank {rank}: gemm_ar m {m} n {n} k_local {kl} rep {rep}: {c:?}");
         }
@@ -112,4 +98,19 @@ fn fused_collectives_ag_gemm_matches_cpu_reference() {
             println!("[world {world}] {l}");
         }
     }
+}
+
+/// CPU reference of `sum_r a_r[rows] * b_r^T` (every rank's partial product, rows of A given),
+/// with the per-element scale of `compare`.
+fn sum_of_partials(a_all: &[Vec<bf16>], b_all: &[Vec<bf16>], rows: std::ops::Range<usize>, n: usize, kl: usize) -> (Vec<f64>, Vec<f64>) {
+    let m = rows.len();
+    let (mut want, mut scale) = (vec![0.0; m * n], vec![0.0; m * n]);
+    for (a, b) in a_all.iter().zip(b_all) {
+        let (p, s) = cpu_gemm(&a[rows.start * kl..rows.end * kl], b, m, n, kl, BOrder::NxK);
+        for i in 0..m * n {
+            want[i] += p[i];
+            scale[i] += s[i];
+        }
+    }
+    (want, scale)
 }
