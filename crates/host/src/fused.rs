@@ -30,6 +30,21 @@ pub struct AgGemmPlan {
 }
 
 impl AgGemmPlan {
+    /// [`AgGemmPlan::new`] on cudarc buffers (lengths checked): `a_shard` holds `m / world` x
+    /// `k`, `b` holds `n` x `k`, `c` holds `m` x `n`. The buffers must outlive every launch of
+    /// the plan (they are borrowed only while planning).
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_slices(comm: &mut Communicator, stream: &Arc<CudaStream>, a_shard: &CudaSlice<half::bf16>, b: &CudaSlice<half::bf16>, c: &mut CudaSlice<half::bf16>, m: usize, n: usize, k: usize, n_comm: u32) -> Result<AgGemmPlan> {
+        let world = comm.world() as usize;
+        check_len(OP, "A shard", a_shard.len(), m / world.max(1) * k)?;
+        check_len(OP, "B", b.len(), n * k)?;
+        check_len(OP, "C", c.len(), m * n)?;
+        let (pa, pb) = (a_shard.device_ptr(stream).0, b.device_ptr(stream).0);
+        let pc = { use cudarc::driver::DevicePtrMut; c.device_ptr_mut(stream).0 };
+        // SAFETY: lengths checked above; the caller keeps the buffers alive (documented).
+        unsafe { Self::new(comm, stream, pa, pb, pc, m, n, k, n_comm) }
+    }
+
     /// Plans `c = gather_rows(a_shard) * b^T` (`c`: `m` x `n`; `b`: `n` x `k`; `a_shard`:
     /// `m / world` x `k`; device addresses, 16-byte aligned). `n_comm` CTAs move A; the rest of
     /// the GPU's SMs compute. Collective: every local rank plans the same shape.
@@ -131,6 +146,21 @@ pub struct GemmRsPlan {
 }
 
 impl GemmRsPlan {
+    /// [`GemmRsPlan::new`] on cudarc buffers (lengths checked): `a` holds `m` x `k_local`, `b`
+    /// holds `n` x `k_local`, `out` holds `m / world` x `n`. The buffers must outlive every
+    /// launch of the plan.
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_slices(comm: &mut Communicator, stream: &Arc<CudaStream>, a: &CudaSlice<half::bf16>, b: &CudaSlice<half::bf16>, out: &mut CudaSlice<half::bf16>, m: usize, n: usize, k_local: usize, n_reduce: u32) -> Result<GemmRsPlan> {
+        let world = comm.world() as usize;
+        check_len("gemm_rs", "A", a.len(), m * k_local)?;
+        check_len("gemm_rs", "B", b.len(), n * k_local)?;
+        check_len("gemm_rs", "out", out.len(), m / world.max(1) * n)?;
+        let (pa, pb) = (a.device_ptr(stream).0, b.device_ptr(stream).0);
+        let po = { use cudarc::driver::DevicePtrMut; out.device_ptr_mut(stream).0 };
+        // SAFETY: lengths checked above; the caller keeps the buffers alive (documented).
+        unsafe { Self::new(comm, stream, pa, pb, po, m, n, k_local, n_reduce) }
+    }
+
     /// Plans the fused GEMM + ReduceScatter (collective: every local rank plans the same shape).
     ///
     /// # Safety
@@ -241,4 +271,11 @@ impl GemmRsPlan {
     pub fn split(&self) -> (u32, u32) {
         (self.n_reduce, self.grid)
     }
+}
+
+fn check_len(op: &'static str, what: &'static str, have: usize, need: usize) -> Result<()> {
+    if have < need {
+        return Err(Error::BufferTooSmall { op, what, have, need });
+    }
+    Ok(())
 }
