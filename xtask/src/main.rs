@@ -51,6 +51,19 @@ enum Task {
         #[arg(last = true)]
         rest: Vec<String>,
     },
+    /// Search the SM split of a fused op per shape (the benchmark's sweep) and store the best in
+    /// the tune cache the library reads (`$MKERNEL_TUNE_FILE`, else `mkernel-tune.txt`).
+    Tune {
+        /// ag-gemm | gemm-rs | gemm-ar
+        #[arg(long)]
+        op: String,
+        /// Processes (GPUs) to launch (default: every GPU nvidia-smi lists).
+        #[arg(long)]
+        nproc: Option<usize>,
+        /// Extra arguments for mkernel-bench (e.g. `-- --filter 16384`).
+        #[arg(last = true)]
+        rest: Vec<String>,
+    },
     /// Start one process per GPU with torchrun-style variables (RANK, LOCAL_RANK, WORLD_SIZE,
     /// LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT, MKERNEL_JOB_KEY).
     Launch(launch::LaunchArgs),
@@ -63,6 +76,14 @@ fn main() -> Result<()> {
         Task::Bundle { exclude } => bundle::run(&exclude),
         Task::Bench { op, nproc, rest } => bench(&op, nproc, &rest),
         Task::Launch(args) => launch::run(args),
+        Task::Tune { op, nproc, rest } => {
+            anyhow::ensure!(matches!(op.as_str(), "ag-gemm" | "gemm-rs" | "gemm-ar"), "tune --op must be ag-gemm, gemm-rs or gemm-ar");
+            let file = std::env::var("MKERNEL_TUNE_FILE").unwrap_or_else(|_| "mkernel-tune.txt".into());
+            let file = std::path::absolute(&file)?.display().to_string();
+            let mut rest = rest;
+            rest.extend(["--tune-out".to_string(), file]);
+            bench(&op, nproc, &rest)
+        }
     }
 }
 

@@ -15,8 +15,20 @@ use mkernel::fused::{AgGemmPlan, GemmRsPlan};
 use mkernel::gemm::{BLayout, GemmShape};
 use mkernel::{CommConfig, Communicator, Device};
 use mkernel_tests::data::random_bf16;
+use mkernel::tune::{parse, render, TuneKey};
 use serde_json::{json, Value};
 use std::time::Duration;
+
+/// Appends `key -> split` to the tune cache (rank 0 only; later lines win when read).
+fn record_split(args: &Args, rank: usize, key: TuneKey, split: u32) -> Result<()> {
+    let (Some(path), 0) = (&args.tune_out, rank) else { return Ok(()) };
+    let mut entries = std::fs::read_to_string(path).map(|t| parse(&t)).unwrap_or_default();
+    entries.retain(|(k, _)| *k != key);
+    println!("# tune: {} world {} m {} n {} k {} -> split {split} (written to {})", key.op, key.world, key.m, key.n, key.k, path.display());
+    entries.push((key, split));
+    std::fs::write(path, render(&entries))?;
+    Ok(())
+}
 
 pub fn run(args: &Args) -> Result<Vec<Value>> {
     let boot = Bootstrap::from_env(Duration::from_secs(60))?;
@@ -63,6 +75,7 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
             }
         }
         let plan = best.2.take().expect("a plan");
+        record_split(args, rank, TuneKey { op: "ag-gemm".into(), world: world as u32, m, n: nl, k }, best.1)?;
         let shape = GemmShape { m, n: nl, k, b_layout: BLayout::NxK };
         let mut ours = || Ok(plan.launch(&stream)?);
         let mut baseline = || -> Result<()> {
@@ -149,6 +162,8 @@ fn run_reduce(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
             }
         }
         let plan = best.2.take().expect("a plan");
+        let op = if all_reduce { "gemm-ar" } else { "gemm-rs" };
+        record_split(args, rank, TuneKey { op: op.into(), world: world as u32, m, n, k }, best.1)?;
         let shape = GemmShape { m, n, k: kl, b_layout: BLayout::NxK };
         let mut ours = || Ok(plan.launch(&stream)?);
         let mut ar_ref = stream.alloc_zeros::<bf16>(if all_reduce { m * n } else { 1 })?;

@@ -62,6 +62,9 @@ struct Args {
     /// Collectives: CTAs of our kernels (default: by size).
     #[arg(long)]
     ctas: Option<u32>,
+    /// Fused ops: append the best SM split per shape to this tune cache (`cargo xtask tune`).
+    #[arg(long)]
+    tune_out: Option<std::path::PathBuf>,
 }
 
 fn main() -> Result<()> {

@@ -47,7 +47,8 @@ impl AgGemmPlan {
 
     /// Plans `c = gather_rows(a_shard) * b^T` (`c`: `m` x `n`; `b`: `n` x `k`; `a_shard`:
     /// `m / world` x `k`; device addresses, 16-byte aligned). `n_comm` CTAs move A; the rest of
-    /// the GPU's SMs compute. Collective: every local rank plans the same shape.
+    /// the GPU's SMs compute; 0 takes the split from the tune cache ([`crate::tune`]).
+    /// Collective: every local rank plans the same shape.
     ///
     /// # Safety
     /// The buffers must hold the sizes above and stay valid while the plan is launched.
@@ -75,6 +76,7 @@ impl AgGemmPlan {
         }
         let device: Device = comm.device().clone();
         let sms = device.sm_count();
+        let n_comm = crate::tune::split_for(n_comm, &crate::tune::TuneKey { op: "ag-gemm".into(), world: world as u32, m, n, k });
         if n_comm == 0 || n_comm + 1 >= sms {
             return bad(format!("n_comm = {n_comm}: between 1 and {} (the GPU has {sms} SMs)", sms - 2));
         }
@@ -212,6 +214,8 @@ impl GemmRsPlan {
         }
         let device: Device = comm.device().clone();
         let sms = device.sm_count();
+        let tune_op = if out.is_some() { "gemm-rs" } else { "gemm-ar" };
+        let n_reduce = crate::tune::split_for(n_reduce, &crate::tune::TuneKey { op: tune_op.into(), world: world as u32, m, n, k: k_local * world });
         if n_reduce == 0 || n_reduce + 1 >= sms {
             return bad(format!("n_reduce = {n_reduce}: between 1 and {}", sms - 2));
         }

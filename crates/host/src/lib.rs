@@ -18,6 +18,7 @@ pub mod gemm;
 pub mod ptx;
 pub mod runtime;
 pub mod tensor_map;
+pub mod tune;
 
 pub use cudarc;
 pub use error::{Error, Result};
