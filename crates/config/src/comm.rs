@@ -195,6 +195,19 @@ pub struct ErrorRecord {
     pub waited_ns: u64,
 }
 
+/// What a stalled wait waited for, as written into [`ErrorRecord::slot`]: a [`FlagSlot`]
+/// (0..FLAG_SLOTS) or one of the inter-node waits below.
+pub mod wait_code {
+    /// An inter-node `Ready` flag.
+    pub const REMOTE_READY: u32 = 16;
+    /// An inter-node `Data` (or probe) flag.
+    pub const REMOTE_DATA: u32 = 17;
+    /// Space in the proxy FIFO.
+    pub const FIFO_SPACE: u32 = 18;
+    /// The proxy's completion watermark (`done`).
+    pub const FIFO_DONE: u32 = 19;
+}
+
 /// Error codes of [`ErrorRecord`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]

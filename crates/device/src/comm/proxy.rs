@@ -10,11 +10,7 @@ use super::CommCtx;
 use crate::arch::{memory, memory::Scope, time};
 use mkernel_config::comm::{fifo, remote_flag_offset, RemoteSlot, ABORT_OFFSET, FIFO_HEAD_OFFSET};
 
-/// What a stalled inter-node wait was waiting for (the error record's `slot`).
-pub const WAIT_REMOTE_READY: u32 = 16;
-pub const WAIT_REMOTE_DATA: u32 = 17;
-pub const WAIT_FIFO_SPACE: u32 = 18;
-pub const WAIT_FIFO_DONE: u32 = 19;
+use mkernel_config::comm::wait_code::{FIFO_DONE as WAIT_FIFO_DONE, FIFO_SPACE as WAIT_FIFO_SPACE, REMOTE_DATA as WAIT_REMOTE_DATA, REMOTE_READY as WAIT_REMOTE_READY};
 
 /// One command.
 #[derive(Clone, Copy)]

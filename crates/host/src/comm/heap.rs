@@ -89,18 +89,34 @@ impl SymmetricHeap {
         let own_fd = unsafe { OwnedFd::from_raw_fd(raw_fd) };
         let info = boot.info().clone();
         let local_rank = info.local_rank();
-        let fds = boot.exchange_fds(&[own_fd.as_fd()], timeout)?;
-        let mut mappings = Vec::with_capacity(fds.len());
-        for (peer, peer_fds) in fds.into_iter().enumerate() {
-            if peer == local_rank {
-                let va = map(handle, bytes, gran, device)?;
-                mappings.push(Mapping { va, handle, bytes });
-            } else {
-                let fd = peer_fds.into_iter().next().ok_or_else(|| Error::Shape { op: "symmetric heap", reason: format!("local rank {peer} sent no memory handle") })?;
-                mappings.push(import_and_map(&fd, bytes, device)?);
+        // Until our own allocation is mapped (and then owned by its `Mapping`), release it on
+        // every error path.
+        let mut own_unmapped = Some(handle);
+        let result = (|| {
+            let fds = boot.exchange_fds(&[own_fd.as_fd()], timeout)?;
+            let mut mappings = Vec::with_capacity(fds.len());
+            for (peer, peer_fds) in fds.into_iter().enumerate() {
+                if peer == local_rank {
+                    let va = map(handle, bytes, gran, device)?;
+                    own_unmapped = None;
+                    mappings.push(Mapping { va, handle, bytes });
+                } else {
+                    let fd = peer_fds.into_iter().next().ok_or_else(|| Error::Shape { op: "symmetric heap", reason: format!("local rank {peer} sent no memory handle") })?;
+                    mappings.push(import_and_map(&fd, bytes, device)?);
+                }
+            }
+            Ok(mappings)
+        })();
+        match result {
+            Ok(mappings) => Ok(SymmetricHeap { bytes, mappings, local_rank, own_fd }),
+            Err(e) => {
+                if let Some(h) = own_unmapped {
+                    // SAFETY: created above, never mapped; mapped peers were dropped with `result`.
+                    unsafe { sys::cuMemRelease(h) };
+                }
+                Err(e)
             }
         }
-        Ok(SymmetricHeap { bytes, mappings, local_rank, own_fd })
     }
 
     /// Bytes of each rank's heap.

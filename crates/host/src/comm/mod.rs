@@ -353,16 +353,15 @@ impl Communicator {
     }
 }
 
-/// What the error record's `slot` says was awaited (flag slots, then the device's inter-node
-/// wait codes of crates/device/src/comm/proxy.rs).
+/// What the error record's `slot` says was awaited (`mkernel_config::comm::wait_code`).
 fn wait_name(code: u32) -> String {
-    match (FlagSlot::from_u32(code), code) {
-        (Some(s), _) => format!("{s:?}"),
-        (None, 16) => "inter-node Ready".into(),
-        (None, 17) => "inter-node Data".into(),
-        (None, 18) => "proxy FIFO space".into(),
-        (None, 19) => "proxy completion (done)".into(),
-        (None, c) => format!("wait code {c}"),
+    use mkernel_config::comm::wait_code as w;
+    match code {
+        w::REMOTE_READY => "inter-node Ready".into(),
+        w::REMOTE_DATA => "inter-node Data".into(),
+        w::FIFO_SPACE => "proxy FIFO space".into(),
+        w::FIFO_DONE => "proxy completion (done)".into(),
+        c => FlagSlot::from_u32(c).map(|s| format!("{s:?}")).unwrap_or_else(|| format!("wait code {c}")),
     }
 }
 
