@@ -175,7 +175,9 @@ pub fn run(args: LaunchArgs) -> Result<()> {
     }
     for (i, (_, child)) in children.iter_mut().enumerate() {
         if running[i] {
-            let _ = Command::new("kill").args(["-KILL", &format!("-{}", child.id())]).status();
+            // `kill -s KILL -- -PGID`: procps-ng parses `kill -KILL -PGID` differently (it returned 0
+            // without signalling the group here, and took down unrelated processes).
+            let _ = Command::new("kill").args(["-s", "KILL", "--", &format!("-{}", child.id())]).status();
             let _ = child.kill();
             let _ = child.wait();
         }
