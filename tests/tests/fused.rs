@@ -1,103 +1,182 @@
-//! Fused AllGather + GEMM across ranks (one process per GPU) against a CPU reference.
+//! Fused AllGather + GEMM, GEMM + ReduceScatter and GEMM + AllReduce across ranks (one process
+//! per GPU) against a CPU reference, launched directly and replayed from CUDA graphs.
 //! Run: `bundle/xtask launch -n 2 -- bundle/tests/mkernel-tests-fused`.
 use half::bf16;
-use mkernel::cudarc::driver::{DevicePtr, DevicePtrMut};
+use mkernel::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use mkernel::cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 use mkernel::fused::{AgGemmPlan, GemmRsPlan};
 use mkernel::{CommConfig, Communicator};
 use mkernel_tests::data::random_bf16;
 use mkernel_tests::gpu::launched_rank_or_skip;
 use mkernel_tests::reference::{compare, gemm as cpu_gemm, BOrder, BF16_OUT_REL, F32_ACC};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Launches of every case, each on new inputs.
+const REPS: u64 = 3;
+/// AllGather + GEMM cases: M, N, K (global M; A sharded by rows), comm CTAs.
+const AG_CASES: [(usize, usize, usize, u32); 4] = [(1024, 512, 256, 4), (2048, 768, 1024, 8), (4096, 256, 512, 16), (1024, 1000, 136, 1)];
+/// GEMM + ReduceScatter cases: M, N, K per rank, parts per row chunk (1 where it does not
+/// divide the chunk's row tiles at this world size).
+const RS_CASES: [(usize, usize, usize, u32); 3] = [(1024, 512, 256, 2), (2048, 768, 512, 4), (512, 1000, 136, 1)];
+/// GEMM + AllReduce cases, as [`RS_CASES`].
+const AR_CASES: [(usize, usize, usize, u32); 2] = [(1024, 512, 256, 2), (512, 1000, 136, 1)];
 
 #[test]
 fn fused_collectives_ag_gemm_matches_cpu_reference() {
     let Some((dev, boot)) = launched_rank_or_skip("fused_collectives_ag_gemm_matches_cpu_reference") else { return };
     let mut comm = Communicator::new(&dev, boot, CommConfig { heap_bytes: 512 << 20, ..Default::default() }).unwrap();
-    let (rank, world) = (comm.rank() as usize, comm.world() as usize);
     let stream = dev.default_stream();
     let mut lines = vec![];
-    for (case, &(m, n, k, n_comm)) in [(1024usize, 512usize, 256usize, 4u32), (2048, 768, 1024, 8), (4096, 256, 512, 16), (1024, 1000, 136, 1)].iter().enumerate() {
-        let ms = m / world;
-        let b = random_bf16(n * k, 7_000 + 10 * case as u64 + rank as u64);
-        let db = stream.clone_htod(&b).unwrap();
-        let mut da = stream.alloc_zeros::<bf16>(ms * k).unwrap();
-        let mut dc = stream.alloc_zeros::<bf16>(m * n).unwrap();
-        let (pa, pb, pc) = ({ let (p, _g) = da.device_ptr_mut(&stream); p }, { let (p, _g) = db.device_ptr(&stream); p }, { let (p, _g) = dc.device_ptr_mut(&stream); p });
-        // SAFETY: buffers sized for the shape, alive until the end of the case.
-        let plan = unsafe { AgGemmPlan::new(&mut comm, &stream, pa, pb, pc, m, n, k, n_comm) }.unwrap();
-        for rep in 0..3u64 {
-            let a_full = random_bf16(m * k, 9_000 + 100 * case as u64 + rep);
-            stream.memcpy_htod(&a_full[rank * ms * k..(rank + 1) * ms * k], &mut da).unwrap();
-            stream.synchronize().unwrap();
-            plan.launch(&stream).unwrap();
-            stream.synchronize().unwrap();
-            comm.check().unwrap();
-            let got: Vec<f64> = stream.clone_dtoh(&dc).unwrap().iter().map(|x| x.to_f64()).collect();
-            let (want, scale) = cpu_gemm(&a_full, &b, m, n, k, BOrder::NxK);
-            let c = compare(&got, &want, &scale, BF16_OUT_REL, F32_ACC);
-            assert_eq!(c.wrong, 0, "rank {rank}: ag_gemm m {m} n {n} k {k} n_comm {n_comm} rep {rep}: {c:?}");
-        }
-        lines.push(format!("ag_gemm M {m} N {n} K {k}, {n_comm} comm CTAs of {}, 3 launches: every element within tolerance", plan.split().1));
+    for (case, &shape) in AG_CASES.iter().enumerate() {
+        lines.push(ag_gemm_case(&mut comm, &stream, case, shape, &Launch::Direct));
     }
     // GEMM + ReduceScatter: K split over ranks, rank r gets row chunk r of the sum of partials.
-    for (case, &(m, n, kl, n_reduce)) in [(1024usize, 512usize, 256usize, 4u32), (2048, 768, 512, 8), (512, 1000, 136, 1)].iter().enumerate() {
-        let ms = m / world;
-        let mut da = stream.alloc_zeros::<bf16>(m * kl).unwrap();
-        let mut db = stream.alloc_zeros::<bf16>(n * kl).unwrap();
-        let mut dout = stream.alloc_zeros::<bf16>(ms * n).unwrap();
-        let (pa, pb, po) = ({ let (p, _g) = da.device_ptr_mut(&stream); p }, { let (p, _g) = db.device_ptr_mut(&stream); p }, { let (p, _g) = dout.device_ptr_mut(&stream); p });
-        // SAFETY: buffers sized for the shape, alive until the end of the case.
-        let plan = unsafe { GemmRsPlan::new(&mut comm, &stream, pa, pb, po, m, n, kl, n_reduce) }.unwrap();
-        for rep in 0..3u64 {
-            let seed = 20_000 + 100 * case as u64 + 10 * rep;
-            let a_all: Vec<Vec<bf16>> = (0..world).map(|r| random_bf16(m * kl, seed + r as u64)).collect();
-            let b_all: Vec<Vec<bf16>> = (0..world).map(|r| random_bf16(n * kl, seed + 5 + r as u64)).collect();
-            stream.memcpy_htod(&a_all[rank], &mut da).unwrap();
-            stream.memcpy_htod(&b_all[rank], &mut db).unwrap();
-            stream.synchronize().unwrap();
-            plan.launch(&stream).unwrap();
-            stream.synchronize().unwrap();
-            comm.check().unwrap();
-            let got: Vec<f64> = stream.clone_dtoh(&dout).unwrap().iter().map(|x| x.to_f64()).collect();
-            let (want, scale) = sum_of_partials(&a_all, &b_all, rank * ms..(rank + 1) * ms, n, kl);
-            // Partials are rounded to bf16 before the f32 sum: two bf16 roundings.
-            let c = compare(&got, &want, &scale, 2.0 * BF16_OUT_REL, 2.0 * BF16_OUT_REL);
-            assert_eq!(c.wrong, 0, "rank {rank}: gemm_rs m {m} n {n} k_local {kl} n_reduce {n_reduce} rep {rep}: {c:?}");
-        }
-        lines.push(format!("gemm_rs M {m} N {n} K_local {kl}, {n_reduce} reduce CTAs of {}, 3 launches: every element within tolerance", plan.split().1));
+    for (case, &shape) in RS_CASES.iter().enumerate() {
+        lines.push(reduce_case(&mut comm, &stream, case, shape, false, &Launch::Direct));
     }
     // GEMM + AllReduce: every rank gets the whole sum (in the heap).
-    for (case, &(m, n, kl, n_reduce)) in [(1024usize, 512usize, 256usize, 4u32), (512, 1000, 136, 2)].iter().enumerate() {
-        let mut da = stream.alloc_zeros::<bf16>(m * kl).unwrap();
-        let mut db = stream.alloc_zeros::<bf16>(n * kl).unwrap();
-        let (pa, pb) = ({ let (p, _g) = da.device_ptr_mut(&stream); p }, { let (p, _g) = db.device_ptr_mut(&stream); p });
-        // SAFETY: buffers sized for the shape, alive until the end of the case.
-        let plan = unsafe { GemmRsPlan::new_all_reduce(&mut comm, &stream, pa, pb, m, n, kl, n_reduce) }.unwrap();
-        let out = plan.all_reduce_output().unwrap();
-        for rep in 0..3u64 {
-            let seed = 40_000 + 100 * case as u64 + 10 * rep;
-            let a_all: Vec<Vec<bf16>> = (0..world).map(|r| random_bf16(m * kl, seed + r as u64)).collect();
-            let b_all: Vec<Vec<bf16>> = (0..world).map(|r| random_bf16(n * kl, seed + 5 + r as u64)).collect();
-            stream.memcpy_htod(&a_all[rank], &mut da).unwrap();
-            stream.memcpy_htod(&b_all[rank], &mut db).unwrap();
-            stream.synchronize().unwrap();
-            plan.launch(&stream).unwrap();
-            stream.synchronize().unwrap();
-            comm.check().unwrap();
+    for (case, &shape) in AR_CASES.iter().enumerate() {
+        lines.push(reduce_case(&mut comm, &stream, case, shape, true, &Launch::Direct));
+    }
+    // Each plan captured once into a CUDA graph on a stream of its own, replayed on new inputs
+    // (case numbers after the direct ones: other data).
+    let graph = Launch::Graph(dev.context().new_stream().unwrap());
+    lines.push(ag_gemm_case(&mut comm, &stream, AG_CASES.len(), AG_CASES[0], &graph));
+    lines.push(reduce_case(&mut comm, &stream, RS_CASES.len(), RS_CASES[0], false, &graph));
+    lines.push(reduce_case(&mut comm, &stream, AR_CASES.len(), AR_CASES[0], true, &graph));
+    if comm.rank() == 0 {
+        for l in lines {
+            println!("[world {}] {l}", comm.world());
+        }
+    }
+}
+
+/// How a case's plan runs.
+enum Launch {
+    /// `plan.launch` on the default stream, each time.
+    Direct,
+    /// Captured once into a CUDA graph on this (non-default) stream, then replayed.
+    Graph(Arc<CudaStream>),
+}
+
+impl Launch {
+    fn describe(&self) -> String {
+        match self {
+            Launch::Direct => format!("{REPS} launches"),
+            Launch::Graph(_) => format!("captured in a CUDA graph, {REPS} replays"),
+        }
+    }
+}
+
+/// The CPU reference of one launch's inputs, with `compare`'s scale and tolerances.
+struct Reference {
+    want: Vec<f64>,
+    scale: Vec<f64>,
+    rel: f64,
+    acc: f64,
+}
+
+/// Runs a plan (`launch`) `REPS` times as `how` says, on new inputs each time: before each run
+/// `write(rep)` uploads them on `stream` and returns their reference; after it `read()` gives
+/// the output, which must match. Replays sit between store barriers so that no rank writes
+/// inputs or reads outputs while its peers' replays may still use them.
+fn run_reps(comm: &Communicator, stream: &Arc<CudaStream>, how: &Launch, what: &str, launch: impl Fn(&Arc<CudaStream>) -> mkernel::Result<()>, mut write: impl FnMut(u64) -> Reference, read: impl Fn() -> Vec<f64>) {
+    let rank = comm.rank();
+    let graph = match how {
+        Launch::Direct => None,
+        Launch::Graph(g) => {
+            g.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+            launch(g).unwrap();
+            Some((g, g.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("captured graph")))
+        }
+    };
+    let barrier = |name: String| comm.bootstrap().store().barrier(&name, Duration::from_secs(30)).unwrap();
+    for rep in 0..REPS {
+        let r = write(rep);
+        stream.synchronize().unwrap();
+        match &graph {
+            None => {
+                launch(stream).unwrap();
+                stream.synchronize().unwrap();
+            }
+            Some((g, exec)) => {
+                barrier(format!("fused-graph-input-{rep}"));
+                exec.launch().unwrap();
+                g.synchronize().unwrap();
+            }
+        }
+        comm.check().unwrap();
+        let c = compare(&read(), &r.want, &r.scale, r.rel, r.acc);
+        assert_eq!(c.wrong, 0, "rank {rank}: {what} ({}) rep {rep}: {c:?}", how.describe());
+        if graph.is_some() {
+            barrier(format!("fused-graph-output-{rep}"));
+        }
+    }
+}
+
+/// AllGather + GEMM, `m` x `n` x `k` with `n_comm` comm CTAs, run and checked `REPS` times.
+fn ag_gemm_case(comm: &mut Communicator, stream: &Arc<CudaStream>, case: usize, (m, n, k, n_comm): (usize, usize, usize, u32), how: &Launch) -> String {
+    let (rank, world) = (comm.rank() as usize, comm.world() as usize);
+    let ms = m / world;
+    let b = random_bf16(n * k, 7_000 + 10 * case as u64 + rank as u64);
+    let db = stream.clone_htod(&b).unwrap();
+    let mut da = stream.alloc_zeros::<bf16>(ms * k).unwrap();
+    let mut dc = stream.alloc_zeros::<bf16>(m * n).unwrap();
+    let (pa, pb, pc) = ({ let (p, _g) = da.device_ptr_mut(stream); p }, { let (p, _g) = db.device_ptr(stream); p }, { let (p, _g) = dc.device_ptr_mut(stream); p });
+    // SAFETY: buffers sized for the shape, alive until the end of the case.
+    let plan = unsafe { AgGemmPlan::new(comm, stream, pa, pb, pc, m, n, k, n_comm) }.unwrap();
+    let write = |rep: u64| {
+        let a_full = random_bf16(m * k, 9_000 + 100 * case as u64 + rep);
+        stream.memcpy_htod(&a_full[rank * ms * k..(rank + 1) * ms * k], &mut da).unwrap();
+        let (want, scale) = cpu_gemm(&a_full, &b, m, n, k, BOrder::NxK);
+        Reference { want, scale, rel: BF16_OUT_REL, acc: F32_ACC }
+    };
+    let read = || to_f64(&stream.clone_dtoh(&dc).unwrap());
+    run_reps(comm, stream, how, &format!("ag_gemm m {m} n {n} k {k} n_comm {n_comm}"), |s| plan.launch(s), write, read);
+    format!("ag_gemm M {m} N {n} K {k}, {n_comm} comm CTAs of {}, {}: every element within tolerance", plan.split().1, how.describe())
+}
+
+/// GEMM + ReduceScatter (or, with `all_reduce`, GEMM + AllReduce), `m` x `n` x `kl` per rank
+/// with `parts` parts per row chunk (1 where they do not divide the chunk), run and checked `REPS` times.
+fn reduce_case(comm: &mut Communicator, stream: &Arc<CudaStream>, case: usize, (m, n, kl, parts): (usize, usize, usize, u32), all_reduce: bool, how: &Launch) -> String {
+    let parts = if (m / comm.world() as usize / 128) % parts as usize == 0 { parts } else { 1 };
+    let (rank, world) = (comm.rank() as usize, comm.world() as usize);
+    let ms = m / world;
+    let mut da = stream.alloc_zeros::<bf16>(m * kl).unwrap();
+    let mut db = stream.alloc_zeros::<bf16>(n * kl).unwrap();
+    let mut dout = stream.alloc_zeros::<bf16>(ms * n).unwrap(); // ReduceScatter only
+    let (pa, pb, po) = ({ let (p, _g) = da.device_ptr_mut(stream); p }, { let (p, _g) = db.device_ptr_mut(stream); p }, { let (p, _g) = dout.device_ptr_mut(stream); p });
+    // SAFETY: buffers sized for the shape, alive until the end of the case.
+    let plan = unsafe { if all_reduce { GemmRsPlan::new_all_reduce(comm, stream, pa, pb, m, n, kl, parts) } else { GemmRsPlan::new(comm, stream, pa, pb, po, m, n, kl, parts) } }.unwrap();
+    let comm: &Communicator = comm;
+    let (op, seed_base, rows) = if all_reduce { ("gemm_ar", 40_000, 0..m) } else { ("gemm_rs", 20_000, rank * ms..(rank + 1) * ms) };
+    let write = |rep: u64| {
+        let seed = seed_base + 100 * case as u64 + 10 * rep;
+        let a_all: Vec<Vec<bf16>> = (0..world).map(|r| random_bf16(m * kl, seed + r as u64)).collect();
+        let b_all: Vec<Vec<bf16>> = (0..world).map(|r| random_bf16(n * kl, seed + 5 + r as u64)).collect();
+        stream.memcpy_htod(&a_all[rank], &mut da).unwrap();
+        stream.memcpy_htod(&b_all[rank], &mut db).unwrap();
+        let (want, scale) = sum_of_partials(&a_all, &b_all, rows.clone(), n, kl);
+        // Partials are rounded to bf16 before the f32 sum: two bf16 roundings.
+        Reference { want, scale, rel: 2.0 * BF16_OUT_REL, acc: 2.0 * BF16_OUT_REL }
+    };
+    let read = || match plan.all_reduce_output() {
+        Some(out) => {
             let mut raw = vec![0u8; m * n * 2];
             // SAFETY: the plan's output holds m x n bf16 in this rank's heap.
             unsafe { mkernel::cudarc::driver::result::memcpy_dtoh_sync(&mut raw, comm.ptr(&out)) }.unwrap();
-            let got: Vec<f64> = raw.chunks(2).map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f64()).collect();
-            let (want, scale) = sum_of_partials(&a_all, &b_all, 0..m, n, kl);
-            let c = compare(&got, &want, &scale, 2.0 * BF16_OUT_REL, 2.0 * BF16_OUT_REL);
-            assert_eq!(c.wrong, 0, "rank {rank}: gemm_ar m {m} n {n} k_local {kl} rep {rep}: {c:?}");
+            raw.chunks(2).map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f64()).collect()
         }
-        lines.push(format!("gemm_ar M {m} N {n} K_local {kl}, {n_reduce} reduce CTAs, 3 launches: whole sum on every rank, every element within tolerance"));
-    }
-    if rank == 0 {
-        for l in lines {
-            println!("[world {world}] {l}");
-        }
-    }
+        None => to_f64(&stream.clone_dtoh(&dout).unwrap()),
+    };
+    run_reps(comm, stream, how, &format!("{op} m {m} n {n} k_local {kl} parts {parts}"), |s| plan.launch(s), write, read);
+    let whole = if all_reduce { "whole sum on every rank, " } else { "" };
+    format!("{op} M {m} N {n} K_local {kl}, {parts} parts per chunk, {} CTAs, {}: {whole}every element within tolerance", plan.split().1, how.describe())
+}
+
+fn to_f64(v: &[bf16]) -> Vec<f64> {
+    v.iter().map(|x| x.to_f64()).collect()
 }
 
 /// CPU reference of `sum_r a_r[rows] * b_r^T` (every rank's partial product, rows of A given),

@@ -80,9 +80,19 @@ fn internode_collectives_match_cpu_reference() {
                 comm.check().unwrap();
                 let got = decode(&dtoh(comm.ptr(&out), count * dtype.size() as usize), dtype);
                 let want: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v.0[i]).sum()).collect();
-                let scale: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v.0[i].abs()).sum()).collect();
-                let rel = if dtype == ReduceDtype::Bf16 { 2.0 * BF16_OUT_REL } else { F32_OUT_REL };
-                let c = compare(&got, &want, &scale, rel, F32_ACC);
+                // Allowance: f32 accumulation over every input, plus the output's rounding and,
+                // for bf16, the rounding of each node's sum to bf16 before it crosses the wire
+                // (docs/internode.md): 2^-8 of |node sum| per node.
+                let world = comm.world() as usize;
+                let allowance: Vec<f64> = (0..count)
+                    .map(|i| {
+                        let acc = F32_ACC * vals.iter().map(|v| v.0[i].abs()).sum::<f64>();
+                        let node_sums = (0..comm.nnodes() as usize).map(|n| vals[n * world..(n + 1) * world].iter().map(|v| v.0[i]).sum::<f64>().abs());
+                        acc + if dtype == ReduceDtype::Bf16 { BF16_OUT_REL * node_sums.sum::<f64>() } else { 0.0 }
+                    })
+                    .collect();
+                let rel = if dtype == ReduceDtype::Bf16 { BF16_OUT_REL } else { F32_OUT_REL };
+                let c = compare(&got, &want, &allowance, rel, 1.0);
                 assert_eq!(c.wrong, 0, "rank {g}: all_reduce {dtype:?} count {count} rep {rep}: {c:?}");
             }
             lines.push(format!("all_reduce {dtype:?} {count:>8} over {} nodes, 3 launches: within tolerance", comm.nnodes()));

@@ -8,15 +8,16 @@ use crate::timing::median_ms_interleaved;
 use crate::Args;
 use anyhow::Result;
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use half::bf16;
 use mkernel::bootstrap::Bootstrap;
 use mkernel::fused::{AgGemmPlan, GemmRsPlan};
 use mkernel::gemm::{BLayout, GemmShape};
 use mkernel::{CommConfig, Communicator, Device};
-use mkernel_tests::data::random_bf16;
+use mkernel_tests::data::{random_bf16, ternary_bf16};
 use mkernel::tune::{parse, render, TuneKey};
 use serde_json::{json, Value};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Appends `key -> split` to the tune cache (rank 0 only; later lines win when read).
@@ -30,16 +31,60 @@ fn record_split(args: &Args, rank: usize, key: TuneKey, split: u32) -> Result<()
     Ok(())
 }
 
+/// SM splits of the short sweep before each case (one plan per split and shape).
+const AG_SPLITS: [u32; 4] = [2, 4, 8, 16];
+/// GEMM+RS/AR: parts per row chunk tried (those that divide a chunk's row tiles).
+const REDUCE_PARTS: [u32; 4] = [1, 2, 4, 8];
+
+/// `shapes` (M, K, N) less those that `--filter` leaves out.
+fn selected(args: &Args, shapes: impl IntoIterator<Item = (usize, usize, usize)>) -> Vec<(usize, usize, usize)> {
+    shapes.into_iter().filter(|(m, k, n)| args.filter.as_ref().is_none_or(|f| format!("{m}x{k}x{n}").contains(f.as_str()))).collect()
+}
+
+/// Symmetric heap for `per_plan` bytes per plan, `splits` plans per shape: `Communicator::alloc`
+/// is a bump allocator (a dropped plan keeps its heap), so the heap holds every plan of the
+/// sweeps. With every shape: ~4.7 GB per rank for ag-gemm, ~4.2 GB gemm-rs, ~8.3 GB gemm-ar.
+fn heap_config(shapes: &[(usize, usize, usize)], splits: usize, per_plan: impl Fn(usize, usize, usize) -> usize) -> CommConfig {
+    let heap: usize = shapes.iter().map(|&(m, k, n)| splits * per_plan(m, k, n)).sum();
+    CommConfig { heap_bytes: heap as u64 + (64 << 20), ..Default::default() }
+}
+
+/// The sweep's choice, the same on every rank (ranks must launch the same plan: each plan has
+/// heap buffers of its own, which its peers write): the split whose slowest rank was fastest.
+/// `sweep`: (split, this rank's ms, plan) per split, in the same order on every rank.
+fn agreed_best<P>(comm: &Communicator, sweep: Vec<(u32, f64, P)>) -> Result<(u32, P)> {
+    let mine: Vec<u8> = sweep.iter().flat_map(|s| s.1.to_le_bytes()).collect();
+    let all = comm.bootstrap().store().all_gather("fused-split-sweep", &mine, Duration::from_secs(60))?;
+    let slowest = |i: usize| all.iter().map(|r| f64::from_le_bytes(r[8 * i..8 * i + 8].try_into().expect("8 bytes"))).fold(0.0, f64::max);
+    let best = (0..sweep.len()).min_by(|&i, &j| slowest(i).total_cmp(&slowest(j))).expect("a split");
+    let (split, _, plan) = sweep.into_iter().nth(best).expect("a split");
+    Ok((split, plan))
+}
+
+/// Elements that differ at all (bf16 bits, -0 taken as +0).
+fn exact_mismatches(ours: &[bf16], theirs: &[bf16]) -> usize {
+    assert_eq!(ours.len(), theirs.len());
+    let canon = |x: &bf16| if x.to_bits() == 0x8000 { 0 } else { x.to_bits() };
+    ours.iter().zip(theirs).filter(|(p, q)| canon(p) != canon(q)).count()
+}
+
+/// After timing: overwrites this rank's A and B with ternary data (seeds as for the timed data).
+/// Exact check: products are 0/±1, so every sum in any order is an integer, exact in f32 and, being far below 256 (~K/16 random signs), in bf16 (partials, NCCL's ring steps): ours must match bit for bit.
+fn write_ternary(stream: &Arc<CudaStream>, a: &mut CudaSlice<bf16>, b: &mut CudaSlice<bf16>, rank: usize) -> Result<()> {
+    stream.memcpy_htod(&ternary_bf16(a.len(), 1 + rank as u64), a)?;
+    stream.memcpy_htod(&ternary_bf16(b.len(), 100 + rank as u64), b)?;
+    Ok(())
+}
+
 pub fn run(args: &Args) -> Result<Vec<Value>> {
     let boot = Bootstrap::from_env(Duration::from_secs(60))?;
     let info = boot.info().clone();
     let dev = Device::new(info.device())?;
     let (rank, world) = (info.rank(), info.world_size());
     let nccl = Nccl::new(&boot, rank, world)?;
-    let shapes: Vec<(usize, usize, usize)> = [2048usize, 4096, 8192, 16384].iter().map(|&m| (m, 8192, 8192)).chain([(8192, 8192, 28672)]).collect();
-    // Every plan reserves its gathered A in the heap (4 plans per shape for the SM-split sweep).
-    let heap: usize = shapes.iter().map(|s| 4 * s.0 * s.1 * 2).sum();
-    let mut comm = Communicator::new(&dev, boot, CommConfig { heap_bytes: heap as u64 + (64 << 20), ..Default::default() })?;
+    let shapes = selected(args, [2048usize, 4096, 8192, 16384, 32768].map(|m| (m, 8192, 8192)).into_iter().chain([(8192, 8192, 28672)]));
+    // Every plan reserves its gathered A (M x K bf16) in the heap.
+    let mut comm = Communicator::new(&dev, boot, heap_config(&shapes, AG_SPLITS.len(), |m, k, _| m * k * 2))?;
     let stream = dev.default_stream();
     let blas = CudaBlas::new(stream.clone())?;
     if rank == 0 {
@@ -48,12 +93,9 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
     }
     let mut rows = vec![];
     for (m, k, n) in shapes {
-        if args.filter.as_ref().is_some_and(|f| !format!("{m}x{k}x{n}").contains(f.as_str())) {
-            continue;
-        }
         let (ms, nl) = (m / world, n / world);
-        let a_shard = stream.clone_htod(&random_bf16(ms * k, 1 + rank as u64))?;
-        let b = stream.clone_htod(&random_bf16(nl * k, 100 + rank as u64))?;
+        let mut a_shard = stream.clone_htod(&random_bf16(ms * k, 1 + rank as u64))?;
+        let mut b = stream.clone_htod(&random_bf16(nl * k, 100 + rank as u64))?;
         let mut c_ours = stream.alloc_zeros::<bf16>(m * nl)?;
         let mut c_ref = stream.alloc_zeros::<bf16>(m * nl)?;
         let mut c_alone = stream.alloc_zeros::<bf16>(m * nl)?;
@@ -61,43 +103,42 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
         let (pa, pb, pc) = (a_shard.device_ptr(&stream).0, b.device_ptr(&stream).0, c_ours.device_ptr_mut(&stream).0);
         let pa_full = a_full.device_ptr_mut(&stream).0;
         // The SM split: a short sweep, the best one measured below.
-        let mut best = (f64::INFINITY, 0u32, None);
-        let mut sweep = vec![];
-        for n_comm in [2u32, 4, 8, 16] {
+        let (mut plans, mut sweep) = (vec![], vec![]);
+        for n_comm in AG_SPLITS {
             // SAFETY: buffers sized for the shape and alive for the whole case.
             let plan = unsafe { AgGemmPlan::new(&mut comm, &stream, pa, pb, pc, m, nl, k, n_comm)? };
             let mut f = || Ok(plan.launch(&stream)?);
             let t = median_ms_interleaved(&stream, 2, 5, &mut [&mut f])?[0];
             comm.check()?;
             sweep.push(json!({ "n_comm": n_comm, "ms": t }));
-            if t < best.0 {
-                best = (t, n_comm, Some(plan));
-            }
+            plans.push((n_comm, t, plan));
         }
-        let plan = best.2.take().expect("a plan");
-        record_split(args, rank, TuneKey { op: "ag-gemm".into(), world: world as u32, m, n: nl, k }, best.1)?;
+        let (n_comm, plan) = agreed_best(&comm, plans)?;
+        record_split(args, rank, TuneKey { op: "ag-gemm".into(), world: world as u32, m, n: nl, k }, n_comm)?;
         let shape = GemmShape { m, n: nl, k, b_layout: BLayout::NxK };
         let mut ours = || Ok(plan.launch(&stream)?);
-        let mut baseline = || -> Result<()> {
-            nccl.all_gather(&stream, pa, pa_full, ms * k * 2)?;
-            cublas_gemm(&blas, shape, &a_full, &b, &mut c_ref)
+        let ag = || nccl.all_gather(&stream, pa, pa_full, ms * k * 2);
+        let mut baseline = |b: &CudaSlice<bf16>| -> Result<()> {
+            ag()?;
+            cublas_gemm(&blas, shape, &a_full, b, &mut c_ref)
         };
+        let mut baseline_timed = || baseline(&b);
         let mut gemm_alone = || cublas_gemm(&blas, shape, &a_full, &b, &mut c_alone);
-        let mut ag_alone = || nccl.all_gather(&stream, pa, pa_full, ms * k * 2);
-        let t = median_ms_interleaved(&stream, args.warmup, args.iters, &mut [&mut ours, &mut baseline, &mut gemm_alone, &mut ag_alone])?;
+        let mut ag_alone = || ag();
+        let t = median_ms_interleaved(&stream, args.warmup, args.iters, &mut [&mut ours, &mut baseline_timed, &mut gemm_alone, &mut ag_alone])?;
         comm.check()?;
-        baseline()?;
-        let (x, y) = (stream.clone_dtoh(&c_ours)?, stream.clone_dtoh(&c_ref)?);
-        let wrong = x.iter().zip(&y).filter(|(p, q)| {
-            let (p, q) = (p.to_f32(), q.to_f32());
-            !((p - q).abs() <= p.abs().max(q.abs()) / 64.0 + (k as f32).sqrt() * 1e-3)
-        }).count();
+        write_ternary(&stream, &mut a_shard, &mut b, rank)?;
+        ours()?;
+        baseline(&b)?;
+        stream.synchronize()?;
+        comm.check()?;
+        let wrong = exact_mismatches(&stream.clone_dtoh(&c_ours)?, &stream.clone_dtoh(&c_ref)?);
         let (speedup, overlap) = (t[1] / t[0], t[2].max(t[3]) / t[0]);
         let tflops = 2.0 * m as f64 * nl as f64 * k as f64 / (t[0] * 1e-3) / 1e12;
         if rank == 0 {
-            println!("{m:>6} {k:>6} {n:>6} | {:>7} {:>9.1} | {:>10.1} {:>10.1} {:>10.1} | {speedup:>8.3} {overlap:>8.3} {wrong:>7}", best.1, t[0] * 1e3, t[1] * 1e3, t[2] * 1e3, t[3] * 1e3);
+            println!("{m:>6} {k:>6} {n:>6} | {n_comm:>7} {:>9.1} | {:>10.1} {:>10.1} {:>10.1} | {speedup:>8.3} {overlap:>8.3} {wrong:>7}", t[0] * 1e3, t[1] * 1e3, t[2] * 1e3, t[3] * 1e3);
         }
-        rows.push(json!({ "m": m, "k": k, "n": n, "world": world, "rank": rank, "n_comm": best.1, "sweep": sweep,
+        rows.push(json!({ "m": m, "k": k, "n": n, "world": world, "rank": rank, "n_comm": n_comm, "sweep": sweep,
             "ours_ms": t[0], "nccl_cublas_ms": t[1], "gemm_alone_ms": t[2], "ag_alone_ms": t[3],
             "speedup": speedup, "overlap_efficiency": overlap, "ours_tflops_per_gpu": tflops, "wrong": wrong }));
     }
@@ -108,75 +149,75 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
 /// sequence, GEMM alone and ReduceScatter alone. K is split over ranks (K / world per rank);
 /// every rank gets M / world rows of the M x N sum.
 pub fn run_rs(args: &Args) -> Result<Vec<Value>> {
-    run_reduce(args, false)
+    ruparts(args, false)
 }
 
 /// `--op gemm-ar`: fused GEMM + AllReduce beside cuBLAS GEMM + NCCL AllReduce in sequence.
 pub fn run_ar(args: &Args) -> Result<Vec<Value>> {
-    run_reduce(args, true)
+    ruparts(args, true)
 }
 
-fn run_reduce(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
+fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
     let boot = Bootstrap::from_env(Duration::from_secs(60))?;
     let info = boot.info().clone();
     let dev = Device::new(info.device())?;
     let (rank, world) = (info.rank(), info.world_size());
     let nccl = Nccl::new(&boot, rank, world)?;
-    let shapes: Vec<(usize, usize, usize)> = [2048usize, 4096, 8192, 16384].iter().map(|&m| (m, 8192, 8192)).collect();
-    let heap: usize = shapes.iter().map(|s| 4 * s.0 * s.2 * 2 * if all_reduce { 2 } else { 1 }).sum();
-    let mut comm = Communicator::new(&dev, boot, CommConfig { heap_bytes: heap as u64 + (64 << 20), ..Default::default() })?;
+    let shapes = selected(args, [2048usize, 4096, 8192, 16384, 32768].map(|m| (m, 8192, 8192)));
+    // Every plan reserves its receive slots (M x N bf16 in all), an AllReduce plan also its M x N output.
+    let mut comm = Communicator::new(&dev, boot, heap_config(&shapes, REDUCE_PARTS.len(), |m, _, n| m * n * 2 * (1 + all_reduce as usize)))?;
     let stream = dev.default_stream();
     let blas = CudaBlas::new(stream.clone())?;
     if rank == 0 {
         let what = if all_reduce { "GEMM+AllReduce (every rank gets C)" } else { "GEMM+ReduceScatter (rows of C scattered)" };
         println!("# {what}, {world} ranks, bf16 (f32 sums); M K N global (K split over ranks); interleaved medians of {} runs", args.iters);
-        println!("{:>6} {:>6} {:>6} | {:>8} {:>9} | {:>11} {:>10} {:>10} | {:>8} {:>8} {:>7}", "M", "K", "N", "n_reduce", "ours(us)", "cublas+nccl", "gemm alone", "coll alone", "speedup", "overlap", "#wrong");
+        println!("{:>6} {:>6} {:>6} | {:>8} {:>9} | {:>11} {:>10} {:>10} | {:>8} {:>8} {:>7}", "M", "K", "N", "parts", "ours(us)", "cublas+nccl", "gemm alone", "coll alone", "speedup", "overlap", "#wrong");
     }
     let mut rows = vec![];
     for (m, k, n) in shapes {
-        if args.filter.as_ref().is_some_and(|f| !format!("{m}x{k}x{n}").contains(f.as_str())) {
-            continue;
-        }
         let (kl, ms) = (k / world, m / world);
-        let a = stream.clone_htod(&random_bf16(m * kl, 1 + rank as u64))?;
-        let b = stream.clone_htod(&random_bf16(n * kl, 100 + rank as u64))?;
+        let mut a = stream.clone_htod(&random_bf16(m * kl, 1 + rank as u64))?;
+        let mut b = stream.clone_htod(&random_bf16(n * kl, 100 + rank as u64))?;
         let mut out = stream.alloc_zeros::<bf16>(ms * n)?;
         let mut partial = stream.alloc_zeros::<bf16>(m * n)?;
         let mut partial_alone = stream.alloc_zeros::<bf16>(m * n)?;
         let mut out_ref = stream.alloc_zeros::<bf16>(ms * n)?;
         let (pa, pb, po) = (a.device_ptr(&stream).0, b.device_ptr(&stream).0, out.device_ptr_mut(&stream).0);
         let (pp, pr) = (partial.device_ptr_mut(&stream).0, out_ref.device_ptr_mut(&stream).0);
-        let mut best = (f64::INFINITY, 0u32, None);
-        let mut sweep = vec![];
-        for n_reduce in [8u32, 16, 32, 48] {
+        let (mut plans, mut sweep) = (vec![], vec![]);
+        for parts in REDUCE_PARTS.into_iter().filter(|&p| (m / world / 128) % p as usize == 0) {
             // SAFETY: buffers sized for the shape and alive for the whole case.
             let plan = unsafe {
-                if all_reduce { GemmRsPlan::new_all_reduce(&mut comm, &stream, pa, pb, m, n, kl, n_reduce)? } else { GemmRsPlan::new(&mut comm, &stream, pa, pb, po, m, n, kl, n_reduce)? }
+                if all_reduce { GemmRsPlan::new_all_reduce(&mut comm, &stream, pa, pb, m, n, kl, parts)? } else { GemmRsPlan::new(&mut comm, &stream, pa, pb, po, m, n, kl, parts)? }
             };
             let mut f = || Ok(plan.launch(&stream)?);
             let t = median_ms_interleaved(&stream, 2, 5, &mut [&mut f])?[0];
             comm.check()?;
-            sweep.push(json!({ "n_reduce": n_reduce, "ms": t }));
-            if t < best.0 {
-                best = (t, n_reduce, Some(plan));
-            }
+            sweep.push(json!({ "parts": parts, "ms": t }));
+            plans.push((parts, t, plan));
         }
-        let plan = best.2.take().expect("a plan");
+        let (parts, plan) = agreed_best(&comm, plans)?;
         let op = if all_reduce { "gemm-ar" } else { "gemm-rs" };
-        record_split(args, rank, TuneKey { op: op.into(), world: world as u32, m, n, k }, best.1)?;
+        record_split(args, rank, TuneKey { op: op.into(), world: world as u32, m, n, k }, parts)?;
         let shape = GemmShape { m, n, k: kl, b_layout: BLayout::NxK };
         let mut ours = || Ok(plan.launch(&stream)?);
         let mut ar_ref = stream.alloc_zeros::<bf16>(if all_reduce { m * n } else { 1 })?;
         let par = ar_ref.device_ptr_mut(&stream).0;
-        let mut baseline = || -> Result<()> {
-            cublas_gemm(&blas, shape, &a, &b, &mut partial)?;
-            if all_reduce { nccl.all_reduce(&stream, pp, par, m * n) } else { nccl.reduce_scatter(&stream, pp, pr, ms * n) }
+        let coll = || if all_reduce { nccl.all_reduce(&stream, pp, par, m * n) } else { nccl.reduce_scatter(&stream, pp, pr, ms * n) };
+        let mut baseline = |a: &CudaSlice<bf16>, b: &CudaSlice<bf16>| -> Result<()> {
+            cublas_gemm(&blas, shape, a, b, &mut partial)?;
+            coll()
         };
+        let mut baseline_timed = || baseline(&a, &b);
         let mut gemm_alone = || cublas_gemm(&blas, shape, &a, &b, &mut partial_alone);
-        let mut rs_alone = || if all_reduce { nccl.all_reduce(&stream, pp, par, m * n) } else { nccl.reduce_scatter(&stream, pp, pr, ms * n) };
-        let t = median_ms_interleaved(&stream, args.warmup, args.iters, &mut [&mut ours, &mut baseline, &mut gemm_alone, &mut rs_alone])?;
+        let mut rs_alone = || coll();
+        let t = median_ms_interleaved(&stream, args.warmup, args.iters, &mut [&mut ours, &mut baseline_timed, &mut gemm_alone, &mut rs_alone])?;
         comm.check()?;
-        baseline()?;
+        write_ternary(&stream, &mut a, &mut b, rank)?;
+        ours()?;
+        baseline(&a, &b)?;
+        stream.synchronize()?;
+        comm.check()?;
         let (x, y) = if all_reduce {
             let mut raw = vec![0u8; m * n * 2];
             let ours_out = plan.all_reduce_output().expect("an AllReduce plan");
@@ -186,15 +227,12 @@ fn run_reduce(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
         } else {
             (stream.clone_dtoh(&out)?, stream.clone_dtoh(&out_ref)?)
         };
-        let wrong = x.iter().zip(&y).filter(|(p, q)| {
-            let (p, q) = (p.to_f32(), q.to_f32());
-            !((p - q).abs() <= p.abs().max(q.abs()) / 32.0 + (k as f32).sqrt() * 2e-3)
-        }).count();
+        let wrong = exact_mismatches(&x, &y);
         let (speedup, overlap) = (t[1] / t[0], t[2].max(t[3]) / t[0]);
         if rank == 0 {
-            println!("{m:>6} {k:>6} {n:>6} | {:>8} {:>9.1} | {:>11.1} {:>10.1} {:>10.1} | {speedup:>8.3} {overlap:>8.3} {wrong:>7}", best.1, t[0] * 1e3, t[1] * 1e3, t[2] * 1e3, t[3] * 1e3);
+            println!("{m:>6} {k:>6} {n:>6} | {parts:>8} {:>9.1} | {:>11.1} {:>10.1} {:>10.1} | {speedup:>8.3} {overlap:>8.3} {wrong:>7}", t[0] * 1e3, t[1] * 1e3, t[2] * 1e3, t[3] * 1e3);
         }
-        rows.push(json!({ "m": m, "k": k, "n": n, "world": world, "rank": rank, "n_reduce": best.1, "sweep": sweep,
+        rows.push(json!({ "m": m, "k": k, "n": n, "world": world, "rank": rank, "parts": parts, "sweep": sweep,
             "op": if all_reduce { "gemm-ar" } else { "gemm-rs" },
             "ours_ms": t[0], "cublas_nccl_ms": t[1], "gemm_alone_ms": t[2], "coll_alone_ms": t[3],
             "speedup": speedup, "overlap_efficiency": overlap, "wrong": wrong }));

@@ -23,10 +23,12 @@ pub enum FlagSlot {
     Done = 1,
     /// "My data of epoch e is in your staging area" (bulk staged path).
     Staged = 2,
-    /// Fused kernels: chunk arrival (AllGather+GEMM: `(Tile0, src, chunk)` = launch epoch).
+    /// Fused kernels: chunk arrival (AllGather+GEMM: `(Tile0, src, chunk)` = launch epoch;
+    /// GEMM+AllReduce: `(Tile0, src, row tile)` counts reduced tiles of src's chunk stored here).
     Tile0 = 3,
-    /// Fused kernels: partial tiles landed (GEMM+ReduceScatter: `(Tile1, src, row tile)` counts
-    /// tiles, see [`CONSUMED_OFFSET`]).
+    /// Fused kernels: partial tiles landed (GEMM+ReduceScatter/AllReduce: `(Tile1, src, row
+    /// tile)` counts src's partial tiles stored here). Counters of a launch are zeroed by the
+    /// receiver before it raises `FusedReady`, after which alone senders add to them.
     Tile1 = 4,
     /// Fused kernels' buffer handshake (`(FusedReady, src, 0)` = launch epoch): kept apart from
     /// the collectives' `Ready`, whose CTA-0 epochs follow another sequence.
@@ -88,15 +90,10 @@ pub const FUSED_EPOCH_OFFSET: u64 = FIFO_HEAD_OFFSET + 8;
 /// CTAs of the current fused launch that have exited (u32).
 pub const FUSED_EXITS_OFFSET: u64 = FUSED_EPOCH_OFFSET + 8;
 
-/// GEMM+ReduceScatter: partial tiles of row tile `mt` from `src` this rank has already reduced,
-/// `[src][mt]` u64 (local). A producer adds one to `(Tile1, src, mt)` per tile it lands; the
-/// reducer waits for `consumed + tiles_n` and then advances `consumed`, so counters never reset
-/// and shapes may change between launches.
-pub const CONSUMED_OFFSET: u64 = FUSED_EXITS_OFFSET + 8;
-
 /// Bytes of the heap's control area (flags, epoch counters, error record, abort, inter-node
-/// flags, FIFO head, fused epoch, consumed counts), rounded to 64 KiB. The LL and staging areas follow, then user buffers.
-pub const HEAP_CONTROL_BYTES: u64 = (CONSUMED_OFFSET + (MAX_LOCAL_RANKS * MAX_COMM_CTAS) as u64 * 8).div_ceil(65536) * 65536;
+/// flags, FIFO head, fused epoch and exits), rounded to 64 KiB. The LL and staging areas follow,
+/// then user buffers.
+pub const HEAP_CONTROL_BYTES: u64 = (FUSED_EXITS_OFFSET + 8).div_ceil(65536) * 65536;
 
 /// The proxy command FIFO as the device writes it. It mirrors `mkernel_proxy::protocol`
 /// (crates/proxy), whose tests assert that every number here matches.

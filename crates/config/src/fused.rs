@@ -26,6 +26,8 @@ pub struct AgGemmArgs {
 
 /// `mk_gemm_rs_bf16_nk`'s argument block: `P_r = A_r * B_r^T` (M x N, K split over ranks),
 /// reduced over ranks by row chunk: rank r gets rows `[r * M / world, (r + 1) * M / world)`.
+/// Every CTA computes; a rank's own tiles are computed after its peers sent their partials of
+/// them, and the epilogue adds those in (no reducer CTAs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
 pub struct GemmRsArgs {
@@ -37,20 +39,28 @@ pub struct GemmRsArgs {
     /// `map_recv[p]`: this rank's slot in rank p's receive buffer (`M / world` x N bf16,
     /// box 64 x 64), as mapped here (a peer's over NVLink).
     pub map_recv: [u64; 8],
+    /// Where the reduced rows of this rank's chunk go (`M / world` x N bf16, box 64 x 64):
+    /// ReduceScatter: `map_out[0]`, the local output. AllReduce: `map_out[p]`, the rows of this
+    /// rank's chunk in rank p's output (a heap buffer; a peer's over NVLink).
+    pub map_out: [u64; 8],
     /// Heap offset of the receive buffer: `world` slots of `M / world` x N bf16.
     pub recv_off: u64,
-    /// This rank's output rows (local, `M / world` x N bf16).
-    pub out: u64,
     pub m: u32,
     pub n: u32,
     pub k: u32,
-    /// CTAs that reduce; the rest of the grid computes.
-    pub n_reduce: u32,
-    /// 1: GEMM + AllReduce. The reduced row tiles are also stored into every peer's output, and
-    /// `out_off` (heap offset of an `M` x N bf16 buffer, same on every rank) receives the whole
-    /// sum on every rank; `out` is then unused. 0: GEMM + ReduceScatter into `out`.
+    /// Tile rows per part of the chunked tile order (`TileScheduler::chunked`): smaller parts
+    /// reduce (and, for AllReduce, broadcast) earlier; larger ones leave peers more slack.
+    pub part_tiles_m: u32,
+    /// 1: GEMM + AllReduce (every rank gets the whole sum), 0: GEMM + ReduceScatter.
     pub all_reduce: u32,
     pub _pad: u32,
-    /// Heap offset of the AllReduce output (`all_reduce == 1`).
-    pub out_off: u64,
 }
+
+/// AllGather+GEMM comm CTAs move the shard with TMA bulk copies through a ring of
+/// `BULK_STAGES` shared-memory stages of `BULK_STAGE_BYTES` (plus one mbarrier per stage), in
+/// the dynamic shared memory the launch already has for the GEMM's compute CTAs.
+pub const BULK_STAGES: u32 = 6;
+/// Bytes per bulk-copy stage (a multiple of 16).
+pub const BULK_STAGE_BYTES: u32 = 32 << 10;
+const _: () = assert!(BULK_STAGE_BYTES % 16 == 0 && BULK_STAGES >= 2);
+const _: () = assert!(BULK_STAGES * (BULK_STAGE_BYTES + 8) <= crate::GemmTile::FUSED.smem_bytes());

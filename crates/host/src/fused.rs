@@ -135,14 +135,16 @@ impl AgGemmPlan {
 /// A planned GEMM + ReduceScatter: every rank holds `a` (`m` x `k_local`) and `b` (`n` x
 /// `k_local`, `nn.Linear` layout) with K split over ranks, and gets rows
 /// `[rank * m / world, (rank + 1) * m / world)` of `sum_r a_r * b_r^T` in `out` (`m / world` x
-/// `n` bf16, local), partial tiles summed in f32. `n_reduce` CTAs reduce; the rest compute.
+/// `n` bf16, local), partial tiles summed in f32. Every CTA computes; `parts` cuts each rank's
+/// row chunk into parts visited in turn (docs/fused.md), so reductions (and AllReduce's
+/// broadcasts) start early.
 pub struct GemmRsPlan {
     func: CudaFunction,
     _maps: CudaSlice<u64>,
     _args: CudaSlice<u8>,
     args_addr: u64,
     grid: u32,
-    n_reduce: u32,
+    parts: u32,
     /// GEMM + AllReduce: the whole `m` x `n` sum, in the heap (same offset on every rank).
     ar_out: Option<SymBuffer>,
 }
@@ -152,7 +154,7 @@ impl GemmRsPlan {
     /// holds `n` x `k_local`, `out` holds `m / world` x `n`. The buffers must outlive every
     /// launch of the plan.
     #[allow(clippy::too_many_arguments)]
-    pub fn from_slices(comm: &mut Communicator, stream: &Arc<CudaStream>, a: &CudaSlice<half::bf16>, b: &CudaSlice<half::bf16>, out: &mut CudaSlice<half::bf16>, m: usize, n: usize, k_local: usize, n_reduce: u32) -> Result<GemmRsPlan> {
+    pub fn from_slices(comm: &mut Communicator, stream: &Arc<CudaStream>, a: &CudaSlice<half::bf16>, b: &CudaSlice<half::bf16>, out: &mut CudaSlice<half::bf16>, m: usize, n: usize, k_local: usize, parts: u32) -> Result<GemmRsPlan> {
         let world = comm.world() as usize;
         check_len("gemm_rs", "A", a.len(), m * k_local)?;
         check_len("gemm_rs", "B", b.len(), n * k_local)?;
@@ -160,7 +162,7 @@ impl GemmRsPlan {
         let (pa, pb) = (a.device_ptr(stream).0, b.device_ptr(stream).0);
         let po = { use cudarc::driver::DevicePtrMut; out.device_ptr_mut(stream).0 };
         // SAFETY: lengths checked above; the caller keeps the buffers alive (documented).
-        unsafe { Self::new(comm, stream, pa, pb, po, m, n, k_local, n_reduce) }
+        unsafe { Self::new(comm, stream, pa, pb, po, m, n, k_local, parts) }
     }
 
     /// Plans the fused GEMM + ReduceScatter (collective: every local rank plans the same shape).
@@ -169,8 +171,8 @@ impl GemmRsPlan {
     /// `a`, `b`, `out` must hold the sizes above (16-byte aligned) and stay valid while the plan
     /// is launched.
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn new(comm: &mut Communicator, stream: &Arc<CudaStream>, a: u64, b: u64, out: u64, m: usize, n: usize, k_local: usize, n_reduce: u32) -> Result<GemmRsPlan> {
-        unsafe { Self::build(comm, stream, a, b, Some(out), m, n, k_local, n_reduce) }
+    pub unsafe fn new(comm: &mut Communicator, stream: &Arc<CudaStream>, a: u64, b: u64, out: u64, m: usize, n: usize, k_local: usize, parts: u32) -> Result<GemmRsPlan> {
+        unsafe { Self::build(comm, stream, a, b, Some(out), m, n, k_local, parts) }
     }
 
     /// Plans GEMM + AllReduce: as [`GemmRsPlan::new`], but every rank gets the whole
@@ -180,8 +182,8 @@ impl GemmRsPlan {
     /// # Safety
     /// As [`GemmRsPlan::new`] (without `out`).
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn new_all_reduce(comm: &mut Communicator, stream: &Arc<CudaStream>, a: u64, b: u64, m: usize, n: usize, k_local: usize, n_reduce: u32) -> Result<GemmRsPlan> {
-        unsafe { Self::build(comm, stream, a, b, None, m, n, k_local, n_reduce) }
+    pub unsafe fn new_all_reduce(comm: &mut Communicator, stream: &Arc<CudaStream>, a: u64, b: u64, m: usize, n: usize, k_local: usize, parts: u32) -> Result<GemmRsPlan> {
+        unsafe { Self::build(comm, stream, a, b, None, m, n, k_local, parts) }
     }
 
     /// The AllReduce output in the heap (`None` for a ReduceScatter plan).
@@ -190,7 +192,7 @@ impl GemmRsPlan {
     }
 
     #[allow(clippy::too_many_arguments)]
-    unsafe fn build(comm: &mut Communicator, stream: &Arc<CudaStream>, a: u64, b: u64, out: Option<u64>, m: usize, n: usize, k_local: usize, n_reduce: u32) -> Result<GemmRsPlan> {
+    unsafe fn build(comm: &mut Communicator, stream: &Arc<CudaStream>, a: u64, b: u64, out: Option<u64>, m: usize, n: usize, k_local: usize, parts: u32) -> Result<GemmRsPlan> {
         let op = if out.is_some() { "gemm_rs" } else { "gemm_ar" };
         let world = comm.world() as usize;
         let t = GemmTile::DEFAULT;
@@ -215,9 +217,10 @@ impl GemmRsPlan {
         let device: Device = comm.device().clone();
         let sms = device.sm_count();
         let tune_op = if out.is_some() { "gemm-rs" } else { "gemm-ar" };
-        let n_reduce = crate::tune::split_for(n_reduce, &crate::tune::TuneKey { op: tune_op.into(), world: world as u32, m, n, k: k_local * world });
-        if n_reduce == 0 || n_reduce + 1 >= sms {
-            return bad(format!("n_reduce = {n_reduce}: between 1 and {}", sms - 2));
+        let parts = crate::tune::split_for(parts, &crate::tune::TuneKey { op: tune_op.into(), world: world as u32, m, n, k: k_local * world });
+        let row_tiles = m / world / t.block_m as usize;
+        if parts == 0 || row_tiles % parts as usize != 0 {
+            return bad(format!("parts = {parts} must divide the {row_tiles} row tiles of a rank's chunk (m / world / {})", t.block_m));
         }
         let chunk_rows = (m / world) as u64;
         let slot_bytes = chunk_rows * n as u64 * 2;
@@ -227,40 +230,50 @@ impl GemmRsPlan {
         let (m64, n64, k64) = (m as u64, n as u64, k_local as u64);
         let map_a = encode_bf16_sw128(Tensor2d { ptr: a, cols: k64, rows: m64, row_stride_bytes: 2 * k64 }, t.block_k, t.block_m)?;
         let map_b = encode_bf16_sw128(Tensor2d { ptr: b, cols: k64, rows: n64, row_stride_bytes: 2 * k64 }, t.block_k, t.block_n)?;
-        let mut words = vec![0u64; 16 * (2 + world)];
-        words[..16].copy_from_slice(&map_a.opaque);
-        words[16..32].copy_from_slice(&map_b.opaque);
+        // Tensor maps: A, B, this rank's slot at every rank, where the reduced chunk goes.
+        let box_map = |ptr: u64| encode_bf16_sw128(Tensor2d { ptr, cols: n64, rows: chunk_rows, row_stride_bytes: 2 * n64 }, GemmTile::EPILOGUE_BOX_COLS, GemmTile::EPILOGUE_BOX_ROWS);
+        let mut maps_host = vec![map_a.opaque, map_b.opaque];
         for p in 0..world {
-            let slot = comm.peer_ptr(p as u32, &recv) + rank * slot_bytes;
-            let map = encode_bf16_sw128(Tensor2d { ptr: slot, cols: n64, rows: chunk_rows, row_stride_bytes: 2 * n64 }, GemmTile::EPILOGUE_BOX_COLS, GemmTile::EPILOGUE_BOX_ROWS)?;
-            words[16 * (2 + p)..16 * (3 + p)].copy_from_slice(&map.opaque);
+            maps_host.push(box_map(comm.peer_ptr(p as u32, &recv) + rank * slot_bytes)?.opaque);
         }
+        let outs: Vec<u64> = match (out, ar_out) {
+            (Some(o), _) => vec![o],
+            (None, Some(ar)) => (0..world).map(|p| comm.peer_ptr(p as u32, &ar) + rank * slot_bytes).collect(),
+            (None, None) => unreachable!("an AllReduce plan reserves its output"),
+        };
+        for &o in &outs {
+            maps_host.push(box_map(o)?.opaque);
+        }
+        let words: Vec<u64> = maps_host.concat();
         let maps = stream.clone_htod(&words)?;
         let maps_addr = maps.device_ptr(stream).0;
-        let mut map_recv = [0u64; 8];
-        for (p, m) in map_recv.iter_mut().enumerate().take(world) {
-            *m = maps_addr + 128 * (2 + p as u64);
+        let map_at = |i: usize| maps_addr + 128 * i as u64;
+        let (mut map_recv, mut map_out) = ([0u64; 8], [0u64; 8]);
+        for p in 0..world {
+            map_recv[p] = map_at(2 + p);
+        }
+        for i in 0..outs.len() {
+            map_out[i] = map_at(2 + world + i);
         }
         let args = GemmRsArgs {
             desc: comm.desc_ptr(),
-            map_a: maps_addr,
-            map_b: maps_addr + 128,
+            map_a: map_at(0),
+            map_b: map_at(1),
             map_recv,
+            map_out,
             recv_off: recv.offset,
-            out: out.unwrap_or(0),
             m: m as u32,
             n: n as u32,
             k: k_local as u32,
-            n_reduce,
+            part_tiles_m: (row_tiles / parts as usize) as u32,
             all_reduce: ar_out.is_some() as u32,
             _pad: 0,
-            out_off: ar_out.map_or(0, |b| b.offset),
         };
         // SAFETY: GemmRsArgs is repr(C) plain data.
         let bytes = unsafe { std::slice::from_raw_parts(&args as *const GemmRsArgs as *const u8, std::mem::size_of::<GemmRsArgs>()) };
         let args_dev = stream.clone_htod(bytes)?;
         let args_addr = args_dev.device_ptr(stream).0;
-        Ok(GemmRsPlan { func: device.function(&kernels::GEMM_RS_NK)?, _maps: maps, _args: args_dev, args_addr, grid: sms, n_reduce, ar_out })
+        Ok(GemmRsPlan { func: device.function(&kernels::GEMM_RS_NK)?, _maps: maps, _args: args_dev, args_addr, grid: sms, parts, ar_out })
     }
 
     /// Enqueues the fused kernel.
@@ -271,9 +284,9 @@ impl GemmRsPlan {
         unsafe { b.launch(Device::launch_config(&kernels::GEMM_RS_NK, self.grid)) }?;
         Ok(())
     }
-    /// CTAs reducing, and in total.
+    /// Parts per row chunk, and CTAs in total.
     pub fn split(&self) -> (u32, u32) {
-        (self.n_reduce, self.grid)
+        (self.parts, self.grid)
     }
 }
 

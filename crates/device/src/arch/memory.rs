@@ -85,6 +85,17 @@ pub unsafe fn st_relaxed_u32(scope: Scope, p: *mut u32, v: u32) {
         }
     }
 }
+/// `st.relaxed.{cta,gpu,sys}.u64 [p], v;`
+#[inline(always)]
+pub unsafe fn st_relaxed_u64(scope: Scope, p: *mut u64, v: u64) {
+    unsafe {
+        match scope {
+            Scope::Cta => asm!("st.relaxed.cta.u64 [{0}], {1};", in(reg64) p, in(reg64) v, options(nostack)),
+            Scope::Gpu => asm!("st.relaxed.gpu.u64 [{0}], {1};", in(reg64) p, in(reg64) v, options(nostack)),
+            Scope::Sys => asm!("st.relaxed.sys.u64 [{0}], {1};", in(reg64) p, in(reg64) v, options(nostack)),
+        }
+    }
+}
 /// Release-ordered add with no result: `red.release.{cta,gpu,sys}.add.u32 [p], v;`
 #[inline(always)]
 pub unsafe fn red_release_add_u32(scope: Scope, p: *mut u32, v: u32) {
@@ -229,4 +240,12 @@ pub unsafe fn red_release_add_u64(scope: Scope, p: *mut u64, v: u64) {
             Scope::Sys => asm!("red.release.sys.global.add.u64 [{0}], {1};", in(reg64) p, in(reg64) v, options(nostack)),
         }
     }
+}
+/// 4 bytes from global memory through L2 only (data another GPU wrote during this launch; no
+/// stale L1 line): `ld.global.cg.u32 v, [p];`
+#[inline(always)]
+pub unsafe fn ld_cg_u32(p: *const u8) -> u32 {
+    let v: u32;
+    unsafe { asm!("ld.global.cg.u32 {0}, [{1}];", out(reg32) v, in(reg64) p, options(nostack, readonly)) };
+    v
 }

@@ -57,3 +57,24 @@ pub fn store_wait_read<const N: u32>() {
 pub fn store_wait<const N: u32>() {
     unsafe { asm!("cp.async.bulk.wait_group {0};", const N, options(nostack)) };
 }
+
+/// Contiguous bulk copy global -> shared that completes `bytes` on `bar` (addresses 16-byte
+/// aligned, `bytes` a multiple of 16):
+/// `cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [dst], [src], bytes, [bar];`
+#[inline(always)]
+pub unsafe fn bulk_load(dst: SmemAddr, src: *const u8, bytes: u32, bar: SmemAddr) {
+    unsafe {
+        asm!(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [{0}], [{1}], {2}, [{3}];",
+            in(reg32) dst.0, in(reg64) src, in(reg32) bytes, in(reg32) bar.0, options(nostack)
+        )
+    };
+}
+
+/// Contiguous bulk copy shared -> global (local or a peer's memory over NVLink), tracked by the
+/// bulk async-group of [`store_commit`] / [`store_wait`]:
+/// `cp.async.bulk.global.shared::cta.bulk_group [dst], [src], bytes;`
+#[inline(always)]
+pub unsafe fn bulk_store(dst: *mut u8, src: SmemAddr, bytes: u32) {
+    unsafe { asm!("cp.async.bulk.global.shared::cta.bulk_group [{0}], [{1}], {2};", in(reg64) dst, in(reg32) src.0, in(reg32) bytes, options(nostack)) };
+}

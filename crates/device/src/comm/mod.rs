@@ -6,6 +6,7 @@
 //! `fence.acq_rel.sys` + `st.release.sys` after a CTA barrier that follows the data stores,
 //! and read only by the destination with `ld.acquire.sys`; waits poll local memory only.
 
+pub mod bulk;
 pub mod ctx;
 pub mod ll;
 pub mod move_data;

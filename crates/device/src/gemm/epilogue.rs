@@ -39,6 +39,49 @@ macro_rules! unroll_32 {
 /// (`cp.async.bulk.wait_group.read 1` keeps the other buffer's store in flight).
 #[inline(always)]
 pub unsafe fn store_tile_tma(ring: &Ring, map_c: TensorMap, tile: Tile, wg: u32, acc: &[f32; 128]) {
+    unsafe { store_tile_tma_to(ring, map_c, tile, wg, acc) };
+}
+
+/// Where an epilogue's bulk stores go: one tensor map, or several ([`MapTable`]).
+pub trait TileDestinations: Copy {
+    fn count(&self) -> u32;
+    fn map(&self, i: u32) -> TensorMap;
+}
+
+impl TileDestinations for TensorMap {
+    #[inline(always)]
+    fn count(&self) -> u32 {
+        1
+    }
+    #[inline(always)]
+    fn map(&self, _: u32) -> TensorMap {
+        *self
+    }
+}
+
+/// `count` tensor maps whose addresses are in a table in global memory (read when used, so
+/// they cost the epilogue no registers).
+#[derive(Clone, Copy)]
+pub struct MapTable {
+    pub maps: *const u64,
+    pub count: u32,
+}
+
+impl TileDestinations for MapTable {
+    #[inline(always)]
+    fn count(&self) -> u32 {
+        self.count
+    }
+    #[inline(always)]
+    fn map(&self, i: u32) -> TensorMap {
+        TensorMap(unsafe { self.maps.add(i as usize).read() } as *const u8)
+    }
+}
+
+/// As [`store_tile_tma`], the same tile to every destination of `maps` (the bulk stores of one
+/// staged box to all of them form one bulk group).
+#[inline(always)]
+pub unsafe fn store_tile_tma_to(ring: &Ring, maps: impl TileDestinations, tile: Tile, wg: u32, acc: &[f32; 128]) {
     let t = ids::thread_in_warpgroup();
     let (warp, lane) = (t / 32, t % 32);
     let leader = t == 0;
@@ -58,7 +101,9 @@ pub unsafe fn store_tile_tma(ring: &Ring, map_c: TensorMap, tile: Tile, wg: u32,
             memory::fence_proxy_async_shared();
             sync::named_barrier_sync(barrier, 128);
             if leader {
-                unsafe { tma::store_2d(map_c, tile.n0 + 64 * $q, tile.m0 + wg * TILE.rows_per_consumer(), staging) };
+                for m in 0..maps.count() {
+                    unsafe { tma::store_2d(maps.map(m), tile.n0 + 64 * $q, tile.m0 + wg * TILE.rows_per_consumer(), staging) };
+                }
                 tma::store_commit();
             }
         }};
@@ -82,6 +127,42 @@ pub unsafe fn store_tile_tma(ring: &Ring, map_c: TensorMap, tile: Tile, wg: u32,
     store_box!(1, 1);
     store_box!(2, 0);
     store_box!(3, 1);
+}
+
+/// Adds a bf16 matrix into warpgroup `wg`'s accumulators of a tile: `src` is the address of the
+/// tile's element (0, 0) in a row-major matrix of row stride `ld` elements, `cols` how many of
+/// the tile's columns exist (at least 256 for an interior tile); missing columns are skipped
+/// (the TMA store clips them). Loads go through L2 only (`ld.global.cg`): the data was written
+/// by other GPUs during this launch.
+#[inline(always)]
+pub unsafe fn add_bf16_tile(acc: &mut [f32; 128], src: u64, ld: u32, cols: u32, wg: u32) {
+    let t = ids::thread_in_warpgroup();
+    let row0 = (wg * TILE.rows_per_consumer() + (t / 32) * 16 + (t % 32) / 4) as u64;
+    let col0 = 2 * (t % 4);
+    let p0 = src + (row0 * ld as u64 + col0 as u64) * 2;
+    let down8 = 8 * ld as u64 * 2;
+    // Columns of this thread's pair j are col0 + 8 j: compare 8 j (an immediate) with what is
+    // left, so no per-pair value stays live across the tile loop.
+    let left = cols.saturating_sub(col0);
+    macro_rules! add_pairs {
+        ($checked:expr) => {
+            unroll_32!(j => {
+                if !$checked || 8 * (j as u32) < left {
+                    let p = p0 + 16 * j as u64;
+                    let (v0, v1) = unsafe { (memory::ld_cg_u32(p as *const u8), memory::ld_cg_u32((p + down8) as *const u8)) };
+                    acc[4 * j] += f32::from_bits(v0 << 16);
+                    acc[4 * j + 1] += f32::from_bits(v0 & 0xffff_0000);
+                    acc[4 * j + 2] += f32::from_bits(v1 << 16);
+                    acc[4 * j + 3] += f32::from_bits(v1 & 0xffff_0000);
+                }
+            })
+        };
+    }
+    if cols >= TILE.block_n {
+        add_pairs!(false);
+    } else {
+        add_pairs!(true);
+    }
 }
 
 /// Waits until the warpgroup's bulk stores stopped reading shared memory (before the CTA exits).

@@ -22,6 +22,11 @@ pub struct TileScheduler {
     /// Tile rows are visited starting at this one (wrapping): fused kernels start where their
     /// data is already present (AllGather+GEMM: the local shard first, then peers in order).
     first_tile_m: u32,
+    /// Chunked order of GEMM+ReduceScatter/AllReduce (0: off): see [`TileScheduler::chunked`].
+    part_tiles_m: u32,
+    chunk_tiles_m: u32,
+    world: u32,
+    rank: u32,
 }
 
 impl TileScheduler {
@@ -37,7 +42,33 @@ impl TileScheduler {
             block_m,
             block_n,
             first_tile_m: 0,
+            part_tiles_m: 0,
+            chunk_tiles_m: 0,
+            world: 1,
+            rank: 0,
         }
+    }
+
+    /// The order of GEMM+ReduceScatter/AllReduce on rank `rank` of `world`: the M rows form
+    /// `world` chunks (chunk `d` is reduced on rank `d`), each cut into `G` parts of
+    /// `part_tiles_m` tile rows; a *block* is one part of one chunk (`part_tiles_m x tiles_n`
+    /// tiles). The sequence is
+    /// - segment 0: the peers' blocks of part 0, chunks `rank + 1, rank + 2, ...`;
+    /// - segment g = 1..G: the peers' blocks of part g merged tile by tile with this rank's own
+    ///   block of part g - 1 (`world - 1` peer tiles, then one own tile, ...);
+    /// - last: the own block of part G - 1.
+    /// So every own tile comes a whole segment after the peers computed (and sent) their
+    /// partials of it, and the NVLink stores are spread over the whole launch instead of
+    /// pausing while the own chunk is computed. `m` must be a multiple of
+    /// `world x part_tiles_m x block_m`. Inside a block tiles walk down M first, `group_m`
+    /// rows at a time.
+    #[inline(always)]
+    pub fn chunked(mut self, world: u32, rank: u32, part_tiles_m: u32) -> Self {
+        self.world = world;
+        self.rank = rank;
+        self.part_tiles_m = part_tiles_m;
+        self.chunk_tiles_m = self.tiles_m / world;
+        self
     }
 
     /// Visits tile rows from `first_tile_m` on (wrapping around).
@@ -47,16 +78,35 @@ impl TileScheduler {
         self
     }
 
+    /// Tile `t` of the chunked order: (chunk, part, index inside the block).
+    #[inline(always)]
+    fn chunked_tile(&self, t: u32) -> Tile {
+        let (w, b) = (self.world, self.part_tiles_m * self.tiles_n);
+        let total = self.total();
+        let peer = |step: u32| (self.rank + 1 + step) % w;
+        let (chunk, part, i) = if t < (w - 1) * b {
+            (peer(t / b), 0, t % b)
+        } else if t >= total - b {
+            (self.rank, self.chunk_tiles_m / self.part_tiles_m - 1, t - (total - b))
+        } else {
+            let u = t - (w - 1) * b;
+            let (part, v) = (1 + u / (w * b), u % (w * b));
+            let (i, r) = (v / w, v % w);
+            if r == w - 1 { (self.rank, part - 1, i) } else { (peer(r), part, i) }
+        };
+        let (tm, tn) = grouped(i, self.part_tiles_m, self.tiles_n, self.group_m);
+        let tm = chunk * self.chunk_tiles_m + part * self.part_tiles_m + tm;
+        Tile { m0: tm * self.block_m, n0: tn * self.block_n }
+    }
+
     /// The tile with linear index `t` under grouped rasterization.
     #[inline(always)]
     pub fn tile(&self, t: u32) -> Tile {
-        let group_size = self.group_m * self.tiles_n;
-        let group = t / group_size;
-        let first_m = group * self.group_m;
-        let rows = if self.tiles_m - first_m < self.group_m { self.tiles_m - first_m } else { self.group_m };
-        let in_group = t % group_size;
-        let tm = (first_m + in_group % rows + self.first_tile_m) % self.tiles_m;
-        Tile { m0: tm * self.block_m, n0: (in_group / rows) * self.block_n }
+        if self.part_tiles_m != 0 {
+            return self.chunked_tile(t);
+        }
+        let (tm, tn) = grouped(t, self.tiles_m, self.tiles_n, self.group_m);
+        Tile { m0: ((tm + self.first_tile_m) % self.tiles_m) * self.block_m, n0: tn * self.block_n }
     }
 
     /// Number of output tiles.
@@ -64,6 +114,17 @@ impl TileScheduler {
     pub fn total(&self) -> u32 {
         self.tiles_m * self.tiles_n
     }
+}
+
+/// Tile `(row, column)` of linear index `t` in a `tiles_m x tiles_n` grid rasterized in groups
+/// of `group_m` rows (consecutive tiles walk down M inside a group).
+#[inline(always)]
+fn grouped(t: u32, tiles_m: u32, tiles_n: u32, group_m: u32) -> (u32, u32) {
+    let group_size = group_m * tiles_n;
+    let first_m = (t / group_size) * group_m;
+    let rows = if tiles_m - first_m < group_m { tiles_m - first_m } else { group_m };
+    let in_group = t % group_size;
+    (first_m + in_group % rows, in_group / rows)
 }
 
 impl Iterator for TileScheduler {

@@ -14,20 +14,19 @@
 //! Buffer reuse: before writing into a peer's gathered buffer, a comm CTA waits for that peer's
 //! `Ready` (raised by its comm CTA 0 at start: its previous launch, which read the buffer, ended).
 use crate::arch::{ids, memory, memory::Scope, regs, smem, sync, tma, tma::TensorMap};
-use crate::comm::move_data::copy;
+use crate::comm::bulk::BulkRing;
 use crate::comm::wait::wait_flag_of_cta;
 use crate::comm::CommCtx;
 use crate::gemm::consumer::mma_tile;
-use crate::gemm::epilogue::{drain_tma_stores, store_tile_tma};
+use crate::gemm::epilogue::{add_bf16_tile, drain_tma_stores, store_tile_tma, store_tile_tma_to, MapTable};
 use crate::gemm::producer::load_tile;
 use crate::gemm::ring::{Ring, RingPos};
 use crate::gemm::scheduler::TileScheduler;
 use crate::gemm::{BLayout, TILE};
-use crate::comm::move_data::{reduce, Dtype};
 use crate::gemm::scheduler::Tile;
 use mkernel_config::fused::{AgGemmArgs, GemmRsArgs};
 use mkernel_config::GemmTile;
-use mkernel_config::comm::{flag_offset, CommDesc, FlagSlot, Role, CONSUMED_OFFSET, FUSED_EPOCH_OFFSET, FUSED_EXITS_OFFSET, MAX_COMM_CTAS};
+use mkernel_config::comm::{flag_offset, CommDesc, FlagSlot, Role, FUSED_EPOCH_OFFSET, FUSED_EXITS_OFFSET};
 
 
 #[inline(always)]
@@ -81,7 +80,9 @@ pub unsafe extern "ptx-kernel" fn mk_ag_gemm_bf16_nk(args: *const AgGemmArgs) {
     unsafe { exit_launch(&c, c.epoch) };
 }
 
-/// Pushes this rank's shard, chunk by chunk, to every peer.
+/// Pushes this rank's shard, chunk by chunk, to every peer with TMA bulk copies (thread 0 of
+/// each comm CTA; [`BulkRing`]). Peers in the order they need the shard: rank `r` visits its
+/// own rows first, then rank `r + 1`'s, so rank `r - 1` needs this shard first.
 #[inline(always)]
 unsafe fn comm_role(c: &CommCtx, a: &AgGemmArgs, idx: u32, chunks: u32, row_bytes: u64) {
     let t = ids::thread_idx();
@@ -90,23 +91,25 @@ unsafe fn comm_role(c: &CommCtx, a: &AgGemmArgs, idx: u32, chunks: u32, row_byte
         if idx == 0 && t < c.world && t != c.rank {
             memory::st_release_u64(Scope::Sys, (c.heap(t) + flag_offset(FlagSlot::FusedReady, c.rank, 0)) as *mut u64, c.epoch);
         }
+        if t != 0 {
+            return;
+        }
+        let mut ring = BulkRing::new(smem::dynamic_smem_addr());
         let chunk_bytes = TILE.block_m as u64 * row_bytes;
         let shard_first_row = c.rank as u64 * chunks as u64 * TILE.block_m as u64;
         for kk in 1..c.world {
-            let p = (c.rank + kk) % c.world;
-            // Wait (one thread, bounded) until p's previous launch finished with its buffer.
-            let ok = t != 0 || wait_flag_of_cta(c, FlagSlot::FusedReady, p, 0, c.epoch);
-            if sync::sync_threads_or(!ok) {
+            let p = (c.rank + c.world - kk) % c.world;
+            // Wait (bounded) until p's previous launch finished with its buffer.
+            if !wait_flag_of_cta(c, FlagSlot::FusedReady, p, 0, c.epoch) {
                 return;
             }
             let mut j = idx;
             while j < chunks {
                 let off = (shard_first_row + j as u64 * TILE.block_m as u64) * row_bytes;
-                copy((c.heap(p) + a.a_gathered_off + off) as *mut u8, (a.a_shard + j as u64 * chunk_bytes) as *const u8, chunk_bytes / 16);
-                sync::sync_threads();
-                if t == 0 {
-                    memory::st_release_u64(Scope::Sys, (c.heap(p) + flag_offset(FlagSlot::Tile0, c.rank, j)) as *mut u64, c.epoch);
-                }
+                let mut dsts = [0u64; 8];
+                dsts[0] = c.heap(p) + a.a_gathered_off + off;
+                ring.copy(&dsts, 1, a.a_shard + j as u64 * chunk_bytes, chunk_bytes);
+                memory::st_release_u64(Scope::Sys, (c.heap(p) + flag_offset(FlagSlot::Tile0, c.rank, j)) as *mut u64, c.epoch);
                 j += a.n_comm;
             }
         }
@@ -183,103 +186,62 @@ unsafe fn compute_role(a: &AgGemmArgs, idx: u32) {
     }
 }
 
-/// `mk_gemm_rs_bf16_nk`: GEMM + ReduceScatter. Every rank computes its partial product
-/// `P_r = A_r * B_r^T` (M x N; K is split over ranks) and rank `d` gets rows chunk `d` of
-/// `sum_r P_r`, summed in f32.
-/// - CTAs `n_reduce..` (Compute): the persistent GEMM, tile rows visited from the next rank's
-///   chunk on (own chunk last), so peers can start reducing early. Each output tile is stored
-///   with TMA straight into the destination rank's receive slot for this rank (over NVLink for
-///   peers); once the bulk stores completed, one thread adds 1 to `(Tile1, rank, row tile)` at
-///   the destination (`red.release.sys`). Before the first tile for a peer, it waits for the
-///   peer's `FusedReady` (its receive buffer is free).
-/// - CTAs `0..n_reduce` (role InterReduce reused as "reduce"): for each row tile of this rank's
-///   chunk, wait until every source's count reached `consumed + tiles_n`, sum the `world`
-///   slots in f32 (rank order) into the output, and advance `consumed`.
+/// `mk_gemm_rs_bf16_nk`: GEMM + ReduceScatter / AllReduce. Every rank computes its partial
+/// product `P_r = A_r * B_r^T` (M x N; K is split over ranks); rank `d` reduces rows chunk `d`
+/// of `sum_r P_r` in f32. Every CTA computes, in the chunked order of
+/// [`TileScheduler::chunked`] (per part: the peers' chunks first, the own chunk last):
+/// - a peer's tile is stored with TMA straight into this rank's slot of the peer's receive
+///   buffer (over NVLink), and `(Tile1, rank, row tile)` there is incremented once the bulk
+///   stores completed (deferred to the next tile's epilogue, so the NVLink drain overlaps the
+///   next mainloop). The first store to a peer waits for its `FusedReady`.
+/// - an own tile waits until every peer's counter of its row tile is full, adds the peers'
+///   partial tiles (bf16, in rank order) to its f32 accumulators and stores the sum: to the
+///   output (ReduceScatter) or to the rows of this chunk in every rank's output (AllReduce,
+///   then `(Tile0, rank, row tile)` is incremented at every peer). An AllReduce launch ends
+///   once the peers' reduced rows are all in this rank's output.
+/// CTA 0 first zeroes this rank's incoming counters, then raises `FusedReady` at every peer:
+/// senders add to the counters only after that (so counters start at 0 in every launch), and
+/// all additions of a launch have landed before the receiver's launch ends.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_gemm_rs_bf16_nk(args: *const GemmRsArgs) {
     let a = unsafe { &*args };
-    let reducer = ids::block_idx() < a.n_reduce;
-    let role = if reducer { Role::InterReduce } else { Role::Compute };
-    if reducer {
-        let c = unsafe { fused_ctx(a.desc, role) };
-        unsafe { reduce_role(&c, a, ids::block_idx(), a.m / c.world) };
-    } else {
-        unsafe { rs_compute_role(a, ids::block_idx() - a.n_reduce) };
+    if ids::block_idx() == 0 {
+        let c = unsafe { fused_ctx(a.desc, Role::Compute) };
+        unsafe { open_receive_buffers(&c, a) };
     }
-    let c = unsafe { fused_ctx(a.desc, role) };
+    unsafe { rs_compute_role(a, ids::block_idx()) };
+    let c = unsafe { fused_ctx(a.desc, Role::Compute) };
     unsafe { exit_launch(&c, c.epoch) };
 }
 
+/// CTA 0, all threads: zero the incoming `Tile1` (and `Tile0`) counters of this shape's row
+/// tiles, then raise `FusedReady` at every peer.
 #[inline(always)]
-unsafe fn reduce_role(c: &CommCtx, a: &GemmRsArgs, idx: u32, chunk_rows: u32) {
-    let t = ids::thread_idx();
-    let local = c.heap(c.rank);
-    unsafe {
-        // Our receive buffer is free (our previous launch ended): tell the peers.
-        if idx == 0 && t < c.world && t != c.rank {
-            memory::st_release_u64(Scope::Sys, (c.heap(t) + flag_offset(FlagSlot::FusedReady, c.rank, 0)) as *mut u64, c.epoch);
+unsafe fn open_receive_buffers(c: &CommCtx, a: &GemmRsArgs) {
+    let row_tiles = a.m / c.world / TILE.block_m;
+    let (t, nt) = (ids::thread_idx(), ids::block_dim());
+    let mut i = t;
+    while i < c.world * row_tiles {
+        let (src, mt) = (i / row_tiles, i % row_tiles);
+        unsafe {
+            memory::st_relaxed_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::Tile1, src, mt), 0);
+            memory::st_relaxed_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::Tile0, src, mt), 0);
         }
-        let tiles_n = a.n.div_ceil(TILE.block_n) as u64;
-        let row_tiles = chunk_rows / TILE.block_m;
-        let slot_bytes = chunk_rows as u64 * a.n as u64 * 2;
-        let tile_bytes = TILE.block_m as u64 * a.n as u64 * 2;
-        let mut mt = idx;
-        while mt < row_tiles {
-            let consumed = |src: u32| (local + CONSUMED_OFFSET + ((src * MAX_COMM_CTAS + mt) as u64) * 8) as *mut u64;
-            let failed = t < c.world && !wait_flag_of_cta(c, FlagSlot::Tile1, t, mt, consumed(t).read_volatile() + tiles_n);
-            if sync::sync_threads_or(failed) {
-                return;
-            }
-            let mut srcs = [0u64; 8];
-            for r in 0..8u32 {
-                if r < c.world {
-                    srcs[r as usize] = local + a.recv_off + r as u64 * slot_bytes + mt as u64 * tile_bytes;
-                }
-            }
-            let mut dsts = [0u64; 8];
-            let ndst = if a.all_reduce != 0 {
-                // AllReduce: the reduced rows go to their place in every rank's output (NVLink
-                // stores for the peers) once each peer's buffers are free.
-                let failed = t < c.world && t != c.rank && !wait_flag_of_cta(c, FlagSlot::FusedReady, t, 0, c.epoch);
-                if sync::sync_threads_or(failed) {
-                    return;
-                }
-                let row_off = (c.rank as u64 * chunk_rows as u64 + mt as u64 * TILE.block_m as u64) * a.n as u64 * 2;
-                for r in 0..8u32 {
-                    if r < c.world {
-                        dsts[r as usize] = c.heap(r) + a.out_off + row_off;
-                    }
-                }
-                c.world
-            } else {
-                dsts[0] = a.out + mt as u64 * tile_bytes;
-                1
-            };
-            reduce(dsts, ndst, srcs, c.world, tile_bytes / 16, Dtype::Bf16);
-            sync::sync_threads();
-            if t < c.world {
-                let p = consumed(t);
-                p.write_volatile(p.read_volatile() + tiles_n);
-                if a.all_reduce != 0 && t != c.rank {
-                    // "Row tile mt of my chunk is in your output."
-                    memory::st_release_u64(Scope::Sys, (c.heap(t) + flag_offset(FlagSlot::Tile0, c.rank, mt)) as *mut u64, c.epoch);
-                }
-            }
-            mt += a.n_reduce;
-        }
-        if a.all_reduce != 0 {
-            // The launch ends only when the peers' reduced rows are in our output: this CTA
-            // waits for the same row tiles of every peer's chunk.
-            let mut mt = idx;
-            while mt < row_tiles {
-                let failed = t < c.world && t != c.rank && !wait_flag_of_cta(c, FlagSlot::Tile0, t, mt, c.epoch);
-                if sync::sync_threads_or(failed) {
-                    return;
-                }
-                mt += a.n_reduce;
-            }
-        }
+        i += nt;
     }
+    sync::sync_threads();
+    if t < c.world && t != c.rank {
+        unsafe { memory::st_release_u64(Scope::Sys, (c.heap(t) + flag_offset(FlagSlot::FusedReady, c.rank, 0)) as *mut u64, c.epoch) };
+    }
+}
+
+/// A tile whose completion is announced at the next tile's epilogue.
+#[derive(Clone, Copy)]
+struct Pending {
+    /// Destination rank (this rank: an own tile).
+    dest: u32,
+    /// Row tile inside the chunk.
+    mt: u32,
 }
 
 #[inline(always)]
@@ -295,12 +257,10 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
     }
     sync::sync_threads();
     let k_blocks = a.k.div_ceil(TILE.block_k);
-    let n_compute = ids::grid_dim() - a.n_reduce;
     let rank = unsafe { (*(a.desc as *const CommDesc)).rank };
     let world = unsafe { (*(a.desc as *const CommDesc)).world };
     let chunk_rows = a.m / world;
-    let next_chunk_row_tile = ((rank + 1) % world) * chunk_rows / TILE.block_m;
-    let tiles = TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, TILE.group_m, idx, n_compute).starting_at_row(next_chunk_row_tile);
+    let tiles = TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, TILE.group_m, idx, ids::grid_dim()).chunked(world, rank, a.part_tiles_m);
     let wg = ids::warpgroup_idx();
     let mut pos = RingPos::START;
     if wg == 0 {
@@ -310,57 +270,112 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
                 unsafe { load_tile(&ring, &mut pos, map_a, tile.m0, map_b, BLayout::Nk, tile, k_blocks) };
             }
         }
-    } else {
-        regs::setmaxnreg_inc::<{ GemmTile::FUSED.consumer_regs }>();
-        let c = unsafe { fused_ctx(a.desc, Role::Compute) };
-        let c = &c;
-        let first_consumer = ids::thread_idx() == 128;
-        let leader = ids::thread_in_warpgroup() == 0;
-        let mut ready: u32 = 1 << c.rank; // peers whose receive buffer we may write
-        let mut acc = [0f32; 128];
-        // The counter of the previous tile is raised only when this tile's epilogue starts: its
-        // bulk stores drained over NVLink during this tile's mainloop instead of stalling it.
-        let mut pending: Option<*mut u64> = None;
-        for tile in tiles {
-            let dest = tile.m0 / chunk_rows;
-            unsafe {
-                mma_tile(&ring, &mut pos, &mut acc, wg - 1, BLayout::Nk, k_blocks);
-                if let Some(counter) = pending.take() {
-                    publish(counter, leader, first_consumer);
-                }
-                if ready & (1 << dest) == 0 {
-                    let ok = !first_consumer || wait_flag_of_cta(c, FlagSlot::FusedReady, dest, 0, c.epoch);
-                    // Both consumer warpgroups learn the outcome (named barrier 3, 256 threads).
-                    let failed = named_barrier_or(3, 2 * crate::arch::ids::WARPGROUP_THREADS, !ok);
-                    if failed {
-                        break;
-                    }
-                    ready |= 1 << dest;
-                }
-                let local_row = tile.m0 - dest * chunk_rows;
-                let map = TensorMap(*a.map_recv.as_ptr().add(dest as usize) as *const u8);
-                store_tile_tma(&ring, map, Tile { m0: local_row, n0: tile.n0 }, wg - 1, &acc);
-                pending = Some((c.heap(dest) + flag_offset(FlagSlot::Tile1, c.rank, local_row / TILE.block_m)) as *mut u64);
+        return;
+    }
+    regs::setmaxnreg_inc::<{ GemmTile::FUSED.consumer_regs }>();
+    // Only the tile loop's own state lives across the mainloop (next to 128 accumulators);
+    // the context is re-read from the descriptor in each epilogue.
+    let mut ready: u32 = 1 << rank; // ranks whose buffers we may write
+    let mut acc = [0f32; 128];
+    let mut pending: Option<Pending> = None;
+    for tile in tiles {
+        unsafe {
+            mma_tile(&ring, &mut pos, &mut acc, wg - 1, BLayout::Nk, k_blocks);
+            if !rs_epilogue(a, &ring, tile, wg, &mut acc, &mut ready, &mut pending) {
+                return;
             }
         }
-        if let Some(counter) = pending {
-            unsafe { publish(counter, leader, first_consumer) };
+    }
+    let c = unsafe { fused_ctx(a.desc, Role::Compute) };
+    let ct = ids::thread_idx() - crate::arch::ids::WARPGROUP_THREADS;
+    if let Some(p) = pending {
+        unsafe { publish(&c, p, a.all_reduce != 0, ids::thread_in_warpgroup() == 0, ct) };
+    }
+    drain_tma_stores();
+    if a.all_reduce != 0 {
+        // The launch ends once every peer's reduced rows are in our output: this CTA waits for
+        // row tiles idx, idx + grid, ... of every peer's chunk.
+        let tiles_n = a.n.div_ceil(TILE.block_n) as u64;
+        let mut mt = idx;
+        while mt < chunk_rows / TILE.block_m {
+            let ok = ct >= c.world || ct == c.rank || unsafe { wait_flag_of_cta(&c, FlagSlot::Tile0, ct, mt, tiles_n) };
+            if named_barrier_or(3, 2 * crate::arch::ids::WARPGROUP_THREADS, !ok) {
+                return;
+            }
+            mt += ids::grid_dim();
         }
-        drain_tma_stores();
     }
 }
 
-/// Waits until both consumer warpgroups' bulk stores of the last tile completed, then one
-/// thread adds 1 to that tile's row counter at its destination (`red.release.sys`).
+/// The epilogue of one tile of GEMM+ReduceScatter/AllReduce (both consumer warpgroups): announce
+/// the previous tile, then store this one to its peer, or add the peers' partials and store the
+/// sum. False when a wait gave up (the error record is written).
 #[inline(always)]
-unsafe fn publish(counter: *mut u64, leader: bool, first_consumer: bool) {
+unsafe fn rs_epilogue(a: &GemmRsArgs, ring: &Ring, tile: Tile, wg: u32, acc: &mut [f32; 128], ready: &mut u32, pending: &mut Option<Pending>) -> bool {
+    let c = unsafe { fused_ctx(a.desc, Role::Compute) };
+    let c = &c;
+    let ct = ids::thread_idx() - crate::arch::ids::WARPGROUP_THREADS; // 0..256 over both consumers
+    let all_reduce = a.all_reduce != 0;
+    let chunk_rows = a.m / c.world;
+    let dest = tile.m0 / chunk_rows;
+    let local = Tile { m0: tile.m0 - dest * chunk_rows, n0: tile.n0 };
+    let mt = local.m0 / TILE.block_m;
+    unsafe {
+        if let Some(p) = pending.take() {
+            publish(c, p, all_reduce, ids::thread_in_warpgroup() == 0, ct);
+        }
+        // Buffers this tile writes to must be free: the peer's FusedReady.
+        let need = if dest != c.rank { 1 << dest } else if all_reduce { (1u32 << c.world) - 1 } else { 0 };
+        if need & !*ready != 0 {
+            let ok = ct >= c.world || need & !*ready & (1 << ct) == 0 || wait_flag_of_cta(c, FlagSlot::FusedReady, ct, 0, c.epoch);
+            if named_barrier_or(3, 2 * crate::arch::ids::WARPGROUP_THREADS, !ok) {
+                return false;
+            }
+            *ready |= need;
+        }
+        if dest != c.rank {
+            let map = TensorMap(*a.map_recv.as_ptr().add(dest as usize) as *const u8);
+            store_tile_tma(ring, map, local, wg - 1, acc);
+        } else {
+            // Every peer's partial of this row tile has landed here.
+            let tiles_n = a.n.div_ceil(TILE.block_n) as u64;
+            let ok = ct >= c.world || ct == c.rank || wait_flag_of_cta(c, FlagSlot::Tile1, ct, mt, tiles_n);
+            if named_barrier_or(3, 2 * crate::arch::ids::WARPGROUP_THREADS, !ok) {
+                return false;
+            }
+            let slot_bytes = chunk_rows as u64 * a.n as u64 * 2;
+            let at = c.heap(c.rank) + a.recv_off + (local.m0 as u64 * a.n as u64 + local.n0 as u64) * 2;
+            for src in 0..8u32 {
+                if src < c.world && src != c.rank {
+                    add_bf16_tile(acc, at + src as u64 * slot_bytes, a.n, a.n - local.n0, wg - 1);
+                }
+            }
+            let outs = MapTable { maps: a.map_out.as_ptr(), count: if all_reduce { c.world } else { 1 } };
+            store_tile_tma_to(ring, outs, local, wg - 1, acc);
+        }
+        *pending = Some(Pending { dest, mt });
+    }
+    true
+}
+
+/// Waits until both consumer warpgroups' bulk stores of the pending tile completed, then
+/// announces it: a peer's partial tile adds 1 to `(Tile1, rank, mt)` at the peer; an own
+/// AllReduce tile adds 1 to `(Tile0, rank, mt)` at every peer (`red.release.sys`).
+#[inline(always)]
+unsafe fn publish(c: &CommCtx, p: Pending, all_reduce: bool, leader: bool, ct: u32) {
     if leader {
         tma::store_wait::<0>();
         memory::fence_proxy_async();
     }
     sync::named_barrier_sync(3, 2 * crate::arch::ids::WARPGROUP_THREADS);
-    if first_consumer {
-        unsafe { memory::red_release_add_u64(Scope::Sys, counter, 1) };
+    unsafe {
+        if p.dest != c.rank {
+            if ct == 0 {
+                memory::red_release_add_u64(Scope::Sys, (c.heap(p.dest) + flag_offset(FlagSlot::Tile1, c.rank, p.mt)) as *mut u64, 1);
+            }
+        } else if all_reduce && ct < c.world && ct != c.rank {
+            memory::red_release_add_u64(Scope::Sys, (c.heap(ct) + flag_offset(FlagSlot::Tile0, c.rank, p.mt)) as *mut u64, 1);
+        }
     }
 }
 

@@ -1,0 +1,44 @@
+//! CPU checks of the device's tile scheduler (its source compiled for the host): the chunked
+//! order of GEMM+ReduceScatter/AllReduce visits every tile once, and every own tile comes after
+//! every peer computed that tile (the epilogue that adds the peers' partials can never wait for
+//! a tile that is scheduled later).
+#[allow(dead_code)]
+#[path = "../../crates/device/src/gemm/scheduler.rs"]
+mod scheduler;
+use scheduler::TileScheduler;
+
+/// Linear position of each tile (by (m0, n0)) in rank `rank`'s order.
+fn order(m: u32, n: u32, world: u32, rank: u32, part_tiles_m: u32) -> std::collections::HashMap<(u32, u32), u32> {
+    let s = TileScheduler::new(m, n, 128, 256, 8, 0, 1).chunked(world, rank, part_tiles_m);
+    let mut pos = std::collections::HashMap::new();
+    for (i, t) in s.enumerate() {
+        assert!(pos.insert((t.m0, t.n0), i as u32).is_none(), "tile ({}, {}) visited twice", t.m0, t.n0);
+    }
+    pos
+}
+
+#[test]
+fn chunked_order_is_a_permutation_with_own_tiles_after_the_peers() {
+    for &(world, m, n, parts) in &[(2u32, 2048u32, 1024u32, 1u32), (2, 2048, 1000, 2), (4, 4096, 2048, 2), (4, 4096, 512, 4), (8, 8192, 768, 2), (4, 2048, 256, 1)] {
+        let chunk_tiles = m / 128 / world;
+        let pm = chunk_tiles / parts;
+        let orders: Vec<_> = (0..world).map(|r| order(m, n, world, r, pm)).collect();
+        let tiles = (m / 128) * n.div_ceil(256);
+        for (r, o) in orders.iter().enumerate() {
+            assert_eq!(o.len() as u32, tiles, "world {world} rank {r}: every tile once");
+            for (&(m0, n0), &p) in o {
+                let owner = m0 / 128 / chunk_tiles;
+                if owner != r as u32 {
+                    continue;
+                }
+                // An own tile: every peer reached the same tile earlier in its order, with at
+                // least one tile of slack.
+                for (q, oq) in orders.iter().enumerate() {
+                    if q != r {
+                        assert!(oq[&(m0, n0)] < p, "world {world} parts {parts}: rank {r}'s own tile ({m0}, {n0}) at {p}, rank {q} computes it at {}", oq[&(m0, n0)]);
+                    }
+                }
+            }
+        }
+    }
+}
