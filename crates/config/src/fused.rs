@@ -58,9 +58,14 @@ pub struct GemmRsArgs {
 
 /// AllGather+GEMM comm CTAs move the shard with TMA bulk copies through a ring of
 /// `BULK_STAGES` shared-memory stages of `BULK_STAGE_BYTES` (plus one mbarrier per stage), in
-/// the dynamic shared memory the launch already has for the GEMM's compute CTAs.
-pub const BULK_STAGES: u32 = 6;
+/// the dynamic shared memory the launch already has for the GEMM's compute CTAs. Loads run
+/// `BULK_LOOKAHEAD` pieces ahead; the other stages are read by stores in flight (a store to a
+/// peer finishes reading shared memory only as NVLink takes the data, so a CTA's bandwidth
+/// grows with the bytes it keeps in flight).
+pub const BULK_STAGES: u32 = 12;
 /// Bytes per bulk-copy stage (a multiple of 16).
-pub const BULK_STAGE_BYTES: u32 = 32 << 10;
-const _: () = assert!(BULK_STAGE_BYTES % 16 == 0 && BULK_STAGES >= 2);
+pub const BULK_STAGE_BYTES: u32 = 16 << 10;
+/// Pieces loaded ahead of the one being stored.
+pub const BULK_LOOKAHEAD: u32 = 3;
+const _: () = assert!(BULK_STAGE_BYTES % 16 == 0 && BULK_LOOKAHEAD >= 1 && BULK_LOOKAHEAD < BULK_STAGES);
 const _: () = assert!(BULK_STAGES * (BULK_STAGE_BYTES + 8) <= crate::GemmTile::FUSED.smem_bytes());

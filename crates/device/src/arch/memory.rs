@@ -249,3 +249,8 @@ pub unsafe fn ld_cg_u32(p: *const u8) -> u32 {
     unsafe { asm!("ld.global.cg.u32 {0}, [{1}];", out(reg32) v, in(reg64) p, options(nostack, readonly)) };
     v
 }
+/// Pulls the 128-byte line at `p` into L2: `prefetch.global.L2 [p];`
+#[inline(always)]
+pub unsafe fn prefetch_l2(p: *const u8) {
+    unsafe { asm!("prefetch.global.L2 [{0}];", in(reg64) p, options(nostack, readonly)) };
+}

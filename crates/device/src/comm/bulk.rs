@@ -5,10 +5,11 @@
 //!
 //! Per piece `i` (stage `i % S`): a bulk load completes on the stage's mbarrier; once it
 //! landed, one bulk store per destination is issued and committed as one bulk group. Loads run
-//! `S - 1` pieces ahead: the stage of piece `i - 1` is reloaded once that piece's stores have
-//! finished reading it (`cp.async.bulk.wait_group.read 1` after committing piece `i`).
+//! `L` pieces ahead (`BULK_LOOKAHEAD`): the stage of piece `i + L` last held piece `i + L - S`,
+//! whose stores have finished reading it once at most `S - L` newer groups are still reading
+//! (`cp.async.bulk.wait_group.read S - L`). So up to `S - L` stores are in flight.
 use crate::arch::{mbarrier, memory, smem::SmemAddr, tma};
-use mkernel_config::fused::{BULK_STAGES, BULK_STAGE_BYTES};
+use mkernel_config::fused::{BULK_LOOKAHEAD, BULK_STAGES, BULK_STAGE_BYTES};
 
 /// The ring and how many pieces it has carried (its mbarrier phases).
 pub struct BulkRing {
@@ -61,8 +62,7 @@ impl BulkRing {
         let g0 = self.pieces;
         // The previous call's stores may still read the stages.
         tma::store_wait_read::<0>();
-        let ahead = np.min(BULK_STAGES - 1);
-        for i in 0..ahead {
+        for i in 0..np.min(BULK_LOOKAHEAD) {
             let (off, len) = piece(i);
             unsafe { self.load(g0 + i, (src + off) as *const u8, len) };
         }
@@ -76,12 +76,9 @@ impl BulkRing {
                 }
             }
             tma::store_commit();
-            let j = i + BULK_STAGES - 1;
+            let j = i + BULK_LOOKAHEAD;
             if j < np {
-                if i > 0 {
-                    // Stage (j % S) last held piece i - 1: wait until its stores read it.
-                    tma::store_wait_read::<1>();
-                }
+                tma::store_wait_read::<{ BULK_STAGES - BULK_LOOKAHEAD }>();
                 let (off, len) = piece(j);
                 unsafe { self.load(g0 + j, (src + off) as *const u8, len) };
             }

@@ -35,6 +35,14 @@ impl CommCtx {
         let local = unsafe { *d.heaps.as_ptr().add(d.rank as usize) };
         let counter = (local + EPOCH_COUNTERS_OFFSET + 8 * cta as u64) as *const u64;
         let epoch = unsafe { counter.read_volatile() } + 1;
+        unsafe { Self::with_epoch(desc, cta, role, epoch) }
+    }
+
+    /// As [`CommCtx::new`] with a known `epoch` (no read of the counter): for loops that
+    /// rebuild the context instead of keeping it in registers.
+    #[inline(always)]
+    pub unsafe fn with_epoch(desc: *const CommDesc, cta: u32, role: Role, epoch: u64) -> CommCtx {
+        let d = unsafe { &*desc };
         CommCtx {
             rank: d.rank,
             world: d.world,

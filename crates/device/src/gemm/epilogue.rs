@@ -144,19 +144,30 @@ pub unsafe fn add_bf16_tile(acc: &mut [f32; 128], src: u64, ld: u32, cols: u32, 
     // Columns of this thread's pair j are col0 + 8 j: compare 8 j (an immediate) with what is
     // left, so no per-pair value stays live across the tile loop.
     let left = cols.saturating_sub(col0);
+    // Two batches of 16 pairs: all 32 loads of a batch are issued before any is used, so a
+    // batch costs one memory round trip (loads used one by one cost 32).
+    macro_rules! batch {
+        ($checked:expr, $($j:literal)*) => {{
+            let mut v = [[0u32; 2]; 32];
+            $( if !$checked || 8 * ($j as u32) < left {
+                let p = p0 + 16 * $j as u64;
+                v[$j] = unsafe { [memory::ld_cg_u32(p as *const u8), memory::ld_cg_u32((p + down8) as *const u8)] };
+            } )*
+            $( if !$checked || 8 * ($j as u32) < left {
+                acc[4 * $j] += f32::from_bits(v[$j][0] << 16);
+                acc[4 * $j + 1] += f32::from_bits(v[$j][0] & 0xffff_0000);
+                acc[4 * $j + 2] += f32::from_bits(v[$j][1] << 16);
+                acc[4 * $j + 3] += f32::from_bits(v[$j][1] & 0xffff_0000);
+            } )*
+        }};
+    }
     macro_rules! add_pairs {
-        ($checked:expr) => {
-            unroll_32!(j => {
-                if !$checked || 8 * (j as u32) < left {
-                    let p = p0 + 16 * j as u64;
-                    let (v0, v1) = unsafe { (memory::ld_cg_u32(p as *const u8), memory::ld_cg_u32((p + down8) as *const u8)) };
-                    acc[4 * j] += f32::from_bits(v0 << 16);
-                    acc[4 * j + 1] += f32::from_bits(v0 & 0xffff_0000);
-                    acc[4 * j + 2] += f32::from_bits(v1 << 16);
-                    acc[4 * j + 3] += f32::from_bits(v1 & 0xffff_0000);
-                }
-            })
-        };
+        ($checked:expr) => {{
+            batch!($checked, 0 1 2 3 4 5 6 7);
+            batch!($checked, 8 9 10 11 12 13 14 15);
+            batch!($checked, 16 17 18 19 20 21 22 23);
+            batch!($checked, 24 25 26 27 28 29 30 31);
+        }};
     }
     if cols >= TILE.block_n {
         add_pairs!(false);

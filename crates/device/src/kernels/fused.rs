@@ -256,16 +256,21 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
         }
     }
     sync::sync_threads();
-    let k_blocks = a.k.div_ceil(TILE.block_k);
-    let rank = unsafe { (*(a.desc as *const CommDesc)).rank };
-    let world = unsafe { (*(a.desc as *const CommDesc)).world };
-    let chunk_rows = a.m / world;
-    let tiles = TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, TILE.group_m, idx, ids::grid_dim()).chunked(world, rank, a.part_tiles_m);
+    // Each role derives its loop state after its setmaxnreg: values computed before the split
+    // and kept live across it are what ptxas spills.
+    let setup = || {
+        let rank = unsafe { (*(a.desc as *const CommDesc)).rank };
+        let world = unsafe { (*(a.desc as *const CommDesc)).world };
+        let tiles = TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, TILE.group_m, idx, ids::grid_dim()).chunked(world, rank, a.part_tiles_m);
+        (rank, world, tiles, a.k.div_ceil(TILE.block_k))
+    };
     let wg = ids::warpgroup_idx();
     let mut pos = RingPos::START;
     if wg == 0 {
         regs::setmaxnreg_dec::<{ GemmTile::FUSED.producer_regs }>();
         if ids::thread_idx() == 0 {
+            let (_, _, tiles, k_blocks) = setup();
+            let ring = Ring::new(smem::dynamic_smem_addr(), TILE);
             for tile in tiles {
                 unsafe { load_tile(&ring, &mut pos, map_a, tile.m0, map_b, BLayout::Nk, tile, k_blocks) };
             }
@@ -273,15 +278,22 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
         return;
     }
     regs::setmaxnreg_inc::<{ GemmTile::FUSED.consumer_regs }>();
+    let (rank, world, tiles, k_blocks) = setup();
+    let ring = Ring::new(smem::dynamic_smem_addr(), TILE);
+    let chunk_rows = a.m / world;
     // Only the tile loop's own state lives across the mainloop (next to 128 accumulators);
     // the context is re-read from the descriptor in each epilogue.
+    let epoch = unsafe { fused_ctx(a.desc, Role::Compute) }.epoch;
     let mut ready: u32 = 1 << rank; // ranks whose buffers we may write
     let mut acc = [0f32; 128];
     let mut pending: Option<Pending> = None;
     for tile in tiles {
         unsafe {
+            if tile.m0 / chunk_rows == rank {
+                prefetch_partials(a, tile, rank, world);
+            }
             mma_tile(&ring, &mut pos, &mut acc, wg - 1, BLayout::Nk, k_blocks);
-            if !rs_epilogue(a, &ring, tile, wg, &mut acc, &mut ready, &mut pending) {
+            if !rs_epilogue(a, epoch, &ring, tile, wg, &mut acc, &mut ready, &mut pending) {
                 return;
             }
         }
@@ -307,12 +319,42 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
     }
 }
 
+/// Before an own tile's mainloop: the peers' partial tiles it will add are pulled into L2
+/// (each consumer thread prefetches two 128-byte lines of one row per peer), so the epilogue's
+/// loads hit L2. The data has usually landed long before; a line prefetched early is still
+/// coherent (remote stores go through this GPU's L2).
+#[inline(always)]
+unsafe fn prefetch_partials(a: &GemmRsArgs, tile: Tile, rank: u32, world: u32) {
+    let ct = ids::thread_idx() - crate::arch::ids::WARPGROUP_THREADS;
+    let chunk_rows = a.m / world;
+    let (row, half) = (tile.m0 - rank * chunk_rows + ct / 2, ct % 2);
+    let col = tile.n0 + half * 128;
+    if col >= a.n {
+        return;
+    }
+    let slot_bytes = chunk_rows as u64 * a.n as u64 * 2;
+    let local = unsafe { *(*(a.desc as *const CommDesc)).heaps.as_ptr().add(rank as usize) };
+    let at = local + a.recv_off + (row as u64 * a.n as u64 + col as u64) * 2;
+    for src in 0..8u32 {
+        if src < world && src != rank {
+            let p = at + src as u64 * slot_bytes;
+            unsafe {
+                memory::prefetch_l2(p as *const u8);
+                if col + 64 < a.n {
+                    memory::prefetch_l2((p + 128) as *const u8);
+                }
+            }
+        }
+    }
+}
+
 /// The epilogue of one tile of GEMM+ReduceScatter/AllReduce (both consumer warpgroups): announce
 /// the previous tile, then store this one to its peer, or add the peers' partials and store the
 /// sum. False when a wait gave up (the error record is written).
 #[inline(always)]
-unsafe fn rs_epilogue(a: &GemmRsArgs, ring: &Ring, tile: Tile, wg: u32, acc: &mut [f32; 128], ready: &mut u32, pending: &mut Option<Pending>) -> bool {
-    let c = unsafe { fused_ctx(a.desc, Role::Compute) };
+#[allow(clippy::too_many_arguments)]
+unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u32, acc: &mut [f32; 128], ready: &mut u32, pending: &mut Option<Pending>) -> bool {
+    let c = unsafe { CommCtx::with_epoch(a.desc as *const CommDesc, 0, Role::Compute, epoch) };
     let c = &c;
     let ct = ids::thread_idx() - crate::arch::ids::WARPGROUP_THREADS; // 0..256 over both consumers
     let all_reduce = a.all_reduce != 0;
