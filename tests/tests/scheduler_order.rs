@@ -7,25 +7,36 @@
 mod scheduler;
 use scheduler::TileScheduler;
 
-/// Linear position of each tile (by (m0, n0)) in rank `rank`'s order.
-fn order(m: u32, n: u32, world: u32, rank: u32, part_tiles_m: u32) -> std::collections::HashMap<(u32, u32), u32> {
-    let s = TileScheduler::new(m, n, 128, 256, 8, 0, 1).chunked(world, rank, part_tiles_m);
+/// Linear position of each tile (by (m0, n0)) in rank `rank`'s order on a grid of `grid` CTAs.
+fn order(m: u32, n: u32, world: u32, rank: u32, part_tiles_m: u32, grid: u32) -> std::collections::HashMap<(u32, u32), u32> {
+    let s = TileScheduler::new(m, n, 128, 256, 8, 0, grid).chunked(world, rank, part_tiles_m);
     let mut pos = std::collections::HashMap::new();
-    for (i, t) in s.enumerate() {
-        assert!(pos.insert((t.m0, t.n0), i as u32).is_none(), "tile ({}, {}) visited twice", t.m0, t.n0);
+    for i in 0..s.total() {
+        let t = s.tile(i);
+        assert!(pos.insert((t.m0, t.n0), i).is_none(), "tile ({}, {}) visited twice", t.m0, t.n0);
     }
     pos
 }
 
 #[test]
 fn chunked_order_is_a_permutation_with_own_tiles_after_the_peers() {
-    for &(world, m, n, parts) in &[(2u32, 2048u32, 1024u32, 1u32), (2, 2048, 1000, 2), (4, 4096, 2048, 2), (4, 4096, 512, 4), (8, 8192, 768, 2), (4, 2048, 256, 1)] {
+    let cases = [(2u32, 2048u32, 1024u32, 1u32), (2, 2048, 1000, 2), (4, 4096, 2048, 2), (4, 4096, 512, 4), (8, 8192, 768, 2), (4, 2048, 256, 1), (2, 16384, 8192, 4), (4, 16384, 8192, 2)];
+    for ((world, m, n, parts), grid) in cases.iter().flat_map(|&c| [1u32, 7, 132].map(move |g| (c, g))) {
         let chunk_tiles = m / 128 / world;
         let pm = chunk_tiles / parts;
-        let orders: Vec<_> = (0..world).map(|r| order(m, n, world, r, pm)).collect();
+        let orders: Vec<_> = (0..world).map(|r| order(m, n, world, r, pm, grid)).collect();
         let tiles = (m / 128) * n.div_ceil(256);
         for (r, o) in orders.iter().enumerate() {
             assert_eq!(o.len() as u32, tiles, "world {world} rank {r}: every tile once");
+            // Own tiles are shared fairly among the CTAs (CTA c takes positions c, c + grid, ...).
+            let mut own_per_cta = vec![0u32; grid as usize];
+            for (&(m0, _), &p) in o {
+                if m0 / 128 / chunk_tiles == r as u32 {
+                    own_per_cta[(p % grid) as usize] += 1;
+                }
+            }
+            let (lo, hi) = (own_per_cta.iter().min().unwrap(), own_per_cta.iter().max().unwrap());
+            assert!(hi - lo <= parts + 1, "world {world} parts {parts} grid {grid}: own tiles per CTA from {lo} to {hi}");
             for (&(m0, n0), &p) in o {
                 let owner = m0 / 128 / chunk_tiles;
                 if owner != r as u32 {

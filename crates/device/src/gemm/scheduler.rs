@@ -54,8 +54,8 @@ impl TileScheduler {
     /// `part_tiles_m` tile rows; a *block* is one part of one chunk (`part_tiles_m x tiles_n`
     /// tiles). The sequence is
     /// - segment 0: the peers' blocks of part 0, chunks `rank + 1, rank + 2, ...`;
-    /// - segment g = 1..G: the peers' blocks of part g merged tile by tile with this rank's own
-    ///   block of part g - 1 (`world - 1` peer tiles, then one own tile, ...);
+    /// - segment g = 1..G: the peers' blocks of part g merged with this rank's own block of
+    ///   part g - 1 ([`TileScheduler::merged`]: `world - 1` waves of peer tiles, one of own);
     /// - last: the own block of part G - 1.
     /// So every own tile comes a whole segment after the peers computed (and sent) their
     /// partials of it, and the NVLink stores are spread over the whole launch instead of
@@ -78,6 +78,27 @@ impl TileScheduler {
         self
     }
 
+    /// Position `v` of a merged segment (`world - 1` peer blocks and one own block of `b` tiles
+    /// each): `(own, index)`, the index counted over the own block or over the peer blocks in
+    /// turn. Merged by waves of `stride` tiles (one tile per CTA): `world - 1` peer waves, then
+    /// one own wave, so every CTA gets its share of own tiles (a tile-by-tile merge would give
+    /// all own tiles to the CTAs whose index is `world - 1` modulo `world`). What does not fill
+    /// whole groups of waves ends the segment: the remaining peer tiles, then own ones.
+    #[inline(always)]
+    fn merged(&self, v: u32, b: u32) -> (bool, u32) {
+        let (w, g) = (self.world, self.stride);
+        let full = (w * b) / (w * g);
+        if v < full * w * g {
+            let (k, j) = (v / g, v % g);
+            let grp = k / w;
+            if k % w == w - 1 { (true, grp * g + j) } else { (false, (grp * (w - 1) + k % w) * g + j) }
+        } else {
+            let r = v - full * w * g;
+            let peer_left = (w - 1) * b - full * (w - 1) * g;
+            if r < peer_left { (false, full * (w - 1) * g + r) } else { (true, full * g + r - peer_left) }
+        }
+    }
+
     /// Tile `t` of the chunked order: (chunk, part, index inside the block).
     #[inline(always)]
     fn chunked_tile(&self, t: u32) -> Tile {
@@ -91,8 +112,10 @@ impl TileScheduler {
         } else {
             let u = t - (w - 1) * b;
             let (part, v) = (1 + u / (w * b), u % (w * b));
-            let (i, r) = (v / w, v % w);
-            if r == w - 1 { (self.rank, part - 1, i) } else { (peer(r), part, i) }
+            match self.merged(v, b) {
+                (true, i) => (self.rank, part - 1, i),
+                (false, i) => (peer(i / b), part, i % b),
+            }
         };
         let (tm, tn) = grouped(i, self.part_tiles_m, self.tiles_n, self.group_m);
         let tm = chunk * self.chunk_tiles_m + part * self.part_tiles_m + tm;
