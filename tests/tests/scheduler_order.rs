@@ -53,3 +53,26 @@ fn chunked_order_is_a_permutation_with_own_tiles_after_the_peers() {
         }
     }
 }
+
+#[test]
+fn node_major_order_visits_every_tile_own_node_first() {
+    for &(nodes, local, m, n) in &[(1u32, 2u32, 2048u32, 512u32), (2, 1, 1024, 256), (2, 2, 4096, 1000), (4, 2, 8192, 256)] {
+        let world = nodes * local;
+        let shard_tiles = m / 128 / world;
+        for g in 0..world {
+            let (node, lr) = (g / local, g % local);
+            let s = TileScheduler::new(m, n, 128, 256, 8, 0, 1).node_major(nodes, node, lr * shard_tiles);
+            let tiles: Vec<_> = s.collect();
+            let mut seen = std::collections::HashSet::new();
+            assert!(tiles.iter().all(|t| seen.insert((t.m0, t.n0))), "a tile twice");
+            assert_eq!(tiles.len() as u32, (m / 128) * n.div_ceil(256));
+            // The first tiles are this rank's own shard; then the own node's rows come before
+            // any other node's.
+            assert_eq!(tiles[0].m0 / 128 / shard_tiles, g, "nodes {nodes} x {local}: rank {g} starts with its shard");
+            let node_of = |t: &scheduler::Tile| t.m0 / 128 / shard_tiles / local;
+            let last_own_node = tiles.iter().rposition(|t| node_of(t) == node).unwrap();
+            let first_other = tiles.iter().position(|t| node_of(t) != node).unwrap_or(tiles.len());
+            assert!(nodes == 1 || last_own_node < first_other, "nodes {nodes} x {local}: rank {g} visits another node's rows before its own node's");
+        }
+    }
+}

@@ -46,13 +46,16 @@ pub fn run(exclude: &[String]) -> Result<()> {
     let script = dir.join("run-tests.sh");
     std::fs::write(
         &script,
-        "#!/bin/sh\n# Runs every mkernel test binary with GPU tests on; multi-rank tests (collective*) run\n\
-         # under `xtask launch -n <GPUs>`. Usage: bundle/run-tests.sh [test-binary args]\n\
+        "#!/bin/sh\n# Runs every mkernel test binary with GPU tests on; multi-rank tests (collective*, fused*)\n\
+         # run under `xtask launch -n <GPUs>` (fused* and internode* also across 2 emulated nodes). Usage: bundle/run-tests.sh [test-binary args]\n\
          cd \"$(dirname \"$0\")\" || exit 1\nexport MKERNEL_GPU_TESTS=1 NCCL_NVLS_ENABLE=0\n\
          export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}\n\
          NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')\nfail=0\n\
          for t in tests/*; do\n  echo \"== $t\"\n  case \"$t\" in\n\
-         *collective*|*fused*) if [ \"$NGPU\" -ge 2 ]; then ./xtask launch -n \"$NGPU\" --timeout-s 600 -- \"$t\" --test-threads=1 --nocapture \"$@\" || { echo \"FAILED: $t\"; fail=1; }; \\\n\
+         *collective*) if [ \"$NGPU\" -ge 2 ]; then ./xtask launch -n \"$NGPU\" --timeout-s 600 -- \"$t\" --test-threads=1 --nocapture \"$@\" || { echo \"FAILED: $t\"; fail=1; }; \\\n\
+         else \"$t\" --nocapture || fail=1; fi ;;\n\
+         *fused*) if [ \"$NGPU\" -ge 2 ]; then ./xtask launch -n \"$NGPU\" --timeout-s 600 -- \"$t\" --test-threads=1 --nocapture \"$@\" || { echo \"FAILED: $t\"; fail=1; }; \\\n\
+         ./xtask launch -n \"$NGPU\" --nodes 2 --timeout-s 600 -- \"$t\" --test-threads=1 --nocapture \"$@\" || { echo \"FAILED: $t (2 nodes)\"; fail=1; }; \\\n\
          else \"$t\" --nocapture || fail=1; fi ;;\n\
          *internode*) if [ \"$NGPU\" -ge 2 ]; then ./xtask launch -n \"$NGPU\" --nodes 2 --timeout-s 600 -- \"$t\" --test-threads=1 --nocapture \"$@\" || { echo \"FAILED: $t\"; fail=1; }; \\\n\
          else \"$t\" --nocapture || fail=1; fi ;;\n\

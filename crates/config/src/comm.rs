@@ -23,16 +23,20 @@ pub enum FlagSlot {
     Done = 1,
     /// "My data of epoch e is in your staging area" (bulk staged path).
     Staged = 2,
-    /// Fused kernels: chunk arrival (AllGather+GEMM: `(Tile0, src, chunk)` = launch epoch;
-    /// GEMM+AllReduce: `(Tile0, src, row tile)` counts reduced tiles of src's chunk stored here).
+    /// AllGather+GEMM: chunk arrival, `(Tile0, src, chunk)` = launch epoch. Epoch-valued only:
+    /// never shared with a counter (a counter left at 32 would pass a wait for epoch 5).
     Tile0 = 3,
-    /// Fused kernels: partial tiles landed (GEMM+ReduceScatter/AllReduce: `(Tile1, src, row
-    /// tile)` counts src's partial tiles stored here). Counters of a launch are zeroed by the
-    /// receiver before it raises `FusedReady`, after which alone senders add to them.
+    /// GEMM+ReduceScatter/AllReduce: `(Tile1, src, row tile)` counts src's partial tiles stored
+    /// here; zeroed by the receiver before it raises `FusedReady`, after which alone senders add
+    /// to them. AllGather+GEMM across nodes: `(Tile1, own rank, chunk)` = launch epoch once a
+    /// comm CTA staged the own chunk for the proxy (a value the zeroing can only lower).
     Tile1 = 4,
     /// Fused kernels' buffer handshake (`(FusedReady, src, 0)` = launch epoch): kept apart from
     /// the collectives' `Ready`, whose CTA-0 epochs follow another sequence.
     FusedReady = 5,
+    /// GEMM+AllReduce: `(Tile2, src, row tile)` counts reduced tiles of src's chunk stored into
+    /// this rank's output (zeroed like `Tile1`).
+    Tile2 = 6,
 }
 
 impl FlagSlot {
@@ -45,13 +49,14 @@ impl FlagSlot {
             3 => Some(FlagSlot::Tile0),
             4 => Some(FlagSlot::Tile1),
             5 => Some(FlagSlot::FusedReady),
+            6 => Some(FlagSlot::Tile2),
             _ => None,
         }
     }
 }
 
 /// Number of flag slots.
-pub const FLAG_SLOTS: u32 = 6;
+pub const FLAG_SLOTS: u32 = 7;
 /// The epoch counter of latency probes: the last CTA slot, which collectives never use (they
 /// launch at most `MAX_COMM_CTAS - 1` CTAs).
 pub const PROBE_COUNTER: u32 = MAX_COMM_CTAS - 1;
@@ -76,13 +81,20 @@ pub enum RemoteSlot {
     Data = 1,
     /// Latency probes (`mk_proxy_pingpong`): values `epoch << 12 | i`, kept apart from `Data`.
     Probe = 2,
+    /// Fused kernels (their own launch epochs, kept apart from the collectives'): "my buffer
+    /// for your rows is free in fused epoch e".
+    FusedReady = 3,
+    /// Fused kernels: "my shard of fused epoch e has landed in your buffer".
+    FusedData = 4,
 }
+/// Number of [`RemoteSlot`]s.
+pub const REMOTE_SLOTS: u32 = 5;
 /// Byte offset of inter-node flag (`slot`, `src` global rank) in a heap.
 pub const fn remote_flag_offset(slot: RemoteSlot, src: u32) -> u64 {
     REMOTE_FLAGS_OFFSET + ((slot as u32 * MAX_RANKS + src) as u64) * 8
 }
 /// The device-side head of this rank's proxy FIFO (a u64 claimed with `atom.add`).
-pub const FIFO_HEAD_OFFSET: u64 = REMOTE_FLAGS_OFFSET + 3 * MAX_RANKS as u64 * 8;
+pub const FIFO_HEAD_OFFSET: u64 = REMOTE_FLAGS_OFFSET + REMOTE_SLOTS as u64 * MAX_RANKS as u64 * 8;
 
 /// Launch epoch of the fused kernels (u64): every CTA reads it at start; the last CTA to exit
 /// (counted at [`FUSED_EXITS_OFFSET`]) advances it, so all CTAs of a launch agree on it.
@@ -119,6 +131,14 @@ pub mod fifo {
     pub const CMD_FLAG_VALUE: u64 = 48;
     pub const CMD_EPOCH: u64 = 56;
     pub const CMD_FLAGS: u64 = 60;
+    /// `flags` bits 1-2: the epoch sequence of `epoch` (the proxy checks that epochs only grow
+    /// within a sequence; kinds of kernels count their launches separately).
+    pub const CMD_EPOCH_SEQ_SHIFT: u32 = 1;
+    /// Epoch sequences: the collectives (CTA 0's counter), the fused kernels' launch epoch, the
+    /// latency probes' counter.
+    pub const EPOCH_SEQ_COLLECTIVES: u32 = 0;
+    pub const EPOCH_SEQ_FUSED: u32 = 1;
+    pub const EPOCH_SEQ_PROBES: u32 = 2;
     /// Opcodes.
     pub const OP_PUT: u32 = 1;
     pub const OP_SIGNAL: u32 = 2;
@@ -304,7 +324,7 @@ mod tests {
         assert!(core::mem::size_of::<ErrorRecord>() <= 64);
         assert!(ABORT_OFFSET + 8 <= HEAP_CONTROL_BYTES);
         assert!(FIFO_HEAD_OFFSET + 8 <= HEAP_CONTROL_BYTES);
-        assert_eq!(remote_flag_offset(RemoteSlot::Probe, MAX_RANKS - 1) + 8, FIFO_HEAD_OFFSET);
+        assert_eq!(remote_flag_offset(RemoteSlot::FusedData, MAX_RANKS - 1) + 8, FIFO_HEAD_OFFSET);
         assert_eq!(ll_offset(3, MAX_LOCAL_RANKS - 1) + LL_SLOT_BYTES, STAGING_OFFSET);
         assert_eq!(staging_offset(3, MAX_LOCAL_RANKS - 1) + SMALL_MSG_MAX, HEAP_RESERVED_BYTES);
         assert_eq!(staging_offset(2, 0), STAGING_OFFSET);

@@ -6,7 +6,10 @@
 //! CTAs move A over NVLink chunk by chunk while the others run the GEMM on chunks as they land
 //! (docs/fused.md).
 //!
-//! Intra-node only for now (a job of several nodes gets `Error::Unsupported`); B as N x K.
+//! Across nodes AllGather+GEMM shards A by global rank: NVLink pushes inside the node, one
+//! proxy PUT of the whole shard to every rank of the other nodes (docs/fused.md).
+//! GEMM+ReduceScatter/AllReduce are intra-node only for now (a job of several nodes gets
+//! `Error::Unsupported`). B as N x K.
 use crate::comm::{Communicator, SymBuffer};
 use crate::error::{Error, Result};
 use crate::runtime::Device;
@@ -35,7 +38,7 @@ impl AgGemmPlan {
     /// the plan (they are borrowed only while planning).
     #[allow(clippy::too_many_arguments)]
     pub fn from_slices(comm: &mut Communicator, stream: &Arc<CudaStream>, a_shard: &CudaSlice<half::bf16>, b: &CudaSlice<half::bf16>, c: &mut CudaSlice<half::bf16>, m: usize, n: usize, k: usize, n_comm: u32) -> Result<AgGemmPlan> {
-        let world = comm.world() as usize;
+        let world = (comm.world() * comm.nnodes()) as usize;
         check_len(OP, "A shard", a_shard.len(), m / world.max(1) * k)?;
         check_len(OP, "B", b.len(), n * k)?;
         check_len(OP, "C", c.len(), m * n)?;
@@ -46,19 +49,18 @@ impl AgGemmPlan {
     }
 
     /// Plans `c = gather_rows(a_shard) * b^T` (`c`: `m` x `n`; `b`: `n` x `k`; `a_shard`:
-    /// `m / world` x `k`; device addresses, 16-byte aligned). `n_comm` CTAs move A; the rest of
+    /// `m / world` x `k` with `world` every rank of every node, rows of global rank order;
+    /// device addresses, 16-byte aligned). `n_comm` CTAs move A; the rest of
     /// the GPU's SMs compute; 0 takes the split from the tune cache ([`crate::tune`]).
     /// Collective: every local rank plans the same shape.
     ///
     /// # Safety
     /// The buffers must hold the sizes above and stay valid while the plan is launched.
     pub unsafe fn new(comm: &mut Communicator, stream: &Arc<CudaStream>, a_shard: u64, b: u64, c: u64, m: usize, n: usize, k: usize, n_comm: u32) -> Result<AgGemmPlan> {
-        let world = comm.world() as usize;
+        // Shards are by global rank (world = every rank of every node).
+        let world = (comm.world() * comm.nnodes()) as usize;
         let t = GemmTile::DEFAULT;
         let bad = |reason: String| Err(Error::Shape { op: OP, reason });
-        if comm.nnodes() > 1 {
-            return Err(Error::Unsupported("AllGather+GEMM across nodes is not implemented yet (intra-node only)".into()));
-        }
         if m == 0 || m % (world * t.block_m as usize) != 0 {
             return bad(format!("m = {m} must be a positive multiple of world x {} = {}", t.block_m, world * t.block_m as usize));
         }

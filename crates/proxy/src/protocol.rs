@@ -46,7 +46,7 @@
 //! | 40     | `flag_offset` | u64  | byte offset into the receiver's flag array, 8-byte aligned     |
 //! | 48     | `flag_value`  | u64  | value stored into the flag (an epoch tag), nonzero             |
 //! | 56     | `epoch`       | u32  | launch epoch; never decreases along one FIFO                   |
-//! | 60     | `flags`       | u32  | [`CMD_NO_FLAG`]; other bits must be 0                          |
+//! | 60     | `flags`       | u32  | [`CMD_NO_FLAG`], epoch sequence (bits 1-2); others must be 0   |
 //!
 //! # Ordering (who writes which word, with which ordering)
 //!
@@ -129,8 +129,16 @@ pub const OP_QUIT: u32 = 3;
 /// Command flag: a PUT that raises no flag (`flag_offset` and `flag_value` must then be 0);
 /// follow such puts with a SIGNAL.
 pub const CMD_NO_FLAG: u32 = 1;
+/// Command flag bits 1-2: which epoch sequence `epoch` belongs to. Kernels of different kinds
+/// count launches separately (collectives, fused kernels, latency probes), so epochs only
+/// increase within a sequence; the validator checks each sequence on its own.
+pub const CMD_EPOCH_SEQ_SHIFT: u32 = 1;
+/// Mask of the epoch-sequence bits.
+pub const CMD_EPOCH_SEQ_MASK: u32 = 0b11 << CMD_EPOCH_SEQ_SHIFT;
+/// Number of epoch sequences (0 collectives, 1 fused kernels, 2 probes).
+pub const EPOCH_SEQS: usize = 3;
 /// Every defined command flag bit.
-pub const CMD_KNOWN_FLAGS: u32 = CMD_NO_FLAG;
+pub const CMD_KNOWN_FLAGS: u32 = CMD_NO_FLAG | CMD_EPOCH_SEQ_MASK;
 
 /// Bytes of a FIFO with `capacity` slots (header plus slots).
 pub const fn fifo_bytes(capacity: u32) -> usize {

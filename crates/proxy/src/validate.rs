@@ -4,7 +4,7 @@
 //! [`Violation`] (and an error record), never a write.
 use crate::error::{ErrorCode, Violation};
 use crate::protocol::{
-    CommandBody, CMD_KNOWN_FLAGS, CMD_NO_FLAG, FLAG_BYTES, OP_NOP, OP_PUT, OP_QUIT, OP_SIGNAL,
+    CommandBody, CMD_EPOCH_SEQ_MASK, CMD_EPOCH_SEQ_SHIFT, CMD_KNOWN_FLAGS, CMD_NO_FLAG, EPOCH_SEQS, FLAG_BYTES, OP_NOP, OP_PUT, OP_QUIT, OP_SIGNAL,
 };
 use crate::topology::{Route, Topology};
 
@@ -113,11 +113,12 @@ pub enum Checked {
     },
 }
 
-/// Validates commands in FIFO order; remembers the last epoch so it can refuse regressions.
+/// Validates commands in FIFO order; remembers the last epoch of each epoch sequence
+/// ([`CMD_EPOCH_SEQ_MASK`]) so it can refuse regressions.
 #[derive(Clone, Debug)]
 pub struct Validator {
     regions: Regions,
-    last_epoch: u32,
+    last_epoch: [u32; EPOCH_SEQS],
 }
 
 fn range_ok(offset: u64, bytes: u64, limit: u64) -> bool {
@@ -129,7 +130,7 @@ impl Validator {
     pub fn new(regions: Regions) -> Validator {
         Validator {
             regions,
-            last_epoch: 0,
+            last_epoch: [0; EPOCH_SEQS],
         }
     }
 
@@ -138,9 +139,14 @@ impl Validator {
         &self.regions
     }
 
-    /// The largest epoch seen so far.
+    /// The largest epoch seen so far in sequence 0 (the collectives').
     pub fn last_epoch(&self) -> u32 {
-        self.last_epoch
+        self.last_epoch[0]
+    }
+
+    /// The largest epoch seen so far in epoch sequence `seq`.
+    pub fn last_epoch_of(&self, seq: usize) -> u32 {
+        self.last_epoch[seq]
     }
 
     fn peer(&self, dst_rank: u32) -> Result<(usize, PeerRegions), Violation> {
@@ -206,10 +212,14 @@ impl Validator {
                 format!("opcode {}", c.opcode),
             ));
         }
-        if c.epoch < self.last_epoch {
+        let seq = ((c.flags & CMD_EPOCH_SEQ_MASK) >> CMD_EPOCH_SEQ_SHIFT) as usize;
+        if seq >= EPOCH_SEQS {
+            return Err(Violation::new(ErrorCode::BadFields, format!("epoch sequence {seq}")));
+        }
+        if c.epoch < self.last_epoch[seq] {
             return Err(Violation::new(
                 ErrorCode::EpochRegressed,
-                format!("epoch {} after epoch {}", c.epoch, self.last_epoch),
+                format!("epoch {} after epoch {} (sequence {seq})", c.epoch, self.last_epoch[seq]),
             ));
         }
         let checked = match c.opcode {
@@ -254,10 +264,10 @@ impl Validator {
                 }
             }
             OP_SIGNAL => {
-                if c.flags != 0 || c.src_offset != 0 || c.dst_offset != 0 || c.bytes != 0 {
+                if c.flags & CMD_NO_FLAG != 0 || c.src_offset != 0 || c.dst_offset != 0 || c.bytes != 0 {
                     return Err(Violation::new(
                         ErrorCode::BadFields,
-                        "SIGNAL with nonzero flags, src_offset, dst_offset or bytes",
+                        "SIGNAL with CMD_NO_FLAG or nonzero src_offset, dst_offset or bytes",
                     ));
                 }
                 let (dst, peer) = self.peer(c.dst_rank)?;
@@ -290,7 +300,7 @@ impl Validator {
                 }
             }
         };
-        self.last_epoch = c.epoch;
+        self.last_epoch[seq] = c.epoch;
         Ok(checked)
     }
 }
@@ -408,7 +418,7 @@ mod tests {
             code(
                 &mut v,
                 CommandBody {
-                    flags: 2,
+                    flags: 1 << 3,
                     ..CommandBody::put(2, 0, 0, 8, 0, 1, 0)
                 }
             ),
@@ -466,5 +476,18 @@ mod tests {
             (None, None, p, None)
         );
         assert_eq!(r.world_size(), 4);
+    }
+
+    #[test]
+    fn epochs_only_need_to_increase_within_their_sequence() {
+        let mut v = validator();
+        let signal = |epoch: u32, seq: u32| CommandBody { opcode: OP_SIGNAL, dst_rank: 2, src_offset: 0, dst_offset: 0, bytes: 0, flag_offset: 8, flag_value: 1, epoch, flags: seq << CMD_EPOCH_SEQ_SHIFT };
+        assert!(v.check(&signal(40, 0)).is_ok(), "collectives at epoch 40");
+        assert!(v.check(&signal(3, 1)).is_ok(), "fused kernels count their own launches");
+        assert!(v.check(&signal(41, 0)).is_ok());
+        assert!(v.check(&signal(4, 1)).is_ok());
+        assert_eq!((v.last_epoch(), v.last_epoch_of(1)), (41, 4));
+        assert_eq!(v.check(&signal(2, 1)).unwrap_err().code, ErrorCode::EpochRegressed, "a regression inside a sequence is refused");
+        assert_eq!(v.check(&signal(50, 3)).unwrap_err().code, ErrorCode::BadFields, "sequence 3 does not exist");
     }
 }

@@ -24,6 +24,9 @@ pub struct CommCtx {
     /// Device address of the host-mapped proxy FIFO (0 on a single node) and its slots.
     pub fifo: u64,
     pub fifo_capacity: u32,
+    /// Which epoch sequence `epoch` counts (`mkernel_config::comm::fifo::EPOCH_SEQ_*`), sent
+    /// with proxy commands.
+    pub epoch_seq: u32,
 }
 
 impl CommCtx {
@@ -55,6 +58,7 @@ impl CommCtx {
             global_world: d.global_world,
             fifo: d.fifo,
             fifo_capacity: d.fifo_capacity,
+            epoch_seq: mkernel_config::comm::fifo::EPOCH_SEQ_COLLECTIVES,
         }
     }
     /// Base address of `rank`'s heap (this rank's own heap for `rank == self.rank`).

@@ -76,7 +76,7 @@ pub unsafe fn post(c: &CommCtx, cmd: Command) -> Option<u64> {
         ((slot + fifo::CMD_FLAG_OFFSET) as *mut u64).write_volatile(cmd.flag_offset);
         ((slot + fifo::CMD_FLAG_VALUE) as *mut u64).write_volatile(cmd.flag_value);
         ((slot + fifo::CMD_EPOCH) as *mut u32).write_volatile(c.epoch as u32);
-        ((slot + fifo::CMD_FLAGS) as *mut u32).write_volatile(0);
+        ((slot + fifo::CMD_FLAGS) as *mut u32).write_volatile(c.epoch_seq << fifo::CMD_EPOCH_SEQ_SHIFT);
         memory::st_release_u64(Scope::Sys, (slot + fifo::CMD_HEADER) as *mut u64, seq + 1);
     }
     Some(seq)
@@ -117,7 +117,7 @@ pub unsafe fn wait_remote(c: &CommCtx, slot: RemoteSlot, src: u32) -> bool {
 #[inline(always)]
 pub unsafe fn wait_remote_value(c: &CommCtx, slot: RemoteSlot, src: u32, target: u64) -> bool {
     let flag = (c.heap(c.rank) + remote_flag_offset(slot, src)) as *const u64;
-    let code = if slot == RemoteSlot::Ready { WAIT_REMOTE_READY } else { WAIT_REMOTE_DATA };
+    let code = if slot == RemoteSlot::Ready || slot == RemoteSlot::FusedReady { WAIT_REMOTE_READY } else { WAIT_REMOTE_DATA };
     unsafe { wait_until(c, code, src, target, || memory::ld_acquire_u64(Scope::Sys, flag), |v| v >= target) }
 }
 

@@ -19,9 +19,12 @@ pub struct TileScheduler {
     stride: u32,
     block_m: u32,
     block_n: u32,
-    /// Tile rows are visited starting at this one (wrapping): fused kernels start where their
-    /// data is already present (AllGather+GEMM: the local shard first, then peers in order).
+    /// Tile rows are visited node group by node group, this node's first, each group from its
+    /// row `first_tile_m` on (wrapping): fused kernels start where their data is already
+    /// present (AllGather+GEMM: the local shard first, then local peers, then other nodes).
     first_tile_m: u32,
+    nodes: u32,
+    node: u32,
     /// Chunked order of GEMM+ReduceScatter/AllReduce (0: off): see [`TileScheduler::chunked`].
     part_tiles_m: u32,
     chunk_tiles_m: u32,
@@ -42,6 +45,8 @@ impl TileScheduler {
             block_m,
             block_n,
             first_tile_m: 0,
+            nodes: 1,
+            node: 0,
             part_tiles_m: 0,
             chunk_tiles_m: 0,
             world: 1,
@@ -73,8 +78,18 @@ impl TileScheduler {
 
     /// Visits tile rows from `first_tile_m` on (wrapping around).
     #[inline(always)]
-    pub fn starting_at_row(mut self, first_tile_m: u32) -> Self {
-        self.first_tile_m = first_tile_m % self.tiles_m.max(1);
+    pub fn starting_at_row(self, first_tile_m: u32) -> Self {
+        self.node_major(1, 0, first_tile_m)
+    }
+
+    /// The rows form `nodes` equal groups (node `i`'s rows are group `i`): group `node` is
+    /// visited first, then `node + 1`, ... (wrapping); inside each group from its row
+    /// `first_in_node` on (wrapping). One node: [`TileScheduler::starting_at_row`].
+    #[inline(always)]
+    pub fn node_major(mut self, nodes: u32, node: u32, first_in_node: u32) -> Self {
+        self.nodes = nodes.max(1);
+        self.node = node;
+        self.first_tile_m = first_in_node % (self.tiles_m / self.nodes).max(1);
         self
     }
 
@@ -129,7 +144,10 @@ impl TileScheduler {
             return self.chunked_tile(t);
         }
         let (tm, tn) = grouped(t, self.tiles_m, self.tiles_n, self.group_m);
-        Tile { m0: ((tm + self.first_tile_m) % self.tiles_m) * self.block_m, n0: tn * self.block_n }
+        let node_rows = self.tiles_m / self.nodes;
+        let (group, within) = (tm / node_rows, tm % node_rows);
+        let tm = ((self.node + group) % self.nodes) * node_rows + (within + self.first_tile_m) % node_rows;
+        Tile { m0: tm * self.block_m, n0: tn * self.block_n }
     }
 
     /// Number of output tiles.

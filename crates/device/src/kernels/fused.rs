@@ -16,7 +16,7 @@
 use crate::arch::{ids, memory, memory::Scope, regs, smem, sync, tma, tma::TensorMap};
 use crate::comm::bulk::BulkRing;
 use crate::comm::wait::wait_flag_of_cta;
-use crate::comm::CommCtx;
+use crate::comm::{proxy, CommCtx};
 use crate::gemm::consumer::mma_tile;
 use crate::gemm::epilogue::{add_bf16_tile, drain_tma_stores, store_tile_tma, store_tile_tma_to, MapTable};
 use crate::gemm::producer::load_tile;
@@ -26,7 +26,7 @@ use crate::gemm::{BLayout, TILE};
 use crate::gemm::scheduler::Tile;
 use mkernel_config::fused::{AgGemmArgs, GemmRsArgs};
 use mkernel_config::GemmTile;
-use mkernel_config::comm::{flag_offset, CommDesc, FlagSlot, Role, FUSED_EPOCH_OFFSET, FUSED_EXITS_OFFSET};
+use mkernel_config::comm::{flag_offset, CommDesc, FlagSlot, RemoteSlot, Role, FUSED_EPOCH_OFFSET, FUSED_EXITS_OFFSET};
 
 
 #[inline(always)]
@@ -42,6 +42,7 @@ unsafe fn launch_epoch(c: &CommCtx) -> u64 {
 unsafe fn fused_ctx(desc: u64, role: Role) -> CommCtx {
     let mut c = unsafe { CommCtx::new(desc as *const CommDesc, 0, role) };
     c.epoch = unsafe { launch_epoch(&c) };
+    c.epoch_seq = mkernel_config::comm::fifo::EPOCH_SEQ_FUSED;
     c
 }
 
@@ -71,7 +72,7 @@ pub unsafe extern "ptx-kernel" fn mk_ag_gemm_bf16_nk(args: *const AgGemmArgs) {
     let (role, role_idx) = if ids::block_idx() < a.n_comm { (Role::IntraComm, ids::block_idx()) } else { (Role::Compute, ids::block_idx() - a.n_comm) };
     if role == Role::IntraComm {
         let c = unsafe { fused_ctx(a.desc, role) };
-        let shard_rows = a.m / c.world;
+        let shard_rows = a.m / c.global_world;
         unsafe { comm_role(&c, a, role_idx, shard_rows / TILE.block_m, a.k as u64 * 2) };
     } else {
         unsafe { compute_role(a, role_idx) };
@@ -80,14 +81,19 @@ pub unsafe extern "ptx-kernel" fn mk_ag_gemm_bf16_nk(args: *const AgGemmArgs) {
     unsafe { exit_launch(&c, c.epoch) };
 }
 
-/// Pushes this rank's shard, chunk by chunk, to every peer with TMA bulk copies (thread 0 of
-/// each comm CTA; [`BulkRing`]). Peers in the order they need the shard: rank `r` visits its
-/// own rows first, then rank `r + 1`'s, so rank `r - 1` needs this shard first.
+/// Pushes this rank's shard, chunk by chunk, to every local peer with TMA bulk copies (thread 0
+/// of each comm CTA; [`BulkRing`]), in the order the peers need it: rank `r` visits its own
+/// rows first, then local rank `r + 1`'s, so local rank `r - 1` gets this shard first.
+/// Across nodes (`global_world > world`), first every comm CTA stages its chunks in this rank's
+/// own gathered buffer (the proxy's source) and raises `(Tile1, rank, chunk)` locally; comm
+/// CTA 0 raises `FusedReady` at every remote rank, and once the whole shard is staged and a
+/// remote rank's `FusedReady` arrived, posts one PUT of the shard to it, raising `FusedData`
+/// there; it waits for the proxy to finish the puts before the launch ends.
 #[inline(always)]
 unsafe fn comm_role(c: &CommCtx, a: &AgGemmArgs, idx: u32, chunks: u32, row_bytes: u64) {
     let t = ids::thread_idx();
     unsafe {
-        // Our gathered buffer is free (our previous launch ended): tell the peers.
+        // Our gathered buffer is free (our previous launch ended): tell the local peers.
         if idx == 0 && t < c.world && t != c.rank {
             memory::st_release_u64(Scope::Sys, (c.heap(t) + flag_offset(FlagSlot::FusedReady, c.rank, 0)) as *mut u64, c.epoch);
         }
@@ -96,7 +102,48 @@ unsafe fn comm_role(c: &CommCtx, a: &AgGemmArgs, idx: u32, chunks: u32, row_byte
         }
         let mut ring = BulkRing::new(smem::dynamic_smem_addr());
         let chunk_bytes = TILE.block_m as u64 * row_bytes;
-        let shard_first_row = c.rank as u64 * chunks as u64 * TILE.block_m as u64;
+        // Byte offset of this rank's rows in the gathered buffer (rows are by global rank).
+        let shard_off = c.global_rank as u64 * chunks as u64 * chunk_bytes;
+        let my_node = c.global_rank / c.world;
+        let remote = |q: u32| q / c.world != my_node;
+        let mut last_put = None;
+        if c.global_world > c.world {
+            if idx == 0 {
+                for q in 0..c.global_world {
+                    if remote(q) && proxy::signal(c, q, RemoteSlot::FusedReady).is_none() {
+                        return;
+                    }
+                }
+            }
+            let own = c.heap(c.rank) + a.a_gathered_off + shard_off;
+            let mut j = idx;
+            while j < chunks {
+                let mut dsts = [0u64; 8];
+                dsts[0] = own + j as u64 * chunk_bytes;
+                ring.copy(&dsts, 1, a.a_shard + j as u64 * chunk_bytes, chunk_bytes);
+                memory::st_release_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::Tile1, c.rank, j), c.epoch);
+                j += a.n_comm;
+            }
+            if idx == 0 {
+                for j in 0..chunks {
+                    if !wait_flag_of_cta(c, FlagSlot::Tile1, c.rank, j, c.epoch) {
+                        return;
+                    }
+                }
+                for q in 0..c.global_world {
+                    if remote(q) {
+                        if !proxy::wait_remote(c, RemoteSlot::FusedReady, q) {
+                            return;
+                        }
+                        let off = a.a_gathered_off + shard_off;
+                        last_put = proxy::put_value(c, q, off, off, chunks as u64 * chunk_bytes, RemoteSlot::FusedData, c.epoch);
+                        if last_put.is_none() {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
         for kk in 1..c.world {
             let p = (c.rank + c.world - kk) % c.world;
             // Wait (bounded) until p's previous launch finished with its buffer.
@@ -105,13 +152,17 @@ unsafe fn comm_role(c: &CommCtx, a: &AgGemmArgs, idx: u32, chunks: u32, row_byte
             }
             let mut j = idx;
             while j < chunks {
-                let off = (shard_first_row + j as u64 * TILE.block_m as u64) * row_bytes;
+                let off = shard_off + j as u64 * chunk_bytes;
                 let mut dsts = [0u64; 8];
                 dsts[0] = c.heap(p) + a.a_gathered_off + off;
                 ring.copy(&dsts, 1, a.a_shard + j as u64 * chunk_bytes, chunk_bytes);
                 memory::st_release_u64(Scope::Sys, (c.heap(p) + flag_offset(FlagSlot::Tile0, c.rank, j)) as *mut u64, c.epoch);
                 j += a.n_comm;
             }
+        }
+        if let Some(seq) = last_put {
+            // The launch ends only when the proxy has read our shard (the next launch restages it).
+            let _ = proxy::wait_done(c, seq);
         }
     }
 }
@@ -138,31 +189,48 @@ unsafe fn compute_role(a: &AgGemmArgs, idx: u32) {
         }
     }
     sync::sync_threads();
-    let k_blocks = a.k.div_ceil(TILE.block_k);
-    let n_compute = ids::grid_dim() - a.n_comm;
-    let rank = unsafe { (*(a.desc as *const CommDesc)).rank };
-    let world = unsafe { (*(a.desc as *const CommDesc)).world };
-    let shard_rows = a.m / world;
-    let first_row_tile = rank * shard_rows / TILE.block_m;
-    let tiles = TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, TILE.group_m, idx, n_compute).starting_at_row(first_row_tile);
+    // Each role derives its loop state after its setmaxnreg (values kept live across the split
+    // are what ptxas spills).
+    let setup = || {
+        let d = unsafe { &*(a.desc as *const CommDesc) };
+        let (world, global_rank, global_world) = (d.world, d.global_rank, d.global_world);
+        let shard_rows = a.m / global_world;
+        // This node's rows first (from this rank's shard on), then the other nodes' in turn.
+        let first_in_node = (global_rank % world) * shard_rows / TILE.block_m;
+        let tiles = TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, TILE.group_m, idx, ids::grid_dim() - a.n_comm).node_major(global_world / world, global_rank / world, first_in_node);
+        (world, global_rank, shard_rows, tiles, a.k.div_ceil(TILE.block_k))
+    };
     let wg = ids::warpgroup_idx();
     let mut pos = RingPos::START;
     if wg == 0 {
         regs::setmaxnreg_dec::<{ GemmTile::FUSED.producer_regs }>();
         if ids::thread_idx() == 0 {
-            let c = unsafe { fused_ctx(a.desc, Role::Compute) };
-            let c = &c;
+            let (world, global_rank, shard_rows, tiles, k_blocks) = setup();
+            // The context is built only where a wait needs it (once per chunk or remote
+            // shard): kept across the loop it would not fit the producer's 56 registers.
             let mut ready_row: u32 = u32::MAX; // last tile row known to have arrived
+            let mut remote_ready: u32 = u32::MAX; // last remote shard known to have arrived
             for tile in tiles {
-                let src = tile.m0 / shard_rows;
-                if src == c.rank {
+                let src = tile.m0 / shard_rows; // global rank
+                if src == global_rank {
                     // Our own rows: read the shard in place.
                     unsafe { load_tile(&ring, &mut pos, map_a_local, tile.m0 - src * shard_rows, map_b, BLayout::Nk, tile, k_blocks) };
                     continue;
                 }
-                if tile.m0 != ready_row {
+                if src / world != global_rank / world {
+                    // Another node's shard, put whole by its proxy.
+                    if src != remote_ready {
+                        let c = unsafe { fused_ctx(a.desc, Role::Compute) };
+                        if !unsafe { proxy::wait_remote(&c, RemoteSlot::FusedData, src) } {
+                            break;
+                        }
+                        memory::fence_proxy_async();
+                        remote_ready = src;
+                    }
+                } else if tile.m0 != ready_row {
                     let chunk = (tile.m0 % shard_rows) / TILE.block_m;
-                    if !unsafe { wait_chunk(c, src, chunk) } {
+                    let c = unsafe { fused_ctx(a.desc, Role::Compute) };
+                    if !unsafe { wait_chunk(&c, src % world, chunk) } {
                         break; // the error record names the stalled source; consumers trap
                     }
                     // The rows were written by a peer's generic-proxy stores over NVLink; TMA
@@ -175,6 +243,7 @@ unsafe fn compute_role(a: &AgGemmArgs, idx: u32) {
         }
     } else {
         regs::setmaxnreg_inc::<{ GemmTile::FUSED.consumer_regs }>();
+        let (_, _, _, tiles, k_blocks) = setup();
         let mut acc = [0f32; 128];
         for tile in tiles {
             unsafe {
@@ -197,7 +266,7 @@ unsafe fn compute_role(a: &AgGemmArgs, idx: u32) {
 /// - an own tile waits until every peer's counter of its row tile is full, adds the peers'
 ///   partial tiles (bf16, in rank order) to its f32 accumulators and stores the sum: to the
 ///   output (ReduceScatter) or to the rows of this chunk in every rank's output (AllReduce,
-///   then `(Tile0, rank, row tile)` is incremented at every peer). An AllReduce launch ends
+///   then `(Tile2, rank, row tile)` is incremented at every peer). An AllReduce launch ends
 ///   once the peers' reduced rows are all in this rank's output.
 /// CTA 0 first zeroes this rank's incoming counters, then raises `FusedReady` at every peer:
 /// senders add to the counters only after that (so counters start at 0 in every launch), and
@@ -214,7 +283,7 @@ pub unsafe extern "ptx-kernel" fn mk_gemm_rs_bf16_nk(args: *const GemmRsArgs) {
     unsafe { exit_launch(&c, c.epoch) };
 }
 
-/// CTA 0, all threads: zero the incoming `Tile1` (and `Tile0`) counters of this shape's row
+/// CTA 0, all threads: zero the incoming `Tile1` (and `Tile2`) counters of this shape's row
 /// tiles, then raise `FusedReady` at every peer.
 #[inline(always)]
 unsafe fn open_receive_buffers(c: &CommCtx, a: &GemmRsArgs) {
@@ -225,7 +294,7 @@ unsafe fn open_receive_buffers(c: &CommCtx, a: &GemmRsArgs) {
         let (src, mt) = (i / row_tiles, i % row_tiles);
         unsafe {
             memory::st_relaxed_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::Tile1, src, mt), 0);
-            memory::st_relaxed_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::Tile0, src, mt), 0);
+            memory::st_relaxed_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::Tile2, src, mt), 0);
         }
         i += nt;
     }
@@ -310,7 +379,7 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
         let tiles_n = a.n.div_ceil(TILE.block_n) as u64;
         let mut mt = idx;
         while mt < chunk_rows / TILE.block_m {
-            let ok = ct >= c.world || ct == c.rank || unsafe { wait_flag_of_cta(&c, FlagSlot::Tile0, ct, mt, tiles_n) };
+            let ok = ct >= c.world || ct == c.rank || unsafe { wait_flag_of_cta(&c, FlagSlot::Tile2, ct, mt, tiles_n) };
             if named_barrier_or(3, 2 * crate::arch::ids::WARPGROUP_THREADS, !ok) {
                 return;
             }
@@ -402,7 +471,7 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
 
 /// Waits until both consumer warpgroups' bulk stores of the pending tile completed, then
 /// announces it: a peer's partial tile adds 1 to `(Tile1, rank, mt)` at the peer; an own
-/// AllReduce tile adds 1 to `(Tile0, rank, mt)` at every peer (`red.release.sys`).
+/// AllReduce tile adds 1 to `(Tile2, rank, mt)` at every peer (`red.release.sys`).
 #[inline(always)]
 unsafe fn publish(c: &CommCtx, p: Pending, all_reduce: bool, leader: bool, ct: u32) {
     if leader {
@@ -416,7 +485,7 @@ unsafe fn publish(c: &CommCtx, p: Pending, all_reduce: bool, leader: bool, ct: u
                 memory::red_release_add_u64(Scope::Sys, (c.heap(p.dest) + flag_offset(FlagSlot::Tile1, c.rank, p.mt)) as *mut u64, 1);
             }
         } else if all_reduce && ct < c.world && ct != c.rank {
-            memory::red_release_add_u64(Scope::Sys, (c.heap(ct) + flag_offset(FlagSlot::Tile0, c.rank, p.mt)) as *mut u64, 1);
+            memory::red_release_add_u64(Scope::Sys, (c.heap(ct) + flag_offset(FlagSlot::Tile2, c.rank, p.mt)) as *mut u64, 1);
         }
     }
 }

@@ -141,7 +141,8 @@ pub unsafe extern "ptx-kernel" fn mk_allreduce_internode(desc: *const CommDesc, 
 pub unsafe extern "ptx-kernel" fn mk_proxy_pingpong(desc: *const CommDesc, peer: u32, src_off: u64, dst_off: u64, bytes: u64, iters: u32, initiator: u32, out: *mut u64) {
     // Its own epoch counter (the last CTA slot, which collectives never use), so probes do not
     // move the collectives' epochs out of step.
-    let c = unsafe { CommCtx::new(desc, PROBE_COUNTER, Role::InterSend) };
+    let mut c = unsafe { CommCtx::new(desc, PROBE_COUNTER, Role::InterSend) };
+    c.epoch_seq = mkernel_config::comm::fifo::EPOCH_SEQ_PROBES;
     if ids::thread_idx() != 0 {
         return;
     }
