@@ -60,28 +60,11 @@ impl AgGemmPlan {
         // Shards are by global rank (world = every rank of every node).
         let world = (comm.world() * comm.nnodes()) as usize;
         let t = GemmTile::DEFAULT;
-        let bad = |reason: String| Err(Error::Shape { op: OP, reason });
-        if m == 0 || m % (world * t.block_m as usize) != 0 {
-            return bad(format!("m = {m} must be a positive multiple of world x {} = {}", t.block_m, world * t.block_m as usize));
-        }
-        if k == 0 || k % 8 != 0 || n == 0 || n % 8 != 0 {
-            return bad(format!("k = {k} and n = {n} must be positive multiples of 8 (16-byte TMA rows)"));
-        }
-        let chunks = m / world / t.block_m as usize;
-        if chunks > mkernel_config::comm::MAX_COMM_CTAS as usize {
-            return bad(format!("{chunks} chunks of {} rows per shard; at most {} (flags per chunk)", t.block_m, mkernel_config::comm::MAX_COMM_CTAS));
-        }
-        for (what, ptr) in [("A shard", a_shard), ("B", b), ("C", c)] {
-            if ptr % 16 != 0 {
-                return Err(Error::Alignment { op: OP, what, ptr, align: 16 });
-            }
-        }
+        check_ag_gemm(m, n, k, world, [("A shard", a_shard), ("B", b), ("C", c)])?;
         let device: Device = comm.device().clone();
         let sms = device.sm_count();
         let n_comm = crate::tune::split_for(n_comm, &crate::tune::TuneKey { op: "ag-gemm".into(), world: world as u32, m, n, k });
-        if n_comm == 0 || n_comm + 1 >= sms {
-            return bad(format!("n_comm = {n_comm}: between 1 and {} (the GPU has {sms} SMs)", sms - 2));
-        }
+        check_n_comm(n_comm, sms)?;
         let gathered = comm.alloc((m * k * 2) as u64)?;
         let (m64, n64, k64) = (m as u64, n as u64, k as u64);
         let map_a = encode_bf16_sw128(Tensor2d { ptr: comm.ptr(&gathered), cols: k64, rows: m64, row_stride_bytes: 2 * k64 }, t.block_k, t.block_m)?;
@@ -198,32 +181,12 @@ impl GemmRsPlan {
         let op = if out.is_some() { "gemm_rs" } else { "gemm_ar" };
         let world = comm.world() as usize;
         let t = GemmTile::DEFAULT;
-        let bad = |reason: String| Err(Error::Shape { op, reason });
-        if comm.nnodes() > 1 {
-            return Err(Error::Unsupported("GEMM+ReduceScatter across nodes is not implemented yet (intra-node only)".into()));
-        }
-        if m == 0 || m % (world * t.block_m as usize) != 0 {
-            return bad(format!("m = {m} must be a positive multiple of world x {} = {}", t.block_m, world * t.block_m as usize));
-        }
-        if m / world / t.block_m as usize > mkernel_config::comm::MAX_COMM_CTAS as usize {
-            return bad(format!("m / world = {} is more than {} row tiles", m / world, mkernel_config::comm::MAX_COMM_CTAS));
-        }
-        if k_local == 0 || k_local % 8 != 0 || n == 0 || n % 8 != 0 {
-            return bad(format!("k_local = {k_local} and n = {n} must be positive multiples of 8"));
-        }
-        for (what, ptr) in [("A", a), ("B", b), ("out", out.unwrap_or(0))] {
-            if ptr % 16 != 0 {
-                return Err(Error::Alignment { op, what, ptr, align: 16 });
-            }
-        }
+        check_gemm_reduce(op, m, n, k_local, world, comm.nnodes(), [("A", a), ("B", b), ("out", out.unwrap_or(0))])?;
         let device: Device = comm.device().clone();
         let sms = device.sm_count();
         let tune_op = if out.is_some() { "gemm-rs" } else { "gemm-ar" };
         let parts = crate::tune::split_for(parts, &crate::tune::TuneKey { op: tune_op.into(), world: world as u32, m, n, k: k_local * world });
-        let row_tiles = m / world / t.block_m as usize;
-        if parts == 0 || row_tiles % parts as usize != 0 {
-            return bad(format!("parts = {parts} must divide the {row_tiles} row tiles of a rank's chunk (m / world / {})", t.block_m));
-        }
+        check_parts(op, m, world, parts)?;
         let chunk_rows = (m / world) as u64;
         let slot_bytes = chunk_rows * n as u64 * 2;
         let recv = comm.alloc(slot_bytes * world as u64)?;
@@ -251,11 +214,11 @@ impl GemmRsPlan {
         let maps_addr = maps.device_ptr(stream).0;
         let map_at = |i: usize| maps_addr + 128 * i as u64;
         let (mut map_recv, mut map_out) = ([0u64; 8], [0u64; 8]);
-        for p in 0..world {
-            map_recv[p] = map_at(2 + p);
+        for (p, m) in map_recv.iter_mut().enumerate().take(world) {
+            *m = map_at(2 + p);
         }
-        for i in 0..outs.len() {
-            map_out[i] = map_at(2 + world + i);
+        for (i, m) in map_out.iter_mut().enumerate().take(outs.len()) {
+            *m = map_at(2 + world + i);
         }
         let args = GemmRsArgs {
             desc: comm.desc_ptr(),
@@ -267,7 +230,7 @@ impl GemmRsPlan {
             m: m as u32,
             n: n as u32,
             k: k_local as u32,
-            part_tiles_m: (row_tiles / parts as usize) as u32,
+            part_tiles_m: (m / world / t.block_m as usize / parts as usize) as u32,
             all_reduce: ar_out.is_some() as u32,
             _pad: 0,
         };
@@ -292,9 +255,118 @@ impl GemmRsPlan {
     }
 }
 
+/// AllGather+GEMM's shape rules (`world`: every rank of every node), before anything is
+/// allocated: `m` a multiple of `world x 128` with at most `MAX_COMM_CTAS` chunks per shard,
+/// `k` and `n` multiples of 8 (16-byte TMA rows), 16-byte aligned pointers.
+fn check_ag_gemm(m: usize, n: usize, k: usize, world: usize, ptrs: [(&'static str, u64); 3]) -> Result<()> {
+    let block_m = GemmTile::DEFAULT.block_m as usize;
+    let bad = |reason: String| Err(Error::Shape { op: OP, reason });
+    if m == 0 || m % (world * block_m) != 0 {
+        return bad(format!("m = {m} must be a positive multiple of world x {block_m} = {}", world * block_m));
+    }
+    if k == 0 || k % 8 != 0 || n == 0 || n % 8 != 0 {
+        return bad(format!("k = {k} and n = {n} must be positive multiples of 8 (16-byte TMA rows)"));
+    }
+    let chunks = m / world / block_m;
+    if chunks > mkernel_config::comm::MAX_COMM_CTAS as usize {
+        return bad(format!("{chunks} chunks of {block_m} rows per shard; at most {} (flags per chunk)", mkernel_config::comm::MAX_COMM_CTAS));
+    }
+    check_aligned(OP, ptrs)
+}
+
+/// `n_comm` comm CTAs leave at least one compute CTA on a GPU of `sms` SMs.
+fn check_n_comm(n_comm: u32, sms: u32) -> Result<()> {
+    if n_comm == 0 || n_comm + 1 >= sms {
+        return Err(Error::Shape { op: OP, reason: format!("n_comm = {n_comm}: between 1 and {} (the GPU has {sms} SMs)", sms - 2) });
+    }
+    Ok(())
+}
+
+/// GEMM+ReduceScatter/AllReduce's shape rules: one node; `m` a multiple of `world x 128` with
+/// at most `MAX_COMM_CTAS` row tiles per chunk; `k_local`, `n` multiples of 8; aligned pointers.
+fn check_gemm_reduce(op: &'static str, m: usize, n: usize, k_local: usize, world: usize, nnodes: u32, ptrs: [(&'static str, u64); 3]) -> Result<()> {
+    let block_m = GemmTile::DEFAULT.block_m as usize;
+    let bad = |reason: String| Err(Error::Shape { op, reason });
+    if nnodes > 1 {
+        return Err(Error::Unsupported(format!("{op} across nodes is not implemented yet (intra-node only)")));
+    }
+    if m == 0 || m % (world * block_m) != 0 {
+        return bad(format!("m = {m} must be a positive multiple of world x {block_m} = {}", world * block_m));
+    }
+    if m / world / block_m > mkernel_config::comm::MAX_COMM_CTAS as usize {
+        return bad(format!("m / world = {} is more than {} row tiles", m / world, mkernel_config::comm::MAX_COMM_CTAS));
+    }
+    if k_local == 0 || k_local % 8 != 0 || n == 0 || n % 8 != 0 {
+        return bad(format!("k_local = {k_local} and n = {n} must be positive multiples of 8"));
+    }
+    check_aligned(op, ptrs)
+}
+
+/// `parts` divides the row tiles of a rank's chunk.
+fn check_parts(op: &'static str, m: usize, world: usize, parts: u32) -> Result<()> {
+    let block_m = GemmTile::DEFAULT.block_m as usize;
+    let row_tiles = m / world / block_m;
+    if parts == 0 || row_tiles % parts as usize != 0 {
+        return Err(Error::Shape { op, reason: format!("parts = {parts} must divide the {row_tiles} row tiles of a rank's chunk (m / world / {block_m})") });
+    }
+    Ok(())
+}
+
+fn check_aligned(op: &'static str, ptrs: [(&'static str, u64); 3]) -> Result<()> {
+    for (what, ptr) in ptrs {
+        if ptr % 16 != 0 {
+            return Err(Error::Alignment { op, what, ptr, align: 16 });
+        }
+    }
+    Ok(())
+}
+
 fn check_len(op: &'static str, what: &'static str, have: usize, need: usize) -> Result<()> {
     if have < need {
         return Err(Error::BufferTooSmall { op, what, have, need });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OK_PTRS: [(&str, u64); 3] = [("A", 256), ("B", 512), ("C", 1024)];
+
+    fn reason(r: Result<()>) -> String {
+        match r {
+            Err(Error::Shape { reason, .. }) => reason,
+            other => panic!("expected a shape error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn ag_gemm_shapes_are_checked_before_planning() {
+        assert!(check_ag_gemm(4096, 8192, 8192, 4, OK_PTRS).is_ok());
+        assert!(reason(check_ag_gemm(4096 + 128, 8192, 8192, 4, OK_PTRS)).contains("multiple of world x 128 = 512"));
+        assert!(reason(check_ag_gemm(0, 8192, 8192, 2, OK_PTRS)).contains("positive multiple"));
+        assert!(reason(check_ag_gemm(4096, 8192, 100, 2, OK_PTRS)).contains("multiples of 8"));
+        assert!(reason(check_ag_gemm(2 * 128 * 257, 256, 256, 2, OK_PTRS)).contains("257 chunks"));
+        let misaligned = [("A shard", 256), ("B", 520), ("C", 1024)];
+        assert!(matches!(check_ag_gemm(4096, 8192, 8192, 2, misaligned), Err(Error::Alignment { what: "B", ptr: 520, .. })));
+        assert!(check_n_comm(8, 132).is_ok());
+        assert!(reason(check_n_comm(0, 132)).contains("between 1 and 130"));
+        assert!(reason(check_n_comm(131, 132)).contains("between 1 and 130"));
+    }
+
+    #[test]
+    fn gemm_reduce_shapes_and_parts_are_checked_before_planning() {
+        assert!(check_gemm_reduce("gemm_rs", 16384, 8192, 2048, 4, 1, OK_PTRS).is_ok());
+        assert!(matches!(check_gemm_reduce("gemm_ar", 16384, 8192, 2048, 2, 2, OK_PTRS), Err(Error::Unsupported(m)) if m.contains("across nodes")));
+        assert!(reason(check_gemm_reduce("gemm_rs", 1000, 8192, 2048, 2, 1, OK_PTRS)).contains("multiple of world x 128"));
+        assert!(reason(check_gemm_reduce("gemm_rs", 4096, 8190, 2048, 2, 1, OK_PTRS)).contains("multiples of 8"));
+        assert!(reason(check_gemm_reduce("gemm_rs", 2 * 128 * 300, 256, 256, 2, 1, OK_PTRS)).contains("more than 256 row tiles"));
+        // 16384 rows over 4 ranks: 32 row tiles per chunk.
+        for ok in [1, 2, 4, 8, 16, 32] {
+            assert!(check_parts("gemm_rs", 16384, 4, ok).is_ok(), "parts {ok}");
+        }
+        assert!(reason(check_parts("gemm_rs", 16384, 4, 3)).contains("parts = 3 must divide the 32 row tiles"));
+        assert!(reason(check_parts("gemm_rs", 16384, 4, 0)).contains("parts = 0"));
+    }
 }
