@@ -51,11 +51,19 @@ unsafe fn fused_ctx(desc: u64, role: Role) -> CommCtx {
 /// after the rest of its warpgroup, and an aligned CTA barrier reached divergently is undefined).
 #[inline(always)]
 unsafe fn exit_launch(c: &CommCtx, epoch: u64) {
+    unsafe { exit_launch_then(c, epoch, || {}) };
+}
+
+/// As [`exit_launch`]; the last warp's lane 0 first runs `last` (every other warp of the launch
+/// has exited, and the exit counter's acquire/release chain orders their work before it).
+#[inline(always)]
+unsafe fn exit_launch_then(c: &CommCtx, epoch: u64, last: impl FnOnce()) {
     sync::sync_warp();
     if ids::lane_id() == 0 {
         let local = c.heap(c.rank);
         let exited = unsafe { memory::atom_acq_rel_add_u32(Scope::Gpu, (local + FUSED_EXITS_OFFSET) as *mut u32, 1) };
         if exited + 1 == ids::grid_dim() * (ids::block_dim() / 32) {
+            last();
             unsafe {
                 memory::st_relaxed_u32(Scope::Gpu, (local + FUSED_EXITS_OFFSET) as *mut u32, 0);
                 memory::st_release_u64(Scope::Gpu, (local + FUSED_EPOCH_OFFSET) as *mut u64, epoch);
@@ -280,15 +288,28 @@ pub unsafe extern "ptx-kernel" fn mk_gemm_rs_bf16_nk(args: *const GemmRsArgs) {
     }
     unsafe { rs_compute_role(a, ids::block_idx()) };
     let c = unsafe { fused_ctx(a.desc, Role::Compute) };
-    unsafe { exit_launch(&c, c.epoch) };
+    unsafe { exit_launch_then(&c, c.epoch, || zero_counters(&c, a, 0, 1)) };
 }
 
 /// CTA 0, all threads: zero the incoming `Tile1` (and `Tile2`) counters of this shape's row
 /// tiles, then raise `FusedReady` at every peer.
 #[inline(always)]
 unsafe fn open_receive_buffers(c: &CommCtx, a: &GemmRsArgs) {
+    let t = ids::thread_idx();
+    unsafe { zero_counters(c, a, t, ids::block_dim()) };
+    sync::sync_threads();
+    if t < c.world && t != c.rank {
+        unsafe { memory::st_release_u64(Scope::Sys, (c.heap(t) + flag_offset(FlagSlot::FusedReady, c.rank, 0)) as *mut u64, c.epoch) };
+    }
+}
+
+/// Zeroes this rank's incoming `Tile1` and `Tile2` counters of this shape's row tiles (thread `t`
+/// of `nt` sharing the work). Done twice per launch: by CTA 0 before it raises `FusedReady`, and
+/// by the launch's last warp once every counter was seen full - so a launch starts with zeros
+/// and no CTA can read the previous launch's full counters before CTA 0 got to its prologue.
+#[inline(always)]
+unsafe fn zero_counters(c: &CommCtx, a: &GemmRsArgs, t: u32, nt: u32) {
     let row_tiles = a.m / c.world / TILE.block_m;
-    let (t, nt) = (ids::thread_idx(), ids::block_dim());
     let mut i = t;
     while i < c.world * row_tiles {
         let (src, mt) = (i / row_tiles, i % row_tiles);
@@ -297,10 +318,6 @@ unsafe fn open_receive_buffers(c: &CommCtx, a: &GemmRsArgs) {
             memory::st_relaxed_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::Tile2, src, mt), 0);
         }
         i += nt;
-    }
-    sync::sync_threads();
-    if t < c.world && t != c.rank {
-        unsafe { memory::st_release_u64(Scope::Sys, (c.heap(t) + flag_offset(FlagSlot::FusedReady, c.rank, 0)) as *mut u64, c.epoch) };
     }
 }
 
