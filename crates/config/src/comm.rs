@@ -318,8 +318,13 @@ mod tests {
     use super::*;
     #[test]
     fn flags_do_not_overlap_and_fit_the_control_area() {
-        let last = flag_offset(FlagSlot::Tile1, MAX_LOCAL_RANKS - 1, MAX_COMM_CTAS - 1);
-        assert!(last + 8 <= EPOCH_COUNTERS_OFFSET);
+        // Every slot's last flag ends inside the flag area, and every slot number is known.
+        for v in 0..FLAG_SLOTS {
+            let slot = FlagSlot::from_u32(v).expect("slots 0..FLAG_SLOTS are defined");
+            let last = flag_offset(slot, MAX_LOCAL_RANKS - 1, MAX_COMM_CTAS - 1);
+            assert!(last + 8 <= EPOCH_COUNTERS_OFFSET, "slot {slot:?}");
+        }
+        assert!(FlagSlot::from_u32(FLAG_SLOTS).is_none());
         assert!(EPOCH_COUNTERS_OFFSET + MAX_COMM_CTAS as u64 * 8 <= ERROR_RECORD_OFFSET);
         assert!(core::mem::size_of::<ErrorRecord>() <= 64);
         assert!(ABORT_OFFSET + 8 <= HEAP_CONTROL_BYTES);

@@ -111,7 +111,9 @@ impl AgGemmPlan {
     pub fn split(&self) -> (u32, u32) {
         (self.n_comm, self.grid)
     }
-    /// The gathered A (every rank's shard) in the heap.
+    /// The gathered-A buffer in the heap: the peers' shards (and, across nodes, this rank's own,
+    /// staged for the proxy). On one node this rank's own rows are never written there: the
+    /// kernel reads them in place from `a_shard`.
     pub fn gathered(&self) -> SymBuffer {
         self.gathered
     }

@@ -12,7 +12,8 @@
 //!
 //! Epoch: one per launch, read by every CTA at start and advanced by the last CTA to exit.
 //! Buffer reuse: before writing into a peer's gathered buffer, a comm CTA waits for that peer's
-//! `Ready` (raised by its comm CTA 0 at start: its previous launch, which read the buffer, ended).
+//! `FusedReady` (raised by its comm CTA 0 at start: its previous launch, which read the buffer,
+//! ended).
 use crate::arch::{ids, memory, memory::Scope, regs, smem, sync, tma, tma::TensorMap};
 use crate::comm::bulk::BulkRing;
 use crate::comm::wait::wait_flag_of_cta;
@@ -241,8 +242,8 @@ unsafe fn compute_role(a: &AgGemmArgs, idx: u32) {
                     if !unsafe { wait_chunk(&c, src % world, chunk) } {
                         break; // the error record names the stalled source; consumers trap
                     }
-                    // The rows were written by a peer's generic-proxy stores over NVLink; TMA
-                    // reads through the async proxy.
+                    // The rows were written by a peer's bulk copies over NVLink and announced
+                    // by a generic release; TMA reads through the async proxy.
                     memory::fence_proxy_async();
                     ready_row = tile.m0;
                 }
