@@ -76,3 +76,88 @@ fn node_major_order_visits_every_tile_own_node_first() {
         }
     }
 }
+
+/// One rank's CTA in the GEMM+ReduceScatter simulation below.
+struct SimCta {
+    tiles: Vec<(u32, u32)>,
+    next: usize,
+    /// The previous tile, announced at the start of the next tile's epilogue (or at the end).
+    pending: Option<(u32, u32)>,
+}
+
+/// Runs the counter protocol of GEMM+ReduceScatter/AllReduce step by step: every CTA of every
+/// rank walks its tiles in the chunked order; a peer tile's counter at its destination goes up
+/// one tile late (the kernel's deferred publish); an own tile waits until every peer's counter
+/// of its row is full. True when every CTA finishes (no wait cycle), false on a deadlock.
+fn simulate(world: u32, grid: u32, m: u32, n: u32, parts: &[u32]) -> bool {
+    let chunk_rows = m / world;
+    let row_tiles = (chunk_rows / 128) as usize;
+    let tiles_n = n.div_ceil(256);
+    // counters[dest][src][row tile]
+    let mut counters = vec![vec![vec![0u32; row_tiles]; world as usize]; world as usize];
+    let mut ctas: Vec<Vec<SimCta>> = (0..world)
+        .map(|r| {
+            (0..grid)
+                .map(|c| {
+                    let s = TileScheduler::new(m, n, 128, 256, 8, c, grid).chunked(world, r, row_tiles as u32 / parts[r as usize]);
+                    SimCta { tiles: s.map(|t| (t.m0, t.n0)).collect(), next: 0, pending: None }
+                })
+                .collect()
+        })
+        .collect();
+    let split = |m0: u32| (m0 / chunk_rows, ((m0 % chunk_rows) / 128) as usize);
+    loop {
+        let (mut progress, mut done) = (false, true);
+        for r in 0..world as usize {
+            for cta in ctas[r].iter_mut() {
+                // Announce the pending tile (start of the next epilogue, or the end).
+                if let Some((m0, _)) = cta.pending.take() {
+                    let (dest, mt) = split(m0);
+                    if dest as usize != r {
+                        counters[dest as usize][r][mt] += 1;
+                    }
+                    progress = true;
+                }
+                let Some(&(m0, n0)) = cta.tiles.get(cta.next) else { continue };
+                done = false;
+                let (dest, mt) = split(m0);
+                if dest as usize == r && !(0..world as usize).all(|p| p == r || counters[r][p][mt] >= tiles_n) {
+                    continue; // an own tile waits for the peers' partial rows
+                }
+                cta.pending = Some((m0, n0));
+                cta.next += 1;
+                progress = true;
+            }
+        }
+        if done {
+            return true;
+        }
+        if !progress {
+            return false;
+        }
+    }
+}
+
+#[test]
+fn the_counter_protocol_cannot_deadlock_in_the_chunked_order() {
+    let mut cases = 0;
+    for world in [2u32, 3, 4, 8] {
+        for grid in [1u32, 3, 7, 33, 132] {
+            for row_tiles in [1u32, 2, 4, 6, 16] {
+                for n in [256u32, 1000, 8192] {
+                    let divisors: Vec<u32> = (1..=row_tiles).filter(|d| row_tiles % d == 0).collect();
+                    for &p in &divisors {
+                        // Every rank with `p` parts, and rank 0 with another count (plans may differ).
+                        for &q in &[p, *divisors.last().unwrap()] {
+                            let mut parts = vec![p; world as usize];
+                            parts[0] = q;
+                            cases += 1;
+                            assert!(simulate(world, grid, world * row_tiles * 128, n, &parts), "deadlock: world {world} grid {grid} row tiles {row_tiles} n {n} parts {parts:?}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(cases > 1000);
+}
