@@ -4,13 +4,21 @@
 //! the best split per shape to a plain-text file, one entry per line:
 //! `<op> <world> <m> <n> <k> <split>` (`#` starts a comment). Plans given a split of 0 look their
 //! shape up here (file: `$MKERNEL_TUNE_FILE`, else `mkernel-tune.txt` in the working directory)
-//! and fall back to [`DEFAULT_SPLIT`].
+//! and fall back to the op's default ([`default_split`]).
 
 use std::path::PathBuf;
 
-/// Split used when the cache has no entry for a shape: 4 CTAs move data (the best measured
-/// AllGather+GEMM split on 2 x H200 for M >= 2048).
+/// AllGather+GEMM's split when the cache has no entry for a shape: 4 comm CTAs (the best
+/// measured on 2 x H200; 4 x H200 wants 8-16, see docs/fused.md).
 pub const DEFAULT_SPLIT: u32 = 4;
+/// GEMM+ReduceScatter/AllReduce's `parts` when the cache has no entry: 1, valid for every shape
+/// and the best on 2 x H200.
+pub const DEFAULT_PARTS: u32 = 1;
+
+/// The split a plan of `op` uses when given 0 and the cache has no entry.
+pub fn default_split(op: &str) -> u32 {
+    if op == "ag-gemm" { DEFAULT_SPLIT } else { DEFAULT_PARTS }
+}
 
 /// One cache entry's key.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,12 +65,12 @@ pub fn lookup(key: &TuneKey) -> Option<u32> {
     parse(&text).into_iter().rev().find(|(k, _)| k == key).map(|(_, v)| v)
 }
 
-/// `requested` if nonzero, else the cached split for the shape, else [`DEFAULT_SPLIT`].
+/// `requested` if nonzero, else the cached split for the shape, else the op's default.
 pub fn split_for(requested: u32, key: &TuneKey) -> u32 {
     if requested != 0 {
         return requested;
     }
-    lookup(key).unwrap_or(DEFAULT_SPLIT)
+    lookup(key).unwrap_or_else(|| default_split(&key.op))
 }
 
 #[cfg(test)]
@@ -84,5 +92,7 @@ mod tests {
         // SAFETY of the test: points the cache at a file that does not exist.
         std::env::set_var("MKERNEL_TUNE_FILE", "/nonexistent/mkernel-tune.txt");
         assert_eq!(split_for(0, &key(1)), DEFAULT_SPLIT);
+        let rs = TuneKey { op: "gemm-rs".into(), ..key(1) };
+        assert_eq!(split_for(0, &rs), DEFAULT_PARTS, "GEMM+RS falls back to 1 part, valid for every shape");
     }
 }
