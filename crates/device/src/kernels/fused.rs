@@ -3,8 +3,9 @@
 //! `mk_ag_gemm_bf16_nk`: C (M x N) = AllGather_rows(A) (M x K) * B^T (B: N x K, local).
 //! Each rank holds rows `[rank * Ms, (rank + 1) * Ms)` of A (`Ms = M / world`, a multiple of 128).
 //! - CTAs `0..n_comm` (role IntraComm) copy this rank's shard, 128-row chunk by chunk, into the
-//!   gathered A buffer of every peer over NVLink and raise flag `(Tile0, rank, chunk)` at the
-//!   receiver after each chunk.
+//!   gathered A buffer of every local peer over NVLink and raise flag `(Tile0, rank, chunk)` at
+//!   the receiver after each chunk; across nodes they also stage the shard for one proxy PUT to
+//!   every remote rank (see `comm_role`).
 //! - CTAs `n_comm..` (role Compute) run the persistent GEMM; tile rows are visited from this
 //!   rank's shard on: those tiles read A in place from the shard (no copy, no wait), the peers'
 //!   rows come from the gathered buffer, and the producer waits for a chunk's flag before its
@@ -278,8 +279,9 @@ unsafe fn compute_role(a: &AgGemmArgs, idx: u32) {
 ///   then `(Tile2, rank, row tile)` is incremented at every peer). An AllReduce launch ends
 ///   once the peers' reduced rows are all in this rank's output.
 /// CTA 0 first zeroes this rank's incoming counters, then raises `FusedReady` at every peer:
-/// senders add to the counters only after that (so counters start at 0 in every launch), and
-/// all additions of a launch have landed before the receiver's launch ends.
+/// senders add to the counters only after that, and all additions of a launch have landed
+/// before the receiver's launch ends, whose last warp zeroes the counters again (so no CTA of
+/// the next launch can meet a full counter before CTA 0 ran).
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_gemm_rs_bf16_nk(args: *const GemmRsArgs) {
     let a = unsafe { &*args };
