@@ -161,3 +161,105 @@ fn the_counter_protocol_cannot_deadlock_in_the_chunked_order() {
     }
     assert!(cases > 1000);
 }
+
+/// The same simulation across `nodes` nodes of `world` ranks each: rows are node-blocked
+/// (`rs_source_row`; the scheduler works in those rows, so only the dependencies change). An own
+/// tile of another node's block counts towards that block's `NodeSum` (its PUT leaves once the
+/// block is complete); an own tile of the own node's block also waits, in its epilogue after
+/// announcing the previous tile, until every other node's rail peer completed its block of our
+/// rows. True when every CTA finishes.
+fn simulate_nodes(nodes: u32, world: u32, grid: u32, m: u32, n: u32, parts: &[u32]) -> bool {
+    let chunk_rows = m / world;
+    let block_rows = chunk_rows / nodes;
+    let row_tiles = (chunk_rows / 128) as usize;
+    let tiles_n = n.div_ceil(256);
+    let block_tiles = block_rows / 128 * tiles_n;
+    let (w, nn) = (world as usize, nodes as usize);
+    // counters[node][dest][src][row tile]; node_sums[node][rank][block]
+    let mut counters = vec![vec![vec![vec![0u32; row_tiles]; w]; w]; nn];
+    let mut node_sums = vec![vec![vec![0u32; nn]; w]; nn];
+    let mut ctas: Vec<Vec<Vec<SimCta>>> = (0..nodes)
+        .map(|nd| {
+            (0..world)
+                .map(|r| {
+                    let p = parts[(nd * world + r) as usize];
+                    (0..grid)
+                        .map(|c| {
+                            let s = TileScheduler::new(m, n, 128, 256, 8, c, grid).chunked(world, r, block_rows / 128 / p);
+                            SimCta { tiles: s.map(|t| (t.m0, t.n0)).collect(), next: 0, pending: None }
+                        })
+                        .collect()
+                })
+                .collect()
+        })
+        .collect();
+    let split = |m0: u32| (m0 / chunk_rows, ((m0 % chunk_rows) / 128) as usize, (m0 % chunk_rows) / block_rows);
+    loop {
+        let (mut progress, mut done) = (false, true);
+        for nd in 0..nn {
+            for r in 0..w {
+                for c in 0..grid as usize {
+                    let cta = &mut ctas[nd][r][c];
+                    if let Some((m0, _)) = cta.pending.take() {
+                        let (dest, mt, j) = split(m0);
+                        if dest as usize != r {
+                            counters[nd][dest as usize][r][mt] += 1;
+                        } else if j + 1 < nodes {
+                            node_sums[nd][r][j as usize] += 1;
+                        }
+                        progress = true;
+                    }
+                    let Some(&(m0, n0)) = cta.tiles.get(cta.next) else { continue };
+                    done = false;
+                    let (dest, mt, j) = split(m0);
+                    if dest as usize == r {
+                        if !(0..w).all(|p| p == r || counters[nd][r][p][mt] >= tiles_n) {
+                            continue;
+                        }
+                        // The own node's block: every other node's rail peer finished its block
+                        // for this node (block index (nd - other - 1) mod nodes there).
+                        let sums_in = |o: usize| node_sums[o][r][(nd + nn - o - 1) % nn] >= block_tiles;
+                        if j + 1 == nodes && !(0..nn).all(|o| o == nd || sums_in(o)) {
+                            continue;
+                        }
+                    }
+                    cta.pending = Some((m0, n0));
+                    cta.next += 1;
+                    progress = true;
+                }
+            }
+        }
+        if done {
+            return true;
+        }
+        if !progress {
+            return false;
+        }
+    }
+}
+
+#[test]
+fn the_counter_protocol_cannot_deadlock_across_nodes() {
+    let mut cases = 0;
+    for nodes in [2u32, 3] {
+        for world in [1u32, 2, 4] {
+            for grid in [1u32, 3, 7, 132] {
+                for block_tiles in [1u32, 2, 4] {
+                    for n in [256u32, 1000] {
+                        let divisors: Vec<u32> = (1..=block_tiles).filter(|d| block_tiles % d == 0).collect();
+                        for &p in &divisors {
+                            for &q in &[p, *divisors.last().unwrap()] {
+                                let mut parts = vec![p; (nodes * world) as usize];
+                                parts[0] = q;
+                                cases += 1;
+                                let m = nodes * world * block_tiles * 128;
+                                assert!(simulate_nodes(nodes, world, grid, m, n, &parts), "deadlock: {nodes} nodes x {world} grid {grid} block tiles {block_tiles} n {n} parts {parts:?}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(cases > 200);
+}

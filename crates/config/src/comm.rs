@@ -37,6 +37,13 @@ pub enum FlagSlot {
     /// GEMM+AllReduce: `(Tile2, src, row tile)` counts reduced tiles of src's chunk stored into
     /// this rank's output (zeroed like `Tile1`).
     Tile2 = 6,
+    /// GEMM+ReduceScatter/AllReduce across nodes, local only: `(NodeSum, own rank, j)` counts
+    /// the tiles of this rank's node block `j` that are stored (`j < nodes - 1`: the node's sum
+    /// for the `j`-th other node, staged for one proxy PUT; `j = nodes - 1`: AllReduce's final
+    /// rows, PUT to every remote rank). The tile that fills it posts the PUT. Zeroed at the end
+    /// of each launch only (its first adds need no handshake, so a start-of-launch zeroing
+    /// could erase them).
+    NodeSum = 7,
 }
 
 impl FlagSlot {
@@ -50,13 +57,14 @@ impl FlagSlot {
             4 => Some(FlagSlot::Tile1),
             5 => Some(FlagSlot::FusedReady),
             6 => Some(FlagSlot::Tile2),
+            7 => Some(FlagSlot::NodeSum),
             _ => None,
         }
     }
 }
 
 /// Number of flag slots.
-pub const FLAG_SLOTS: u32 = 7;
+pub const FLAG_SLOTS: u32 = 8;
 /// The epoch counter of latency probes: the last CTA slot, which collectives never use (they
 /// launch at most `MAX_COMM_CTAS - 1` CTAs).
 pub const PROBE_COUNTER: u32 = MAX_COMM_CTAS - 1;
@@ -84,11 +92,14 @@ pub enum RemoteSlot {
     /// Fused kernels (their own launch epochs, kept apart from the collectives'): "my buffer
     /// for your rows is free in fused epoch e".
     FusedReady = 3,
-    /// Fused kernels: "my shard of fused epoch e has landed in your buffer".
+    /// Fused kernels: "my data of fused epoch e has landed in your buffer" (AllGather+GEMM: my
+    /// shard; GEMM+ReduceScatter/AllReduce: my node's sum of your rows).
     FusedData = 4,
+    /// GEMM+AllReduce across nodes: "my reduced rows of fused epoch e have landed in your output".
+    FusedOut = 5,
 }
 /// Number of [`RemoteSlot`]s.
-pub const REMOTE_SLOTS: u32 = 5;
+pub const REMOTE_SLOTS: u32 = 6;
 /// Byte offset of inter-node flag (`slot`, `src` global rank) in a heap.
 pub const fn remote_flag_offset(slot: RemoteSlot, src: u32) -> u64 {
     REMOTE_FLAGS_OFFSET + ((slot as u32 * MAX_RANKS + src) as u64) * 8
@@ -329,7 +340,7 @@ mod tests {
         assert!(core::mem::size_of::<ErrorRecord>() <= 64);
         assert!(ABORT_OFFSET + 8 <= HEAP_CONTROL_BYTES);
         assert!(FIFO_HEAD_OFFSET + 8 <= HEAP_CONTROL_BYTES);
-        assert_eq!(remote_flag_offset(RemoteSlot::FusedData, MAX_RANKS - 1) + 8, FIFO_HEAD_OFFSET);
+        assert_eq!(remote_flag_offset(RemoteSlot::FusedOut, MAX_RANKS - 1) + 8, FIFO_HEAD_OFFSET);
         assert_eq!(ll_offset(3, MAX_LOCAL_RANKS - 1) + LL_SLOT_BYTES, STAGING_OFFSET);
         assert_eq!(staging_offset(3, MAX_LOCAL_RANKS - 1) + SMALL_MSG_MAX, HEAP_RESERVED_BYTES);
         assert_eq!(staging_offset(2, 0), STAGING_OFFSET);

@@ -25,9 +25,14 @@ pub struct AgGemmArgs {
 }
 
 /// `mk_gemm_rs_bf16_nk`'s argument block: `P_r = A_r * B_r^T` (M x N, K split over ranks),
-/// reduced over ranks by row chunk: rank r gets rows `[r * M / world, (r + 1) * M / world)`.
-/// Every CTA computes; a rank's own tiles are computed after its peers sent their partials of
-/// them, and the epilogue adds those in (no reducer CTAs).
+/// reduced over ranks by row chunk: global rank g gets rows `[g * Mg, (g + 1) * Mg)`,
+/// `Mg = M / global_world`. Every CTA computes; a rank's own tiles are computed after its peers
+/// sent their partials of them, and the epilogue adds those in (no reducer CTAs).
+///
+/// The kernel works in *node-blocked* rows ([`rs_source_row`]): local rank `l`'s chunk of
+/// `M / world` rows is its rail's global chunks (`l` on every node), other nodes' first, own
+/// node's last, so one node's partials of a rail's rows are summed on that rail's rank before
+/// they cross nodes. One node: the plain rows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
 pub struct GemmRsArgs {
@@ -36,24 +41,45 @@ pub struct GemmRsArgs {
     /// Tensor maps: A (M x K_local, box 64 x 128), B as N x K_local (box 64 x 256).
     pub map_a: u64,
     pub map_b: u64,
-    /// `map_recv[p]`: this rank's slot in rank p's receive buffer (`M / world` x N bf16,
-    /// box 64 x 64), as mapped here (a peer's over NVLink).
+    /// `map_recv[p]`: this rank's slot in local rank p's receive buffer (`M / world` node-blocked
+    /// rows x N bf16, box 64 x 64), as mapped here (a peer's over NVLink).
     pub map_recv: [u64; 8],
-    /// Where the reduced rows of this rank's chunk go (`M / world` x N bf16, box 64 x 64):
+    /// Where the reduced rows of this rank's global chunk go (`Mg` x N bf16, box 64 x 64):
     /// ReduceScatter: `map_out[0]`, the local output. AllReduce: `map_out[p]`, the rows of this
-    /// rank's chunk in rank p's output (a heap buffer; a peer's over NVLink).
+    /// rank's chunk in local rank p's output (a heap buffer; a peer's over NVLink).
     pub map_out: [u64; 8],
-    /// Heap offset of the receive buffer: `world` slots of `M / world` x N bf16.
+    /// Across nodes: this rank's node sums of its rail's rows of the other nodes, `(nodes - 1) x
+    /// Mg` rows x N bf16 in the heap (box 64 x 64; the proxy's PUT source). 0 on one node.
+    pub map_stage: u64,
+    /// Heap offsets: the receive buffer (`world` slots of `M / world` x N bf16); across nodes
+    /// the node-sum stage above, the remote receive buffer (`nodes` blocks of `Mg` x N: block
+    /// `i` is node `i`'s sum of this rank's rows) and, for AllReduce, the `M` x N output.
     pub recv_off: u64,
+    pub stage_off: u64,
+    pub xrecv_off: u64,
+    pub out_off: u64,
     pub m: u32,
     pub n: u32,
     pub k: u32,
     /// Tile rows per part of the chunked tile order (`TileScheduler::chunked`): smaller parts
     /// reduce (and, for AllReduce, broadcast) earlier; larger ones leave peers more slack.
+    /// Across nodes a part never straddles two nodes' blocks (`Mg / 128` is a multiple of it).
     pub part_tiles_m: u32,
     /// 1: GEMM + AllReduce (every rank gets the whole sum), 0: GEMM + ReduceScatter.
     pub all_reduce: u32,
     pub _pad: u32,
+}
+
+/// The row of A (and of the sum) that node-blocked row `v` of GEMM+ReduceScatter/AllReduce is,
+/// on node `node` of `nodes` with `world` ranks each: `v` lies in local rank `l`'s chunk
+/// (`M / world` rows), in its `j`-th block of `Mg = M / (world x nodes)` rows; block `j` holds
+/// global chunk `(node + 1 + j) % nodes x world + l` (the own node's block last).
+pub const fn rs_source_row(v: u32, m: u32, world: u32, nodes: u32, node: u32) -> u32 {
+    let chunk = m / world;
+    let mg = chunk / nodes;
+    let (l, local) = (v / chunk, v % chunk);
+    let (j, i) = (local / mg, local % mg);
+    ((node + 1 + j) % nodes * world + l) * mg + i
 }
 
 /// AllGather+GEMM comm CTAs move the shard with TMA bulk copies through a ring of
@@ -69,3 +95,33 @@ pub const BULK_STAGE_BYTES: u32 = 16 << 10;
 pub const BULK_LOOKAHEAD: u32 = 3;
 const _: () = assert!(BULK_STAGE_BYTES % 16 == 0 && BULK_LOOKAHEAD >= 1 && BULK_LOOKAHEAD < BULK_STAGES);
 const _: () = assert!(BULK_STAGES * (BULK_STAGE_BYTES + 8) <= crate::GemmTile::FUSED.smem_bytes());
+
+#[cfg(test)]
+mod tests {
+    use super::rs_source_row;
+    #[test]
+    fn node_blocked_rows_are_a_permutation_with_the_own_node_last() {
+        for (world, nodes) in [(1, 1), (4, 1), (1, 2), (2, 2), (4, 2), (2, 3), (8, 4)] {
+            let m = world * nodes * 256;
+            let mg = m / world / nodes;
+            for node in 0..nodes {
+                let mut seen = [false; 8 * 4 * 256];
+                for v in 0..m {
+                    let r = rs_source_row(v, m, world, nodes, node);
+                    assert!(!seen[r as usize], "world {world} nodes {nodes}: row {r} twice");
+                    seen[r as usize] = true;
+                    // Local rank l's chunk holds only global chunks of local rank l.
+                    assert_eq!((r / mg) % world, v / (m / world));
+                }
+                // The last block of every local rank's chunk is its own node's chunk.
+                for l in 0..world {
+                    let v = l * (m / world) + (nodes - 1) * mg;
+                    assert_eq!(rs_source_row(v, m, world, nodes, node), (node * world + l) * mg);
+                }
+            }
+            if nodes == 1 {
+                assert!((0..m).all(|v| rs_source_row(v, m, world, 1, 0) == v));
+            }
+        }
+    }
+}

@@ -8,8 +8,10 @@
 //!
 //! Across nodes AllGather+GEMM shards A by global rank: NVLink pushes inside the node, one
 //! proxy PUT of the whole shard to every rank of the other nodes (docs/fused.md).
-//! GEMM+ReduceScatter/AllReduce are intra-node only for now (a job of several nodes gets
-//! `Error::Unsupported`). B as N x K.
+//! [`GemmRsPlan`]: GEMM + ReduceScatter / AllReduce with K split over ranks. Across nodes a
+//! node's partials of a rank's rows are summed inside the node (NVLink) on that rank's rail
+//! peer, which PUTs the node's sum through the proxy; AllReduce PUTs each reduced chunk to every
+//! remote rank (docs/fused.md). B as N x K.
 use crate::comm::{Communicator, SymBuffer};
 use crate::error::{Error, Result};
 use crate::runtime::Device;
@@ -122,7 +124,8 @@ impl AgGemmPlan {
 /// A planned GEMM + ReduceScatter: every rank holds `a` (`m` x `k_local`) and `b` (`n` x
 /// `k_local`, `nn.Linear` layout) with K split over ranks, and gets rows
 /// `[rank * m / world, (rank + 1) * m / world)` of `sum_r a_r * b_r^T` in `out` (`m / world` x
-/// `n` bf16, local), partial tiles summed in f32. Every CTA computes; `parts` cuts each rank's
+/// `n` bf16, local; `rank` and `world` global: every rank of every node), partial tiles summed
+/// in f32 (across nodes, each node's sum is rounded to bf16 once before it crosses). Every CTA computes; `parts` cuts each rank's
 /// row chunk into parts visited in turn (docs/fused.md), so reductions (and AllReduce's
 /// broadcasts) start early.
 pub struct GemmRsPlan {
@@ -142,7 +145,7 @@ impl GemmRsPlan {
     /// launch of the plan.
     #[allow(clippy::too_many_arguments)]
     pub fn from_slices(comm: &mut Communicator, stream: &Arc<CudaStream>, a: &CudaSlice<half::bf16>, b: &CudaSlice<half::bf16>, out: &mut CudaSlice<half::bf16>, m: usize, n: usize, k_local: usize, parts: u32) -> Result<GemmRsPlan> {
-        let world = comm.world() as usize;
+        let world = (comm.world() * comm.nnodes()) as usize;
         check_len("gemm_rs", "A", a.len(), m * k_local)?;
         check_len("gemm_rs", "B", b.len(), n * k_local)?;
         check_len("gemm_rs", "out", out.len(), m / world.max(1) * n)?;
@@ -181,35 +184,47 @@ impl GemmRsPlan {
     #[allow(clippy::too_many_arguments)]
     unsafe fn build(comm: &mut Communicator, stream: &Arc<CudaStream>, a: u64, b: u64, out: Option<u64>, m: usize, n: usize, k_local: usize, parts: u32) -> Result<GemmRsPlan> {
         let op = if out.is_some() { "gemm_rs" } else { "gemm_ar" };
-        let world = comm.world() as usize;
+        let (world, nodes) = (comm.world() as usize, comm.nnodes() as usize);
+        let global_world = world * nodes;
         let t = GemmTile::DEFAULT;
-        check_gemm_reduce(op, m, n, k_local, world, comm.nnodes(), [("A", a), ("B", b), ("out", out.unwrap_or(0))])?;
+        check_gemm_reduce(op, m, n, k_local, world, nodes as u32, [("A", a), ("B", b), ("out", out.unwrap_or(0))])?;
         let device: Device = comm.device().clone();
         let sms = device.sm_count();
         let tune_op = if out.is_some() { "gemm-rs" } else { "gemm-ar" };
-        let parts = crate::tune::split_for(parts, &crate::tune::TuneKey { op: tune_op.into(), world: world as u32, m, n, k: k_local * world });
-        check_parts(op, m, world, parts)?;
-        let chunk_rows = (m / world) as u64;
-        let slot_bytes = chunk_rows * n as u64 * 2;
+        let parts = crate::tune::split_for(parts, &crate::tune::TuneKey { op: tune_op.into(), world: global_world as u32, m, n, k: k_local * global_world });
+        check_parts(op, m, global_world, parts)?;
+        // Rows are node-blocked (mkernel_config::fused::rs_source_row): a local rank's chunk of
+        // m / world rows is `nodes` blocks of m / global_world rows, one per node's rank of
+        // its rail.
+        let (chunk_rows, block_rows) = ((m / world) as u64, (m / global_world) as u64);
+        let (n64, k64) = (n as u64, k_local as u64);
+        let slot_bytes = chunk_rows * n64 * 2;
+        let block_bytes = block_rows * n64 * 2;
         let recv = comm.alloc(slot_bytes * world as u64)?;
         let ar_out = if out.is_none() { Some(comm.alloc((m * n * 2) as u64)?) } else { None };
-        let rank = comm.rank() as u64;
-        let (m64, n64, k64) = (m as u64, n as u64, k_local as u64);
-        let map_a = encode_bf16_sw128(Tensor2d { ptr: a, cols: k64, rows: m64, row_stride_bytes: 2 * k64 }, t.block_k, t.block_m)?;
+        // Across nodes: this node's sums of the other nodes' rows of our rail (the PUT
+        // sources), and one block per node for their sums of our rows.
+        let (stage, xrecv) = if nodes > 1 { (Some(comm.alloc(block_bytes * (nodes as u64 - 1))?), Some(comm.alloc(block_bytes * nodes as u64)?)) } else { (None, None) };
+        let (rank, global_rank) = (comm.rank() as u64, comm.global_rank() as u64);
+        let map_a = encode_bf16_sw128(Tensor2d { ptr: a, cols: k64, rows: m as u64, row_stride_bytes: 2 * k64 }, t.block_k, t.block_m)?;
         let map_b = encode_bf16_sw128(Tensor2d { ptr: b, cols: k64, rows: n64, row_stride_bytes: 2 * k64 }, t.block_k, t.block_n)?;
-        // Tensor maps: A, B, this rank's slot at every rank, where the reduced chunk goes.
-        let box_map = |ptr: u64| encode_bf16_sw128(Tensor2d { ptr, cols: n64, rows: chunk_rows, row_stride_bytes: 2 * n64 }, GemmTile::EPILOGUE_BOX_COLS, GemmTile::EPILOGUE_BOX_ROWS);
+        // Tensor maps: A, B, this rank's slot at every local rank, where the reduced chunk
+        // goes, the stage.
+        let box_map = |ptr: u64, rows: u64| encode_bf16_sw128(Tensor2d { ptr, cols: n64, rows, row_stride_bytes: 2 * n64 }, GemmTile::EPILOGUE_BOX_COLS, GemmTile::EPILOGUE_BOX_ROWS);
         let mut maps_host = vec![map_a.opaque, map_b.opaque];
         for p in 0..world {
-            maps_host.push(box_map(comm.peer_ptr(p as u32, &recv) + rank * slot_bytes)?.opaque);
+            maps_host.push(box_map(comm.peer_ptr(p as u32, &recv) + rank * slot_bytes, chunk_rows)?.opaque);
         }
         let outs: Vec<u64> = match (out, ar_out) {
             (Some(o), _) => vec![o],
-            (None, Some(ar)) => (0..world).map(|p| comm.peer_ptr(p as u32, &ar) + rank * slot_bytes).collect(),
+            (None, Some(ar)) => (0..world).map(|p| comm.peer_ptr(p as u32, &ar) + global_rank * block_bytes).collect(),
             (None, None) => unreachable!("an AllReduce plan reserves its output"),
         };
         for &o in &outs {
-            maps_host.push(box_map(o)?.opaque);
+            maps_host.push(box_map(o, block_rows)?.opaque);
+        }
+        if let Some(st) = stage {
+            maps_host.push(box_map(comm.ptr(&st), block_rows * (nodes as u64 - 1))?.opaque);
         }
         let words: Vec<u64> = maps_host.concat();
         let maps = stream.clone_htod(&words)?;
@@ -228,11 +243,15 @@ impl GemmRsPlan {
             map_b: map_at(1),
             map_recv,
             map_out,
+            map_stage: if stage.is_some() { map_at(2 + world + outs.len()) } else { 0 },
             recv_off: recv.offset,
+            stage_off: stage.map_or(0, |b| b.offset),
+            xrecv_off: xrecv.map_or(0, |b| b.offset),
+            out_off: ar_out.map_or(0, |b| b.offset),
             m: m as u32,
             n: n as u32,
             k: k_local as u32,
-            part_tiles_m: (m / world / t.block_m as usize / parts as usize) as u32,
+            part_tiles_m: (block_rows as usize / t.block_m as usize / parts as usize) as u32,
             all_reduce: ar_out.is_some() as u32,
             _pad: 0,
         };
@@ -284,16 +303,15 @@ fn check_n_comm(n_comm: u32, sms: u32) -> Result<()> {
     Ok(())
 }
 
-/// GEMM+ReduceScatter/AllReduce's shape rules: one node; `m` a multiple of `world x 128` with
-/// at most `MAX_COMM_CTAS` row tiles per chunk; `k_local`, `n` multiples of 8; aligned pointers.
+/// GEMM+ReduceScatter/AllReduce's shape rules (`world` ranks per node, `nnodes` nodes): `m` a
+/// multiple of `world x nnodes x 128` with at most `MAX_COMM_CTAS` row tiles per local rank's
+/// chunk (`m / world`: one flag per row tile); `k_local`, `n` multiples of 8; aligned pointers.
 fn check_gemm_reduce(op: &'static str, m: usize, n: usize, k_local: usize, world: usize, nnodes: u32, ptrs: [(&'static str, u64); 3]) -> Result<()> {
     let block_m = GemmTile::DEFAULT.block_m as usize;
     let bad = |reason: String| Err(Error::Shape { op, reason });
-    if nnodes > 1 {
-        return Err(Error::Unsupported(format!("{op} across nodes is not implemented yet (intra-node only)")));
-    }
-    if m == 0 || m % (world * block_m) != 0 {
-        return bad(format!("m = {m} must be a positive multiple of world x {block_m} = {}", world * block_m));
+    let global_world = world * nnodes as usize;
+    if m == 0 || m % (global_world * block_m) != 0 {
+        return bad(format!("m = {m} must be a positive multiple of world x nodes x {block_m} = {}", global_world * block_m));
     }
     if m / world / block_m > mkernel_config::comm::MAX_COMM_CTAS as usize {
         return bad(format!("m / world = {} is more than {} row tiles", m / world, mkernel_config::comm::MAX_COMM_CTAS));
@@ -304,7 +322,7 @@ fn check_gemm_reduce(op: &'static str, m: usize, n: usize, k_local: usize, world
     check_aligned(op, ptrs)
 }
 
-/// `parts` divides the row tiles of a rank's chunk.
+/// `parts` divides the row tiles of a rank's chunk (`world`: every rank of every node).
 fn check_parts(op: &'static str, m: usize, world: usize, parts: u32) -> Result<()> {
     let block_m = GemmTile::DEFAULT.block_m as usize;
     let row_tiles = m / world / block_m;
@@ -360,8 +378,9 @@ mod tests {
     #[test]
     fn gemm_reduce_shapes_and_parts_are_checked_before_planning() {
         assert!(check_gemm_reduce("gemm_rs", 16384, 8192, 2048, 4, 1, OK_PTRS).is_ok());
-        assert!(matches!(check_gemm_reduce("gemm_ar", 16384, 8192, 2048, 2, 2, OK_PTRS), Err(Error::Unsupported(m)) if m.contains("across nodes")));
-        assert!(reason(check_gemm_reduce("gemm_rs", 1000, 8192, 2048, 2, 1, OK_PTRS)).contains("multiple of world x 128"));
+        assert!(check_gemm_reduce("gemm_ar", 16384, 8192, 2048, 2, 2, OK_PTRS).is_ok());
+        assert!(reason(check_gemm_reduce("gemm_rs", 1000, 8192, 2048, 2, 1, OK_PTRS)).contains("multiple of world x nodes x 128 = 256"));
+        assert!(reason(check_gemm_reduce("gemm_rs", 256 * 3, 8192, 2048, 2, 2, OK_PTRS)).contains("multiple of world x nodes x 128 = 512"));
         assert!(reason(check_gemm_reduce("gemm_rs", 4096, 8190, 2048, 2, 1, OK_PTRS)).contains("multiples of 8"));
         assert!(reason(check_gemm_reduce("gemm_rs", 2 * 128 * 300, 256, 256, 2, 1, OK_PTRS)).contains("more than 256 row tiles"));
         // 16384 rows over 4 ranks: 32 row tiles per chunk.

@@ -120,6 +120,20 @@ pub unsafe fn atom_acq_rel_add_u32(scope: Scope, p: *mut u32, v: u32) -> u32 {
     }
     r
 }
+/// `atom.acq_rel.{cta,gpu,sys}.add.u64 d, [p], v;` (returns the old value; e.g. counters whose
+/// last adder acts on everyone's data)
+#[inline(always)]
+pub unsafe fn atom_acq_rel_add_u64(scope: Scope, p: *mut u64, v: u64) -> u64 {
+    let r: u64;
+    unsafe {
+        match scope {
+            Scope::Cta => asm!("atom.acq_rel.cta.add.u64 {0}, [{1}], {2};", out(reg64) r, in(reg64) p, in(reg64) v, options(nostack)),
+            Scope::Gpu => asm!("atom.acq_rel.gpu.add.u64 {0}, [{1}], {2};", out(reg64) r, in(reg64) p, in(reg64) v, options(nostack)),
+            Scope::Sys => asm!("atom.acq_rel.sys.add.u64 {0}, [{1}], {2};", out(reg64) r, in(reg64) p, in(reg64) v, options(nostack)),
+        }
+    }
+    r
+}
 /// `atom.relaxed.{cta,gpu,sys}.add.u64 d, [p], v;` (returns the old value; e.g. claiming FIFO slots)
 #[inline(always)]
 pub unsafe fn atom_relaxed_add_u64(scope: Scope, p: *mut u64, v: u64) -> u64 {

@@ -3,7 +3,7 @@
 //! consumer warp once its wgmmas stopped reading the slot).
 //!
 //! Layout from the base of dynamic shared memory (1024-byte aligned):
-//! `[A0 B0][A1 B1]...[A(s-1) B(s-1)][epilogue staging: 2 boxes per consumer][full 0..s][empty 0..s]`.
+//! `[A0 B0][A1 B1]...[A(s-1) B(s-1)][epilogue staging: 2 boxes per consumer][full 0..s][empty 0..s][aux]`.
 use crate::arch::{mbarrier, smem::SmemAddr};
 use mkernel_config::GemmTile;
 
@@ -67,6 +67,11 @@ impl Ring {
     pub fn empty(&self, s: u32) -> SmemAddr {
         self.base.add(self.tile.barrier_offset() + 8 * (self.tile.stages + s))
     }
+    /// The auxiliary mbarrier (one arrival; `GemmTile::aux_barrier_offset`).
+    #[inline(always)]
+    pub fn aux(&self) -> SmemAddr {
+        self.base.add(self.tile.aux_barrier_offset())
+    }
     /// Initializes every barrier (one thread), then makes them visible to TMA.
     #[inline(always)]
     pub unsafe fn init(&self) {
@@ -76,6 +81,7 @@ impl Ring {
                 mbarrier::init(self.empty(s), self.tile.consumer_warpgroups * 4);
             }
         }
+        unsafe { mbarrier::init(self.aux(), 1) };
         mbarrier::fence_init();
     }
 }

@@ -15,7 +15,7 @@
 //! Buffer reuse: before writing into a peer's gathered buffer, a comm CTA waits for that peer's
 //! `FusedReady` (raised by its comm CTA 0 at start: its previous launch, which read the buffer,
 //! ended).
-use crate::arch::{ids, memory, memory::Scope, regs, smem, sync, tma, tma::TensorMap};
+use crate::arch::{ids, mbarrier, memory, memory::Scope, regs, smem, sync, tma, tma::TensorMap};
 use crate::comm::bulk::BulkRing;
 use crate::comm::wait::wait_flag_of_cta;
 use crate::comm::{proxy, CommCtx};
@@ -26,9 +26,9 @@ use crate::gemm::ring::{Ring, RingPos};
 use crate::gemm::scheduler::TileScheduler;
 use crate::gemm::{BLayout, TILE};
 use crate::gemm::scheduler::Tile;
-use mkernel_config::fused::{AgGemmArgs, GemmRsArgs};
+use mkernel_config::fused::{rs_source_row, AgGemmArgs, GemmRsArgs};
 use mkernel_config::GemmTile;
-use mkernel_config::comm::{flag_offset, CommDesc, FlagSlot, RemoteSlot, Role, FUSED_EPOCH_OFFSET, FUSED_EXITS_OFFSET};
+use mkernel_config::comm::{flag_offset, CommDesc, FlagSlot, RemoteSlot, Role, FIFO_HEAD_OFFSET, FUSED_EPOCH_OFFSET, FUSED_EXITS_OFFSET};
 
 
 #[inline(always)]
@@ -266,22 +266,30 @@ unsafe fn compute_role(a: &AgGemmArgs, idx: u32) {
 }
 
 /// `mk_gemm_rs_bf16_nk`: GEMM + ReduceScatter / AllReduce. Every rank computes its partial
-/// product `P_r = A_r * B_r^T` (M x N; K is split over ranks); rank `d` reduces rows chunk `d`
-/// of `sum_r P_r` in f32. Every CTA computes, in the chunked order of
-/// [`TileScheduler::chunked`] (per part: the peers' chunks first, the own chunk last):
+/// product `P_r = A_r * B_r^T` (M x N; K is split over ranks); global rank `g` reduces row chunk
+/// `g` of `sum_r P_r` in f32. Rows are visited node-blocked ([`rs_source_row`]): local rank
+/// `l`'s chunk (`M / world` rows) is its rail's global chunks, other nodes' first, own last.
+/// Every CTA computes, in the chunked order of [`TileScheduler::chunked`] over those chunks
+/// (per part: the peers' chunks first, the own chunk last):
 /// - a peer's tile is stored with TMA straight into this rank's slot of the peer's receive
 ///   buffer (over NVLink), and `(Tile1, rank, row tile)` there is incremented once the bulk
 ///   stores completed (deferred to the next tile's epilogue, so the NVLink drain overlaps the
 ///   next mainloop). The first store to a peer waits for its `FusedReady`.
-/// - an own tile waits until every peer's counter of its row tile is full, adds the peers'
-///   partial tiles (bf16, in rank order) to its f32 accumulators and stores the sum: to the
-///   output (ReduceScatter) or to the rows of this chunk in every rank's output (AllReduce,
-///   then `(Tile2, rank, row tile)` is incremented at every peer). An AllReduce launch ends
-///   once the peers' reduced rows are all in this rank's output.
-/// CTA 0 first zeroes this rank's incoming counters, then raises `FusedReady` at every peer:
-/// senders add to the counters only after that, and all additions of a launch have landed
-/// before the receiver's launch ends, whose last warp zeroes the counters again (so no CTA of
-/// the next launch can meet a full counter before CTA 0 ran).
+/// - an own tile waits until every local peer's counter of its row tile is full and adds the
+///   peers' partial tiles (bf16, in rank order) to its f32 accumulators. In another node's block
+///   the sum is this node's partial of a remote rank's rows: it is stored in the stage, and the
+///   tile that completes the block (`NodeSum` counter) posts one proxy PUT of it to that rank
+///   (after its remote `FusedReady`), raising `FusedData`. In the own node's block the tile
+///   also adds the other nodes' sums (after their `FusedData`) and stores the result: to the
+///   output (ReduceScatter) or to the rows of this chunk in every local rank's output
+///   (AllReduce, then `(Tile2, rank, row tile)` is incremented at every peer; across nodes the
+///   completed block is PUT to every remote rank's output, raising `FusedOut`). An AllReduce
+///   launch ends once every other rank's reduced rows are in this rank's output.
+/// CTA 0 first zeroes this rank's incoming counters, then raises `FusedReady` at every peer
+/// (and, through the proxy, at every remote rank): senders add to the counters only after that,
+/// and all additions of a launch have landed before the receiver's launch ends, whose last warp
+/// zeroes the counters again (so no CTA of the next launch can meet a full counter before CTA 0
+/// ran) and, across nodes, waits until the proxy has read every PUT source.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_gemm_rs_bf16_nk(args: *const GemmRsArgs) {
     let a = unsafe { &*args };
@@ -291,11 +299,11 @@ pub unsafe extern "ptx-kernel" fn mk_gemm_rs_bf16_nk(args: *const GemmRsArgs) {
     }
     unsafe { rs_compute_role(a, ids::block_idx()) };
     let c = unsafe { fused_ctx(a.desc, Role::Compute) };
-    unsafe { exit_launch_then(&c, c.epoch, || zero_counters(&c, a, 0, 1)) };
+    unsafe { exit_launch_then(&c, c.epoch, || finish_reduce_launch(&c, a)) };
 }
 
 /// CTA 0, all threads: zero the incoming `Tile1` (and `Tile2`) counters of this shape's row
-/// tiles, then raise `FusedReady` at every peer.
+/// tiles, then raise `FusedReady` at every peer and every remote rank.
 #[inline(always)]
 unsafe fn open_receive_buffers(c: &CommCtx, a: &GemmRsArgs) {
     let t = ids::thread_idx();
@@ -303,6 +311,10 @@ unsafe fn open_receive_buffers(c: &CommCtx, a: &GemmRsArgs) {
     sync::sync_threads();
     if t < c.world && t != c.rank {
         unsafe { memory::st_release_u64(Scope::Sys, (c.heap(t) + flag_offset(FlagSlot::FusedReady, c.rank, 0)) as *mut u64, c.epoch) };
+    }
+    if t < c.global_world && t / c.world != c.global_rank / c.world {
+        // A failed post leaves the error record; the remote side's wait then times out.
+        let _ = unsafe { proxy::signal(c, t, RemoteSlot::FusedReady) };
     }
 }
 
@@ -324,13 +336,40 @@ unsafe fn zero_counters(c: &CommCtx, a: &GemmRsArgs, t: u32, nt: u32) {
     }
 }
 
+/// The launch's last warp (lane 0): zero the counters (also the `NodeSum` ones, which only
+/// this zeroing may touch) and, across nodes, wait until the proxy completed every command
+/// posted so far: the next launch rewrites the stage and the output the PUTs read.
+#[inline(always)]
+unsafe fn finish_reduce_launch(c: &CommCtx, a: &GemmRsArgs) {
+    unsafe {
+        zero_counters(c, a, 0, 1);
+        let nodes = c.global_world / c.world;
+        if nodes > 1 {
+            for j in 0..nodes {
+                memory::st_relaxed_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::NodeSum, c.rank, j), 0);
+            }
+            let claimed = memory::ld_relaxed_u64(Scope::Gpu, (c.heap(c.rank) + FIFO_HEAD_OFFSET) as *const u64);
+            if claimed > 0 {
+                let _ = proxy::wait_done(c, claimed - 1);
+            }
+        }
+    }
+}
+
 /// A tile whose completion is announced at the next tile's epilogue.
 #[derive(Clone, Copy)]
 struct Pending {
-    /// Destination rank (this rank: an own tile).
+    /// Destination local rank (this rank: an own tile).
     dest: u32,
     /// Row tile inside the chunk.
     mt: u32,
+}
+
+
+/// Node geometry of a launch: `(nodes, node, rows of one node block = M / global_world)`.
+#[inline(always)]
+fn node_blocks(c: &CommCtx, m: u32) -> (u32, u32, u32) {
+    (c.global_world / c.world, c.global_rank / c.world, m / c.global_world)
 }
 
 #[inline(always)]
@@ -357,11 +396,45 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
     let mut pos = RingPos::START;
     if wg == 0 {
         regs::setmaxnreg_dec::<{ GemmTile::FUSED.producer_regs }>();
+        if ids::thread_idx() == 32 && idx < node_blocks_to_send(a) {
+            // Warp 1 of the producer warpgroup (otherwise idle) of CTA j: inter-node sender of
+            // node block j.
+            unsafe { send_node_block(a, idx) };
+        }
+        if ids::thread_idx() == 96 && node_blocks_to_send(a) > 0 {
+            // Warp 3: wait for the other nodes' sums of our rows (one PUT from each node's rank
+            // of our rail), then arrive on the aux barrier, which the consumers wait for before
+            // they add the sums (also after a failed wait, so theirs stays bounded: the error
+            // record is written and the host reports it).
+            let c = unsafe { fused_ctx(a.desc, Role::InterReduce) };
+            let (nodes, node) = (c.global_world / c.world, c.global_rank / c.world);
+            for nd in 0..nodes {
+                if nd != node && !unsafe { proxy::wait_remote(&c, RemoteSlot::FusedData, nd * c.world + c.rank) } {
+                    break;
+                }
+            }
+            unsafe { mbarrier::arrive(Ring::new(smem::dynamic_smem_addr(), TILE).aux()) };
+        }
+        if ids::thread_idx() == 64 && idx == 0 && a.all_reduce != 0 && node_blocks_to_send(a) > 0 {
+            // Warp 2 of CTA 0: an AllReduce launch across nodes ends once every remote rank's
+            // reduced rows are in our output.
+            let c = unsafe { fused_ctx(a.desc, Role::InterReduce) };
+            let node = c.global_rank / c.world;
+            for q in 0..c.global_world {
+                if q / c.world != node && !unsafe { proxy::wait_remote(&c, RemoteSlot::FusedOut, q) } {
+                    break;
+                }
+            }
+        }
         if ids::thread_idx() == 0 {
-            let (_, _, tiles, k_blocks) = setup();
+            let (_, world, tiles, k_blocks) = setup();
+            let d = unsafe { &*(a.desc as *const CommDesc) };
+            let (nodes, node) = (d.global_world / world, d.global_rank / world);
             let ring = Ring::new(smem::dynamic_smem_addr(), TILE);
             for tile in tiles {
-                unsafe { load_tile(&ring, &mut pos, map_a, tile.m0, map_b, BLayout::Nk, tile, k_blocks) };
+                // The scheduler walks node-blocked rows; A is read at the row they stand for.
+                let a_row = rs_source_row(tile.m0, a.m, world, nodes, node);
+                unsafe { load_tile(&ring, &mut pos, map_a, a_row, map_b, BLayout::Nk, tile, k_blocks) };
             }
         }
         return;
@@ -390,14 +463,16 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
     let c = unsafe { fused_ctx(a.desc, Role::Compute) };
     let ct = ids::thread_idx() - crate::arch::ids::WARPGROUP_THREADS;
     if let Some(p) = pending {
-        unsafe { publish(&c, p, a.all_reduce != 0, ids::thread_in_warpgroup() == 0, ct) };
+        unsafe { publish(&c, a, p, ids::thread_in_warpgroup() == 0, ct) };
     }
     drain_tma_stores();
     if a.all_reduce != 0 {
-        // The launch ends once every peer's reduced rows are in our output: this CTA waits for
-        // row tiles idx, idx + grid, ... of every peer's chunk.
+        // The launch ends once every other rank's reduced rows are in our output: this CTA
+        // waits for row tiles idx, idx + grid, ... of the own-node block of every local peer's
+        // chunk (the remote ranks' PUTs: warp 2 of CTA 0).
+        let (nodes, _, block_rows) = node_blocks(&c, a.m);
         let tiles_n = a.n.div_ceil(TILE.block_n) as u64;
-        let mut mt = idx;
+        let mut mt = (nodes - 1) * block_rows / TILE.block_m + idx;
         while mt < chunk_rows / TILE.block_m {
             let ok = ct >= c.world || ct == c.rank || unsafe { wait_flag_of_cta(&c, FlagSlot::Tile2, ct, mt, tiles_n) };
             if named_barrier_or(3, 2 * crate::arch::ids::WARPGROUP_THREADS, !ok) {
@@ -438,12 +513,13 @@ unsafe fn prefetch_partials(a: &GemmRsArgs, tile: Tile, rank: u32, world: u32) {
 }
 
 /// The epilogue of one tile of GEMM+ReduceScatter/AllReduce (both consumer warpgroups): announce
-/// the previous tile, then store this one to its peer, or add the peers' partials and store the
-/// sum. False when a wait gave up (the error record is written).
+/// the previous tile, then store this one to its peer, or add the peers' partials (and, in the
+/// own node's block, the other nodes' sums) and store the sum. False when a wait gave up (the
+/// error record is written).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u32, acc: &mut [f32; 128], ready: &mut u32, pending: &mut Option<Pending>) -> bool {
-    let c = unsafe { CommCtx::with_epoch(a.desc as *const CommDesc, 0, Role::Compute, epoch) };
+    let c = unsafe { fused_ctx_at(a.desc, epoch) };
     let c = &c;
     let ct = ids::thread_idx() - crate::arch::ids::WARPGROUP_THREADS; // 0..256 over both consumers
     let all_reduce = a.all_reduce != 0;
@@ -453,7 +529,7 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
     let mt = local.m0 / TILE.block_m;
     unsafe {
         if let Some(p) = pending.take() {
-            publish(c, p, all_reduce, ids::thread_in_warpgroup() == 0, ct);
+            publish(c, a, p, ids::thread_in_warpgroup() == 0, ct);
         }
         // Buffers this tile writes to must be free: the peer's FusedReady.
         let need = if dest != c.rank { 1 << dest } else if all_reduce { (1u32 << c.world) - 1 } else { 0 };
@@ -481,19 +557,51 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
                     add_bf16_tile(acc, at + src as u64 * slot_bytes, a.n, a.n - local.n0, wg - 1);
                 }
             }
-            let outs = MapTable { maps: a.map_out.as_ptr(), count: if all_reduce { c.world } else { 1 } };
-            store_tile_tma_to(ring, outs, local, wg - 1, acc);
+            let (nodes, node, block_rows) = node_blocks(c, a.m);
+            let j = local.m0 / block_rows;
+            if j + 1 < nodes {
+                // This node's sum of a remote rank's rows: to the stage (rows as in the chunk).
+                store_tile_tma(ring, TensorMap(a.map_stage as *const u8), local, wg - 1, acc);
+            } else {
+                if nodes > 1 {
+                    // The other nodes' sums of our rows have landed once warp 3 arrived on the
+                    // aux barrier (its acquire of their flags, then the barrier's release/acquire
+                    // order our loads after the proxy's writes). Bounded by warp 3's wait.
+                    while !mbarrier::try_wait_parity(ring.aux(), 0) {}
+                    let block_bytes = block_rows as u64 * a.n as u64 * 2;
+                    let at = c.heap(c.rank) + a.xrecv_off + ((local.m0 - j * block_rows) as u64 * a.n as u64 + local.n0 as u64) * 2;
+                    let mut nd = 0;
+                    while nd < nodes {
+                        if nd != node {
+                            add_bf16_tile(acc, at + nd as u64 * block_bytes, a.n, a.n - local.n0, wg - 1);
+                        }
+                        nd += 1;
+                    }
+                }
+                let outs = MapTable { maps: a.map_out.as_ptr(), count: if all_reduce { c.world } else { 1 } };
+                store_tile_tma_to(ring, outs, Tile { m0: local.m0 - j * block_rows, n0: local.n0 }, wg - 1, acc);
+            }
         }
         *pending = Some(Pending { dest, mt });
     }
     true
 }
 
+/// The fused launch context with a known epoch (re-read from the descriptor in each epilogue).
+#[inline(always)]
+unsafe fn fused_ctx_at(desc: u64, epoch: u64) -> CommCtx {
+    let mut c = unsafe { CommCtx::with_epoch(desc as *const CommDesc, 0, Role::Compute, epoch) };
+    c.epoch_seq = mkernel_config::comm::fifo::EPOCH_SEQ_FUSED;
+    c
+}
+
 /// Waits until both consumer warpgroups' bulk stores of the pending tile completed, then
 /// announces it: a peer's partial tile adds 1 to `(Tile1, rank, mt)` at the peer; an own
-/// AllReduce tile adds 1 to `(Tile2, rank, mt)` at every peer (`red.release.sys`).
+/// AllReduce tile of the own node's block adds 1 to `(Tile2, rank, mt)` at every peer
+/// (`red.release.sys`). Across nodes an own tile also counts in its block's `NodeSum`, which
+/// the block's sender warp waits for ([`send_node_block`]).
 #[inline(always)]
-unsafe fn publish(c: &CommCtx, p: Pending, all_reduce: bool, leader: bool, ct: u32) {
+unsafe fn publish(c: &CommCtx, a: &GemmRsArgs, p: Pending, leader: bool, ct: u32) {
     if leader {
         tma::store_wait::<0>();
         memory::fence_proxy_async();
@@ -504,10 +612,71 @@ unsafe fn publish(c: &CommCtx, p: Pending, all_reduce: bool, leader: bool, ct: u
             if ct == 0 {
                 memory::red_release_add_u64(Scope::Sys, (c.heap(p.dest) + flag_offset(FlagSlot::Tile1, c.rank, p.mt)) as *mut u64, 1);
             }
-        } else if all_reduce && ct < c.world && ct != c.rank {
+            return;
+        }
+        let all_reduce = a.all_reduce != 0;
+        let (nodes, _, block_rows) = node_blocks(c, a.m);
+        let j = p.mt * TILE.block_m / block_rows;
+        if all_reduce && j + 1 == nodes && ct < c.world && ct != c.rank {
             memory::red_release_add_u64(Scope::Sys, (c.heap(ct) + flag_offset(FlagSlot::Tile2, c.rank, p.mt)) as *mut u64, 1);
         }
+        if nodes > 1 && ct == 0 && (j + 1 < nodes || all_reduce) {
+            memory::red_release_add_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::NodeSum, c.rank, j), 1);
+        }
     }
+}
+
+/// Node blocks whose PUTs this rank posts: across nodes the `nodes - 1` other nodes' blocks, and
+/// for AllReduce also the own one; none on one node.
+#[inline(always)]
+fn node_blocks_to_send(a: &GemmRsArgs) -> u32 {
+    let d = unsafe { &*(a.desc as *const CommDesc) };
+    let nodes = d.global_world / d.world;
+    if nodes == 1 { 0 } else if a.all_reduce != 0 { nodes } else { nodes - 1 }
+}
+
+/// The sender of node block `j` (one thread): waits until every tile of the block is stored
+/// (its `NodeSum` counter is full), then posts the block's PUT(s) ([`put_node_block`]). A
+/// failed wait or post leaves the error record; the receivers' waits then end too.
+#[inline(always)]
+unsafe fn send_node_block(a: &GemmRsArgs, j: u32) {
+    let mut c = unsafe { fused_ctx(a.desc, Role::InterSend) };
+    c.cta = j;
+    let (_, _, block_rows) = node_blocks(&c, a.m);
+    let block_tiles = (block_rows / TILE.block_m * a.n.div_ceil(TILE.block_n)) as u64;
+    unsafe {
+        if wait_flag_of_cta(&c, FlagSlot::NodeSum, c.rank, j, block_tiles) {
+            let _ = put_node_block(&c, a, j);
+        }
+    }
+}
+
+/// Posts the proxy PUT(s) of this rank's completed node block `j` (every tile of it stored):
+/// `j < nodes - 1`: the node's sum of rail peer `(node + 1 + j) % nodes`'s rows, from the stage
+/// into that rank's remote receive block of this node (`FusedData`); `j = nodes - 1`
+/// (AllReduce): the reduced rows of this rank's chunk, into every remote rank's output
+/// (`FusedOut`). Each destination's buffer is free once its remote `FusedReady` arrived.
+#[inline(always)]
+unsafe fn put_node_block(c: &CommCtx, a: &GemmRsArgs, j: u32) -> bool {
+    let (nodes, node, block_rows) = node_blocks(c, a.m);
+    let block_bytes = block_rows as u64 * a.n as u64 * 2;
+    unsafe {
+        if j + 1 < nodes {
+            let dst = (node + 1 + j) % nodes * c.world + c.rank;
+            if !proxy::wait_remote(c, RemoteSlot::FusedReady, dst) {
+                return false;
+            }
+            let (src_off, dst_off) = (a.stage_off + j as u64 * block_bytes, a.xrecv_off + node as u64 * block_bytes);
+            return proxy::put_value(c, dst, src_off, dst_off, block_bytes, RemoteSlot::FusedData, c.epoch).is_some();
+        }
+        let off = a.out_off + c.global_rank as u64 * block_bytes;
+        for q in 0..c.global_world {
+            if q / c.world != node && (!proxy::wait_remote(c, RemoteSlot::FusedReady, q) || proxy::put_value(c, q, off, off, block_bytes, RemoteSlot::FusedOut, c.epoch).is_none()) {
+                return false;
+            }
+        }
+    }
+    true
 }
 
 /// Named barrier `id` among `threads` threads that also ORs `pred` over them:
