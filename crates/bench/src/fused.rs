@@ -164,8 +164,10 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
     let (rank, world) = (info.rank(), info.world_size());
     let nccl = Nccl::new(&boot, rank, world)?;
     let shapes = selected(args, [2048usize, 4096, 8192, 16384, 32768].map(|m| (m, 8192, 8192)));
-    // Every plan reserves its receive slots (M x N bf16 in all), an AllReduce plan also its M x N output.
-    let mut comm = Communicator::new(&dev, boot, heap_config(&shapes, REDUCE_PARTS.len(), |m, _, n| m * n * 2 * (1 + all_reduce as usize)))?;
+    // Every plan reserves its receive slots (M x N bf16 in all), an AllReduce plan also its
+    // M x N output; across nodes the node-sum stage and remote receive blocks (< 2 M x N).
+    let across = 2 * (info.nnodes() > 1) as usize;
+    let mut comm = Communicator::new(&dev, boot, heap_config(&shapes, REDUCE_PARTS.len(), |m, _, n| m * n * 2 * (1 + all_reduce as usize + across)))?;
     let stream = dev.default_stream();
     let blas = CudaBlas::new(stream.clone())?;
     if rank == 0 {
