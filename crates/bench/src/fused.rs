@@ -12,7 +12,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use half::bf16;
 use mkernel::bootstrap::Bootstrap;
 use mkernel::fused::{AgGemmPlan, GemmRsPlan};
-use mkernel::gemm::{BLayout, GemmShape};
+use mkernel::gemm::{BLayout, GemmPlan, GemmShape};
 use mkernel::{CommConfig, Communicator, Device};
 use mkernel_tests::data::{random_bf16, ternary_bf16};
 use mkernel::tune::{parse, render, TuneKey};
@@ -173,7 +173,7 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
     if rank == 0 {
         let what = if all_reduce { "GEMM+AllReduce (every rank gets C)" } else { "GEMM+ReduceScatter (rows of C scattered)" };
         println!("# {what}, {world} ranks, bf16 (f32 sums); M K N global (K split over ranks); interleaved medians of {} runs", args.iters);
-        println!("{:>6} {:>6} {:>6} | {:>8} {:>9} | {:>11} {:>10} {:>10} | {:>8} {:>8} {:>7}", "M", "K", "N", "parts", "ours(us)", "cublas+nccl", "gemm alone", "coll alone", "speedup", "overlap", "#wrong");
+        println!("{:>6} {:>6} {:>6} | {:>8} {:>9} | {:>11} {:>10} {:>10} | {:>8} {:>8} {:>7} | {:>9}", "M", "K", "N", "parts", "ours(us)", "cublas+nccl", "gemm alone", "coll alone", "speedup", "overlap", "#wrong", "our gemm");
     }
     let mut rows = vec![];
     for (m, k, n) in shapes {
@@ -213,7 +213,11 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
         let mut baseline_timed = || baseline(&a, &b);
         let mut gemm_alone = || cublas_gemm(&blas, shape, &a, &b, &mut partial_alone);
         let mut rs_alone = || coll();
-        let t = median_ms_interleaved(&stream, args.warmup, args.iters, &mut [&mut ours, &mut baseline_timed, &mut gemm_alone, &mut rs_alone])?;
+        // Our own GEMM on the same shape (diagnostic: what the fused kernel adds to it).
+        let mut partial_ours = stream.alloc_zeros::<bf16>(m * n)?;
+        let our_plan = GemmPlan::new(&dev, &stream, &a, &b, &mut partial_ours, shape, None)?;
+        let mut our_gemm_alone = || Ok(our_plan.launch(&stream)?);
+        let t = median_ms_interleaved(&stream, args.warmup, args.iters, &mut [&mut ours, &mut baseline_timed, &mut gemm_alone, &mut rs_alone, &mut our_gemm_alone])?;
         comm.check()?;
         write_ternary(&stream, &mut a, &mut b, rank)?;
         ours()?;
@@ -232,11 +236,11 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
         let wrong = exact_mismatches(&x, &y);
         let (speedup, overlap) = (t[1] / t[0], t[2].max(t[3]) / t[0]);
         if rank == 0 {
-            println!("{m:>6} {k:>6} {n:>6} | {parts:>8} {:>9.1} | {:>11.1} {:>10.1} {:>10.1} | {speedup:>8.3} {overlap:>8.3} {wrong:>7}", t[0] * 1e3, t[1] * 1e3, t[2] * 1e3, t[3] * 1e3);
+            println!("{m:>6} {k:>6} {n:>6} | {parts:>8} {:>9.1} | {:>11.1} {:>10.1} {:>10.1} | {speedup:>8.3} {overlap:>8.3} {wrong:>7} | {:>9.1}", t[0] * 1e3, t[1] * 1e3, t[2] * 1e3, t[3] * 1e3, t[4] * 1e3);
         }
         rows.push(json!({ "m": m, "k": k, "n": n, "world": world, "rank": rank, "parts": parts, "sweep": sweep,
             "op": if all_reduce { "gemm-ar" } else { "gemm-rs" },
-            "ours_ms": t[0], "cublas_nccl_ms": t[1], "gemm_alone_ms": t[2], "coll_alone_ms": t[3],
+            "ours_ms": t[0], "cublas_nccl_ms": t[1], "gemm_alone_ms": t[2], "coll_alone_ms": t[3], "our_gemm_alone_ms": t[4],
             "speedup": speedup, "overlap_efficiency": overlap, "wrong": wrong }));
     }
     Ok(rows)

@@ -25,6 +25,9 @@ pub struct GemmTile {
     pub consumer_regs: u32,
     /// Tiles per rasterization group along M (L2 reuse of B across neighbouring tiles).
     pub group_m: u32,
+    /// Epilogue staging boxes per consumer warpgroup: 2 (double-buffered) or `block_n / 64`
+    /// (the whole 64 x block_n half-tile).
+    pub epilogue_buffers: u32,
 }
 
 /// Bytes of one bf16 element.
@@ -44,12 +47,20 @@ impl GemmTile {
         producer_regs: 40,
         consumer_regs: 232,
         group_m: 8,
+        epilogue_buffers: 2,
     };
 
     /// The GEMM inside fused kernels: the producer thread also waits on communication flags
     /// (bounded waits need the clock and the error record), so it keeps 56 registers and the
     /// consumers 224: (56 + 2 x 224) x 128 = 168 x 384, what the CTA is launched with.
     pub const FUSED: GemmTile = GemmTile { producer_regs: 56, consumer_regs: 224, ..GemmTile::DEFAULT };
+
+    /// GEMM+ReduceScatter/AllReduce: most tiles are stored to peers over NVLink, and a bulk
+    /// store to a peer finishes reading its staging box only as NVLink takes the data. With a
+    /// whole tile of staging per consumer (4 boxes) the epilogue never waits for its own stores,
+    /// only (at its start) for the previous tile's, which had a mainloop to drain; the room comes
+    /// from one operand stage fewer.
+    pub const FUSED_RS: GemmTile = GemmTile { stages: 3, epilogue_buffers: 4, ..GemmTile::FUSED };
 
     /// Threads per CTA: one producer warpgroup plus the consumers.
     pub const fn threads(&self) -> u32 {
@@ -85,14 +96,14 @@ impl GemmTile {
     pub const fn epilogue_box_bytes(&self) -> u32 {
         Self::EPILOGUE_BOX_ROWS * Self::EPILOGUE_BOX_COLS * BF16_BYTES
     }
-    /// Offset of the epilogue staging area (two boxes per consumer warpgroup, double-buffered)
+    /// Offset of the epilogue staging area (`epilogue_buffers` boxes per consumer warpgroup)
     /// after the operand ring.
     pub const fn epilogue_offset(&self) -> u32 {
         self.stages * self.stage_tx_bytes()
     }
     /// Bytes of the epilogue staging area.
     pub const fn epilogue_bytes(&self) -> u32 {
-        self.consumer_warpgroups * 2 * self.epilogue_box_bytes()
+        self.consumer_warpgroups * self.epilogue_buffers * self.epilogue_box_bytes()
     }
     /// Offset of the mbarrier block after the staging area.
     pub const fn barrier_offset(&self) -> u32 {
@@ -126,6 +137,7 @@ impl GemmTile {
         assert!(self.a_stage_bytes() % 1024 == 0 && self.b_stage_bytes() % 1024 == 0, "stage tiles must keep 1024-byte swizzle alignment");
         assert!(self.rows_per_consumer() == Self::EPILOGUE_BOX_ROWS, "one staging box spans a consumer's rows");
         assert!(self.block_n % Self::EPILOGUE_BOX_COLS == 0, "staging boxes tile block_n");
+        assert!(self.epilogue_buffers == 2 || self.epilogue_buffers == self.block_n / Self::EPILOGUE_BOX_COLS, "epilogue staging: 2 boxes or a whole half-tile per consumer");
         assert!(self.smem_bytes() <= crate::SM90_MAX_SMEM_PER_CTA, "shared memory ring does not fit in 227 KiB");
         assert!(self.producer_regs % 8 == 0 && self.consumer_regs % 8 == 0, "setmaxnreg counts are multiples of 8");
         assert!(self.producer_regs >= 24 && self.consumer_regs <= 256, "setmaxnreg range is 24..=256");
@@ -143,6 +155,7 @@ impl GemmTile {
 
 const _: () = GemmTile::DEFAULT.check();
 const _: () = GemmTile::FUSED.check();
+const _: () = GemmTile::FUSED_RS.check();
 
 #[cfg(test)]
 mod tests {

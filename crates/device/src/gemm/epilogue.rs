@@ -36,7 +36,8 @@ macro_rules! unroll_32 {
 /// expects), `fence.proxy.async` makes them visible to the copy engine, a named barrier joins the
 /// warpgroup, and one thread issues the bulk store. Rows and columns outside C are clipped by TMA.
 /// A buffer is rewritten only after the store that last read it has finished reading
-/// (`cp.async.bulk.wait_group.read 1` keeps the other buffer's store in flight).
+/// (`cp.async.bulk.wait_group.read 1` keeps the other buffer's store in flight; with whole-tile
+/// staging, `wait_group.read 0` once per tile).
 #[inline(always)]
 pub unsafe fn store_tile_tma(ring: &Ring, map_c: TensorMap, tile: Tile, wg: u32, acc: &[f32; 128]) {
     unsafe { store_tile_tma_to(ring, map_c, tile, wg, acc) };
@@ -90,13 +91,22 @@ pub unsafe fn store_tile_tma_to(ring: &Ring, maps: impl TileDestinations, tile: 
     // 2/3 = the same rows of block j + 1.
     let row = warp * 16 + ((lane / 8) % 2) * 8 + lane % 8;
     let chunk_of_pair = lane / 16;
+    // Whole-tile staging: one wait, before the first box, for the previous tile's stores (they
+    // had a mainloop to drain); double-buffered: before each box, for the store two boxes back.
+    let whole = ring.whole_tile_staging();
     macro_rules! store_box {
         ($q:literal, $buf:literal) => {{
-            let staging = ring.staging(wg, $buf);
-            if leader {
-                tma::store_wait_read::<1>();
+            let staging = ring.staging(wg, if whole { $q } else { $buf });
+            if !whole || $q == 0 {
+                if leader {
+                    if whole {
+                        tma::store_wait_read::<0>();
+                    } else {
+                        tma::store_wait_read::<1>();
+                    }
+                }
+                sync::named_barrier_sync(barrier, 128);
             }
-            sync::named_barrier_sync(barrier, 128);
             store_box_pairs!($q, staging, 0 1 2 3);
             memory::fence_proxy_async_shared();
             sync::named_barrier_sync(barrier, 128);
@@ -163,10 +173,8 @@ pub unsafe fn add_bf16_tile(acc: &mut [f32; 128], src: u64, ld: u32, cols: u32, 
     }
     macro_rules! add_pairs {
         ($checked:expr) => {{
-            batch!($checked, 0 1 2 3 4 5 6 7);
-            batch!($checked, 8 9 10 11 12 13 14 15);
-            batch!($checked, 16 17 18 19 20 21 22 23);
-            batch!($checked, 24 25 26 27 28 29 30 31);
+            batch!($checked, 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+            batch!($checked, 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31);
         }};
     }
     if cols >= TILE.block_n {

@@ -3,7 +3,7 @@
 //! consumer warp once its wgmmas stopped reading the slot).
 //!
 //! Layout from the base of dynamic shared memory (1024-byte aligned):
-//! `[A0 B0][A1 B1]...[A(s-1) B(s-1)][epilogue staging: 2 boxes per consumer][full 0..s][empty 0..s][aux]`.
+//! `[A0 B0][A1 B1]...[A(s-1) B(s-1)][epilogue staging: `epilogue_buffers` boxes per consumer][full 0..s][empty 0..s][aux]`.
 use crate::arch::{mbarrier, smem::SmemAddr};
 use mkernel_config::GemmTile;
 
@@ -53,11 +53,16 @@ impl Ring {
     pub fn b(&self, s: u32) -> SmemAddr {
         self.a(s).add(self.tile.a_stage_bytes())
     }
-    /// Epilogue staging box `buf` (0 or 1) of consumer warpgroup `wg`: 64 rows of 128 bytes,
-    /// 128B-swizzled, 1024-byte aligned.
+    /// Epilogue staging box `buf` (`0..epilogue_buffers`) of consumer warpgroup `wg`: 64 rows
+    /// of 128 bytes, 128B-swizzled, 1024-byte aligned.
     #[inline(always)]
     pub fn staging(&self, wg: u32, buf: u32) -> SmemAddr {
-        self.base.add(self.tile.epilogue_offset() + (2 * wg + buf) * self.tile.epilogue_box_bytes())
+        self.base.add(self.tile.epilogue_offset() + (self.tile.epilogue_buffers * wg + buf) * self.tile.epilogue_box_bytes())
+    }
+    /// Whether every staging box of a tile has its own buffer (`GemmTile::epilogue_buffers`).
+    #[inline(always)]
+    pub fn whole_tile_staging(&self) -> bool {
+        self.tile.epilogue_buffers * mkernel_config::GemmTile::EPILOGUE_BOX_COLS >= self.tile.block_n
     }
     #[inline(always)]
     pub fn full(&self, s: u32) -> SmemAddr {

@@ -356,6 +356,9 @@ unsafe fn finish_reduce_launch(c: &CommCtx, a: &GemmRsArgs) {
     }
 }
 
+/// The GEMM+ReduceScatter/AllReduce ring (whole-tile epilogue staging).
+const RS_TILE: GemmTile = GemmTile::FUSED_RS;
+
 /// A tile whose completion is announced at the next tile's epilogue.
 #[derive(Clone, Copy)]
 struct Pending {
@@ -374,7 +377,7 @@ fn node_blocks(c: &CommCtx, m: u32) -> (u32, u32, u32) {
 
 #[inline(always)]
 unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
-    let ring = Ring::new(smem::dynamic_smem_addr(), TILE);
+    let ring = Ring::new(smem::dynamic_smem_addr(), RS_TILE);
     let (map_a, map_b) = (TensorMap(a.map_a as *const u8), TensorMap(a.map_b as *const u8));
     if ids::thread_idx() == 0 {
         unsafe {
@@ -395,7 +398,7 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
     let wg = ids::warpgroup_idx();
     let mut pos = RingPos::START;
     if wg == 0 {
-        regs::setmaxnreg_dec::<{ GemmTile::FUSED.producer_regs }>();
+        regs::setmaxnreg_dec::<{ RS_TILE.producer_regs }>();
         if ids::thread_idx() == 32 && idx < node_blocks_to_send(a) {
             // Warp 1 of the producer warpgroup (otherwise idle) of CTA j: inter-node sender of
             // node block j.
@@ -413,7 +416,7 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
                     break;
                 }
             }
-            unsafe { mbarrier::arrive(Ring::new(smem::dynamic_smem_addr(), TILE).aux()) };
+            unsafe { mbarrier::arrive(Ring::new(smem::dynamic_smem_addr(), RS_TILE).aux()) };
         }
         if ids::thread_idx() == 64 && idx == 0 && a.all_reduce != 0 && node_blocks_to_send(a) > 0 {
             // Warp 2 of CTA 0: an AllReduce launch across nodes ends once every remote rank's
@@ -430,7 +433,7 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
             let (_, world, tiles, k_blocks) = setup();
             let d = unsafe { &*(a.desc as *const CommDesc) };
             let (nodes, node) = (d.global_world / world, d.global_rank / world);
-            let ring = Ring::new(smem::dynamic_smem_addr(), TILE);
+            let ring = Ring::new(smem::dynamic_smem_addr(), RS_TILE);
             for tile in tiles {
                 // The scheduler walks node-blocked rows; A is read at the row they stand for.
                 let a_row = rs_source_row(tile.m0, a.m, world, nodes, node);
@@ -439,9 +442,9 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
         }
         return;
     }
-    regs::setmaxnreg_inc::<{ GemmTile::FUSED.consumer_regs }>();
+    regs::setmaxnreg_inc::<{ RS_TILE.consumer_regs }>();
     let (rank, world, tiles, k_blocks) = setup();
-    let ring = Ring::new(smem::dynamic_smem_addr(), TILE);
+    let ring = Ring::new(smem::dynamic_smem_addr(), RS_TILE);
     let chunk_rows = a.m / world;
     // Only the tile loop's own state lives across the mainloop (next to 128 accumulators);
     // the context is re-read from the descriptor in each epilogue.
