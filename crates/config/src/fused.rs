@@ -51,6 +51,10 @@ pub struct GemmRsArgs {
     /// Across nodes: this rank's node sums of its rail's rows of the other nodes, `(nodes - 1) x
     /// Mg` rows x N bf16 in the heap (box 64 x 64; the proxy's PUT source). 0 on one node.
     pub map_stage: u64,
+    /// This rank's receive slot of local rank `(rank + 1) % world` (local, `M / world` x N bf16,
+    /// box 64 x 64): that peer's partial of an own tile is TMA-loaded into the epilogue staging
+    /// during the tile's mainloop. 0 on one rank.
+    pub map_in: u64,
     /// Heap offsets: the receive buffer (`world` slots of `M / world` x N bf16); across nodes
     /// the node-sum stage above, the remote receive buffer (`nodes` blocks of `Mg` x N: block
     /// `i` is node `i`'s sum of this rank's rows) and, for AllReduce, the `M` x N output.

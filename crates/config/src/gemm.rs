@@ -109,17 +109,19 @@ impl GemmTile {
     pub const fn barrier_offset(&self) -> u32 {
         self.epilogue_offset() + self.epilogue_bytes()
     }
-    /// Offset of the auxiliary mbarrier after the per-stage ones: one arrival, for a kernel's
-    /// own hand-off between warps (GEMM+ReduceScatter across nodes: "the other nodes' sums
-    /// have landed").
+    /// Auxiliary mbarriers after the per-stage ones (one arrival each), for a kernel's own
+    /// hand-offs (GEMM+ReduceScatter/AllReduce: 0 = "the other nodes' sums have landed",
+    /// 1 + w = "consumer warpgroup w's staged peer partial has landed").
+    pub const AUX_BARRIERS: u32 = 3;
+    /// Offset of the auxiliary mbarriers.
     pub const fn aux_barrier_offset(&self) -> u32 {
         self.barrier_offset() + self.stages * 2 * 8
     }
     /// Dynamic shared memory to launch with: ring + epilogue staging + 2 mbarriers per stage
-    /// (full, empty) + the auxiliary one, padded so the 1024-byte alignment of the swizzled
+    /// (full, empty) + the auxiliary ones, padded so the 1024-byte alignment of the swizzled
     /// ring holds.
     pub const fn smem_bytes(&self) -> u32 {
-        self.aux_barrier_offset() + 8 + 1024
+        self.aux_barrier_offset() + 8 * Self::AUX_BARRIERS + 1024
     }
     /// Accumulator registers per consumer thread (f32): (rows_per_consumer x block_n) / 128.
     pub const fn accumulators_per_thread(&self) -> u32 {

@@ -226,6 +226,11 @@ impl GemmRsPlan {
         if let Some(st) = stage {
             maps_host.push(box_map(comm.ptr(&st), block_rows * (nodes as u64 - 1))?.opaque);
         }
+        // The first peer's slot of our receive buffer (its partials, TMA-loaded by own tiles).
+        let first_peer = (rank + 1) % world as u64;
+        if world > 1 {
+            maps_host.push(box_map(comm.ptr(&recv) + first_peer * slot_bytes, chunk_rows)?.opaque);
+        }
         let words: Vec<u64> = maps_host.concat();
         let maps = stream.clone_htod(&words)?;
         let maps_addr = maps.device_ptr(stream).0;
@@ -244,6 +249,7 @@ impl GemmRsPlan {
             map_recv,
             map_out,
             map_stage: if stage.is_some() { map_at(2 + world + outs.len()) } else { 0 },
+            map_in: if world > 1 { map_at(2 + world + outs.len() + stage.is_some() as usize) } else { 0 },
             recv_off: recv.offset,
             stage_off: stage.map_or(0, |b| b.offset),
             xrecv_off: xrecv.map_or(0, |b| b.offset),

@@ -39,8 +39,8 @@ macro_rules! unroll_32 {
 /// (`cp.async.bulk.wait_group.read 1` keeps the other buffer's store in flight; with whole-tile
 /// staging, `wait_group.read 0` once per tile).
 #[inline(always)]
-pub unsafe fn store_tile_tma(ring: &Ring, map_c: TensorMap, tile: Tile, wg: u32, acc: &[f32; 128]) {
-    unsafe { store_tile_tma_to(ring, map_c, tile, wg, acc) };
+pub unsafe fn store_tile_tma(ring: &Ring, map_c: TensorMap, tile: Tile, wg: u32, acc: &mut [f32; 128]) {
+    unsafe { store_tile_tma_to(ring, map_c, tile, wg, acc, false) };
 }
 
 /// Where an epilogue's bulk stores go: one tensor map, or several ([`MapTable`]).
@@ -80,9 +80,12 @@ impl TileDestinations for MapTable {
 }
 
 /// As [`store_tile_tma`], the same tile to every destination of `maps` (the bulk stores of one
-/// staged box to all of them form one bulk group).
+/// staged box to all of them form one bulk group). `add_staged` (whole-tile staging only): the
+/// staging boxes already hold a bf16 tile in the stored layout (a TMA load waited for by the
+/// caller); each thread first reads its values back with `ldmatrix` (the inverse of the
+/// `stmatrix` below, same addresses, a warp's own rows) and adds them to `acc`.
 #[inline(always)]
-pub unsafe fn store_tile_tma_to(ring: &Ring, maps: impl TileDestinations, tile: Tile, wg: u32, acc: &[f32; 128]) {
+pub unsafe fn store_tile_tma_to(ring: &Ring, maps: impl TileDestinations, tile: Tile, wg: u32, acc: &mut [f32; 128], add_staged: bool) {
     let t = ids::thread_in_warpgroup();
     let (warp, lane) = (t / 32, t % 32);
     let leader = t == 0;
@@ -124,6 +127,13 @@ pub unsafe fn store_tile_tma_to(ring: &Ring, maps: impl TileDestinations, tile: 
             const J: usize = 8 * $q + 2 * $p;
             let chunk = 2 * $p + chunk_of_pair;
             let addr = $staging.add(row * 128 + ((chunk ^ (row % 8)) * 16));
+            if add_staged {
+                let w = unsafe { matrix::ldmatrix_x4(addr) };
+                for (i, x) in w.iter().enumerate() {
+                    acc[4 * J + 2 * i] += f32::from_bits(x << 16);
+                    acc[4 * J + 2 * i + 1] += f32::from_bits(x & 0xffff_0000);
+                }
+            }
             let v = [
                 pack_bf16x2(acc[4 * J], acc[4 * J + 1]),
                 pack_bf16x2(acc[4 * J + 2], acc[4 * J + 3]),

@@ -72,10 +72,10 @@ impl Ring {
     pub fn empty(&self, s: u32) -> SmemAddr {
         self.base.add(self.tile.barrier_offset() + 8 * (self.tile.stages + s))
     }
-    /// The auxiliary mbarrier (one arrival; `GemmTile::aux_barrier_offset`).
+    /// Auxiliary mbarrier `i` (one arrival; `GemmTile::AUX_BARRIERS`).
     #[inline(always)]
-    pub fn aux(&self) -> SmemAddr {
-        self.base.add(self.tile.aux_barrier_offset())
+    pub fn aux(&self, i: u32) -> SmemAddr {
+        self.base.add(self.tile.aux_barrier_offset() + 8 * i)
     }
     /// Initializes every barrier (one thread), then makes them visible to TMA.
     #[inline(always)]
@@ -86,7 +86,9 @@ impl Ring {
                 mbarrier::init(self.empty(s), self.tile.consumer_warpgroups * 4);
             }
         }
-        unsafe { mbarrier::init(self.aux(), 1) };
+        for i in 0..GemmTile::AUX_BARRIERS {
+            unsafe { mbarrier::init(self.aux(i), 1) };
+        }
         mbarrier::fence_init();
     }
 }

@@ -258,7 +258,7 @@ unsafe fn compute_role(a: &AgGemmArgs, idx: u32) {
         for tile in tiles {
             unsafe {
                 mma_tile(&ring, &mut pos, &mut acc, wg - 1, BLayout::Nk, k_blocks);
-                store_tile_tma(&ring, map_c, tile, wg - 1, &acc);
+                store_tile_tma(&ring, map_c, tile, wg - 1, &mut acc);
             }
         }
         drain_tma_stores();
@@ -358,6 +358,10 @@ unsafe fn finish_reduce_launch(c: &CommCtx, a: &GemmRsArgs) {
 
 /// The GEMM+ReduceScatter/AllReduce ring (whole-tile epilogue staging).
 const RS_TILE: GemmTile = GemmTile::FUSED_RS;
+/// Bits of a consumer's `ready` word above the local ranks' `FusedReady` bits: the current own
+/// tile's first peer partial is staged; the parity of the next staged phase of `aux(wg)`.
+const STAGED: u32 = 1 << 29;
+const STAGE_PARITY: u32 = 1 << 30;
 
 /// A tile whose completion is announced at the next tile's epilogue.
 #[derive(Clone, Copy)]
@@ -416,7 +420,7 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
                     break;
                 }
             }
-            unsafe { mbarrier::arrive(Ring::new(smem::dynamic_smem_addr(), RS_TILE).aux()) };
+            unsafe { mbarrier::arrive(Ring::new(smem::dynamic_smem_addr(), RS_TILE).aux(0)) };
         }
         if ids::thread_idx() == 64 && idx == 0 && a.all_reduce != 0 && node_blocks_to_send(a) > 0 {
             // Warp 2 of CTA 0: an AllReduce launch across nodes ends once every remote rank's
@@ -454,8 +458,14 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
     let mut pending: Option<Pending> = None;
     for tile in tiles {
         unsafe {
-            if tile.m0 / chunk_rows == rank {
+            if tile.m0 / chunk_rows == rank && world > 1 {
                 prefetch_partials(a, tile, rank, world);
+                // `ready` bit 29: this own tile's first peer partial is being staged.
+                if stage_first_partial(a, &ring, tile, wg, rank, world) {
+                    ready |= STAGED;
+                } else {
+                    ready &= !STAGED;
+                }
             }
             mma_tile(&ring, &mut pos, &mut acc, wg - 1, BLayout::Nk, k_blocks);
             if !rs_epilogue(a, epoch, &ring, tile, wg, &mut acc, &mut ready, &mut pending) {
@@ -515,6 +525,40 @@ unsafe fn prefetch_partials(a: &GemmRsArgs, tile: Tile, rank: u32, world: u32) {
     }
 }
 
+/// Before an own tile's mainloop, the leader of each consumer warpgroup TMA-loads the first
+/// peer's (`(rank + 1) % world`) partial of its 64 rows into the warpgroup's epilogue staging
+/// (whole-tile staging: free once this thread's previous bulk stores finished reading it) if
+/// that peer's counter of the row tile is already full; `aux(wg)` completes when it landed.
+/// It never waits for the counter (a wait here, before this tile's epilogue announces the
+/// previous tile, could close a cycle between ranks); true (for every thread of the warpgroup)
+/// when the load was issued, else the epilogue adds that partial from global memory.
+#[inline(always)]
+unsafe fn stage_first_partial(a: &GemmRsArgs, ring: &Ring, tile: Tile, wg: u32, rank: u32, world: u32) -> bool {
+    let mut issued = false;
+    if ids::thread_in_warpgroup() == 0 {
+        let local_m0 = tile.m0 - rank * (a.m / world);
+        let tiles_n = a.n.div_ceil(TILE.block_n) as u64;
+        let d = unsafe { &*(a.desc as *const CommDesc) };
+        let own_heap = unsafe { *d.heaps.as_ptr().add(rank as usize) };
+        let counter = (own_heap + flag_offset(FlagSlot::Tile1, (rank + 1) % world, local_m0 / TILE.block_m)) as *const u64;
+        if unsafe { memory::ld_acquire_u64(Scope::Sys, counter) } >= tiles_n {
+            let bar = ring.aux(wg);
+            // Written by the peer's bulk stores, announced by a generic release: TMA reads
+            // through the async proxy.
+            memory::fence_proxy_async();
+            tma::store_wait_read::<0>();
+            unsafe { mbarrier::arrive_expect_tx(bar, RS_TILE.epilogue_buffers * RS_TILE.epilogue_box_bytes()) };
+            let map = TensorMap(a.map_in as *const u8);
+            for q in 0..RS_TILE.epilogue_buffers {
+                unsafe { tma::load_2d(ring.staging(wg - 1, q), map, tile.n0 + GemmTile::EPILOGUE_BOX_COLS * q, local_m0 + (wg - 1) * TILE.rows_per_consumer(), bar) };
+            }
+            issued = true;
+        }
+    }
+    // The warpgroup's epilogue barrier (id 1 + consumer index), with the leader's answer.
+    named_barrier_or(wg, crate::arch::ids::WARPGROUP_THREADS, issued)
+}
+
 /// The epilogue of one tile of GEMM+ReduceScatter/AllReduce (both consumer warpgroups): announce
 /// the previous tile, then store this one to its peer, or add the peers' partials (and, in the
 /// own node's block, the other nodes' sums) and store the sum. False when a wait gave up (the
@@ -555,22 +599,30 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
             }
             let slot_bytes = chunk_rows as u64 * a.n as u64 * 2;
             let at = c.heap(c.rank) + a.recv_off + (local.m0 as u64 * a.n as u64 + local.n0 as u64) * 2;
+            let staged = *ready & STAGED != 0;
             for src in 0..8u32 {
-                if src < c.world && src != c.rank {
+                // The first peer's partial, when staged, is added by the store below.
+                if src < c.world && src != c.rank && !(staged && src == (c.rank + 1) % c.world) {
                     add_bf16_tile(acc, at + src as u64 * slot_bytes, a.n, a.n - local.n0, wg - 1);
                 }
+            }
+            if staged {
+                // The staged partial has landed.
+                let parity = (*ready & STAGE_PARITY != 0) as u32;
+                while !mbarrier::try_wait_parity(ring.aux(wg), parity) {}
+                *ready ^= STAGE_PARITY;
             }
             let (nodes, node, block_rows) = node_blocks(c, a.m);
             let j = local.m0 / block_rows;
             if j + 1 < nodes {
                 // This node's sum of a remote rank's rows: to the stage (rows as in the chunk).
-                store_tile_tma(ring, TensorMap(a.map_stage as *const u8), local, wg - 1, acc);
+                store_tile_tma_to(ring, TensorMap(a.map_stage as *const u8), local, wg - 1, acc, staged);
             } else {
                 if nodes > 1 {
                     // The other nodes' sums of our rows have landed once warp 3 arrived on the
                     // aux barrier (its acquire of their flags, then the barrier's release/acquire
                     // order our loads after the proxy's writes). Bounded by warp 3's wait.
-                    while !mbarrier::try_wait_parity(ring.aux(), 0) {}
+                    while !mbarrier::try_wait_parity(ring.aux(0), 0) {}
                     let block_bytes = block_rows as u64 * a.n as u64 * 2;
                     let at = c.heap(c.rank) + a.xrecv_off + ((local.m0 - j * block_rows) as u64 * a.n as u64 + local.n0 as u64) * 2;
                     let mut nd = 0;
@@ -582,7 +634,7 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
                     }
                 }
                 let outs = MapTable { maps: a.map_out.as_ptr(), count: if all_reduce { c.world } else { 1 } };
-                store_tile_tma_to(ring, outs, Tile { m0: local.m0 - j * block_rows, n0: local.n0 }, wg - 1, acc);
+                store_tile_tma_to(ring, outs, Tile { m0: local.m0 - j * block_rows, n0: local.n0 }, wg - 1, acc, staged);
             }
         }
         *pending = Some(Pending { dest, mt });

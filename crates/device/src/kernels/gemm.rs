@@ -46,7 +46,7 @@ unsafe fn gemm(map_a: *const u8, map_b: *const u8, map_c: *const u8, c: *mut u8,
             unsafe {
                 mma_tile(&ring, &mut pos, &mut acc, wg - 1, b_layout, k_blocks);
                 if tma_out {
-                    store_tile_tma(&ring, TensorMap(map_c), tile, wg - 1, &acc);
+                    store_tile_tma(&ring, TensorMap(map_c), tile, wg - 1, &mut acc);
                 } else {
                     store_tile(&out, tile, wg - 1, &acc);
                 }
