@@ -52,11 +52,27 @@ pub unsafe fn try_wait_parity(bar: SmemAddr, parity: u32) -> bool {
 /// TMA transaction or a missing arrival fails the launch instead of hanging the GPU.
 #[inline(always)]
 pub unsafe fn wait_parity(bar: SmemAddr, parity: u32) {
+    let _ = unsafe { wait_parity_or(bar, parity, || false) };
+}
+
+/// Tries between two questions to `give_up` in [`wait_parity_or`].
+pub const TRIES_PER_GIVE_UP_CHECK: u32 = 1 << 14;
+
+/// As [`wait_parity`], but a wait that has not completed after every
+/// [`TRIES_PER_GIVE_UP_CHECK`] tries asks `give_up` (e.g. "has this rank aborted?") and returns
+/// false when it says so: a stalled wait of a rank whose communication failed ends instead of
+/// reaching the trap (whose sticky error would hide the rank's error record).
+#[inline(always)]
+pub unsafe fn wait_parity_or(bar: SmemAddr, parity: u32, give_up: impl Fn() -> bool) -> bool {
     let mut tries = 0u32;
     while !unsafe { try_wait_parity(bar, parity) } {
         tries += 1;
+        if tries % TRIES_PER_GIVE_UP_CHECK == 0 && give_up() {
+            return false;
+        }
         if tries == MAX_TRY_WAITS {
             super::trap();
         }
     }
+    true
 }

@@ -12,13 +12,17 @@ const B_KN_BOX_BYTES: u32 = 64 * 64 * 2;
 /// Loads the `k_blocks` K blocks of `tile` into the ring, starting at `pos`. A's rows are read
 /// from row `a_row` of the tensor `a` (the tile's own `m0` for a plain GEMM; fused kernels may
 /// point a tile at another tensor, e.g. the local shard instead of the gathered buffer).
+/// False when a slot never frees up and `give_up` says to stop (see
+/// [`mbarrier::wait_parity_or`]; a plain GEMM passes `|| false`).
 #[inline(always)]
-pub unsafe fn load_tile(ring: &Ring, pos: &mut RingPos, a: TensorMap, a_row: u32, b: TensorMap, b_layout: BLayout, tile: Tile, k_blocks: u32) {
+pub unsafe fn load_tile(ring: &Ring, pos: &mut RingPos, a: TensorMap, a_row: u32, b: TensorMap, b_layout: BLayout, tile: Tile, k_blocks: u32, give_up: impl Fn() -> bool + Copy) -> bool {
     for kb in 0..k_blocks {
         let s = pos.stage;
         let k0 = kb * TILE.block_k;
         unsafe {
-            mbarrier::wait_parity(ring.empty(s), pos.phase ^ 1);
+            if !mbarrier::wait_parity_or(ring.empty(s), pos.phase ^ 1, give_up) {
+                return false;
+            }
             mbarrier::arrive_expect_tx(ring.full(s), TILE.stage_tx_bytes());
             tma::load_2d(ring.a(s), a, k0, a_row, ring.full(s));
             match b_layout {
@@ -32,4 +36,24 @@ pub unsafe fn load_tile(ring: &Ring, pos: &mut RingPos, a: TensorMap, a_row: u32
         }
         pos.advance(ring.stages());
     }
+    true
+}
+
+/// Completes the next `k_blocks` slots without data (one arrival, no bytes): once a fused
+/// kernel's producer cannot get a tile's data (a communication wait failed; the error record
+/// is written), the consumers run through the remaining tiles on stale operands and the launch
+/// ends, instead of waiting for slots that would never fill. False as for [`load_tile`].
+#[inline(always)]
+pub unsafe fn fill_without_data(ring: &Ring, pos: &mut RingPos, k_blocks: u32, give_up: impl Fn() -> bool + Copy) -> bool {
+    for _ in 0..k_blocks {
+        let s = pos.stage;
+        unsafe {
+            if !mbarrier::wait_parity_or(ring.empty(s), pos.phase ^ 1, give_up) {
+                return false;
+            }
+            mbarrier::arrive(ring.full(s));
+        }
+        pos.advance(ring.stages());
+    }
+    true
 }

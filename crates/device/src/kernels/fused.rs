@@ -21,19 +21,28 @@ use crate::comm::wait::wait_flag_of_cta;
 use crate::comm::{proxy, CommCtx};
 use crate::gemm::consumer::mma_tile;
 use crate::gemm::epilogue::{add_bf16_tile, drain_tma_stores, store_tile_tma, store_tile_tma_to, MapTable};
-use crate::gemm::producer::load_tile;
+use crate::gemm::producer::{fill_without_data, load_tile};
 use crate::gemm::ring::{Ring, RingPos};
 use crate::gemm::scheduler::TileScheduler;
 use crate::gemm::{BLayout, TILE};
 use crate::gemm::scheduler::Tile;
 use mkernel_config::fused::{rs_source_row, AgGemmArgs, GemmRsArgs};
 use mkernel_config::GemmTile;
-use mkernel_config::comm::{flag_offset, CommDesc, FlagSlot, RemoteSlot, Role, FIFO_HEAD_OFFSET, FUSED_EPOCH_OFFSET, FUSED_EXITS_OFFSET};
+use mkernel_config::comm::{flag_offset, CommDesc, FlagSlot, RemoteSlot, Role, ABORT_OFFSET, FIFO_HEAD_OFFSET, FUSED_EPOCH_OFFSET, FUSED_EXITS_OFFSET};
 
 
 #[inline(always)]
 unsafe fn launch_epoch(c: &CommCtx) -> u64 {
     unsafe { ((c.heap(c.rank) + FUSED_EPOCH_OFFSET) as *const u64).read_volatile() + 1 }
+}
+
+/// Whether this rank gave up (a wait timed out or the host aborted): read from the descriptor,
+/// only on slow paths (a stalled mbarrier wait, an epilogue barrier).
+#[inline(always)]
+unsafe fn aborted(desc: u64) -> bool {
+    let d = unsafe { &*(desc as *const CommDesc) };
+    let heap = unsafe { *d.heaps.as_ptr().add(d.rank as usize) };
+    unsafe { memory::ld_relaxed_u32(Scope::Gpu, (heap + ABORT_OFFSET) as *const u32) != 0 }
 }
 
 /// This launch's context, read from the descriptor. Each role builds its own after its
@@ -220,35 +229,45 @@ unsafe fn compute_role(a: &AgGemmArgs, idx: u32) {
             // shard): kept across the loop it would not fit the producer's 56 registers.
             let mut ready_row: u32 = u32::MAX; // last tile row known to have arrived
             let mut remote_ready: u32 = u32::MAX; // last remote shard known to have arrived
-            for tile in tiles {
+            let give_up = || unsafe { aborted(a.desc) };
+            let mut tiles = tiles;
+            while let Some(tile) = tiles.next() {
                 let src = tile.m0 / shard_rows; // global rank
+                let mut arrived = true;
                 if src == global_rank {
                     // Our own rows: read the shard in place.
-                    unsafe { load_tile(&ring, &mut pos, map_a_local, tile.m0 - src * shard_rows, map_b, BLayout::Nk, tile, k_blocks) };
+                    if !unsafe { load_tile(&ring, &mut pos, map_a_local, tile.m0 - src * shard_rows, map_b, BLayout::Nk, tile, k_blocks, give_up) } {
+                        break;
+                    }
                     continue;
                 }
                 if src / world != global_rank / world {
                     // Another node's shard, put whole by its proxy.
                     if src != remote_ready {
                         let c = unsafe { fused_ctx(a.desc, Role::Compute) };
-                        if !unsafe { proxy::wait_remote(&c, RemoteSlot::FusedData, src) } {
-                            break;
-                        }
+                        arrived = unsafe { proxy::wait_remote(&c, RemoteSlot::FusedData, src) };
                         memory::fence_proxy_async();
                         remote_ready = src;
                     }
                 } else if tile.m0 != ready_row {
                     let chunk = (tile.m0 % shard_rows) / TILE.block_m;
                     let c = unsafe { fused_ctx(a.desc, Role::Compute) };
-                    if !unsafe { wait_chunk(&c, src % world, chunk) } {
-                        break; // the error record names the stalled source; consumers trap
-                    }
+                    arrived = unsafe { wait_chunk(&c, src % world, chunk) };
                     // The rows were written by a peer's bulk copies over NVLink and announced
                     // by a generic release; TMA reads through the async proxy.
                     memory::fence_proxy_async();
                     ready_row = tile.m0;
                 }
-                unsafe { load_tile(&ring, &mut pos, map_a, tile.m0, map_b, BLayout::Nk, tile, k_blocks) };
+                if !arrived {
+                    // The error record names the stalled source: the consumers run through
+                    // the remaining tiles without data and the launch ends.
+                    let rest = k_blocks * (1 + tiles.count() as u32);
+                    let _ = unsafe { fill_without_data(&ring, &mut pos, rest, give_up) };
+                    break;
+                }
+                if !unsafe { load_tile(&ring, &mut pos, map_a, tile.m0, map_b, BLayout::Nk, tile, k_blocks, give_up) } {
+                    break;
+                }
             }
         }
     } else {
@@ -441,7 +460,10 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
             for tile in tiles {
                 // The scheduler walks node-blocked rows; A is read at the row they stand for.
                 let a_row = rs_source_row(tile.m0, a.m, world, nodes, node);
-                unsafe { load_tile(&ring, &mut pos, map_a, a_row, map_b, BLayout::Nk, tile, k_blocks) };
+                // Gives up once the rank aborted and the consumers stopped taking slots.
+                if !unsafe { load_tile(&ring, &mut pos, map_a, a_row, map_b, BLayout::Nk, tile, k_blocks, || aborted(a.desc)) } {
+                    break;
+                }
             }
         }
         return;
@@ -469,16 +491,27 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
             }
             mma_tile(&ring, &mut pos, &mut acc, wg - 1, BLayout::Nk, k_blocks);
             if !rs_epilogue(a, epoch, &ring, tile, wg, &mut acc, &mut ready, &mut pending) {
+                // A wait gave up or the rank aborted (the error record is written): stop, once
+                // the bulk stores stopped reading shared memory and a staged partial's load
+                // (always completes) has landed.
+                drain_tma_stores();
+                if ready & STAGED != 0 {
+                    while !mbarrier::try_wait_parity(ring.aux(wg), (ready & STAGE_PARITY != 0) as u32) {}
+                }
                 return;
             }
         }
     }
     let c = unsafe { fused_ctx(a.desc, Role::Compute) };
     let ct = ids::thread_idx() - crate::arch::ids::WARPGROUP_THREADS;
-    if let Some(p) = pending {
-        unsafe { publish(&c, a, p, ids::thread_in_warpgroup() == 0, ct) };
-    }
+    let published = match pending {
+        Some(p) => unsafe { publish(&c, a, p, ids::thread_in_warpgroup() == 0, ct) },
+        None => true,
+    };
     drain_tma_stores();
+    if !published {
+        return;
+    }
     if a.all_reduce != 0 {
         // The launch ends once every other rank's reduced rows are in our output: this CTA
         // waits for row tiles idx, idx + grid, ... of the own-node block of every local peer's
@@ -576,7 +609,9 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
     let mt = local.m0 / TILE.block_m;
     unsafe {
         if let Some(p) = pending.take() {
-            publish(c, a, p, ids::thread_in_warpgroup() == 0, ct);
+            if !publish(c, a, p, ids::thread_in_warpgroup() == 0, ct) {
+                return false;
+            }
         }
         // Buffers this tile writes to must be free: the peer's FusedReady.
         let need = if dest != c.rank { 1 << dest } else if all_reduce { (1u32 << c.world) - 1 } else { 0 };
@@ -611,6 +646,7 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
                 let parity = (*ready & STAGE_PARITY != 0) as u32;
                 while !mbarrier::try_wait_parity(ring.aux(wg), parity) {}
                 *ready ^= STAGE_PARITY;
+                *ready &= !STAGED;
             }
             let (nodes, node, block_rows) = node_blocks(c, a.m);
             let j = local.m0 / block_rows;
@@ -656,18 +692,21 @@ unsafe fn fused_ctx_at(desc: u64, epoch: u64) -> CommCtx {
 /// (`red.release.sys`). Across nodes an own tile also counts in its block's `NodeSum`, which
 /// the block's sender warp waits for ([`send_node_block`]).
 #[inline(always)]
-unsafe fn publish(c: &CommCtx, a: &GemmRsArgs, p: Pending, leader: bool, ct: u32) {
+unsafe fn publish(c: &CommCtx, a: &GemmRsArgs, p: Pending, leader: bool, ct: u32) -> bool {
     if leader {
         tma::store_wait::<0>();
         memory::fence_proxy_async();
     }
-    sync::named_barrier_sync(3, 2 * crate::arch::ids::WARPGROUP_THREADS);
+    // The barrier also tells every consumer whether the rank aborted (then they stop here).
+    if named_barrier_or(3, 2 * crate::arch::ids::WARPGROUP_THREADS, ct == 0 && unsafe { aborted(a.desc) }) {
+        return false;
+    }
     unsafe {
         if p.dest != c.rank {
             if ct == 0 {
                 memory::red_release_add_u64(Scope::Sys, (c.heap(p.dest) + flag_offset(FlagSlot::Tile1, c.rank, p.mt)) as *mut u64, 1);
             }
-            return;
+            return true;
         }
         let all_reduce = a.all_reduce != 0;
         let (nodes, _, block_rows) = node_blocks(c, a.m);
@@ -679,6 +718,7 @@ unsafe fn publish(c: &CommCtx, a: &GemmRsArgs, p: Pending, leader: bool, ct: u32
             memory::red_release_add_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::NodeSum, c.rank, j), 1);
         }
     }
+    true
 }
 
 /// Node blocks whose PUTs this rank posts: across nodes the `nodes - 1` other nodes' blocks, and

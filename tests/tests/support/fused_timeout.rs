@@ -1,0 +1,74 @@
+//! A rank that never launches a fused kernel: the others' launches end (no hang, no trap) and
+//! `Communicator::check` names what they waited for. Shared by `fused_timeout_*.rs` (each op
+//! in a process of its own: a timed-out communicator stays aborted).
+use half::bf16;
+use mkernel::cudarc::driver::DevicePtrMut;
+use mkernel::fused::{AgGemmPlan, GemmRsPlan};
+use mkernel::{CommConfig, Communicator, Error};
+use mkernel_tests::gpu::launched_rank_or_skip;
+use std::time::{Duration, Instant};
+
+/// Which fused kernel the absent rank skips (each test binary uses one).
+#[derive(Clone, Copy, Debug)]
+#[allow(dead_code)]
+pub enum Op {
+    AgGemm,
+    GemmRs,
+    GemmAr,
+}
+
+pub fn missing_rank_ends_the_launch_with_a_timeout(test: &str, op: Op) {
+    let Some((dev, boot)) = launched_rank_or_skip(test) else { return };
+    let cfg = CommConfig { heap_bytes: 64 << 20, timeout: Duration::from_secs(2), ..Default::default() };
+    let mut comm = Communicator::new(&dev, boot, cfg).unwrap();
+    let (rank, world) = (comm.global_rank(), comm.world() * comm.nnodes());
+    let absent = world - 1;
+    let stream = dev.default_stream();
+    let (m, n, k) = (256 * world as usize, 512, 256);
+    let mut a = stream.alloc_zeros::<bf16>(m * k).unwrap();
+    let mut b = stream.alloc_zeros::<bf16>(n * k).unwrap();
+    let mut c = stream.alloc_zeros::<bf16>(m * n).unwrap();
+    let (pa, pb, pc) = ({ let (p, _g) = a.device_ptr_mut(&stream); p }, { let (p, _g) = b.device_ptr_mut(&stream); p }, { let (p, _g) = c.device_ptr_mut(&stream); p });
+    // SAFETY: buffers sized for every plan's shape (A shard <= m x k, out <= m x n), alive to the end.
+    let launch: Box<dyn Fn() -> mkernel::Result<()>> = unsafe {
+        match op {
+            Op::AgGemm => {
+                let plan = AgGemmPlan::new(&mut comm, &stream, pa, pb, pc, m, n, k, 2).unwrap();
+                let s = stream.clone();
+                Box::new(move || plan.launch(&s))
+            }
+            Op::GemmRs | Op::GemmAr => {
+                let plan = if matches!(op, Op::GemmAr) { GemmRsPlan::new_all_reduce(&mut comm, &stream, pa, pb, m, n, k, 1) } else { GemmRsPlan::new(&mut comm, &stream, pa, pb, pc, m, n, k, 1) }.unwrap();
+                let s = stream.clone();
+                Box::new(move || plan.launch(&s))
+            }
+        }
+    };
+    // One good launch first: epochs are in step.
+    launch().unwrap();
+    stream.synchronize().unwrap();
+    comm.check().unwrap();
+    if rank == absent {
+        println!("rank {rank}: skipping the second {op:?} launch on purpose");
+        return;
+    }
+    let start = Instant::now();
+    launch().unwrap();
+    // The launch must end by itself (a trap would make this an error: a sticky launch failure).
+    stream.synchronize().unwrap_or_else(|e| panic!("rank {rank}: the {op:?} launch failed instead of reporting the timeout: {e}"));
+    let elapsed = start.elapsed();
+    let err = comm.check().expect_err("the launch must time out");
+    match &err {
+        Error::CommTimeout { rank: r, peer, .. } => {
+            assert_eq!(*r, comm.rank(), "{err}");
+            // On one node the stalled flag is the absent rank's own; across nodes a rank may
+            // wait for its node peer, itself stalled on the absent rank.
+            if comm.nnodes() == 1 {
+                assert_eq!(*peer, absent, "{err}");
+            }
+        }
+        other => panic!("expected CommTimeout, got {other}"),
+    }
+    assert!(elapsed < Duration::from_secs(15), "gave up after {elapsed:?}, the timeout is 2 s");
+    println!("rank {rank}: {op:?}: {err} (returned after {:.2} s)", elapsed.as_secs_f64());
+}
