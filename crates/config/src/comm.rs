@@ -32,7 +32,9 @@ pub enum FlagSlot {
     /// comm CTA staged the own chunk for the proxy (a value the zeroing can only lower).
     Tile1 = 4,
     /// Fused kernels' buffer handshake (`(FusedReady, src, 0)` = launch epoch): kept apart from
-    /// the collectives' `Ready`, whose CTA-0 epochs follow another sequence.
+    /// the collectives' `Ready`, whose CTA-0 epochs follow another sequence. GEMM+ReduceScatter
+    /// across nodes also uses `(FusedReady, own rank, 1)` locally: "the other nodes' sums of my
+    /// rows have landed in this launch" (raised by CTA 0, waited for by the others).
     FusedReady = 5,
     /// GEMM+AllReduce: `(Tile2, src, row tile)` counts reduced tiles of src's chunk stored into
     /// this rank's output (zeroed like `Tile1`).

@@ -26,7 +26,7 @@ pub enum Error {
     #[error("CUDA driver: {0}")]
     Driver(#[from] DriverError),
     /// A device-side wait of a communication kernel gave up.
-    #[error("rank {rank} ({role} CTA {cta}) timed out after {waited_ms} ms waiting for rank {peer}'s {flag} flag: expected epoch {expected}, saw {seen}")]
+    #[error("rank {rank} ({role} CTA {cta}) timed out after {waited_ms} ms waiting for rank {peer}'s {flag}: expected {expected}, saw {seen}")]
     CommTimeout { rank: u32, role: &'static str, flag: String, peer: u32, cta: u32, expected: u64, seen: u64, waited_ms: u64 },
     /// The request is valid but not implemented (yet); the message says what is missing.
     #[error("unsupported: {0}")]

@@ -431,13 +431,27 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
             // Warp 3: wait for the other nodes' sums of our rows (one PUT from each node's rank
             // of our rail), then arrive on the aux barrier, which the consumers wait for before
             // they add the sums (also after a failed wait, so theirs stays bounded: the error
-            // record is written and the host reports it).
+            // record is written and the host reports it). CTA 0 alone polls the inter-node flags
+            // and raises `(FusedReady, own rank, 1)` locally for the other CTAs.
             let c = unsafe { fused_ctx(a.desc, Role::InterReduce) };
             let (nodes, node) = (c.global_world / c.world, c.global_rank / c.world);
-            for nd in 0..nodes {
-                if nd != node && !unsafe { proxy::wait_remote(&c, RemoteSlot::FusedData, nd * c.world + c.rank) } {
-                    break;
+            if idx == 0 {
+                let mut all = true;
+                for nd in 0..nodes {
+                    if nd != node && !unsafe { proxy::wait_remote(&c, RemoteSlot::FusedData, nd * c.world + c.rank) } {
+                        all = false;
+                        break;
+                    }
                 }
+                if all {
+                    unsafe { memory::st_release_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::FusedReady, c.rank, 1), c.epoch) };
+                }
+            } else {
+                // Twice CTA 0's patience: a stalled remote rank is reported by CTA 0's wait
+                // (naming that rank), which also stops this one.
+                let mut relay = c;
+                relay.timeout_ns = 2 * c.timeout_ns;
+                let _ = unsafe { wait_flag_of_cta(&relay, FlagSlot::FusedReady, c.rank, 1, c.epoch) };
             }
             unsafe { mbarrier::arrive(Ring::new(smem::dynamic_smem_addr(), RS_TILE).aux(0)) };
         }

@@ -357,11 +357,16 @@ impl Communicator {
 fn wait_name(code: u32) -> String {
     use mkernel_config::comm::wait_code as w;
     match code {
-        w::REMOTE_READY => "inter-node Ready".into(),
-        w::REMOTE_DATA => "inter-node Data".into(),
+        w::REMOTE_READY => "inter-node Ready flag (epoch)".into(),
+        w::REMOTE_DATA => "inter-node Data flag (epoch)".into(),
         w::FIFO_SPACE => "proxy FIFO space".into(),
         w::FIFO_DONE => "proxy completion (done)".into(),
-        c => FlagSlot::from_u32(c).map(|s| format!("{s:?}")).unwrap_or_else(|| format!("wait code {c}")),
+        c => match FlagSlot::from_u32(c) {
+            // Counters count tiles; every other slot holds epochs.
+            Some(s @ (FlagSlot::Tile1 | FlagSlot::Tile2 | FlagSlot::NodeSum)) => format!("{s:?} tile counter"),
+            Some(s) => format!("{s:?} flag (epoch)"),
+            None => format!("wait code {c}"),
+        },
     }
 }
 
