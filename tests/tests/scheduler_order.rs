@@ -88,54 +88,10 @@ struct SimCta {
 /// Runs the counter protocol of GEMM+ReduceScatter/AllReduce step by step: every CTA of every
 /// rank walks its tiles in the chunked order; a peer tile's counter at its destination goes up
 /// one tile late (the kernel's deferred publish); an own tile waits until every peer's counter
-/// of its row is full. True when every CTA finishes (no wait cycle), false on a deadlock.
+/// of its row is full. True when every CTA finishes (no wait cycle), false on a deadlock. One
+/// node of [`simulate_nodes`].
 fn simulate(world: u32, grid: u32, m: u32, n: u32, parts: &[u32]) -> bool {
-    let chunk_rows = m / world;
-    let row_tiles = (chunk_rows / 128) as usize;
-    let tiles_n = n.div_ceil(256);
-    // counters[dest][src][row tile]
-    let mut counters = vec![vec![vec![0u32; row_tiles]; world as usize]; world as usize];
-    let mut ctas: Vec<Vec<SimCta>> = (0..world)
-        .map(|r| {
-            (0..grid)
-                .map(|c| {
-                    let s = TileScheduler::new(m, n, 128, 256, 8, c, grid).chunked(world, r, row_tiles as u32 / parts[r as usize]);
-                    SimCta { tiles: s.map(|t| (t.m0, t.n0)).collect(), next: 0, pending: None }
-                })
-                .collect()
-        })
-        .collect();
-    let split = |m0: u32| (m0 / chunk_rows, ((m0 % chunk_rows) / 128) as usize);
-    loop {
-        let (mut progress, mut done) = (false, true);
-        for r in 0..world as usize {
-            for cta in ctas[r].iter_mut() {
-                // Announce the pending tile (start of the next epilogue, or the end).
-                if let Some((m0, _)) = cta.pending.take() {
-                    let (dest, mt) = split(m0);
-                    if dest as usize != r {
-                        counters[dest as usize][r][mt] += 1;
-                    }
-                    progress = true;
-                }
-                let Some(&(m0, n0)) = cta.tiles.get(cta.next) else { continue };
-                done = false;
-                let (dest, mt) = split(m0);
-                if dest as usize == r && !(0..world as usize).all(|p| p == r || counters[r][p][mt] >= tiles_n) {
-                    continue; // an own tile waits for the peers' partial rows
-                }
-                cta.pending = Some((m0, n0));
-                cta.next += 1;
-                progress = true;
-            }
-        }
-        if done {
-            return true;
-        }
-        if !progress {
-            return false;
-        }
-    }
+    simulate_nodes(1, world, grid, m, n, parts)
 }
 
 #[test]
