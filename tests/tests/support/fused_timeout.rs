@@ -19,12 +19,14 @@ pub enum Op {
 
 pub fn missing_rank_ends_the_launch_with_a_timeout(test: &str, op: Op) {
     let Some((dev, boot)) = launched_rank_or_skip(test) else { return };
-    let cfg = CommConfig { heap_bytes: 64 << 20, timeout: Duration::from_secs(2), ..Default::default() };
+    let cfg = CommConfig { heap_bytes: 160 << 20, timeout: Duration::from_secs(2), ..Default::default() };
     let mut comm = Communicator::new(&dev, boot, cfg).unwrap();
     let (rank, world) = (comm.global_rank(), comm.world() * comm.nnodes());
     let absent = world - 1;
     let stream = dev.default_stream();
-    let (m, n, k) = (256 * world as usize, 512, 256);
+    // Two tiles and more per CTA, more K blocks than ring stages: when a wait gives up, the
+    // GEMM ring is mid-flight (loaded slots nobody consumes, a producer ahead of its consumers).
+    let (m, n, k) = (2048 * world as usize, 2048, 1024);
     let mut a = stream.alloc_zeros::<bf16>(m * k).unwrap();
     let mut b = stream.alloc_zeros::<bf16>(n * k).unwrap();
     let mut c = stream.alloc_zeros::<bf16>(m * n).unwrap();

@@ -6,9 +6,6 @@
 use super::smem::SmemAddr;
 use core::arch::asm;
 
-/// Spins before a wait is declared hung (each `try_wait` itself suspends for a while).
-pub const MAX_TRY_WAITS: u32 = 1 << 26;
-
 /// `mbarrier.init.shared::cta.b64 [bar], count;`
 #[inline(always)]
 pub unsafe fn init(bar: SmemAddr, count: u32) {
@@ -48,31 +45,48 @@ pub unsafe fn try_wait_parity(bar: SmemAddr, parity: u32) -> bool {
     };
     r != 0
 }
-/// Waits until the phase with `parity` completed; traps after [`MAX_TRY_WAITS`] tries so a lost
-/// TMA transaction or a missing arrival fails the launch instead of hanging the GPU.
+/// Waits until the phase with `parity` completed; traps once it has been stalled for
+/// [`HUNG_NS`], so a lost TMA transaction or a missing arrival fails the launch instead of
+/// hanging the GPU.
 #[inline(always)]
 pub unsafe fn wait_parity(bar: SmemAddr, parity: u32) {
-    let _ = unsafe { wait_parity_or(bar, parity, || false) };
+    let _ = unsafe { wait_parity_or(bar, parity, trap_after(HUNG_NS)) };
 }
 
-/// Tries between two questions to `give_up` in [`wait_parity_or`].
-pub const TRIES_PER_GIVE_UP_CHECK: u32 = 1 << 14;
+/// Tries between two calls of the stall callback in [`wait_parity_or`].
+pub const TRIES_PER_STALL_CHECK: u32 = 1 << 14;
+/// How long a plain wait may stall before it is declared hung.
+pub const HUNG_NS: u64 = 10_000_000_000;
 
-/// As [`wait_parity`], but a wait that has not completed after every
-/// [`TRIES_PER_GIVE_UP_CHECK`] tries asks `give_up` (e.g. "has this rank aborted?") and returns
-/// false when it says so: a stalled wait of a rank whose communication failed ends instead of
-/// reaching the trap (whose sticky error would hide the rank's error record).
+/// As [`wait_parity`], but a wait that has not completed after every [`TRIES_PER_STALL_CHECK`]
+/// tries calls `give_up(ns stalled so far)`, and returns false when it says so. The callback
+/// bounds the wait: it may trap ([`trap_after`]) or end it (e.g. "the consumers have stopped").
 #[inline(always)]
-pub unsafe fn wait_parity_or(bar: SmemAddr, parity: u32, give_up: impl Fn() -> bool) -> bool {
+pub unsafe fn wait_parity_or(bar: SmemAddr, parity: u32, give_up: impl Fn(u64) -> bool) -> bool {
     let mut tries = 0u32;
+    let mut since = 0u64;
     while !unsafe { try_wait_parity(bar, parity) } {
         tries += 1;
-        if tries % TRIES_PER_GIVE_UP_CHECK == 0 && give_up() {
-            return false;
-        }
-        if tries == MAX_TRY_WAITS {
-            super::trap();
+        if tries % TRIES_PER_STALL_CHECK == 0 {
+            let now = super::time::globaltimer_ns();
+            if since == 0 {
+                since = now;
+            }
+            if give_up(now - since) {
+                return false;
+            }
         }
     }
     true
+}
+
+/// A stall callback that traps once a wait has stalled for `limit_ns` and never ends it early.
+#[inline(always)]
+pub fn trap_after(limit_ns: u64) -> impl Fn(u64) -> bool + Copy {
+    move |stalled| {
+        if stalled > limit_ns {
+            super::trap();
+        }
+        false
+    }
 }

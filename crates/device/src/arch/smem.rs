@@ -52,3 +52,16 @@ pub unsafe fn ld_shared_v4(a: SmemAddr) -> [u32; 4] {
     unsafe { asm!("ld.shared.v4.b32 {{{0}, {1}, {2}, {3}}}, [{4}];", out(reg32) x, out(reg32) y, out(reg32) z, out(reg32) w, in(reg32) a.0, options(nostack, readonly)) };
     [x, y, z, w]
 }
+
+/// `st.volatile.shared.u32 [a], v;` (a flag another warp of the CTA polls)
+#[inline(always)]
+pub unsafe fn st_volatile_shared_u32(a: SmemAddr, v: u32) {
+    unsafe { asm!("st.volatile.shared.u32 [{0}], {1};", in(reg32) a.0, in(reg32) v, options(nostack)) };
+}
+/// `ld.volatile.shared.u32 d, [a];`
+#[inline(always)]
+pub unsafe fn ld_volatile_shared_u32(a: SmemAddr) -> u32 {
+    let r: u32;
+    unsafe { asm!("ld.volatile.shared.u32 {0}, [{1}];", out(reg32) r, in(reg32) a.0, options(nostack, readonly)) };
+    r
+}

@@ -45,7 +45,12 @@ unsafe fn wait_until(c: &CommCtx, code: u32, peer: u32, target: u64, mut read: i
         if polls % 64 == 0 {
             // The proxy's abort word lives in host memory: read it 16 times less often (many
             // pollers reading across PCIe would slow the host's own traffic to this GPU).
-            if unsafe { memory::ld_relaxed_u32(Scope::Gpu, abort) } != 0 || (polls % 1024 == 0 && unsafe { memory::ld_relaxed_u32(Scope::Sys, fifo_abort) } != 0) {
+            if unsafe { memory::ld_relaxed_u32(Scope::Gpu, abort) } != 0 {
+                return false;
+            }
+            if polls % 1024 == 0 && unsafe { memory::ld_relaxed_u32(Scope::Sys, fifo_abort) } != 0 {
+                // The proxy failed (its own error record says why): stop this rank's other waits too.
+                unsafe { memory::st_relaxed_u32(Scope::Gpu, abort as *mut u32, 1) };
                 return false;
             }
             let waited = time::globaltimer_ns().wrapping_sub(start);

@@ -14,10 +14,20 @@ const B_KN_ATOM: u32 = 64 * 64 * 2;
 /// Accumulates A[rows of warpgroup `wg`] x B over `k_blocks` K blocks into `acc` (overwriting it).
 #[inline(always)]
 pub unsafe fn mma_tile(ring: &Ring, pos: &mut RingPos, acc: &mut [f32; 128], wg: u32, b_layout: BLayout, k_blocks: u32) {
+    unsafe { mma_tile_bounded(ring, pos, acc, wg, b_layout, k_blocks, mbarrier::trap_after(mbarrier::HUNG_NS)) };
+}
+
+/// As [`mma_tile`]; a stalled wait for a full slot calls `stall` (see
+/// [`mbarrier::wait_parity_or`]), which bounds it by trapping - fused kernels allow for their
+/// producer's communication waits. `stall` must never return true: the warps of a warpgroup
+/// must all reach each wgmma, so no wait may end early.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn mma_tile_bounded(ring: &Ring, pos: &mut RingPos, acc: &mut [f32; 128], wg: u32, b_layout: BLayout, k_blocks: u32, stall: impl Fn(u64) -> bool + Copy) {
     let mut prev = 0u32;
     for kb in 0..k_blocks {
         let s = pos.stage;
-        unsafe { mbarrier::wait_parity(ring.full(s), pos.phase) };
+        let _ = unsafe { mbarrier::wait_parity_or(ring.full(s), pos.phase, stall) };
         let a_desc = wgmma::smem_desc(ring.a(s).add(wg * TILE.rows_per_consumer() * ROW), 16, 1024, Swizzle::B128);
         wgmma::fence();
         match b_layout {

@@ -12,10 +12,12 @@ const B_KN_BOX_BYTES: u32 = 64 * 64 * 2;
 /// Loads the `k_blocks` K blocks of `tile` into the ring, starting at `pos`. A's rows are read
 /// from row `a_row` of the tensor `a` (the tile's own `m0` for a plain GEMM; fused kernels may
 /// point a tile at another tensor, e.g. the local shard instead of the gathered buffer).
-/// False when a slot never frees up and `give_up` says to stop (see
-/// [`mbarrier::wait_parity_or`]; a plain GEMM passes `|| false`).
+/// False when a slot never frees up and `give_up` says to stop (its stall callback, see
+/// [`mbarrier::wait_parity_or`]; a plain GEMM passes `mbarrier::trap_after(HUNG_NS)`); then
+/// call [`wait_loads_landed`] before the CTA exits.
 #[inline(always)]
-pub unsafe fn load_tile(ring: &Ring, pos: &mut RingPos, a: TensorMap, a_row: u32, b: TensorMap, b_layout: BLayout, tile: Tile, k_blocks: u32, give_up: impl Fn() -> bool + Copy) -> bool {
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn load_tile(ring: &Ring, pos: &mut RingPos, a: TensorMap, a_row: u32, b: TensorMap, b_layout: BLayout, tile: Tile, k_blocks: u32, give_up: impl Fn(u64) -> bool + Copy) -> bool {
     for kb in 0..k_blocks {
         let s = pos.stage;
         let k0 = kb * TILE.block_k;
@@ -44,7 +46,7 @@ pub unsafe fn load_tile(ring: &Ring, pos: &mut RingPos, a: TensorMap, a_row: u32
 /// is written), the consumers run through the remaining tiles on stale operands and the launch
 /// ends, instead of waiting for slots that would never fill. False as for [`load_tile`].
 #[inline(always)]
-pub unsafe fn fill_without_data(ring: &Ring, pos: &mut RingPos, k_blocks: u32, give_up: impl Fn() -> bool + Copy) -> bool {
+pub unsafe fn fill_without_data(ring: &Ring, pos: &mut RingPos, k_blocks: u32, give_up: impl Fn(u64) -> bool + Copy) -> bool {
     for _ in 0..k_blocks {
         let s = pos.stage;
         unsafe {
@@ -56,4 +58,21 @@ pub unsafe fn fill_without_data(ring: &Ring, pos: &mut RingPos, k_blocks: u32, g
         pos.advance(ring.stages());
     }
     true
+}
+
+/// After [`load_tile`] gave up at `pos` (a stalled wait for an empty slot, so every stage has
+/// been filled): waits until the loads of the last `stages` fills have landed - a CTA must not
+/// exit while TMA still writes its shared memory. Each is bounded (a load always completes).
+#[inline(always)]
+pub unsafe fn wait_loads_landed(ring: &Ring, pos: RingPos) {
+    let mut p = pos;
+    for _ in 0..ring.stages() {
+        if p.stage == 0 {
+            p.stage = ring.stages() - 1;
+            p.phase ^= 1;
+        } else {
+            p.stage -= 1;
+        }
+        unsafe { mbarrier::wait_parity(ring.full(p.stage), p.phase) };
+    }
 }

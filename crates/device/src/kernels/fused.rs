@@ -19,9 +19,9 @@ use crate::arch::{ids, mbarrier, memory, memory::Scope, regs, smem, sync, tma, t
 use crate::comm::bulk::BulkRing;
 use crate::comm::wait::wait_flag_of_cta;
 use crate::comm::{proxy, CommCtx};
-use crate::gemm::consumer::mma_tile;
+use crate::gemm::consumer::mma_tile_bounded;
 use crate::gemm::epilogue::{add_bf16_tile, drain_tma_stores, store_tile_tma, store_tile_tma_to, MapTable};
-use crate::gemm::producer::{fill_without_data, load_tile};
+use crate::gemm::producer::{fill_without_data, load_tile, wait_loads_landed};
 use crate::gemm::ring::{Ring, RingPos};
 use crate::gemm::scheduler::TileScheduler;
 use crate::gemm::{BLayout, TILE};
@@ -43,6 +43,38 @@ unsafe fn aborted(desc: u64) -> bool {
     let d = unsafe { &*(desc as *const CommDesc) };
     let heap = unsafe { *d.heaps.as_ptr().add(d.rank as usize) };
     unsafe { memory::ld_relaxed_u32(Scope::Gpu, (heap + ABORT_OFFSET) as *const u32) != 0 }
+}
+
+/// How long a fused kernel's GEMM ring may stall before the wait is declared hung (a trap): past
+/// every communication wait it can be behind (a relayed wait takes twice the timeout).
+#[inline(always)]
+unsafe fn fused_hung_ns(desc: u64) -> u64 {
+    4 * unsafe { (*(desc as *const CommDesc)).timeout_ns } + mbarrier::HUNG_NS
+}
+
+/// Stall callback of a fused kernel's consumer slot waits: trap once hung ([`fused_hung_ns`]).
+#[inline(always)]
+fn consumer_stall(desc: u64) -> impl Fn(u64) -> bool + Copy {
+    move |stalled| {
+        if stalled > unsafe { fused_hung_ns(desc) } {
+            crate::arch::trap();
+        }
+        false
+    }
+}
+
+/// Stall callback of a fused kernel's producer slot waits: give up once the consumers stopped
+/// early (they set the stop word of the ring of shape `tile`; they will free no more slots),
+/// trap once hung.
+#[inline(always)]
+fn producer_stall(desc: u64, tile: GemmTile) -> impl Fn(u64) -> bool + Copy {
+    move |stalled| {
+        let ring = Ring::new(smem::dynamic_smem_addr(), tile);
+        if unsafe { smem::ld_volatile_shared_u32(ring.stop_word()) } != 0 {
+            return true;
+        }
+        consumer_stall(desc)(stalled)
+    }
 }
 
 /// This launch's context, read from the descriptor. Each role builds its own after its
@@ -229,7 +261,8 @@ unsafe fn compute_role(a: &AgGemmArgs, idx: u32) {
             // shard): kept across the loop it would not fit the producer's 56 registers.
             let mut ready_row: u32 = u32::MAX; // last tile row known to have arrived
             let mut remote_ready: u32 = u32::MAX; // last remote shard known to have arrived
-            let give_up = || unsafe { aborted(a.desc) };
+            // AllGather+GEMM's consumers never stop early: the producer's waits only trap once hung.
+            let give_up = consumer_stall(a.desc);
             let mut tiles = tiles;
             while let Some(tile) = tiles.next() {
                 let src = tile.m0 / shard_rows; // global rank
@@ -276,7 +309,7 @@ unsafe fn compute_role(a: &AgGemmArgs, idx: u32) {
         let mut acc = [0f32; 128];
         for tile in tiles {
             unsafe {
-                mma_tile(&ring, &mut pos, &mut acc, wg - 1, BLayout::Nk, k_blocks);
+                mma_tile_bounded(&ring, &mut pos, &mut acc, wg - 1, BLayout::Nk, k_blocks, consumer_stall(a.desc));
                 store_tile_tma(&ring, map_c, tile, wg - 1, &mut acc);
             }
         }
@@ -475,7 +508,8 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
                 // The scheduler walks node-blocked rows; A is read at the row they stand for.
                 let a_row = rs_source_row(tile.m0, a.m, world, nodes, node);
                 // Gives up once the rank aborted and the consumers stopped taking slots.
-                if !unsafe { load_tile(&ring, &mut pos, map_a, a_row, map_b, BLayout::Nk, tile, k_blocks, || aborted(a.desc)) } {
+                if !unsafe { load_tile(&ring, &mut pos, map_a, a_row, map_b, BLayout::Nk, tile, k_blocks, producer_stall(a.desc, RS_TILE)) } {
+                    unsafe { wait_loads_landed(&ring, pos) };
                     break;
                 }
             }
@@ -503,7 +537,7 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
                     ready &= !STAGED;
                 }
             }
-            mma_tile(&ring, &mut pos, &mut acc, wg - 1, BLayout::Nk, k_blocks);
+            mma_tile_bounded(&ring, &mut pos, &mut acc, wg - 1, BLayout::Nk, k_blocks, consumer_stall(a.desc));
             if !rs_epilogue(a, epoch, &ring, tile, wg, &mut acc, &mut ready, &mut pending) {
                 // A wait gave up or the rank aborted (the error record is written): stop, once
                 // the bulk stores stopped reading shared memory and a staged partial's load
@@ -512,6 +546,8 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
                 if ready & STAGED != 0 {
                     while !mbarrier::try_wait_parity(ring.aux(wg), (ready & STAGE_PARITY != 0) as u32) {}
                 }
+                // The producer stops waiting for slots we will not free.
+                smem::st_volatile_shared_u32(ring.stop_word(), 1);
                 return;
             }
         }

@@ -34,7 +34,7 @@ unsafe fn gemm(map_a: *const u8, map_b: *const u8, map_c: *const u8, c: *mut u8,
         regs::setmaxnreg_dec::<{ TILE.producer_regs }>();
         if ids::thread_idx() == 0 {
             for tile in tiles {
-                let _ = unsafe { load_tile(&ring, &mut pos, a, tile.m0, b, b_layout, tile, k_blocks, || false) };
+                let _ = unsafe { load_tile(&ring, &mut pos, a, tile.m0, b, b_layout, tile, k_blocks, crate::arch::mbarrier::trap_after(crate::arch::mbarrier::HUNG_NS)) };
             }
         }
     } else {
