@@ -787,6 +787,9 @@ fn node_blocks_to_send(a: &GemmRsArgs) -> u32 {
 unsafe fn send_node_block(a: &GemmRsArgs, j: u32) {
     let mut c = unsafe { fused_ctx(a.desc, Role::InterSend) };
     c.cta = j;
+    // The counter fills as this rank computes the block, which waits (bounded) on its peers: twice
+    // the timeout here, so a stalled peer is reported by the wait that names it.
+    c.timeout_ns *= 2;
     let (_, _, block_rows) = node_blocks(&c, a.m);
     let block_tiles = (block_rows / TILE.block_m * a.n.div_ceil(TILE.block_n)) as u64;
     unsafe {
