@@ -1,7 +1,8 @@
 //! CPU checks of the device's tile scheduler (its source compiled for the host): the chunked
 //! order of GEMM+ReduceScatter/AllReduce visits every tile once, and every own tile comes after
 //! every peer computed that tile (the epilogue that adds the peers' partials can never wait for
-//! a tile that is scheduled later).
+//! a tile that is scheduled later), and the counter protocol cannot deadlock in that order (while
+//! the order "wait, then announce the previous tile" can: the test shows the simulation fails).
 #[allow(dead_code)]
 #[path = "../../crates/device/src/gemm/scheduler.rs"]
 mod scheduler;
@@ -125,6 +126,13 @@ fn the_counter_protocol_cannot_deadlock_in_the_chunked_order() {
 /// announcing the previous tile, until every other node's rail peer completed its block of our
 /// rows. True when every CTA finishes.
 fn simulate_nodes(nodes: u32, world: u32, grid: u32, m: u32, n: u32, parts: &[u32]) -> bool {
+    simulate_protocol(nodes, world, grid, m, n, parts, false)
+}
+
+/// The simulation with the order of announce and wait chosen: `wait_first` makes a CTA wait for
+/// its next own tile's inputs *before* it announces its previous tile (what the kernel must not
+/// do: the first version of the staged partial load waited there and deadlocked on the GPU).
+fn simulate_protocol(nodes: u32, world: u32, grid: u32, m: u32, n: u32, parts: &[u32], wait_first: bool) -> bool {
     let chunk_rows = m / world;
     let block_rows = chunk_rows / nodes;
     let row_tiles = (chunk_rows / 128) as usize;
@@ -155,6 +163,22 @@ fn simulate_nodes(nodes: u32, world: u32, grid: u32, m: u32, n: u32, parts: &[u3
         for nd in 0..nn {
             for r in 0..w {
                 for c in 0..grid as usize {
+                    // Whether the next tile (an own one) still waits for its inputs.
+                    let blocked = |cta: &SimCta, counters: &[Vec<Vec<Vec<u32>>>], node_sums: &[Vec<Vec<u32>>]| {
+                        let Some(&(m0, _)) = cta.tiles.get(cta.next) else { return false };
+                        let (dest, mt, j) = split(m0);
+                        if dest as usize != r {
+                            return false;
+                        }
+                        // The own node's block also needs every other node's rail peer to have
+                        // finished its block for this node (block (nd - other - 1) mod nodes there).
+                        let sums_in = |o: usize| node_sums[o][r][(nd + nn - o - 1) % nn] >= block_tiles;
+                        !(0..w).all(|p| p == r || counters[nd][r][p][mt] >= tiles_n) || (j + 1 == nodes && !(0..nn).all(|o| o == nd || sums_in(o)))
+                    };
+                    if wait_first && blocked(&ctas[nd][r][c], &counters, &node_sums) {
+                        done = false;
+                        continue;
+                    }
                     let cta = &mut ctas[nd][r][c];
                     if let Some((m0, _)) = cta.pending.take() {
                         let (dest, mt, j) = split(m0);
@@ -165,20 +189,13 @@ fn simulate_nodes(nodes: u32, world: u32, grid: u32, m: u32, n: u32, parts: &[u3
                         }
                         progress = true;
                     }
+                    if blocked(&ctas[nd][r][c], &counters, &node_sums) {
+                        done = false;
+                        continue;
+                    }
+                    let cta = &mut ctas[nd][r][c];
                     let Some(&(m0, n0)) = cta.tiles.get(cta.next) else { continue };
                     done = false;
-                    let (dest, mt, j) = split(m0);
-                    if dest as usize == r {
-                        if !(0..w).all(|p| p == r || counters[nd][r][p][mt] >= tiles_n) {
-                            continue;
-                        }
-                        // The own node's block: every other node's rail peer finished its block
-                        // for this node (block index (nd - other - 1) mod nodes there).
-                        let sums_in = |o: usize| node_sums[o][r][(nd + nn - o - 1) % nn] >= block_tiles;
-                        if j + 1 == nodes && !(0..nn).all(|o| o == nd || sums_in(o)) {
-                            continue;
-                        }
-                    }
                     cta.pending = Some((m0, n0));
                     cta.next += 1;
                     progress = true;
@@ -218,4 +235,26 @@ fn the_counter_protocol_cannot_deadlock_across_nodes() {
         }
     }
     assert!(cases > 200);
+}
+
+#[test]
+fn waiting_before_announcing_the_previous_tile_can_deadlock() {
+    // The simulation can fail: with the wait moved before the previous tile's announcement, some
+    // small configurations deadlock (as the first staged-partial version did on 2 x H200), while
+    // the kernel's order passes them all.
+    let mut deadlocks = 0;
+    for (nodes, world) in [(1u32, 2u32), (1, 4), (2, 1), (2, 2)] {
+        for grid in [1u32, 3, 7, 132] {
+            for block_tiles in [1u32, 2, 4] {
+                let m = nodes * world * block_tiles * 128;
+                let parts = vec![1; (nodes * world) as usize];
+                assert!(simulate_protocol(nodes, world, grid, m, 1000, &parts, false), "the kernel's order deadlocked");
+                if !simulate_protocol(nodes, world, grid, m, 1000, &parts, true) {
+                    deadlocks += 1;
+                }
+            }
+        }
+    }
+    assert!(deadlocks > 0, "no configuration deadlocked with the wait first");
+    println!("wait before announce: {deadlocks} of 48 configurations deadlock");
 }
