@@ -37,7 +37,7 @@ unsafe fn launch_epoch(c: &CommCtx) -> u64 {
 }
 
 /// Whether this rank gave up (a wait timed out or the host aborted): read from the descriptor,
-/// only on slow paths (a stalled mbarrier wait, an epilogue barrier).
+/// read once per tile by the epilogue barrier of GEMM+ReduceScatter/AllReduce (`publish`).
 #[inline(always)]
 unsafe fn aborted(desc: u64) -> bool {
     let d = unsafe { &*(desc as *const CommDesc) };
