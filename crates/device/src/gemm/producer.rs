@@ -60,9 +60,9 @@ pub unsafe fn fill_without_data(ring: &Ring, pos: &mut RingPos, k_blocks: u32, g
     true
 }
 
-/// After [`load_tile`] gave up at `pos` (a stalled wait for an empty slot, so every stage has
-/// been filled): waits until the loads of the last `stages` fills have landed - a CTA must not
-/// exit while TMA still writes its shared memory. Each is bounded (a load always completes).
+/// Waits until the loads of the last `stages` fills before `pos` have landed - a CTA must not
+/// exit while TMA still writes its shared memory. Each is bounded (a load always completes); a
+/// slot never filled is waited for at parity 1, which a fresh barrier passes at once.
 #[inline(always)]
 pub unsafe fn wait_loads_landed(ring: &Ring, pos: RingPos) {
     let mut p = pos;

@@ -49,7 +49,7 @@ unsafe fn aborted(desc: u64) -> bool {
 /// every communication wait it can be behind (a relayed wait takes twice the timeout).
 #[inline(always)]
 unsafe fn fused_hung_ns(desc: u64) -> u64 {
-    4 * unsafe { (*(desc as *const CommDesc)).timeout_ns } + mbarrier::HUNG_NS
+    unsafe { (*(desc as *const CommDesc)).timeout_ns }.saturating_mul(4).saturating_add(mbarrier::HUNG_NS)
 }
 
 /// Stall callback of a fused kernel's consumer slot waits: trap once hung ([`fused_hung_ns`]).
@@ -483,7 +483,7 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
                 // Twice CTA 0's patience: a stalled remote rank is reported by CTA 0's wait
                 // (naming that rank), which also stops this one.
                 let mut relay = c;
-                relay.timeout_ns = 2 * c.timeout_ns;
+                relay.timeout_ns = c.timeout_ns.saturating_mul(2);
                 let _ = unsafe { wait_flag_of_cta(&relay, FlagSlot::FusedReady, c.rank, 1, c.epoch) };
             }
             unsafe { mbarrier::arrive(Ring::new(smem::dynamic_smem_addr(), RS_TILE).aux(0)) };
@@ -509,6 +509,8 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
                 let a_row = rs_source_row(tile.m0, a.m, world, nodes, node);
                 // Gives up once the rank aborted and the consumers stopped taking slots.
                 if !unsafe { load_tile(&ring, &mut pos, map_a, a_row, map_b, BLayout::Nk, tile, k_blocks, producer_stall(a.desc, RS_TILE)) } {
+                    // Known gap (docs/fused.md): a producer that finished its loop before the
+                    // consumers stopped early does not wait for its last fills.
                     unsafe { wait_loads_landed(&ring, pos) };
                     break;
                 }
@@ -788,12 +790,13 @@ unsafe fn send_node_block(a: &GemmRsArgs, j: u32) {
     let mut c = unsafe { fused_ctx(a.desc, Role::InterSend) };
     c.cta = j;
     // The counter fills as this rank computes the block, which waits (bounded) on its peers: twice
-    // the timeout here, so a stalled peer is reported by the wait that names it.
-    c.timeout_ns *= 2;
+    // the timeout for it, so a stalled peer is reported by the wait that names it.
+    let mut patient = c;
+    patient.timeout_ns = c.timeout_ns.saturating_mul(2);
     let (_, _, block_rows) = node_blocks(&c, a.m);
     let block_tiles = (block_rows / TILE.block_m * a.n.div_ceil(TILE.block_n)) as u64;
     unsafe {
-        if wait_flag_of_cta(&c, FlagSlot::NodeSum, c.rank, j, block_tiles) {
+        if wait_flag_of_cta(&patient, FlagSlot::NodeSum, c.rank, j, block_tiles) {
             let _ = put_node_block(&c, a, j);
         }
     }
