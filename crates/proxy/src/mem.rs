@@ -270,16 +270,15 @@ impl<M: FifoMemory> Fifo<M> {
     /// The caller must have observed `slot_header(seq) == seq + 1` with an acquire load and the
     /// producer must not write the slot until the consumer releases it (the protocol's rule).
     pub unsafe fn read_body(&self, seq: u64) -> CommandBody {
-        let off = self.slot_offset(seq) + offsets::CMD_BODY;
         // SAFETY: in bounds, aligned; no concurrent writer by the caller's guarantee.
-        unsafe {
-            self.mem
-                .base()
-                .as_ptr()
-                .add(off)
-                .cast::<CommandBody>()
-                .read_volatile()
-        }
+        unsafe { self.body_ptr(seq).read_volatile() }
+    }
+
+    /// The body of `seq`'s slot (in bounds and aligned for every `seq`).
+    fn body_ptr(&self, seq: u64) -> *mut CommandBody {
+        let off = self.slot_offset(seq) + offsets::CMD_BODY;
+        // SAFETY: `slot_offset` is inside the mapping and a slot holds a whole command.
+        unsafe { self.mem.base().as_ptr().add(off).cast::<CommandBody>() }
     }
 
     /// Writes the body of `seq`'s slot (the producer's step 3).
@@ -288,16 +287,8 @@ impl<M: FifoMemory> Fifo<M> {
     /// The caller must own slot `seq`: it claimed `seq` from `head` and saw
     /// `seq - tail < capacity` with an acquire load, and has not committed it yet.
     pub unsafe fn write_body(&self, seq: u64, body: &CommandBody) {
-        let off = self.slot_offset(seq) + offsets::CMD_BODY;
         // SAFETY: in bounds, aligned; the caller owns the slot.
-        unsafe {
-            self.mem
-                .base()
-                .as_ptr()
-                .add(off)
-                .cast::<CommandBody>()
-                .write_volatile(*body)
-        }
+        unsafe { self.body_ptr(seq).write_volatile(*body) }
     }
 
     /// The abort code (0 while running), with acquire ordering.

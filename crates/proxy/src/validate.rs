@@ -4,7 +4,8 @@
 //! [`Violation`] (and an error record), never a write.
 use crate::error::{ErrorCode, Violation};
 use crate::protocol::{
-    CommandBody, CMD_EPOCH_SEQ_MASK, CMD_EPOCH_SEQ_SHIFT, CMD_KNOWN_FLAGS, CMD_NO_FLAG, EPOCH_SEQS, FLAG_BYTES, OP_NOP, OP_PUT, OP_QUIT, OP_SIGNAL,
+    CommandBody, CMD_EPOCH_SEQ_MASK, CMD_EPOCH_SEQ_SHIFT, CMD_KNOWN_FLAGS, CMD_NO_FLAG, EPOCH_SEQS,
+    FLAG_BYTES, OP_NOP, OP_PUT, OP_QUIT, OP_SIGNAL,
 };
 use crate::topology::{Route, Topology};
 
@@ -214,12 +215,18 @@ impl Validator {
         }
         let seq = ((c.flags & CMD_EPOCH_SEQ_MASK) >> CMD_EPOCH_SEQ_SHIFT) as usize;
         if seq >= EPOCH_SEQS {
-            return Err(Violation::new(ErrorCode::BadFields, format!("epoch sequence {seq}")));
+            return Err(Violation::new(
+                ErrorCode::BadFields,
+                format!("epoch sequence {seq}"),
+            ));
         }
         if c.epoch < self.last_epoch[seq] {
             return Err(Violation::new(
                 ErrorCode::EpochRegressed,
-                format!("epoch {} after epoch {} (sequence {seq})", c.epoch, self.last_epoch[seq]),
+                format!(
+                    "epoch {} after epoch {} (sequence {seq})",
+                    c.epoch, self.last_epoch[seq]
+                ),
             ));
         }
         let checked = match c.opcode {
@@ -264,7 +271,11 @@ impl Validator {
                 }
             }
             OP_SIGNAL => {
-                if c.flags & CMD_NO_FLAG != 0 || c.src_offset != 0 || c.dst_offset != 0 || c.bytes != 0 {
+                if c.flags & CMD_NO_FLAG != 0
+                    || c.src_offset != 0
+                    || c.dst_offset != 0
+                    || c.bytes != 0
+                {
                     return Err(Violation::new(
                         ErrorCode::BadFields,
                         "SIGNAL with CMD_NO_FLAG or nonzero src_offset, dst_offset or bytes",
@@ -481,13 +492,34 @@ mod tests {
     #[test]
     fn epochs_only_need_to_increase_within_their_sequence() {
         let mut v = validator();
-        let signal = |epoch: u32, seq: u32| CommandBody { opcode: OP_SIGNAL, dst_rank: 2, src_offset: 0, dst_offset: 0, bytes: 0, flag_offset: 8, flag_value: 1, epoch, flags: seq << CMD_EPOCH_SEQ_SHIFT };
+        let signal = |epoch: u32, seq: u32| CommandBody {
+            opcode: OP_SIGNAL,
+            dst_rank: 2,
+            src_offset: 0,
+            dst_offset: 0,
+            bytes: 0,
+            flag_offset: 8,
+            flag_value: 1,
+            epoch,
+            flags: seq << CMD_EPOCH_SEQ_SHIFT,
+        };
         assert!(v.check(&signal(40, 0)).is_ok(), "collectives at epoch 40");
-        assert!(v.check(&signal(3, 1)).is_ok(), "fused kernels count their own launches");
+        assert!(
+            v.check(&signal(3, 1)).is_ok(),
+            "fused kernels count their own launches"
+        );
         assert!(v.check(&signal(41, 0)).is_ok());
         assert!(v.check(&signal(4, 1)).is_ok());
         assert_eq!((v.last_epoch(), v.last_epoch_of(1)), (41, 4));
-        assert_eq!(v.check(&signal(2, 1)).unwrap_err().code, ErrorCode::EpochRegressed, "a regression inside a sequence is refused");
-        assert_eq!(v.check(&signal(50, 3)).unwrap_err().code, ErrorCode::BadFields, "sequence 3 does not exist");
+        assert_eq!(
+            v.check(&signal(2, 1)).unwrap_err().code,
+            ErrorCode::EpochRegressed,
+            "a regression inside a sequence is refused"
+        );
+        assert_eq!(
+            v.check(&signal(50, 3)).unwrap_err().code,
+            ErrorCode::BadFields,
+            "sequence 3 does not exist"
+        );
     }
 }
