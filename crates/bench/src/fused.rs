@@ -219,6 +219,7 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
         let mut our_gemm_alone = || Ok(our_plan.launch(&stream)?);
         let t = median_ms_interleaved(&stream, args.warmup, args.iters, &mut [&mut ours, &mut baseline_timed, &mut gemm_alone, &mut rs_alone, &mut our_gemm_alone])?;
         comm.check()?;
+        let timeline = if args.trace { Some(trace_launch(args, &stream, &plan, rank, m, all_reduce)?) } else { None };
         write_ternary(&stream, &mut a, &mut b, rank)?;
         ours()?;
         baseline(&a, &b)?;
@@ -241,7 +242,32 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
         rows.push(json!({ "m": m, "k": k, "n": n, "world": world, "rank": rank, "parts": parts, "sweep": sweep,
             "op": if all_reduce { "gemm-ar" } else { "gemm-rs" },
             "ours_ms": t[0], "cublas_nccl_ms": t[1], "gemm_alone_ms": t[2], "coll_alone_ms": t[3], "our_gemm_alone_ms": t[4],
-            "speedup": speedup, "overlap_efficiency": overlap, "wrong": wrong }));
+            "speedup": speedup, "overlap_efficiency": overlap, "wrong": wrong, "trace": timeline }));
     }
     Ok(rows)
+}
+
+/// `--trace`: records the timeline of the plan's next launches (the last of three stays),
+/// summarizes it (printed by every rank) and writes the raw words next to the JSON.
+fn trace_launch(args: &Args, stream: &Arc<CudaStream>, plan: &GemmRsPlan, rank: usize, m: usize, all_reduce: bool) -> Result<Value> {
+    let ctas = plan.split().1;
+    let mut buf = stream.alloc_zeros::<u64>(mkernel_config::trace::words(ctas))?;
+    let ptr = buf.device_ptr_mut(stream).0;
+    // SAFETY: `buf` holds words(ctas) words and outlives the launches (synchronized below).
+    unsafe { plan.set_trace(stream, Some(ptr))? };
+    for _ in 0..3 {
+        plan.launch(stream)?;
+    }
+    stream.synchronize()?;
+    // SAFETY: no launch after this reads the field.
+    unsafe { plan.set_trace(stream, None)? };
+    let words = stream.clone_dtoh(&buf)?;
+    let op = if all_reduce { "gemm-ar" } else { "gemm-rs" };
+    let raw: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let path = args.json.with_extension(format!("trace-{op}-{m}-r{rank}.bin"));
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&path, raw)?;
+    Ok(crate::trace::summarize(&format!("{op} M={m} rank {rank}"), &words, ctas as usize))
 }

@@ -8,6 +8,7 @@ mod nccl;
 mod proxy;
 mod report;
 mod timing;
+mod trace;
 
 use anyhow::Result;
 use clap::{Parser, ValueEnum};
@@ -65,6 +66,10 @@ struct Args {
     /// Fused ops: append the best SM split per shape to this tune cache (`cargo xtask tune`).
     #[arg(long)]
     tune_out: Option<std::path::PathBuf>,
+    /// GEMM+RS/AR: also record one launch's per-tile timeline per shape, print its summary and
+    /// write the raw words next to the JSON (`<json>.trace-<op>-<M>-r<rank>.bin`).
+    #[arg(long)]
+    trace: bool,
 }
 
 fn main() -> Result<()> {

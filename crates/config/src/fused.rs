@@ -72,6 +72,8 @@ pub struct GemmRsArgs {
     /// 1: GEMM + AllReduce (every rank gets the whole sum), 0: GEMM + ReduceScatter.
     pub all_reduce: u32,
     pub _pad: u32,
+    /// Device address of a per-tile timeline buffer ([`crate::trace`]), 0: none (the default).
+    pub trace: u64,
 }
 
 /// The row of A (and of the sum) that node-blocked row `v` of GEMM+ReduceScatter/AllReduce is,

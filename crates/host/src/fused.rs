@@ -260,6 +260,7 @@ impl GemmRsPlan {
             part_tiles_m: (block_rows as usize / t.block_m as usize / parts as usize) as u32,
             all_reduce: ar_out.is_some() as u32,
             _pad: 0,
+            trace: 0,
         };
         // SAFETY: GemmRsArgs is repr(C) plain data.
         let bytes = unsafe { std::slice::from_raw_parts(&args as *const GemmRsArgs as *const u8, std::mem::size_of::<GemmRsArgs>()) };
@@ -279,6 +280,22 @@ impl GemmRsPlan {
     /// Parts per row chunk, and CTAs in total.
     pub fn split(&self) -> (u32, u32) {
         (self.parts, self.grid)
+    }
+
+    /// Diagnostic: the launches enqueued from now on record their per-tile timeline into the
+    /// device buffer at `buf` (`mkernel_config::trace::words(grid)` u64 words; layout in
+    /// [`mkernel_config::trace`]), or, with `None`, stop recording.
+    ///
+    /// # Safety
+    /// `buf` must stay allocated, with at least that many words, while such launches run.
+    pub unsafe fn set_trace(&self, stream: &Arc<CudaStream>, buf: Option<u64>) -> Result<()> {
+        let field = self.args_addr + std::mem::offset_of!(GemmRsArgs, trace) as u64;
+        let word = [buf.unwrap_or(0)];
+        // SAFETY: the field lies in this plan's argument block; the copy is stream-ordered
+        // after the launches enqueued so far, and `word` outlives it (synchronized below).
+        unsafe { cudarc::driver::result::memcpy_htod_async(field, &word, stream.cu_stream())? };
+        stream.synchronize()?;
+        Ok(())
     }
 }
 

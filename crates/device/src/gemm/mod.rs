@@ -8,7 +8,8 @@
 //! - [`ring`]: the shared-memory ring of A/B stages and its full/empty mbarriers;
 //! - [`producer`]: TMA loads of one tile's K blocks into the ring;
 //! - [`consumer`]: wgmma over the ring into register accumulators;
-//! - [`epilogue`]: accumulators to global memory with tail masking.
+//! - [`epilogue`]: accumulators to global memory with tail masking;
+//! - [`trace`]: the optional per-tile timeline of a fused launch.
 //!
 //! The fused kernels reuse these pieces on a subset of their CTAs.
 
@@ -17,6 +18,7 @@ pub mod epilogue;
 pub mod producer;
 pub mod ring;
 pub mod scheduler;
+pub mod trace;
 
 use mkernel_config::GemmTile;
 

@@ -26,6 +26,8 @@ use crate::gemm::ring::{Ring, RingPos};
 use crate::gemm::scheduler::TileScheduler;
 use crate::gemm::{BLayout, TILE};
 use crate::gemm::scheduler::Tile;
+use crate::gemm::trace;
+use mkernel_config::trace::{End, Mark};
 use mkernel_config::fused::{rs_source_row, AgGemmArgs, GemmRsArgs};
 use mkernel_config::GemmTile;
 use mkernel_config::comm::{flag_offset, CommDesc, FlagSlot, RemoteSlot, Role, ABORT_OFFSET, FIFO_HEAD_OFFSET, FUSED_EPOCH_OFFSET, FUSED_EXITS_OFFSET};
@@ -509,12 +511,12 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
                 let a_row = rs_source_row(tile.m0, a.m, world, nodes, node);
                 // Gives up once the rank aborted and the consumers stopped taking slots.
                 if !unsafe { load_tile(&ring, &mut pos, map_a, a_row, map_b, BLayout::Nk, tile, k_blocks, producer_stall(a.desc, RS_TILE)) } {
-                    // Known gap (docs/fused.md): a producer that finished its loop before the
-                    // consumers stopped early does not wait for its last fills.
-                    unsafe { wait_loads_landed(&ring, pos) };
                     break;
                 }
             }
+            // Consumers that stop early may leave fills unconsumed (also after this loop ended
+            // normally): the CTA must not exit while they still land. Consumed ones pass at once.
+            unsafe { wait_loads_landed(&ring, pos) };
         }
         return;
     }
@@ -528,7 +530,12 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
     let mut ready: u32 = 1 << rank; // ranks whose buffers we may write
     let mut acc = [0f32; 128];
     let mut pending: Option<Pending> = None;
+    // The optional timeline (thread 0 of the first consumer warpgroup): this CTA's tile count.
+    let mut traced = 0u32;
+    let tracer = ids::thread_idx() == crate::arch::ids::WARPGROUP_THREADS;
+    let mark = |i: u32, m: Mark| if tracer { unsafe { trace::mark(a.trace, idx, i, m) } };
     for tile in tiles {
+        mark(traced, Mark::Begin);
         unsafe {
             if tile.m0 / chunk_rows == rank && world > 1 {
                 prefetch_partials(a, tile, rank, world);
@@ -539,8 +546,13 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
                     ready &= !STAGED;
                 }
             }
+            mark(traced, Mark::Mainloop);
             mma_tile_bounded(&ring, &mut pos, &mut acc, wg - 1, BLayout::Nk, k_blocks, consumer_stall(a.desc));
-            if !rs_epilogue(a, epoch, &ring, tile, wg, &mut acc, &mut ready, &mut pending) {
+            mark(traced, Mark::MainloopDone);
+            if tracer {
+                trace::tile(a.trace, idx, traced, tile.m0 / TILE.block_m, tile.n0 / TILE.block_n, tile.m0 / chunk_rows == rank);
+            }
+            if !rs_epilogue(a, epoch, &ring, tile, wg, &mut acc, &mut ready, &mut pending, |m| mark(traced, m)) {
                 // A wait gave up or the rank aborted (the error record is written): stop, once
                 // the bulk stores stopped reading shared memory and a staged partial's load
                 // (always completes) has landed.
@@ -553,7 +565,11 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
                 return;
             }
         }
+        mark(traced, Mark::Stored);
+        traced += 1;
     }
+    let end = |e: End| if tracer { unsafe { trace::end(a.trace, idx, e) } };
+    end(End::LoopDone);
     let c = unsafe { fused_ctx(a.desc, Role::Compute) };
     let ct = ids::thread_idx() - crate::arch::ids::WARPGROUP_THREADS;
     let published = match pending {
@@ -561,6 +577,7 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
         None => true,
     };
     drain_tma_stores();
+    end(End::Drained);
     if !published {
         return;
     }
@@ -579,6 +596,7 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
             mt += ids::grid_dim();
         }
     }
+    end(End::Done);
 }
 
 /// Before an own tile's mainloop: the peers' partial tiles it will add are pulled into L2
@@ -650,7 +668,7 @@ unsafe fn stage_first_partial(a: &GemmRsArgs, ring: &Ring, tile: Tile, wg: u32, 
 /// error record is written).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u32, acc: &mut [f32; 128], ready: &mut u32, pending: &mut Option<Pending>) -> bool {
+unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u32, acc: &mut [f32; 128], ready: &mut u32, pending: &mut Option<Pending>, mark: impl Fn(Mark)) -> bool {
     let c = unsafe { fused_ctx_at(a.desc, epoch) };
     let c = &c;
     let ct = ids::thread_idx() - crate::arch::ids::WARPGROUP_THREADS; // 0..256 over both consumers
@@ -665,6 +683,7 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
                 return false;
             }
         }
+        mark(Mark::Published);
         // Buffers this tile writes to must be free: the peer's FusedReady.
         let need = if dest != c.rank { 1 << dest } else if all_reduce { (1u32 << c.world) - 1 } else { 0 };
         if need & !*ready != 0 {
@@ -675,6 +694,7 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
             *ready |= need;
         }
         if dest != c.rank {
+            mark(Mark::Waited);
             let map = TensorMap(*a.map_recv.as_ptr().add(dest as usize) as *const u8);
             store_tile_tma(ring, map, local, wg - 1, acc);
         } else {
@@ -684,6 +704,7 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
             if named_barrier_or(3, 2 * crate::arch::ids::WARPGROUP_THREADS, !ok) {
                 return false;
             }
+            mark(Mark::Waited);
             let slot_bytes = chunk_rows as u64 * a.n as u64 * 2;
             let at = c.heap(c.rank) + a.recv_off + (local.m0 as u64 * a.n as u64 + local.n0 as u64) * 2;
             let staged = *ready & STAGED != 0;
@@ -700,6 +721,7 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
                 *ready ^= STAGE_PARITY;
                 *ready &= !STAGED;
             }
+            mark(Mark::Added);
             let (nodes, node, block_rows) = node_blocks(c, a.m);
             let j = local.m0 / block_rows;
             if j + 1 < nodes {

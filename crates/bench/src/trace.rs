@@ -1,0 +1,96 @@
+//! `--trace`: the per-tile timeline of one fused GEMM+ReduceScatter/AllReduce launch
+//! ([`mkernel_config::trace`]), summarized: where a compute CTA's time goes.
+use mkernel_config::trace::{End, Mark, TILES_PER_CTA, WORDS_PER_TILE};
+use serde_json::{json, Value};
+
+/// One recorded tile.
+struct TileRec {
+    w: [u64; WORDS_PER_TILE as usize],
+}
+
+impl TileRec {
+    fn at(&self, m: Mark) -> u64 {
+        self.w[m as usize]
+    }
+    fn own(&self) -> bool {
+        self.at(Mark::Tile) & 1 == 1
+    }
+    /// Nanoseconds from `a` to `b` (0 when either was not stamped).
+    fn span(&self, a: Mark, b: Mark) -> f64 {
+        let (x, y) = (self.at(a), self.at(b));
+        if x == 0 || y < x { 0.0 } else { (y - x) as f64 }
+    }
+}
+
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Summary of a trace buffer of `ctas` CTAs (times in microseconds from the earliest stamp):
+/// mean phase durations of peer and own tiles, and when the CTAs started, ended their tile
+/// loop and ended the launch. Prints it under `label`.
+pub fn summarize(label: &str, words: &[u64], ctas: usize) -> Value {
+    let per_cta = (TILES_PER_CTA + 1) as usize * WORDS_PER_TILE as usize;
+    let mut tiles: Vec<Vec<TileRec>> = vec![];
+    let mut ends = vec![];
+    for c in 0..ctas {
+        let base = &words[c * per_cta..(c + 1) * per_cta];
+        let recs: Vec<TileRec> = base.chunks(WORDS_PER_TILE as usize).take(TILES_PER_CTA as usize)
+            .map(|w| TileRec { w: w.try_into().expect("record length") })
+            .take_while(|r| r.at(Mark::Begin) != 0).collect();
+        let end = &base[TILES_PER_CTA as usize * WORDS_PER_TILE as usize..];
+        ends.push([end[End::LoopDone as usize], end[End::Drained as usize], end[End::Done as usize]]);
+        tiles.push(recs);
+    }
+    let t0 = tiles.iter().filter_map(|r| r.first().map(|t| t.at(Mark::Begin))).min().unwrap_or(0);
+    let us = |t: u64| if t == 0 { f64::NAN } else { (t - t0) as f64 / 1e3 };
+    let phases = [
+        ("prologue", Mark::Begin, Mark::Mainloop),
+        ("mainloop", Mark::Mainloop, Mark::MainloopDone),
+        ("publish", Mark::MainloopDone, Mark::Published),
+        ("wait", Mark::Published, Mark::Waited),
+        ("add", Mark::Waited, Mark::Added),
+    ];
+    let mut out = serde_json::Map::new();
+    println!("# trace {label}: {ctas} CTAs, mean us per tile (peer / own tiles)");
+    for own in [false, true] {
+        let sel: Vec<&TileRec> = tiles.iter().flatten().filter(|t| t.own() == own).collect();
+        let mut line = format!("#   {:>4} tiles {:>5}:", if own { "own" } else { "peer" }, sel.len());
+        let mut obj = serde_json::Map::new();
+        for (name, a, b) in phases {
+            let v = mean(&sel.iter().map(|t| t.span(a, b) / 1e3).collect::<Vec<_>>());
+            line += &format!(" {name} {v:.2}");
+            obj.insert(name.into(), json!(v));
+        }
+        // The store: from the last stamp before it to the tile's end.
+        let store = mean(&sel.iter().map(|t| t.span(if own { Mark::Added } else { Mark::Waited }, Mark::Stored) / 1e3).collect::<Vec<_>>());
+        let total = mean(&sel.iter().map(|t| t.span(Mark::Begin, Mark::Stored) / 1e3).collect::<Vec<_>>());
+        line += &format!(" store {store:.2} | tile {total:.2}");
+        obj.insert("store".into(), json!(store));
+        obj.insert("tile".into(), json!(total));
+        println!("{line}");
+        out.insert(if own { "own" } else { "peer" }.into(), Value::Object(obj));
+    }
+    // Gaps between a tile's end and the next tile's begin (should be ~0).
+    let gaps: Vec<f64> = tiles.iter().flat_map(|r| r.windows(2).map(|p| p[1].at(Mark::Begin).saturating_sub(p[0].at(Mark::Stored)) as f64 / 1e3)).collect();
+    let starts: Vec<f64> = tiles.iter().filter_map(|r| r.first().map(|t| us(t.at(Mark::Begin)))).collect();
+    let loop_done: Vec<f64> = ends.iter().map(|e| us(e[0])).collect();
+    let done: Vec<f64> = ends.iter().map(|e| us(e[2])).collect();
+    let counts: Vec<f64> = tiles.iter().map(|r| r.len() as f64).collect();
+    let mx = |v: &[f64]| v.iter().cloned().fold(f64::NAN, f64::max);
+    let mn = |v: &[f64]| v.iter().cloned().fold(f64::NAN, f64::min);
+    println!("#   tiles per CTA {}-{}; gap between tiles mean {:.2}; CTA start max {:.1}; loop end min/median/max {:.1}/{:.1}/{:.1}; launch end min/median/max {:.1}/{:.1}/{:.1}",
+        mn(&counts), mx(&counts), mean(&gaps), mx(&starts), mn(&loop_done), median(loop_done.clone()), mx(&loop_done), mn(&done), median(done.clone()), mx(&done));
+    out.insert("gap_mean_us".into(), json!(mean(&gaps)));
+    out.insert("loop_end_us".into(), json!([mn(&loop_done), median(loop_done.clone()), mx(&loop_done)]));
+    out.insert("launch_end_us".into(), json!([mn(&done), median(done.clone()), mx(&done)]));
+    Value::Object(out)
+}

@@ -1,0 +1,51 @@
+//! Per-tile timeline of a fused GEMM+ReduceScatter/AllReduce launch (a diagnostic, off unless
+//! the launch is given a trace buffer): where a compute CTA's time goes, tile by tile.
+//!
+//! Layout of the buffer (u64 words, `%globaltimer` nanoseconds): CTA `c`'s record of its
+//! `i`-th tile (`i < TILES_PER_CTA`) is the `WORDS_PER_TILE` words from
+//! `(c x (TILES_PER_CTA + 1) + i) x WORDS_PER_TILE`, indexed by [`Mark`]; the record after a
+//! CTA's tiles (index `TILES_PER_CTA`) holds its end of launch ([`End`]). Thread 0 of the first
+//! consumer warpgroup writes them. Tiles past `TILES_PER_CTA` are not recorded.
+
+/// Tiles recorded per CTA.
+pub const TILES_PER_CTA: u32 = 64;
+/// Words per tile record.
+pub const WORDS_PER_TILE: u32 = 8;
+/// Words of the whole buffer for `ctas` CTAs.
+pub const fn words(ctas: u32) -> usize {
+    (ctas * (TILES_PER_CTA + 1) * WORDS_PER_TILE) as usize
+}
+
+/// Word of a tile record.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mark {
+    /// Before the tile's prologue (partial prefetch, staging check).
+    Begin = 0,
+    /// Before the mainloop.
+    Mainloop = 1,
+    /// The mainloop's last `wgmma` retired.
+    MainloopDone = 2,
+    /// The previous tile was announced (its bulk stores completed).
+    Published = 3,
+    /// The tile's flags were seen (peers' partials landed, destination free).
+    Waited = 4,
+    /// Partials added (own tiles).
+    Added = 5,
+    /// The tile's bulk stores were issued.
+    Stored = 6,
+    /// `row tile << 40 | col tile << 20 | own`: what the tile was (own = 1: reduced here).
+    Tile = 7,
+}
+
+/// Words of the end-of-launch record.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum End {
+    /// The tile loop ended.
+    LoopDone = 0,
+    /// The last tile was announced and its stores drained.
+    Drained = 1,
+    /// AllReduce: every peer's reduced rows arrived (else equal to `Drained`).
+    Done = 2,
+}

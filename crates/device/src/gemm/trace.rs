@@ -1,0 +1,37 @@
+//! The per-tile timeline of a fused launch ([`mkernel_config::trace`]): a diagnostic, written
+//! only when the launch was given a buffer, by one thread per CTA (the caller picks it).
+use mkernel_config::trace::{End, Mark, TILES_PER_CTA, WORDS_PER_TILE};
+
+use crate::arch::time::globaltimer_ns;
+
+/// Word `word` of record `i` of CTA `cta` in buffer `buf` (0: none, nothing is written).
+#[inline(always)]
+unsafe fn put(buf: u64, cta: u32, i: u32, word: u32, value: u64) {
+    if buf != 0 {
+        let at = ((cta * (TILES_PER_CTA + 1) + i) * WORDS_PER_TILE + word) as usize;
+        unsafe { (buf as *mut u64).add(at).write_volatile(value) };
+    }
+}
+
+/// Stamps the time of `mark` in the record of this CTA's `i`-th tile (past `TILES_PER_CTA`:
+/// nothing).
+#[inline(always)]
+pub unsafe fn mark(buf: u64, cta: u32, i: u32, mark: Mark) {
+    if buf != 0 && i < TILES_PER_CTA {
+        unsafe { put(buf, cta, i, mark as u32, globaltimer_ns()) };
+    }
+}
+
+/// Records what this CTA's `i`-th tile was (`Mark::Tile`).
+#[inline(always)]
+pub unsafe fn tile(buf: u64, cta: u32, i: u32, row_tile: u32, col_tile: u32, own: bool) {
+    if buf != 0 && i < TILES_PER_CTA {
+        unsafe { put(buf, cta, i, Mark::Tile as u32, (row_tile as u64) << 40 | (col_tile as u64) << 20 | own as u64) };
+    }
+}
+
+/// Stamps `end` in this CTA's end-of-launch record.
+#[inline(always)]
+pub unsafe fn end(buf: u64, cta: u32, end: End) {
+    unsafe { put(buf, cta, TILES_PER_CTA, end as u32, globaltimer_ns()) };
+}
