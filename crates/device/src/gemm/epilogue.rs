@@ -7,7 +7,7 @@
 use super::ring::Ring;
 use super::scheduler::Tile;
 use super::TILE;
-use crate::arch::{convert::pack_bf16x2, ids, matrix, memory, sync, tma, tma::TensorMap};
+use crate::arch::{convert::pack_bf16x2, ids, matrix, memory, smem, smem::SmemAddr, sync, tma, tma::TensorMap};
 
 /// Where and how C is stored.
 #[derive(Clone, Copy)]
@@ -147,6 +147,61 @@ pub unsafe fn store_tile_tma_to(ring: &Ring, maps: impl TileDestinations, tile: 
     store_box!(1, 1);
     store_box!(2, 0);
     store_box!(3, 1);
+}
+
+/// No bulk store: [`store_tile_tma_to`] only stages the tile (for [`copy_staged_tile`]).
+#[derive(Clone, Copy)]
+pub struct StageOnly;
+
+impl TileDestinations for StageOnly {
+    #[inline(always)]
+    fn count(&self) -> u32 {
+        0
+    }
+    #[inline(always)]
+    fn map(&self, _: u32) -> TensorMap {
+        TensorMap(core::ptr::null())
+    }
+}
+
+/// Copies warpgroup `wg`'s staged rows of a tile (whole-tile staging, just written by
+/// [`store_tile_tma_to`]) to global memory with 16-byte stores of every thread: `dst` is the
+/// address of the warpgroup's first row, first column (bf16, row stride `ld_bytes`), `cols`
+/// how many of the tile's columns exist. Meant for peer memory over NVLink: the stores leave
+/// through the load/store path and do not queue behind the mainloop's TMA loads, as bulk
+/// stores to a peer do (which slowed the mainloop and drained slowly). A warp writes one
+/// 512-byte row per step (lane `l`: box `l / 8`, 16-byte chunk `l % 8`); ends with the
+/// warpgroup's barrier, after which the staging may be rewritten (also by TMA).
+#[inline(always)]
+pub unsafe fn copy_staged_tile(ring: &Ring, wg: u32, dst: u64, ld_bytes: u32, cols: u32) {
+    let t = ids::thread_in_warpgroup();
+    let (warp, lane) = (t / 32, t % 32);
+    let (q, c) = (lane / 8, lane % 8);
+    if 64 * q + 8 * c < cols {
+        // Rows warp, warp + 4, ...: two per step (swizzled chunk `c ^ (row % 8)`, which
+        // alternates between two values), pointers bumped (few registers: the accumulators
+        // stay live across the tile loop).
+        let staging = ring.staging(wg, q);
+        let (even, odd) = (((c ^ warp) * 16) as i32, ((c ^ (warp + 4)) * 16) as i32);
+        let mut src = staging.add(warp * 128 + even as u32);
+        let end = src.add(64 * 128);
+        let skip = 4 * 128 + odd - even;
+        let mut p = dst + (warp * ld_bytes + q * 128 + c * 16) as u64;
+        let step = 4 * ld_bytes as u64;
+        while src.0 < end.0 {
+            let v0 = unsafe { smem::ld_shared_v4(src) };
+            let v1 = unsafe { smem::ld_shared_v4(SmemAddr((src.0 as i32 + skip) as u32)) };
+            unsafe {
+                memory::st_v4(p as *mut u8, v0);
+                memory::st_v4((p + step) as *mut u8, v1);
+            }
+            src = src.add(8 * 128);
+            p += 2 * step;
+        }
+    }
+    // The reads are done (their values were stored); a TMA write into the staging may follow.
+    memory::fence_proxy_async_shared();
+    sync::named_barrier_sync(1 + wg, 128);
 }
 
 /// Adds a bf16 matrix into warpgroup `wg`'s accumulators of a tile: `src` is the address of the

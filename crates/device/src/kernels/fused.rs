@@ -20,7 +20,7 @@ use crate::comm::bulk::BulkRing;
 use crate::comm::wait::wait_flag_of_cta;
 use crate::comm::{proxy, CommCtx};
 use crate::gemm::consumer::mma_tile_bounded;
-use crate::gemm::epilogue::{add_bf16_tile, drain_tma_stores, store_tile_tma, store_tile_tma_to, MapTable};
+use crate::gemm::epilogue::{add_bf16_tile, copy_staged_tile, drain_tma_stores, store_tile_tma, store_tile_tma_to, StageOnly};
 use crate::gemm::producer::{fill_without_data, load_tile, wait_loads_landed};
 use crate::gemm::ring::{Ring, RingPos};
 use crate::gemm::scheduler::TileScheduler;
@@ -695,8 +695,12 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
         }
         if dest != c.rank {
             mark(Mark::Waited);
-            let map = TensorMap(*a.map_recv.as_ptr().add(dest as usize) as *const u8);
-            store_tile_tma(ring, map, local, wg - 1, acc);
+            // Staged, then copied by every thread into this rank's slot of the peer's receive
+            // buffer (not a bulk store: see copy_staged_tile).
+            let row_bytes = a.n as u64 * 2;
+            let slot = c.heap(dest) + a.recv_off + c.rank as u64 * chunk_rows as u64 * row_bytes;
+            store_tile_tma_to(ring, StageOnly, local, wg - 1, acc, false);
+            copy_staged_tile(ring, wg - 1, slot + (local.m0 + (wg - 1) * TILE.rows_per_consumer()) as u64 * row_bytes + local.n0 as u64 * 2, 2 * a.n, a.n - local.n0);
         } else {
             // Every peer's partial of this row tile has landed here.
             let tiles_n = a.n.div_ceil(TILE.block_n) as u64;
@@ -743,8 +747,20 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
                         nd += 1;
                     }
                 }
-                let outs = MapTable { maps: a.map_out.as_ptr(), count: if all_reduce { c.world } else { 1 } };
-                store_tile_tma_to(ring, outs, Tile { m0: local.m0 - j * block_rows, n0: local.n0 }, wg - 1, acc, staged);
+                // To this rank's output with TMA; AllReduce: also into every local peer's
+                // output, copied from the staging by every thread (see copy_staged_tile).
+                let out_tile = Tile { m0: local.m0 - j * block_rows, n0: local.n0 };
+                let own_out = TensorMap(*a.map_out.as_ptr().add(if all_reduce { c.rank as usize } else { 0 }) as *const u8);
+                store_tile_tma_to(ring, own_out, out_tile, wg - 1, acc, staged);
+                if all_reduce {
+                    let row_bytes = a.n as u64 * 2;
+                    let at = a.out_off + c.global_rank as u64 * block_rows as u64 * row_bytes + (out_tile.m0 + (wg - 1) * TILE.rows_per_consumer()) as u64 * row_bytes + out_tile.n0 as u64 * 2;
+                    for p in 0..c.world {
+                        if p != c.rank {
+                            copy_staged_tile(ring, wg - 1, c.heap(p) + at, 2 * a.n, a.n - out_tile.n0);
+                        }
+                    }
+                }
             }
         }
         *pending = Some(Pending { dest, mt });
