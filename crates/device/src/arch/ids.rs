@@ -42,6 +42,27 @@ pub fn warp_idx() -> u32 {
 pub fn warpgroup_idx() -> u32 {
     warp_idx() / 4
 }
+/// [`thread_idx`] read again (an asm the compiler may not merge with earlier reads): for role
+/// code after `setmaxnreg`, so the value is not computed before the register split and kept
+/// live across it (which ptxas spills).
+#[inline(always)]
+pub fn thread_idx_reread() -> u32 {
+    let t: u32;
+    unsafe { asm!("mov.u32 {0}, %tid.x;", out(reg32) t, options(nomem, nostack)) };
+    t
+}
+/// [`block_idx`] read again (see [`thread_idx_reread`]).
+#[inline(always)]
+pub fn block_idx_reread() -> u32 {
+    let b: u32;
+    unsafe { asm!("mov.u32 {0}, %ctaid.x;", out(reg32) b, options(nomem, nostack)) };
+    b
+}
+/// [`warpgroup_idx`] from [`thread_idx_reread`].
+#[inline(always)]
+pub fn warpgroup_idx_reread() -> u32 {
+    crate::arch::shuffle::shfl_idx(thread_idx_reread() / 32, 0) / 4
+}
 /// Thread index within its warpgroup (0..128).
 #[inline(always)]
 pub fn thread_in_warpgroup() -> u32 {

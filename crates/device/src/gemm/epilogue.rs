@@ -7,7 +7,7 @@
 use super::ring::Ring;
 use super::scheduler::Tile;
 use super::TILE;
-use crate::arch::{convert::pack_bf16x2, ids, matrix, memory, smem, smem::SmemAddr, sync, tma, tma::TensorMap};
+use crate::arch::{convert::pack_bf16x2, ids, matrix, memory, smem, sync, tma, tma::TensorMap};
 
 /// Where and how C is stored.
 #[derive(Clone, Copy)]
@@ -164,44 +164,35 @@ impl TileDestinations for StageOnly {
     }
 }
 
-/// Copies warpgroup `wg`'s staged rows of a tile (whole-tile staging, just written by
-/// [`store_tile_tma_to`]) to global memory with 16-byte stores of every thread: `dst` is the
-/// address of the warpgroup's first row, first column (bf16, row stride `ld_bytes`), `cols`
-/// how many of the tile's columns exist. Meant for peer memory over NVLink: the stores leave
-/// through the load/store path and do not queue behind the mainloop's TMA loads, as bulk
-/// stores to a peer do (which slowed the mainloop and drained slowly). A warp writes one
-/// 512-byte row per step (lane `l`: box `l / 8`, 16-byte chunk `l % 8`); ends with the
-/// warpgroup's barrier, after which the staging may be rewritten (also by TMA).
+/// Copies consumer warpgroup `wg`'s staged rows of a tile (whole-tile staging, as
+/// [`store_tile_tma_to`] leaves it) to global memory with 16-byte stores, by one warp: `dst` is
+/// the address of the warpgroup's first row, first column (bf16, row stride `ld_bytes`), `cols`
+/// how many of the tile's columns exist. Lane `l` takes box `l / 8`, 16-byte chunk `l % 8` of
+/// each row (row `r`'s chunk `c` sits at `c ^ (r % 8)`), so the warp writes one 512-byte row per
+/// step. Meant for peer memory over NVLink: plain stores leave through the load/store path and
+/// do not queue with the mainloop's TMA loads, as bulk stores to a peer do (they slowed the
+/// mainloop and drained slowly). The caller orders the reads before any rewrite of the staging.
 #[inline(always)]
-pub unsafe fn copy_staged_tile(ring: &Ring, wg: u32, dst: u64, ld_bytes: u32, cols: u32) {
-    let t = ids::thread_in_warpgroup();
-    let (warp, lane) = (t / 32, t % 32);
+pub unsafe fn copy_staged_rows(ring: &Ring, wg: u32, dst: u64, ld_bytes: u32, cols: u32) {
+    let lane = ids::lane_id();
     let (q, c) = (lane / 8, lane % 8);
-    if 64 * q + 8 * c < cols {
-        // Rows warp, warp + 4, ...: two per step (swizzled chunk `c ^ (row % 8)`, which
-        // alternates between two values), pointers bumped (few registers: the accumulators
-        // stay live across the tile loop).
-        let staging = ring.staging(wg, q);
-        let (even, odd) = (((c ^ warp) * 16) as i32, ((c ^ (warp + 4)) * 16) as i32);
-        let mut src = staging.add(warp * 128 + even as u32);
-        let end = src.add(64 * 128);
-        let skip = 4 * 128 + odd - even;
-        let mut p = dst + (warp * ld_bytes + q * 128 + c * 16) as u64;
-        let step = 4 * ld_bytes as u64;
-        while src.0 < end.0 {
-            let v0 = unsafe { smem::ld_shared_v4(src) };
-            let v1 = unsafe { smem::ld_shared_v4(SmemAddr((src.0 as i32 + skip) as u32)) };
-            unsafe {
-                memory::st_v4(p as *mut u8, v0);
-                memory::st_v4((p + step) as *mut u8, v1);
-            }
-            src = src.add(8 * 128);
-            p += 2 * step;
-        }
+    if 64 * q + 8 * c >= cols {
+        return;
     }
-    // The reads are done (their values were stored); a TMA write into the staging may follow.
-    memory::fence_proxy_async_shared();
-    sync::named_barrier_sync(1 + wg, 128);
+    let staging = ring.staging(wg, q);
+    let mut p = dst + (q * 128 + c * 16) as u64;
+    let mut row = 0;
+    // Two rows per step: both loads are issued before the stores.
+    while row < TILE.rows_per_consumer() {
+        let v0 = unsafe { smem::ld_shared_v4(staging.add(row * 128 + ((c ^ (row % 8)) * 16))) };
+        let v1 = unsafe { smem::ld_shared_v4(staging.add((row + 1) * 128 + ((c ^ ((row + 1) % 8)) * 16))) };
+        unsafe {
+            memory::st_v4(p as *mut u8, v0);
+            memory::st_v4((p + ld_bytes as u64) as *mut u8, v1);
+        }
+        p += 2 * ld_bytes as u64;
+        row += 2;
+    }
 }
 
 /// Adds a bf16 matrix into warpgroup `wg`'s accumulators of a tile: `src` is the address of the

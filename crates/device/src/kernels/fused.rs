@@ -15,12 +15,12 @@
 //! Buffer reuse: before writing into a peer's gathered buffer, a comm CTA waits for that peer's
 //! `FusedReady` (raised by its comm CTA 0 at start: its previous launch, which read the buffer,
 //! ended).
-use crate::arch::{ids, mbarrier, memory, memory::Scope, regs, smem, sync, tma, tma::TensorMap};
+use crate::arch::{ids, mbarrier, memory, memory::Scope, regs, shuffle, smem, sync, tma, tma::TensorMap};
 use crate::comm::bulk::BulkRing;
 use crate::comm::wait::wait_flag_of_cta;
 use crate::comm::{proxy, CommCtx};
 use crate::gemm::consumer::mma_tile_bounded;
-use crate::gemm::epilogue::{add_bf16_tile, copy_staged_tile, drain_tma_stores, store_tile_tma, store_tile_tma_to, StageOnly};
+use crate::gemm::epilogue::{add_bf16_tile, copy_staged_rows, drain_tma_stores, store_tile_tma, store_tile_tma_to, StageOnly};
 use crate::gemm::producer::{fill_without_data, load_tile, wait_loads_landed};
 use crate::gemm::ring::{Ring, RingPos};
 use crate::gemm::scheduler::TileScheduler;
@@ -351,7 +351,7 @@ pub unsafe extern "ptx-kernel" fn mk_gemm_rs_bf16_nk(args: *const GemmRsArgs) {
         let c = unsafe { fused_ctx(a.desc, Role::Compute) };
         unsafe { open_receive_buffers(&c, a) };
     }
-    unsafe { rs_compute_role(a, ids::block_idx()) };
+    unsafe { rs_compute_role(a) };
     let c = unsafe { fused_ctx(a.desc, Role::Compute) };
     unsafe { exit_launch_then(&c, c.epoch, || finish_reduce_launch(&c, a)) };
 }
@@ -416,6 +416,16 @@ const RS_TILE: GemmTile = GemmTile::FUSED_RS;
 /// tile's first peer partial is staged; the parity of the next staged phase of `aux(wg)`.
 const STAGED: u32 = 1 << 29;
 const STAGE_PARITY: u32 = 1 << 30;
+/// More bits of `ready`: the peer writer was given a tile from this warpgroup's staging and
+/// may still read it; the parity of the next phase of `aux(AUX_WRITER_READ + w)`.
+const COPY_PENDING: u32 = 1 << 27;
+const COPY_PARITY: u32 = 1 << 28;
+/// Auxiliary mbarriers (`GemmTile::AUX_BARRIERS`) of the peer writer's hand-off, per consumer
+/// warpgroup `w`: `AUX_STAGED_FOR_WRITER + w` (the consumers staged a tile for it),
+/// `AUX_WRITER_READ + w` (it has read that tile).
+const AUX_STAGED_FOR_WRITER: u32 = 3;
+const AUX_WRITER_READ: u32 = 5;
+const _: () = assert!(AUX_WRITER_READ + 2 <= GemmTile::AUX_BARRIERS && mkernel_config::comm::MAX_LOCAL_RANKS <= 27);
 
 /// A tile whose completion is announced at the next tile's epilogue.
 #[derive(Clone, Copy)]
@@ -434,10 +444,10 @@ fn node_blocks(c: &CommCtx, m: u32) -> (u32, u32, u32) {
 }
 
 #[inline(always)]
-unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
+unsafe fn rs_compute_role(a: &GemmRsArgs) {
     let ring = Ring::new(smem::dynamic_smem_addr(), RS_TILE);
     let (map_a, map_b) = (TensorMap(a.map_a as *const u8), TensorMap(a.map_b as *const u8));
-    if ids::thread_idx() == 0 {
+    if ids::thread_idx_reread() == 0 {
         unsafe {
             tma::prefetch(map_a);
             tma::prefetch(map_b);
@@ -447,22 +457,23 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
     sync::sync_threads();
     // Each role derives its loop state after its setmaxnreg: values computed before the split
     // and kept live across it are what ptxas spills.
-    let setup = || {
+    let setup = |idx: u32| {
         let rank = unsafe { (*(a.desc as *const CommDesc)).rank };
         let world = unsafe { (*(a.desc as *const CommDesc)).world };
         let tiles = TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, TILE.group_m, idx, ids::grid_dim()).chunked(world, rank, a.part_tiles_m);
         (rank, world, tiles, a.k.div_ceil(TILE.block_k))
     };
-    let wg = ids::warpgroup_idx();
     let mut pos = RingPos::START;
-    if wg == 0 {
+    if ids::warpgroup_idx_reread() == 0 {
         regs::setmaxnreg_dec::<{ RS_TILE.producer_regs }>();
-        if ids::thread_idx() == 32 && idx < node_blocks_to_send(a) {
+        // Indices read again after the split (values kept live across it are spilled).
+        let (idx, tid) = (ids::block_idx_reread(), ids::thread_idx_reread());
+        if tid == 32 && idx < node_blocks_to_send(a) {
             // Warp 1 of the producer warpgroup (otherwise idle) of CTA j: inter-node sender of
             // node block j.
             unsafe { send_node_block(a, idx) };
         }
-        if ids::thread_idx() == 96 && node_blocks_to_send(a) > 0 {
+        if tid == 96 && node_blocks_to_send(a) > 0 {
             // Warp 3: wait for the other nodes' sums of our rows (one PUT from each node's rank
             // of our rail), then arrive on the aux barrier, which the consumers wait for before
             // they add the sums (also after a failed wait, so theirs stays bounded: the error
@@ -481,6 +492,17 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
                 if all {
                     unsafe { memory::st_release_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::FusedReady, c.rank, 1), c.epoch) };
                 }
+                unsafe { mbarrier::arrive(Ring::new(smem::dynamic_smem_addr(), RS_TILE).aux(0)) };
+                if all && a.all_reduce != 0 {
+                    // An AllReduce launch across nodes ends once every remote rank's reduced
+                    // rows are in our output.
+                    for q in 0..c.global_world {
+                        if q / c.world != node && !unsafe { proxy::wait_remote(&c, RemoteSlot::FusedOut, q) } {
+                            break;
+                        }
+                    }
+                }
+                return;
             } else {
                 // Twice CTA 0's patience: a stalled remote rank is reported by CTA 0's wait
                 // (naming that rank), which also stops this one.
@@ -490,19 +512,12 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
             }
             unsafe { mbarrier::arrive(Ring::new(smem::dynamic_smem_addr(), RS_TILE).aux(0)) };
         }
-        if ids::thread_idx() == 64 && idx == 0 && a.all_reduce != 0 && node_blocks_to_send(a) > 0 {
-            // Warp 2 of CTA 0: an AllReduce launch across nodes ends once every remote rank's
-            // reduced rows are in our output.
-            let c = unsafe { fused_ctx(a.desc, Role::InterReduce) };
-            let node = c.global_rank / c.world;
-            for q in 0..c.global_world {
-                if q / c.world != node && !unsafe { proxy::wait_remote(&c, RemoteSlot::FusedOut, q) } {
-                    break;
-                }
-            }
+        if tid / 32 == 2 {
+            // Warp 2: the peer writer (copies staged tiles to local peers, announces them).
+            unsafe { peer_writer(a) };
         }
-        if ids::thread_idx() == 0 {
-            let (_, world, tiles, k_blocks) = setup();
+        if tid == 0 {
+            let (_, world, tiles, k_blocks) = setup(idx);
             let d = unsafe { &*(a.desc as *const CommDesc) };
             let (nodes, node) = (d.global_world / world, d.global_rank / world);
             let ring = Ring::new(smem::dynamic_smem_addr(), RS_TILE);
@@ -521,7 +536,8 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
         return;
     }
     regs::setmaxnreg_inc::<{ RS_TILE.consumer_regs }>();
-    let (rank, world, tiles, k_blocks) = setup();
+    let (wg, idx) = (ids::warpgroup_idx_reread(), ids::block_idx_reread());
+    let (rank, world, tiles, k_blocks) = setup(idx);
     let ring = Ring::new(smem::dynamic_smem_addr(), RS_TILE);
     let chunk_rows = a.m / world;
     // Only the tile loop's own state lives across the mainloop (next to 128 accumulators);
@@ -532,19 +548,18 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
     let mut pending: Option<Pending> = None;
     // The optional timeline (thread 0 of the first consumer warpgroup): this CTA's tile count.
     let mut traced = 0u32;
-    let tracer = ids::thread_idx() == crate::arch::ids::WARPGROUP_THREADS;
+    let first = ids::thread_idx_reread() == crate::arch::ids::WARPGROUP_THREADS;
+    let tracer = first;
     let mark = |i: u32, m: Mark| if tracer { unsafe { trace::mark(a.trace, idx, i, m) } };
     for tile in tiles {
         mark(traced, Mark::Begin);
+        // Read now, used at this tile's epilogue barrier: the load's latency hides under the
+        // mainloop instead of stalling both warpgroups there.
+        let stop = first && unsafe { aborted(a.desc) };
         unsafe {
             if tile.m0 / chunk_rows == rank && world > 1 {
-                prefetch_partials(a, tile, rank, world);
-                // `ready` bit 29: this own tile's first peer partial is being staged.
-                if stage_first_partial(a, &ring, tile, wg, rank, world) {
-                    ready |= STAGED;
-                } else {
-                    ready &= !STAGED;
-                }
+                let staged = stage_first_partial(a, &ring, tile, wg, rank, world, &mut ready);
+                prefetch_partials(a, tile, rank, world, staged);
             }
             mark(traced, Mark::Mainloop);
             mma_tile_bounded(&ring, &mut pos, &mut acc, wg - 1, BLayout::Nk, k_blocks, consumer_stall(a.desc));
@@ -552,7 +567,7 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
             if tracer {
                 trace::tile(a.trace, idx, traced, tile.m0 / TILE.block_m, tile.n0 / TILE.block_n, tile.m0 / chunk_rows == rank);
             }
-            if !rs_epilogue(a, epoch, &ring, tile, wg, &mut acc, &mut ready, &mut pending, |m| mark(traced, m)) {
+            if !rs_epilogue(a, epoch, &ring, tile, wg, &mut acc, &mut ready, &mut pending, stop, |m| mark(traced, m)) {
                 // A wait gave up or the rank aborted (the error record is written): stop, once
                 // the bulk stores stopped reading shared memory and a staged partial's load
                 // (always completes) has landed.
@@ -570,10 +585,17 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
     }
     let end = |e: End| if tracer { unsafe { trace::end(a.trace, idx, e) } };
     end(End::LoopDone);
+    if world > 1 && wg == 1 {
+        // The peer writer's loop ends with this job.
+        unsafe {
+            wait_writer_read(a, &ring, wg, &mut ready);
+            give_to_writer(&ring, wg, Tile { m0: NO_MORE_TILES, n0: 0 }, &mut ready);
+        }
+    }
     let c = unsafe { fused_ctx(a.desc, Role::Compute) };
     let ct = ids::thread_idx() - crate::arch::ids::WARPGROUP_THREADS;
     let published = match pending {
-        Some(p) => unsafe { publish(&c, a, p, ids::thread_in_warpgroup() == 0, ct) },
+        Some(p) => unsafe { publish(&c, a, p, ids::thread_in_warpgroup() == 0, ct, ct == 0 && aborted(a.desc)) },
         None => true,
     };
     drain_tma_stores();
@@ -584,7 +606,7 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
     if a.all_reduce != 0 {
         // The launch ends once every other rank's reduced rows are in our output: this CTA
         // waits for row tiles idx, idx + grid, ... of the own-node block of every local peer's
-        // chunk (the remote ranks' PUTs: warp 2 of CTA 0).
+        // chunk (the remote ranks' PUTs: warp 3 of CTA 0).
         let (nodes, _, block_rows) = node_blocks(&c, a.m);
         let tiles_n = a.n.div_ceil(TILE.block_n) as u64;
         let mut mt = (nodes - 1) * block_rows / TILE.block_m + idx;
@@ -599,12 +621,13 @@ unsafe fn rs_compute_role(a: &GemmRsArgs, idx: u32) {
     end(End::Done);
 }
 
-/// Before an own tile's mainloop: the peers' partial tiles it will add are pulled into L2
+/// Before an own tile's mainloop: the peers' partial tiles it will add from global memory (all
+/// but a staged first one) are pulled into L2
 /// (each consumer thread prefetches two 128-byte lines of one row per peer), so the epilogue's
 /// loads hit L2. The data has usually landed long before; a line prefetched early is still
 /// coherent (remote stores go through this GPU's L2).
 #[inline(always)]
-unsafe fn prefetch_partials(a: &GemmRsArgs, tile: Tile, rank: u32, world: u32) {
+unsafe fn prefetch_partials(a: &GemmRsArgs, tile: Tile, rank: u32, world: u32, first_staged: bool) {
     let ct = ids::thread_idx() - crate::arch::ids::WARPGROUP_THREADS;
     let chunk_rows = a.m / world;
     let (row, half) = (tile.m0 - rank * chunk_rows + ct / 2, ct % 2);
@@ -616,7 +639,7 @@ unsafe fn prefetch_partials(a: &GemmRsArgs, tile: Tile, rank: u32, world: u32) {
     let local = unsafe { *(*(a.desc as *const CommDesc)).heaps.as_ptr().add(rank as usize) };
     let at = local + a.recv_off + (row as u64 * a.n as u64 + col as u64) * 2;
     for src in 0..8u32 {
-        if src < world && src != rank {
+        if src < world && src != rank && !(first_staged && src == (rank + 1) % world) {
             let p = at + src as u64 * slot_bytes;
             unsafe {
                 memory::prefetch_l2(p as *const u8);
@@ -630,24 +653,27 @@ unsafe fn prefetch_partials(a: &GemmRsArgs, tile: Tile, rank: u32, world: u32) {
 
 /// Before an own tile's mainloop, the leader of each consumer warpgroup TMA-loads the first
 /// peer's (`(rank + 1) % world`) partial of its 64 rows into the warpgroup's epilogue staging
-/// (whole-tile staging: free once this thread's previous bulk stores finished reading it) if
-/// that peer's counter of the row tile is already full; `aux(wg)` completes when it landed.
-/// It never waits for the counter (a wait here, before this tile's epilogue announces the
-/// previous tile, could close a cycle between ranks); true (for every thread of the warpgroup)
-/// when the load was issued, else the epilogue adds that partial from global memory.
+/// (whole-tile staging: free once this thread's previous bulk stores finished reading it and
+/// the peer writer has read the previous tile it was given) if that peer's counter of the row
+/// tile is already full; `aux(wg)` completes when it landed. It never waits, neither for the
+/// counter (a wait here, before this tile's epilogue announces the previous tile, could close a
+/// cycle between ranks) nor for the writer (its copy would then stall the mainloop). Returns
+/// (for every thread of the warpgroup) whether the load was issued, also noted in `ready`
+/// (`STAGED`); else the epilogue adds that partial from global memory.
 #[inline(always)]
-unsafe fn stage_first_partial(a: &GemmRsArgs, ring: &Ring, tile: Tile, wg: u32, rank: u32, world: u32) -> bool {
+unsafe fn stage_first_partial(a: &GemmRsArgs, ring: &Ring, tile: Tile, wg: u32, rank: u32, world: u32, ready: &mut u32) -> bool {
     let mut issued = false;
     if ids::thread_in_warpgroup() == 0 {
+        let free = *ready & COPY_PENDING == 0 || unsafe { mbarrier::try_wait_parity(ring.aux(AUX_WRITER_READ + wg - 1), (*ready & COPY_PARITY != 0) as u32) };
         let local_m0 = tile.m0 - rank * (a.m / world);
         let tiles_n = a.n.div_ceil(TILE.block_n) as u64;
         let d = unsafe { &*(a.desc as *const CommDesc) };
         let own_heap = unsafe { *d.heaps.as_ptr().add(rank as usize) };
         let counter = (own_heap + flag_offset(FlagSlot::Tile1, (rank + 1) % world, local_m0 / TILE.block_m)) as *const u64;
-        if unsafe { memory::ld_acquire_u64(Scope::Sys, counter) } >= tiles_n {
+        if free && unsafe { memory::ld_acquire_u64(Scope::Sys, counter) } >= tiles_n {
             let bar = ring.aux(wg);
-            // Written by the peer's bulk stores, announced by a generic release: TMA reads
-            // through the async proxy.
+            // Written by the peer's stores, announced by a generic release: TMA reads through
+            // the async proxy.
             memory::fence_proxy_async();
             tma::store_wait_read::<0>();
             unsafe { mbarrier::arrive_expect_tx(bar, RS_TILE.epilogue_buffers * RS_TILE.epilogue_box_bytes()) };
@@ -659,8 +685,49 @@ unsafe fn stage_first_partial(a: &GemmRsArgs, ring: &Ring, tile: Tile, wg: u32, 
         }
     }
     // The warpgroup's epilogue barrier (id 1 + consumer index), with the leader's answer.
-    named_barrier_or(wg, crate::arch::ids::WARPGROUP_THREADS, issued)
+    let issued = named_barrier_or(wg, crate::arch::ids::WARPGROUP_THREADS, issued);
+    if issued {
+        // The leader saw the writer done with the staging (or none pending).
+        if *ready & COPY_PENDING != 0 {
+            *ready = (*ready & !COPY_PENDING) ^ COPY_PARITY;
+        }
+        *ready |= STAGED;
+    } else {
+        *ready &= !STAGED;
+    }
+    issued
 }
+
+/// Before a consumer warpgroup rewrites its staging: the peer writer has read the tile it was
+/// last given from it (bounded like the mainloop's waits; the writer only waits for NVLink).
+#[inline(always)]
+unsafe fn wait_writer_read(a: &GemmRsArgs, ring: &Ring, wg: u32, ready: &mut u32) {
+    if *ready & COPY_PENDING != 0 {
+        let _ = unsafe { mbarrier::wait_parity_or(ring.aux(AUX_WRITER_READ + wg - 1), (*ready & COPY_PARITY != 0) as u32, consumer_stall(a.desc)) };
+        *ready = (*ready & !COPY_PENDING) ^ COPY_PARITY;
+    }
+}
+
+/// Hands the tile just staged by consumer warpgroup `wg` (after [`store_tile_tma_to`]'s last
+/// barrier) to the peer writer; warpgroup 1's leader also writes the tile's origin in the job
+/// words (`m0 = NO_MORE_TILES`: the loop ended). The writer has read the previous job (the
+/// caller waited for it), and the arrival releases the words and the staging.
+#[inline(always)]
+unsafe fn give_to_writer(ring: &Ring, wg: u32, tile: Tile, ready: &mut u32) {
+    if ids::thread_in_warpgroup() == 0 {
+        unsafe {
+            if wg == 1 {
+                smem::st_volatile_shared_u32(ring.aux_word(0), tile.m0);
+                smem::st_volatile_shared_u32(ring.aux_word(1), tile.n0);
+            }
+            mbarrier::arrive(ring.aux(AUX_STAGED_FOR_WRITER + wg - 1));
+        }
+    }
+    *ready |= COPY_PENDING;
+}
+
+/// The job word `m0` that ends the peer writer's loop.
+const NO_MORE_TILES: u32 = u32::MAX;
 
 /// The epilogue of one tile of GEMM+ReduceScatter/AllReduce (both consumer warpgroups): announce
 /// the previous tile, then store this one to its peer, or add the peers' partials (and, in the
@@ -668,7 +735,7 @@ unsafe fn stage_first_partial(a: &GemmRsArgs, ring: &Ring, tile: Tile, wg: u32, 
 /// error record is written).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u32, acc: &mut [f32; 128], ready: &mut u32, pending: &mut Option<Pending>, mark: impl Fn(Mark)) -> bool {
+unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u32, acc: &mut [f32; 128], ready: &mut u32, pending: &mut Option<Pending>, stop: bool, mark: impl Fn(Mark)) -> bool {
     let c = unsafe { fused_ctx_at(a.desc, epoch) };
     let c = &c;
     let ct = ids::thread_idx() - crate::arch::ids::WARPGROUP_THREADS; // 0..256 over both consumers
@@ -679,7 +746,7 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
     let mt = local.m0 / TILE.block_m;
     unsafe {
         if let Some(p) = pending.take() {
-            if !publish(c, a, p, ids::thread_in_warpgroup() == 0, ct) {
+            if !publish(c, a, p, ids::thread_in_warpgroup() == 0, ct, stop) {
                 return false;
             }
         }
@@ -693,14 +760,14 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
             }
             *ready |= need;
         }
+        // The staging is rewritten below (a staged partial already waited for the writer).
+        wait_writer_read(a, ring, wg, ready);
         if dest != c.rank {
             mark(Mark::Waited);
-            // Staged, then copied by every thread into this rank's slot of the peer's receive
-            // buffer (not a bulk store: see copy_staged_tile).
-            let row_bytes = a.n as u64 * 2;
-            let slot = c.heap(dest) + a.recv_off + c.rank as u64 * chunk_rows as u64 * row_bytes;
+            // Staged, then copied into this rank's slot of the peer's receive buffer and
+            // announced there by the peer writer (warp 2; see peer_writer).
             store_tile_tma_to(ring, StageOnly, local, wg - 1, acc, false);
-            copy_staged_tile(ring, wg - 1, slot + (local.m0 + (wg - 1) * TILE.rows_per_consumer()) as u64 * row_bytes + local.n0 as u64 * 2, 2 * a.n, a.n - local.n0);
+            give_to_writer(ring, wg, tile, ready);
         } else {
             // Every peer's partial of this row tile has landed here.
             let tiles_n = a.n.div_ceil(TILE.block_n) as u64;
@@ -747,19 +814,13 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
                         nd += 1;
                     }
                 }
-                // To this rank's output with TMA; AllReduce: also into every local peer's
-                // output, copied from the staging by every thread (see copy_staged_tile).
+                // To this rank's output with TMA; AllReduce: the peer writer also copies it into
+                // every local peer's output and announces it there (see peer_writer).
                 let out_tile = Tile { m0: local.m0 - j * block_rows, n0: local.n0 };
                 let own_out = TensorMap(*a.map_out.as_ptr().add(if all_reduce { c.rank as usize } else { 0 }) as *const u8);
                 store_tile_tma_to(ring, own_out, out_tile, wg - 1, acc, staged);
-                if all_reduce {
-                    let row_bytes = a.n as u64 * 2;
-                    let at = a.out_off + c.global_rank as u64 * block_rows as u64 * row_bytes + (out_tile.m0 + (wg - 1) * TILE.rows_per_consumer()) as u64 * row_bytes + out_tile.n0 as u64 * 2;
-                    for p in 0..c.world {
-                        if p != c.rank {
-                            copy_staged_tile(ring, wg - 1, c.heap(p) + at, 2 * a.n, a.n - out_tile.n0);
-                        }
-                    }
+                if all_reduce && c.world > 1 {
+                    give_to_writer(ring, wg, tile, ready);
                 }
             }
         }
@@ -776,39 +837,113 @@ unsafe fn fused_ctx_at(desc: u64, epoch: u64) -> CommCtx {
     c
 }
 
-/// Waits until both consumer warpgroups' bulk stores of the pending tile completed, then
-/// announces it: a peer's partial tile adds 1 to `(Tile1, rank, mt)` at the peer; an own
-/// AllReduce tile of the own node's block adds 1 to `(Tile2, rank, mt)` at every peer
-/// (`red.release.sys`). Across nodes an own tile also counts in its block's `NodeSum`, which
-/// the block's sender warp waits for ([`send_node_block`]).
+/// Waits until both consumer warpgroups' bulk stores of the pending tile completed; across
+/// nodes an own tile then counts in its block's `NodeSum`, which the block's sender warp waits
+/// for ([`send_node_block`]). (Tiles for local peers are announced by the peer writer.) The
+/// barrier also ORs `stop` (the rank aborted, read by consumer thread 0): false then, and every
+/// consumer stops.
 #[inline(always)]
-unsafe fn publish(c: &CommCtx, a: &GemmRsArgs, p: Pending, leader: bool, ct: u32) -> bool {
+unsafe fn publish(c: &CommCtx, a: &GemmRsArgs, p: Pending, leader: bool, ct: u32, stop: bool) -> bool {
     if leader {
         tma::store_wait::<0>();
         memory::fence_proxy_async();
     }
-    // The barrier also tells every consumer whether the rank aborted (then they stop here).
-    if named_barrier_or(3, 2 * crate::arch::ids::WARPGROUP_THREADS, ct == 0 && unsafe { aborted(a.desc) }) {
+    if named_barrier_or(3, 2 * crate::arch::ids::WARPGROUP_THREADS, stop) {
         return false;
     }
-    unsafe {
-        if p.dest != c.rank {
-            if ct == 0 {
-                memory::red_release_add_u64(Scope::Sys, (c.heap(p.dest) + flag_offset(FlagSlot::Tile1, c.rank, p.mt)) as *mut u64, 1);
-            }
-            return true;
-        }
-        let all_reduce = a.all_reduce != 0;
-        let (nodes, _, block_rows) = node_blocks(c, a.m);
+    let (nodes, _, block_rows) = node_blocks(c, a.m);
+    if p.dest == c.rank && nodes > 1 && ct == 0 {
         let j = p.mt * TILE.block_m / block_rows;
-        if all_reduce && j + 1 == nodes && ct < c.world && ct != c.rank {
-            memory::red_release_add_u64(Scope::Sys, (c.heap(ct) + flag_offset(FlagSlot::Tile2, c.rank, p.mt)) as *mut u64, 1);
-        }
-        if nodes > 1 && ct == 0 && (j + 1 < nodes || all_reduce) {
-            memory::red_release_add_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::NodeSum, c.rank, j), 1);
+        if j + 1 < nodes || a.all_reduce != 0 {
+            unsafe { memory::red_release_add_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::NodeSum, c.rank, j), 1) };
         }
     }
     true
+}
+
+/// Warp 2 of the producer warpgroup, the peer writer: for every tile that goes to local peers
+/// (in the consumers' order; the tile's origin in the job words), waits until each consumer
+/// warpgroup staged its rows (`AUX_STAGED_FOR_WRITER + w`), copies them from the staging with
+/// 16-byte stores ([`copy_staged_rows`]: a peer's partial into this rank's slot of its receive
+/// buffer, an own AllReduce tile of the own node's block into every local peer's output), frees
+/// the staging (`AUX_WRITER_READ + w`), then announces the tile with `red.release.sys` after
+/// `bar.warp.sync` (which orders the lanes' stores before lane 0's release): +1 to
+/// `(Tile1, rank, row tile)` at the peer, or to `(Tile2, rank, row tile)` at every peer. Its
+/// only waits are for this CTA's consumers (ended by the last job or their stop word) and for
+/// NVLink to take the stores, so the consumers go on with the next mainloop while a tile drains
+/// to its peer. The destinations are free: the consumers saw their `FusedReady` before staging.
+#[inline(always)]
+unsafe fn peer_writer(a: &GemmRsArgs) {
+    let d = unsafe { &*(a.desc as *const CommDesc) };
+    if d.world == 1 {
+        return;
+    }
+    let ring = Ring::new(smem::dynamic_smem_addr(), RS_TILE);
+    let lane = ids::lane_id();
+    let mut parity = 0u32;
+    loop {
+        let (mut m0, mut n0) = (0, 0);
+        for w in 0..TILE.consumer_warpgroups {
+            // Lane 0 waits (one outcome for the warp); bar.warp.sync passes its acquire on.
+            let staged = lane != 0 || unsafe { mbarrier::wait_parity_or(ring.aux(AUX_STAGED_FOR_WRITER + w), parity, producer_stall(a.desc, RS_TILE)) };
+            sync::sync_warp();
+            if shuffle::shfl_idx(staged as u32, 0) == 0 {
+                return;
+            }
+            if w == 0 {
+                (m0, n0) = unsafe { (smem::ld_volatile_shared_u32(ring.aux_word(0)), smem::ld_volatile_shared_u32(ring.aux_word(1))) };
+                if m0 == NO_MORE_TILES {
+                    return;
+                }
+            }
+            let (rank, world) = (d.rank, d.world);
+            let chunk_rows = a.m / world;
+            let (dest, row_bytes) = (m0 / chunk_rows, 2 * a.n);
+            let local_m0 = m0 - dest * chunk_rows;
+            let rows = (local_m0 + w * TILE.rows_per_consumer()) as u64 * row_bytes as u64 + 2 * n0 as u64;
+            let heaps = d.heaps.as_ptr();
+            unsafe {
+                if dest != rank {
+                    let slot = *heaps.add(dest as usize) + a.recv_off + rank as u64 * chunk_rows as u64 * row_bytes as u64;
+                    copy_staged_rows(&ring, w, slot + rows, row_bytes, a.n - n0);
+                } else {
+                    // An own AllReduce tile of the own node's block (the last block).
+                    let block_rows = a.m / d.global_world;
+                    let at = a.out_off + (d.global_rank * block_rows) as u64 * row_bytes as u64 + rows - (chunk_rows - block_rows) as u64 * row_bytes as u64;
+                    for p in 0..world {
+                        if p != rank {
+                            copy_staged_rows(&ring, w, *heaps.add(p as usize) + at, row_bytes, a.n - n0);
+                        }
+                    }
+                }
+            }
+            // The reads are done (their values were stored); TMA may write the staging next.
+            memory::fence_proxy_async_shared();
+            sync::sync_warp();
+            if lane == 0 {
+                unsafe { mbarrier::arrive(ring.aux(AUX_WRITER_READ + w)) };
+            }
+        }
+        if lane == 0 {
+            let (rank, world) = (d.rank, d.world);
+            let chunk_rows = a.m / world;
+            let dest = m0 / chunk_rows;
+            let mt = (m0 - dest * chunk_rows) / TILE.block_m;
+            let heaps = d.heaps.as_ptr();
+            unsafe {
+                if dest != rank {
+                    memory::red_release_add_u64(Scope::Sys, (*heaps.add(dest as usize) + flag_offset(FlagSlot::Tile1, rank, mt)) as *mut u64, 1);
+                } else {
+                    for p in 0..world {
+                        if p != rank {
+                            memory::red_release_add_u64(Scope::Sys, (*heaps.add(p as usize) + flag_offset(FlagSlot::Tile2, rank, mt)) as *mut u64, 1);
+                        }
+                    }
+                }
+            }
+        }
+        parity ^= 1;
+    }
 }
 
 /// Node blocks whose PUTs this rank posts: across nodes the `nodes - 1` other nodes' blocks, and
