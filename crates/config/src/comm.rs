@@ -46,6 +46,11 @@ pub enum FlagSlot {
     /// of each launch only (its first adds need no handshake, so a start-of-launch zeroing
     /// could erase them).
     NodeSum = 7,
+    /// GEMM+ReduceScatter/AllReduce, local only: `(Outbox, d, row tile)` counts this rank's
+    /// tiles of that row tile stored for local rank `d` (its partials in the outbox; `d` = own
+    /// rank: AllReduce's reduced rows in the own output), which a comm CTA copies on once the
+    /// row is complete. Zeroed at the end of each launch only, like `NodeSum`.
+    Outbox = 8,
 }
 
 impl FlagSlot {
@@ -60,13 +65,14 @@ impl FlagSlot {
             5 => Some(FlagSlot::FusedReady),
             6 => Some(FlagSlot::Tile2),
             7 => Some(FlagSlot::NodeSum),
+            8 => Some(FlagSlot::Outbox),
             _ => None,
         }
     }
 }
 
 /// Number of flag slots.
-pub const FLAG_SLOTS: u32 = 8;
+pub const FLAG_SLOTS: u32 = 9;
 /// The epoch counter of latency probes: the last CTA slot, which collectives never use (they
 /// launch at most `MAX_COMM_CTAS - 1` CTAs).
 pub const PROBE_COUNTER: u32 = MAX_COMM_CTAS - 1;

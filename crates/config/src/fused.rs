@@ -26,8 +26,9 @@ pub struct AgGemmArgs {
 
 /// `mk_gemm_rs_bf16_nk`'s argument block: `P_r = A_r * B_r^T` (M x N, K split over ranks),
 /// reduced over ranks by row chunk: global rank g gets rows `[g * Mg, (g + 1) * Mg)`,
-/// `Mg = M / global_world`. Every CTA computes; a rank's own tiles are computed after its peers
-/// sent their partials of them, and the epilogue adds those in (no reducer CTAs).
+/// `Mg = M / global_world`. CTAs `0..n_comm` move row tiles to the local peers with bulk
+/// copies; the others compute. A rank's own tiles are computed after its peers sent their
+/// partials of them, and the epilogue adds those in (no reducer CTAs).
 ///
 /// The kernel works in *node-blocked* rows ([`rs_source_row`]): local rank `l`'s chunk of
 /// `M / world` rows is its rail's global chunks (`l` on every node), other nodes' first, own
@@ -41,13 +42,14 @@ pub struct GemmRsArgs {
     /// Tensor maps: A (M x K_local, box 64 x 128), B as N x K_local (box 64 x 256).
     pub map_a: u64,
     pub map_b: u64,
-    /// `map_recv[p]`: this rank's slot in local rank p's receive buffer (`M / world` node-blocked
-    /// rows x N bf16, box 64 x 64), as mapped here (a peer's over NVLink).
-    pub map_recv: [u64; 8],
-    /// Where the reduced rows of this rank's global chunk go (`Mg` x N bf16, box 64 x 64):
-    /// ReduceScatter: `map_out[0]`, the local output. AllReduce: `map_out[p]`, the rows of this
-    /// rank's chunk in local rank p's output (a heap buffer; a peer's over NVLink).
-    pub map_out: [u64; 8],
+    /// The outbox (local, `M` node-blocked rows x N bf16, box 64 x 64): a partial tile for
+    /// local peer `d` is stored at its own row (chunk `d`'s rows), from where comm CTAs copy
+    /// whole row tiles into `d`'s receive buffer.
+    pub map_outbox: u64,
+    /// Where the reduced rows of this rank's global chunk go (`Mg` x N bf16, box 64 x 64): the
+    /// local output (ReduceScatter), or this rank's rows of its `M` x N output in the heap
+    /// (AllReduce; comm CTAs copy them on to every local peer's output).
+    pub map_out: u64,
     /// Across nodes: this rank's node sums of its rail's rows of the other nodes, `(nodes - 1) x
     /// Mg` rows x N bf16 in the heap (box 64 x 64; the proxy's PUT source). 0 on one node.
     pub map_stage: u64,
@@ -59,6 +61,8 @@ pub struct GemmRsArgs {
     /// the node-sum stage above, the remote receive buffer (`nodes` blocks of `Mg` x N: block
     /// `i` is node `i`'s sum of this rank's rows) and, for AllReduce, the `M` x N output.
     pub recv_off: u64,
+    /// Heap offset of the outbox (`M` x N bf16).
+    pub outbox_off: u64,
     pub stage_off: u64,
     pub xrecv_off: u64,
     pub out_off: u64,
@@ -71,7 +75,8 @@ pub struct GemmRsArgs {
     pub part_tiles_m: u32,
     /// 1: GEMM + AllReduce (every rank gets the whole sum), 0: GEMM + ReduceScatter.
     pub all_reduce: u32,
-    pub _pad: u32,
+    /// Comm CTAs (the first `n_comm` of the grid; 0 on one rank).
+    pub n_comm: u32,
     /// Device address of a per-tile timeline buffer ([`crate::trace`]), 0: none (the default).
     pub trace: u64,
 }
@@ -88,6 +93,19 @@ pub const fn rs_source_row(v: u32, m: u32, world: u32, nodes: u32, node: u32) ->
     ((node + 1 + j) % nodes * world + l) * mg + i
 }
 
+/// GEMM+ReduceScatter/AllReduce's comm CTAs by default (`world` local ranks): each moves
+/// 40-60 GB/s with bulk copies; ReduceScatter sends `(world - 1) / world` of the partials,
+/// AllReduce also every reduced row to each local peer.
+pub const fn rs_comm_ctas(world: u32, all_reduce: bool) -> u32 {
+    if world <= 1 {
+        0
+    } else if all_reduce {
+        4 + 2 * world
+    } else {
+        2 + 2 * world
+    }
+}
+
 /// AllGather+GEMM comm CTAs move the shard with TMA bulk copies through a ring of
 /// `BULK_STAGES` shared-memory stages of `BULK_STAGE_BYTES` (plus one mbarrier per stage), in
 /// the dynamic shared memory the launch already has for the GEMM's compute CTAs. Loads run
@@ -101,6 +119,9 @@ pub const BULK_STAGE_BYTES: u32 = 16 << 10;
 pub const BULK_LOOKAHEAD: u32 = 3;
 const _: () = assert!(BULK_STAGE_BYTES % 16 == 0 && BULK_LOOKAHEAD >= 1 && BULK_LOOKAHEAD < BULK_STAGES);
 const _: () = assert!(BULK_STAGES * (BULK_STAGE_BYTES + 8) <= crate::GemmTile::FUSED.smem_bytes());
+// GEMM+ReduceScatter/AllReduce comm CTAs run the same ring below their (unused) GEMM ring's
+// mbarriers, which every CTA initializes.
+const _: () = assert!(BULK_STAGES * (BULK_STAGE_BYTES + 8) <= crate::GemmTile::FUSED_RS.barrier_offset());
 
 #[cfg(test)]
 mod tests {

@@ -111,10 +111,8 @@ impl GemmTile {
     }
     /// Auxiliary mbarriers after the per-stage ones (one arrival each), for a kernel's own
     /// hand-offs (GEMM+ReduceScatter/AllReduce: 0 = "the other nodes' sums have landed",
-    /// 1 + w = "consumer warpgroup w's staged peer partial has landed", 3 + w = "consumer w
-    /// staged a tile for the peer writer", 5 + w = "the peer writer has read consumer w's
-    /// staging").
-    pub const AUX_BARRIERS: u32 = 7;
+    /// 1 + w = "consumer warpgroup w's staged peer partial has landed").
+    pub const AUX_BARRIERS: u32 = 3;
     /// Offset of the auxiliary mbarriers.
     pub const fn aux_barrier_offset(&self) -> u32 {
         self.barrier_offset() + self.stages * 2 * 8
@@ -125,18 +123,11 @@ impl GemmTile {
     pub const fn stop_word_offset(&self) -> u32 {
         self.aux_barrier_offset() + 8 * Self::AUX_BARRIERS
     }
-    /// `u32` words after the stop word for a kernel's own hand-offs (GEMM+ReduceScatter/
-    /// AllReduce: 0, 1 = the tile that consumer warpgroup 0 staged for the peer writer).
-    pub const AUX_WORDS: u32 = 2;
-    /// Offset of the auxiliary words.
-    pub const fn aux_word_offset(&self) -> u32 {
-        self.stop_word_offset() + 4
-    }
     /// Dynamic shared memory to launch with: ring + epilogue staging + 2 mbarriers per stage
-    /// (full, empty) + the auxiliary ones + the stop word and the auxiliary words, padded so the
-    /// 1024-byte alignment of the swizzled ring holds.
+    /// (full, empty) + the auxiliary ones + the stop word, padded so the 1024-byte alignment of
+    /// the swizzled ring holds.
     pub const fn smem_bytes(&self) -> u32 {
-        self.aux_word_offset() + 4 * Self::AUX_WORDS + 1024
+        self.stop_word_offset() + 8 + 1024
     }
     /// Accumulator registers per consumer thread (f32): (rows_per_consumer x block_n) / 128.
     pub const fn accumulators_per_thread(&self) -> u32 {

@@ -121,13 +121,22 @@ impl AgGemmPlan {
     }
 }
 
+/// How a GEMM+ReduceScatter/AllReduce plan splits its work: `parts` per row chunk (0: the tune
+/// cache's or the default) and comm CTAs (0: `mkernel_config::fused::rs_comm_ctas`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RsSplit {
+    pub parts: u32,
+    pub comm_ctas: u32,
+}
+
 /// A planned GEMM + ReduceScatter: every rank holds `a` (`m` x `k_local`) and `b` (`n` x
 /// `k_local`, `nn.Linear` layout) with K split over ranks, and gets rows
 /// `[rank * m / world, (rank + 1) * m / world)` of `sum_r a_r * b_r^T` in `out` (`m / world` x
 /// `n` bf16, local; `rank` and `world` global: every rank of every node), partial tiles summed
-/// in f32 (across nodes, each node's sum is rounded to bf16 once before it crosses). Every CTA computes; `parts` cuts each rank's
-/// row chunk into parts visited in turn (docs/fused.md), so reductions (and AllReduce's
-/// broadcasts) start early.
+/// in f32 (across nodes, each node's sum is rounded to bf16 once before it crosses). A few
+/// comm CTAs copy completed row tiles to the local peers, the others compute; `parts` cuts
+/// each rank's row chunk into parts visited in turn (docs/fused.md), so reductions (and
+/// AllReduce's broadcasts) start early.
 pub struct GemmRsPlan {
     func: CudaFunction,
     _maps: CudaSlice<u64>,
@@ -135,6 +144,7 @@ pub struct GemmRsPlan {
     args_addr: u64,
     grid: u32,
     parts: u32,
+    n_comm: u32,
     /// GEMM + AllReduce: the whole `m` x `n` sum, in the heap (same offset on every rank).
     ar_out: Option<SymBuffer>,
 }
@@ -162,18 +172,28 @@ impl GemmRsPlan {
     /// is launched.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn new(comm: &mut Communicator, stream: &Arc<CudaStream>, a: u64, b: u64, out: u64, m: usize, n: usize, k_local: usize, parts: u32) -> Result<GemmRsPlan> {
-        unsafe { Self::build(comm, stream, a, b, Some(out), m, n, k_local, parts) }
+        unsafe { Self::build(comm, stream, a, b, Some(out), m, n, k_local, RsSplit { parts, comm_ctas: 0 }) }
+    }
+
+    /// [`GemmRsPlan::new`] (`out: Some`) or [`GemmRsPlan::new_all_reduce`] (`None`) with the
+    /// whole split chosen: `parts` and the comm CTAs (0: the tune cache's or the default).
+    ///
+    /// # Safety
+    /// As [`GemmRsPlan::new`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn with_split(comm: &mut Communicator, stream: &Arc<CudaStream>, a: u64, b: u64, out: Option<u64>, m: usize, n: usize, k_local: usize, split: RsSplit) -> Result<GemmRsPlan> {
+        unsafe { Self::build(comm, stream, a, b, out, m, n, k_local, split) }
     }
 
     /// Plans GEMM + AllReduce: as [`GemmRsPlan::new`], but every rank gets the whole
     /// `m` x `n` sum, in a heap buffer the plan reserves ([`GemmRsPlan::all_reduce_output`]):
-    /// each reduced row tile is stored into every rank's output over NVLink.
+    /// comm CTAs copy each reduced row tile into every local rank's output over NVLink.
     ///
     /// # Safety
     /// As [`GemmRsPlan::new`] (without `out`).
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn new_all_reduce(comm: &mut Communicator, stream: &Arc<CudaStream>, a: u64, b: u64, m: usize, n: usize, k_local: usize, parts: u32) -> Result<GemmRsPlan> {
-        unsafe { Self::build(comm, stream, a, b, None, m, n, k_local, parts) }
+        unsafe { Self::build(comm, stream, a, b, None, m, n, k_local, RsSplit { parts, comm_ctas: 0 }) }
     }
 
     /// The AllReduce output in the heap (`None` for a ReduceScatter plan).
@@ -182,7 +202,7 @@ impl GemmRsPlan {
     }
 
     #[allow(clippy::too_many_arguments)]
-    unsafe fn build(comm: &mut Communicator, stream: &Arc<CudaStream>, a: u64, b: u64, out: Option<u64>, m: usize, n: usize, k_local: usize, parts: u32) -> Result<GemmRsPlan> {
+    unsafe fn build(comm: &mut Communicator, stream: &Arc<CudaStream>, a: u64, b: u64, out: Option<u64>, m: usize, n: usize, k_local: usize, split: RsSplit) -> Result<GemmRsPlan> {
         let op = if out.is_some() { "gemm_rs" } else { "gemm_ar" };
         let (world, nodes) = (comm.world() as usize, comm.nnodes() as usize);
         let global_world = world * nodes;
@@ -191,8 +211,12 @@ impl GemmRsPlan {
         let device: Device = comm.device().clone();
         let sms = device.sm_count();
         let tune_op = if out.is_some() { "gemm-rs" } else { "gemm-ar" };
-        let parts = crate::tune::split_for(parts, &crate::tune::TuneKey { op: tune_op.into(), world: global_world as u32, m, n, k: k_local * global_world });
+        let parts = crate::tune::split_for(split.parts, &crate::tune::TuneKey { op: tune_op.into(), world: global_world as u32, m, n, k: k_local * global_world });
         check_parts(op, m, global_world, parts)?;
+        let n_comm = if world == 1 { 0 } else if split.comm_ctas == 0 { mkernel_config::fused::rs_comm_ctas(world as u32, out.is_none()) } else { split.comm_ctas };
+        if world > 1 && (n_comm == 0 || n_comm + 1 > sms) {
+            return Err(Error::Shape { op, reason: format!("comm_ctas = {n_comm}: at least 1 and fewer than the {sms} SMs") });
+        }
         // Rows are node-blocked (mkernel_config::fused::rs_source_row): a local rank's chunk of
         // m / world rows is `nodes` blocks of m / global_world rows, one per node's rank of
         // its rail.
@@ -201,6 +225,8 @@ impl GemmRsPlan {
         let slot_bytes = chunk_rows * n64 * 2;
         let block_bytes = block_rows * n64 * 2;
         let recv = comm.alloc(slot_bytes * world as u64)?;
+        // The partials for the local peers, at their own rows (comm CTAs copy them on).
+        let outbox = comm.alloc((m * n * 2) as u64)?;
         let ar_out = if out.is_none() { Some(comm.alloc((m * n * 2) as u64)?) } else { None };
         // Across nodes: this node's sums of the other nodes' rows of our rail (the PUT
         // sources), and one block per node for their sums of our rows.
@@ -208,25 +234,18 @@ impl GemmRsPlan {
         let (rank, global_rank) = (comm.rank() as u64, comm.global_rank() as u64);
         let map_a = encode_bf16_sw128(Tensor2d { ptr: a, cols: k64, rows: m as u64, row_stride_bytes: 2 * k64 }, t.block_k, t.block_m)?;
         let map_b = encode_bf16_sw128(Tensor2d { ptr: b, cols: k64, rows: n64, row_stride_bytes: 2 * k64 }, t.block_k, t.block_n)?;
-        // Tensor maps: A, B, this rank's slot at every local rank, where the reduced chunk
-        // goes, the stage.
+        // Tensor maps (all local): A, B, the outbox, where the reduced chunk goes, the stage,
+        // the first peer's slot of our receive buffer (its partials, TMA-loaded by own tiles).
         let box_map = |ptr: u64, rows: u64| encode_bf16_sw128(Tensor2d { ptr, cols: n64, rows, row_stride_bytes: 2 * n64 }, GemmTile::EPILOGUE_BOX_COLS, GemmTile::EPILOGUE_BOX_ROWS);
-        let mut maps_host = vec![map_a.opaque, map_b.opaque];
-        for p in 0..world {
-            maps_host.push(box_map(comm.peer_ptr(p as u32, &recv) + rank * slot_bytes, chunk_rows)?.opaque);
-        }
-        let outs: Vec<u64> = match (out, ar_out) {
-            (Some(o), _) => vec![o],
-            (None, Some(ar)) => (0..world).map(|p| comm.peer_ptr(p as u32, &ar) + global_rank * block_bytes).collect(),
+        let out_rows = match (out, ar_out) {
+            (Some(o), _) => o,
+            (None, Some(ar)) => comm.ptr(&ar) + global_rank * block_bytes,
             (None, None) => unreachable!("an AllReduce plan reserves its output"),
         };
-        for &o in &outs {
-            maps_host.push(box_map(o, block_rows)?.opaque);
-        }
+        let mut maps_host = vec![map_a.opaque, map_b.opaque, box_map(comm.ptr(&outbox), m as u64)?.opaque, box_map(out_rows, block_rows)?.opaque];
         if let Some(st) = stage {
             maps_host.push(box_map(comm.ptr(&st), block_rows * (nodes as u64 - 1))?.opaque);
         }
-        // The first peer's slot of our receive buffer (its partials, TMA-loaded by own tiles).
         let first_peer = (rank + 1) % world as u64;
         if world > 1 {
             maps_host.push(box_map(comm.ptr(&recv) + first_peer * slot_bytes, chunk_rows)?.opaque);
@@ -235,22 +254,16 @@ impl GemmRsPlan {
         let maps = stream.clone_htod(&words)?;
         let maps_addr = maps.device_ptr(stream).0;
         let map_at = |i: usize| maps_addr + 128 * i as u64;
-        let (mut map_recv, mut map_out) = ([0u64; 8], [0u64; 8]);
-        for (p, m) in map_recv.iter_mut().enumerate().take(world) {
-            *m = map_at(2 + p);
-        }
-        for (i, m) in map_out.iter_mut().enumerate().take(outs.len()) {
-            *m = map_at(2 + world + i);
-        }
         let args = GemmRsArgs {
             desc: comm.desc_ptr(),
             map_a: map_at(0),
             map_b: map_at(1),
-            map_recv,
-            map_out,
-            map_stage: if stage.is_some() { map_at(2 + world + outs.len()) } else { 0 },
-            map_in: if world > 1 { map_at(2 + world + outs.len() + stage.is_some() as usize) } else { 0 },
+            map_outbox: map_at(2),
+            map_out: map_at(3),
+            map_stage: if stage.is_some() { map_at(4) } else { 0 },
+            map_in: if world > 1 { map_at(4 + stage.is_some() as usize) } else { 0 },
             recv_off: recv.offset,
+            outbox_off: outbox.offset,
             stage_off: stage.map_or(0, |b| b.offset),
             xrecv_off: xrecv.map_or(0, |b| b.offset),
             out_off: ar_out.map_or(0, |b| b.offset),
@@ -259,14 +272,14 @@ impl GemmRsPlan {
             k: k_local as u32,
             part_tiles_m: (block_rows as usize / t.block_m as usize / parts as usize) as u32,
             all_reduce: ar_out.is_some() as u32,
-            _pad: 0,
+            n_comm,
             trace: 0,
         };
         // SAFETY: GemmRsArgs is repr(C) plain data.
         let bytes = unsafe { std::slice::from_raw_parts(&args as *const GemmRsArgs as *const u8, std::mem::size_of::<GemmRsArgs>()) };
         let args_dev = stream.clone_htod(bytes)?;
         let args_addr = args_dev.device_ptr(stream).0;
-        Ok(GemmRsPlan { func: device.function(&kernels::GEMM_RS_NK)?, _maps: maps, _args: args_dev, args_addr, grid: sms, parts, ar_out })
+        Ok(GemmRsPlan { func: device.function(&kernels::GEMM_RS_NK)?, _maps: maps, _args: args_dev, args_addr, grid: sms, parts, n_comm, ar_out })
     }
 
     /// Enqueues the fused kernel.
@@ -280,6 +293,10 @@ impl GemmRsPlan {
     /// Parts per row chunk, and CTAs in total.
     pub fn split(&self) -> (u32, u32) {
         (self.parts, self.grid)
+    }
+    /// Comm CTAs (of [`GemmRsPlan::split`]'s total).
+    pub fn comm_ctas(&self) -> u32 {
+        self.n_comm
     }
 
     /// Diagnostic: the launches enqueued from now on record their per-tile timeline into the

@@ -7,7 +7,7 @@
 use super::ring::Ring;
 use super::scheduler::Tile;
 use super::TILE;
-use crate::arch::{convert::pack_bf16x2, ids, matrix, memory, smem, sync, tma, tma::TensorMap};
+use crate::arch::{convert::pack_bf16x2, ids, matrix, memory, sync, tma, tma::TensorMap};
 
 /// Where and how C is stored.
 #[derive(Clone, Copy)]
@@ -147,52 +147,6 @@ pub unsafe fn store_tile_tma_to(ring: &Ring, maps: impl TileDestinations, tile: 
     store_box!(1, 1);
     store_box!(2, 0);
     store_box!(3, 1);
-}
-
-/// No bulk store: [`store_tile_tma_to`] only stages the tile (for [`copy_staged_tile`]).
-#[derive(Clone, Copy)]
-pub struct StageOnly;
-
-impl TileDestinations for StageOnly {
-    #[inline(always)]
-    fn count(&self) -> u32 {
-        0
-    }
-    #[inline(always)]
-    fn map(&self, _: u32) -> TensorMap {
-        TensorMap(core::ptr::null())
-    }
-}
-
-/// Copies consumer warpgroup `wg`'s staged rows of a tile (whole-tile staging, as
-/// [`store_tile_tma_to`] leaves it) to global memory with 16-byte stores, by one warp: `dst` is
-/// the address of the warpgroup's first row, first column (bf16, row stride `ld_bytes`), `cols`
-/// how many of the tile's columns exist. Lane `l` takes box `l / 8`, 16-byte chunk `l % 8` of
-/// each row (row `r`'s chunk `c` sits at `c ^ (r % 8)`), so the warp writes one 512-byte row per
-/// step. Meant for peer memory over NVLink: plain stores leave through the load/store path and
-/// do not queue with the mainloop's TMA loads, as bulk stores to a peer do (they slowed the
-/// mainloop and drained slowly). The caller orders the reads before any rewrite of the staging.
-#[inline(always)]
-pub unsafe fn copy_staged_rows(ring: &Ring, wg: u32, dst: u64, ld_bytes: u32, cols: u32) {
-    let lane = ids::lane_id();
-    let (q, c) = (lane / 8, lane % 8);
-    if 64 * q + 8 * c >= cols {
-        return;
-    }
-    let staging = ring.staging(wg, q);
-    let mut p = dst + (q * 128 + c * 16) as u64;
-    let mut row = 0;
-    // Two rows per step: both loads are issued before the stores.
-    while row < TILE.rows_per_consumer() {
-        let v0 = unsafe { smem::ld_shared_v4(staging.add(row * 128 + ((c ^ (row % 8)) * 16))) };
-        let v1 = unsafe { smem::ld_shared_v4(staging.add((row + 1) * 128 + ((c ^ ((row + 1) % 8)) * 16))) };
-        unsafe {
-            memory::st_v4(p as *mut u8, v0);
-            memory::st_v4((p + ld_bytes as u64) as *mut u8, v1);
-        }
-        p += 2 * ld_bytes as u64;
-        row += 2;
-    }
 }
 
 /// Adds a bf16 matrix into warpgroup `wg`'s accumulators of a tile: `src` is the address of the

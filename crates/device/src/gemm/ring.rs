@@ -82,11 +82,6 @@ impl Ring {
     pub fn stop_word(&self) -> SmemAddr {
         self.base.add(self.tile.stop_word_offset())
     }
-    /// Auxiliary word `i` (`GemmTile::AUX_WORDS`).
-    #[inline(always)]
-    pub fn aux_word(&self, i: u32) -> SmemAddr {
-        self.base.add(self.tile.aux_word_offset() + 4 * i)
-    }
     /// Initializes every barrier and clears the stop word (one thread), then makes them visible
     /// to TMA.
     #[inline(always)]

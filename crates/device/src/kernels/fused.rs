@@ -15,12 +15,12 @@
 //! Buffer reuse: before writing into a peer's gathered buffer, a comm CTA waits for that peer's
 //! `FusedReady` (raised by its comm CTA 0 at start: its previous launch, which read the buffer,
 //! ended).
-use crate::arch::{ids, mbarrier, memory, memory::Scope, regs, shuffle, smem, sync, tma, tma::TensorMap};
+use crate::arch::{ids, mbarrier, memory, memory::Scope, regs, smem, sync, tma, tma::TensorMap};
 use crate::comm::bulk::BulkRing;
 use crate::comm::wait::wait_flag_of_cta;
 use crate::comm::{proxy, CommCtx};
 use crate::gemm::consumer::mma_tile_bounded;
-use crate::gemm::epilogue::{add_bf16_tile, copy_staged_rows, drain_tma_stores, store_tile_tma, store_tile_tma_to, StageOnly};
+use crate::gemm::epilogue::{add_bf16_tile, drain_tma_stores, store_tile_tma, store_tile_tma_to};
 use crate::gemm::producer::{fill_without_data, load_tile, wait_loads_landed};
 use crate::gemm::ring::{Ring, RingPos};
 use crate::gemm::scheduler::TileScheduler;
@@ -351,9 +351,112 @@ pub unsafe extern "ptx-kernel" fn mk_gemm_rs_bf16_nk(args: *const GemmRsArgs) {
         let c = unsafe { fused_ctx(a.desc, Role::Compute) };
         unsafe { open_receive_buffers(&c, a) };
     }
-    unsafe { rs_compute_role(a) };
+    unsafe { rs_roles(a) };
     let c = unsafe { fused_ctx(a.desc, Role::Compute) };
     unsafe { exit_launch_then(&c, c.epoch, || finish_reduce_launch(&c, a)) };
+}
+
+/// A comm CTA of GEMM+ReduceScatter/AllReduce (thread 0; [`BulkRing`]): copies whole row tiles
+/// (128 rows x N) to the local peers as the compute CTAs complete them, in the order they are
+/// computed ([`TileScheduler::chunked`]: per part, the peers' row tiles, chunk `rank + 1`
+/// first, then - AllReduce - the own reduced row tiles of the part before; unit `u` of that
+/// sequence is this CTA's when `u % n_comm == idx`):
+/// - a peer's row tile: once this rank stored all its tiles in the outbox (`(Outbox, d, mt)`
+///   full), into this rank's slot of d's receive buffer (after d's `FusedReady`), then
+///   `(Tile1, rank, mt)` there is raised by `tiles_n` (`red.release.sys`);
+/// - AllReduce, an own row tile of the own node's block: once reduced into this rank's output
+///   (`(Outbox, rank, mt)` full), into every local peer's output, raising `(Tile2, rank, mt)`
+///   there.
+/// The compute CTAs' stores stay local (TMA into the outbox), so their mainloops neither wait
+/// for NVLink nor share their SM's memory pipe with it; a few CTAs move the bytes at NVLink
+/// rate. Waits are bounded (error record, then the launch ends).
+#[inline(always)]
+unsafe fn rs_comm_role(a: &GemmRsArgs) {
+    let idx = ids::block_idx_reread();
+    let mut c = unsafe { fused_ctx(a.desc, Role::IntraComm) };
+    c.cta = idx;
+    let c = &c;
+    let mut ring = unsafe { BulkRing::new(smem::dynamic_smem_addr()) };
+    let (rank, world) = (c.rank, c.world);
+    let chunk_rows = a.m / world;
+    let row_bytes = a.n as u64 * 2;
+    let tile_bytes = TILE.block_m as u64 * row_bytes;
+    let tiles_n = a.n.div_ceil(TILE.block_n) as u64;
+    let (nodes, _, block_rows) = node_blocks(c, a.m);
+    let own_block_first = (nodes - 1) * block_rows / TILE.block_m;
+    let part = a.part_tiles_m;
+    let parts = chunk_rows / TILE.block_m / part;
+    let mut ready = 1u32 << rank; // local ranks whose buffers we may write
+    let mut u = 0u32;
+    unsafe {
+        for g in 0..=parts {
+            for s in 1..world {
+                let dest = (rank + s) % world;
+                let mut mt = g * part;
+                while g < parts && mt < (g + 1) * part {
+                    if u % a.n_comm == idx {
+                        if !wait_flag_of_cta(c, FlagSlot::Outbox, dest, mt, tiles_n) {
+                            return;
+                        }
+                        if ready & (1 << dest) == 0 {
+                            if !wait_flag_of_cta(c, FlagSlot::FusedReady, dest, 0, c.epoch) {
+                                return;
+                            }
+                            ready |= 1 << dest;
+                        }
+                        // The outbox was written by TMA stores (announced by a generic release):
+                        // the bulk loads read it through the async proxy.
+                        memory::fence_proxy_async();
+                        let mut dsts = [0u64; 8];
+                        dsts[0] = c.heap(dest) + a.recv_off + (rank * chunk_rows + mt * TILE.block_m) as u64 * row_bytes;
+                        ring.copy(&dsts, 1, c.heap(rank) + a.outbox_off + (dest * chunk_rows + mt * TILE.block_m) as u64 * row_bytes, tile_bytes);
+                        memory::red_release_add_u64(Scope::Sys, (c.heap(dest) + flag_offset(FlagSlot::Tile1, rank, mt)) as *mut u64, tiles_n);
+                    }
+                    u += 1;
+                    mt += 1;
+                }
+            }
+            if a.all_reduce == 0 || g == 0 || world == 1 {
+                continue;
+            }
+            let mut mt = (g - 1) * part;
+            while mt < g * part {
+                if mt >= own_block_first {
+                    if u % a.n_comm == idx {
+                        if !wait_flag_of_cta(c, FlagSlot::Outbox, rank, mt, tiles_n) {
+                            return;
+                        }
+                        let off = a.out_off + (c.global_rank * block_rows + mt * TILE.block_m - own_block_first * TILE.block_m) as u64 * row_bytes;
+                        for s in 1..world {
+                            let p = (rank + s) % world;
+                            if ready & (1 << p) == 0 {
+                                if !wait_flag_of_cta(c, FlagSlot::FusedReady, p, 0, c.epoch) {
+                                    return;
+                                }
+                                ready |= 1 << p;
+                            }
+                        }
+                        // Destination i: local rank rank + 1 + i (constant indices: registers).
+                        let mut dsts = [0u64; 8];
+                        for (i, d) in dsts.iter_mut().enumerate() {
+                            if (i as u32) + 1 < world {
+                                *d = c.heap((rank + 1 + i as u32) % world) + off;
+                            }
+                        }
+                        memory::fence_proxy_async();
+                        ring.copy(&dsts, world - 1, c.heap(rank) + off, tile_bytes);
+                        for p in 0..world {
+                            if p != rank {
+                                memory::red_release_add_u64(Scope::Sys, (c.heap(p) + flag_offset(FlagSlot::Tile2, rank, mt)) as *mut u64, tiles_n);
+                            }
+                        }
+                    }
+                    u += 1;
+                }
+                mt += 1;
+            }
+        }
+    }
 }
 
 /// CTA 0, all threads: zero the incoming `Tile1` (and `Tile2`) counters of this shape's row
@@ -390,13 +493,19 @@ unsafe fn zero_counters(c: &CommCtx, a: &GemmRsArgs, t: u32, nt: u32) {
     }
 }
 
-/// The launch's last warp (lane 0): zero the counters (also the `NodeSum` ones, which only
-/// this zeroing may touch) and, across nodes, wait until the proxy completed every command
+/// The launch's last warp (lane 0): zero the counters (also the `Outbox` and `NodeSum` ones,
+/// which only this zeroing may touch) and, across nodes, wait until the proxy completed every command
 /// posted so far: the next launch rewrites the stage and the output the PUTs read.
 #[inline(always)]
 unsafe fn finish_reduce_launch(c: &CommCtx, a: &GemmRsArgs) {
     unsafe {
         zero_counters(c, a, 0, 1);
+        let row_tiles = a.m / c.world / TILE.block_m;
+        for d in 0..c.world {
+            for mt in 0..row_tiles {
+                memory::st_relaxed_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::Outbox, d, mt), 0);
+            }
+        }
         let nodes = c.global_world / c.world;
         if nodes > 1 {
             for j in 0..nodes {
@@ -416,16 +525,6 @@ const RS_TILE: GemmTile = GemmTile::FUSED_RS;
 /// tile's first peer partial is staged; the parity of the next staged phase of `aux(wg)`.
 const STAGED: u32 = 1 << 29;
 const STAGE_PARITY: u32 = 1 << 30;
-/// More bits of `ready`: the peer writer was given a tile from this warpgroup's staging and
-/// may still read it; the parity of the next phase of `aux(AUX_WRITER_READ + w)`.
-const COPY_PENDING: u32 = 1 << 27;
-const COPY_PARITY: u32 = 1 << 28;
-/// Auxiliary mbarriers (`GemmTile::AUX_BARRIERS`) of the peer writer's hand-off, per consumer
-/// warpgroup `w`: `AUX_STAGED_FOR_WRITER + w` (the consumers staged a tile for it),
-/// `AUX_WRITER_READ + w` (it has read that tile).
-const AUX_STAGED_FOR_WRITER: u32 = 3;
-const AUX_WRITER_READ: u32 = 5;
-const _: () = assert!(AUX_WRITER_READ + 2 <= GemmTile::AUX_BARRIERS && mkernel_config::comm::MAX_LOCAL_RANKS <= 27);
 
 /// A tile whose completion is announced at the next tile's epilogue.
 #[derive(Clone, Copy)]
@@ -444,7 +543,7 @@ fn node_blocks(c: &CommCtx, m: u32) -> (u32, u32, u32) {
 }
 
 #[inline(always)]
-unsafe fn rs_compute_role(a: &GemmRsArgs) {
+unsafe fn rs_roles(a: &GemmRsArgs) {
     let ring = Ring::new(smem::dynamic_smem_addr(), RS_TILE);
     let (map_a, map_b) = (TensorMap(a.map_a as *const u8), TensorMap(a.map_b as *const u8));
     if ids::thread_idx_reread() == 0 {
@@ -456,29 +555,38 @@ unsafe fn rs_compute_role(a: &GemmRsArgs) {
     }
     sync::sync_threads();
     // Each role derives its loop state after its setmaxnreg: values computed before the split
-    // and kept live across it are what ptxas spills.
+    // and kept live across it are what ptxas spills. Indices are read again for the same reason.
+    // `idx`: this CTA among the compute CTAs.
+    let compute_idx = || ids::block_idx_reread() - a.n_comm;
     let setup = |idx: u32| {
         let rank = unsafe { (*(a.desc as *const CommDesc)).rank };
         let world = unsafe { (*(a.desc as *const CommDesc)).world };
-        let tiles = TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, TILE.group_m, idx, ids::grid_dim()).chunked(world, rank, a.part_tiles_m);
+        let tiles = TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, TILE.group_m, idx, ids::grid_dim() - a.n_comm).chunked(world, rank, a.part_tiles_m);
         (rank, world, tiles, a.k.div_ceil(TILE.block_k))
     };
     let mut pos = RingPos::START;
+    // Every CTA runs the same register split (a comm CTA's thread 128 moves the data, with
+    // the consumers' registers): role branches around setmaxnreg cost the consumers their
+    // larger register budget in ptxas (they spilled).
     if ids::warpgroup_idx_reread() == 0 {
         regs::setmaxnreg_dec::<{ RS_TILE.producer_regs }>();
-        // Indices read again after the split (values kept live across it are spilled).
-        let (idx, tid) = (ids::block_idx_reread(), ids::thread_idx_reread());
+        if ids::block_idx_reread() < a.n_comm {
+            return;
+        }
+        let (idx, tid) = (compute_idx(), ids::thread_idx_reread());
         if tid == 32 && idx < node_blocks_to_send(a) {
-            // Warp 1 of the producer warpgroup (otherwise idle) of CTA j: inter-node sender of
-            // node block j.
+            // Warp 1 of the producer warpgroup (otherwise idle) of compute CTA j: inter-node
+            // sender of node block j.
             unsafe { send_node_block(a, idx) };
         }
         if tid == 96 && node_blocks_to_send(a) > 0 {
             // Warp 3: wait for the other nodes' sums of our rows (one PUT from each node's rank
             // of our rail), then arrive on the aux barrier, which the consumers wait for before
             // they add the sums (also after a failed wait, so theirs stays bounded: the error
-            // record is written and the host reports it). CTA 0 alone polls the inter-node flags
-            // and raises `(FusedReady, own rank, 1)` locally for the other CTAs.
+            // record is written and the host reports it). Compute CTA 0 alone polls the
+            // inter-node flags and raises `(FusedReady, own rank, 1)` locally for the others;
+            // for AllReduce it then waits until every remote rank's reduced rows are in our
+            // output (the launch ends after that).
             let c = unsafe { fused_ctx(a.desc, Role::InterReduce) };
             let (nodes, node) = (c.global_world / c.world, c.global_rank / c.world);
             if idx == 0 {
@@ -494,27 +602,20 @@ unsafe fn rs_compute_role(a: &GemmRsArgs) {
                 }
                 unsafe { mbarrier::arrive(Ring::new(smem::dynamic_smem_addr(), RS_TILE).aux(0)) };
                 if all && a.all_reduce != 0 {
-                    // An AllReduce launch across nodes ends once every remote rank's reduced
-                    // rows are in our output.
                     for q in 0..c.global_world {
                         if q / c.world != node && !unsafe { proxy::wait_remote(&c, RemoteSlot::FusedOut, q) } {
                             break;
                         }
                     }
                 }
-                return;
             } else {
                 // Twice CTA 0's patience: a stalled remote rank is reported by CTA 0's wait
                 // (naming that rank), which also stops this one.
                 let mut relay = c;
                 relay.timeout_ns = c.timeout_ns.saturating_mul(2);
                 let _ = unsafe { wait_flag_of_cta(&relay, FlagSlot::FusedReady, c.rank, 1, c.epoch) };
+                unsafe { mbarrier::arrive(Ring::new(smem::dynamic_smem_addr(), RS_TILE).aux(0)) };
             }
-            unsafe { mbarrier::arrive(Ring::new(smem::dynamic_smem_addr(), RS_TILE).aux(0)) };
-        }
-        if tid / 32 == 2 {
-            // Warp 2: the peer writer (copies staged tiles to local peers, announces them).
-            unsafe { peer_writer(a) };
         }
         if tid == 0 {
             let (_, world, tiles, k_blocks) = setup(idx);
@@ -536,35 +637,47 @@ unsafe fn rs_compute_role(a: &GemmRsArgs) {
         return;
     }
     regs::setmaxnreg_inc::<{ RS_TILE.consumer_regs }>();
-    let (wg, idx) = (ids::warpgroup_idx_reread(), ids::block_idx_reread());
-    let (rank, world, tiles, k_blocks) = setup(idx);
+    if ids::block_idx_reread() < a.n_comm {
+        if ids::thread_idx_reread() == crate::arch::ids::WARPGROUP_THREADS {
+            unsafe { rs_comm_role(a) };
+        }
+        return;
+    }
+    let (wg, idx) = (ids::warpgroup_idx_reread(), compute_idx());
+    let (_, _, tiles, k_blocks) = setup(idx);
     let ring = Ring::new(smem::dynamic_smem_addr(), RS_TILE);
-    let chunk_rows = a.m / world;
-    // Only the tile loop's own state lives across the mainloop (next to 128 accumulators);
-    // the context is re-read from the descriptor in each epilogue.
+    // Only the tile loop's own state lives across the mainloop (next to 128 accumulators):
+    // the context is re-read from the descriptor in each tile (volatile reads, so nothing
+    // derived from it is hoisted out of the loop and kept live, which ptxas spills).
     let epoch = unsafe { fused_ctx(a.desc, Role::Compute) }.epoch;
-    let mut ready: u32 = 1 << rank; // ranks whose buffers we may write
+    let mut ready: u32 = 0; // STAGED, STAGE_PARITY
     let mut acc = [0f32; 128];
     let mut pending: Option<Pending> = None;
     // The optional timeline (thread 0 of the first consumer warpgroup): this CTA's tile count.
     let mut traced = 0u32;
     let first = ids::thread_idx_reread() == crate::arch::ids::WARPGROUP_THREADS;
-    let tracer = first;
-    let mark = |i: u32, m: Mark| if tracer { unsafe { trace::mark(a.trace, idx, i, m) } };
+    let mark = |i: u32, m: Mark| if first { unsafe { trace::mark(a.trace, idx, i, m) } };
     for tile in tiles {
         mark(traced, Mark::Begin);
         // Read now, used at this tile's epilogue barrier: the load's latency hides under the
         // mainloop instead of stalling both warpgroups there.
         let stop = first && unsafe { aborted(a.desc) };
+        let (rank, world) = unsafe { rank_world(a.desc) };
+        let chunk_rows = a.m / world;
         unsafe {
             if tile.m0 / chunk_rows == rank && world > 1 {
-                let staged = stage_first_partial(a, &ring, tile, wg, rank, world, &mut ready);
+                let staged = stage_first_partial(a, &ring, tile, wg, rank, world);
+                if staged {
+                    ready |= STAGED;
+                } else {
+                    ready &= !STAGED;
+                }
                 prefetch_partials(a, tile, rank, world, staged);
             }
             mark(traced, Mark::Mainloop);
             mma_tile_bounded(&ring, &mut pos, &mut acc, wg - 1, BLayout::Nk, k_blocks, consumer_stall(a.desc));
             mark(traced, Mark::MainloopDone);
-            if tracer {
+            if first {
                 trace::tile(a.trace, idx, traced, tile.m0 / TILE.block_m, tile.n0 / TILE.block_n, tile.m0 / chunk_rows == rank);
             }
             if !rs_epilogue(a, epoch, &ring, tile, wg, &mut acc, &mut ready, &mut pending, stop, |m| mark(traced, m)) {
@@ -583,17 +696,11 @@ unsafe fn rs_compute_role(a: &GemmRsArgs) {
         mark(traced, Mark::Stored);
         traced += 1;
     }
-    let end = |e: End| if tracer { unsafe { trace::end(a.trace, idx, e) } };
+    let end = |e: End| if first { unsafe { trace::end(a.trace, idx, e) } };
+    let chunk_rows = a.m / unsafe { rank_world(a.desc) }.1;
     end(End::LoopDone);
-    if world > 1 && wg == 1 {
-        // The peer writer's loop ends with this job.
-        unsafe {
-            wait_writer_read(a, &ring, wg, &mut ready);
-            give_to_writer(&ring, wg, Tile { m0: NO_MORE_TILES, n0: 0 }, &mut ready);
-        }
-    }
     let c = unsafe { fused_ctx(a.desc, Role::Compute) };
-    let ct = ids::thread_idx() - crate::arch::ids::WARPGROUP_THREADS;
+    let ct = ids::thread_idx_reread() - crate::arch::ids::WARPGROUP_THREADS;
     let published = match pending {
         Some(p) => unsafe { publish(&c, a, p, ids::thread_in_warpgroup() == 0, ct, ct == 0 && aborted(a.desc)) },
         None => true,
@@ -606,7 +713,7 @@ unsafe fn rs_compute_role(a: &GemmRsArgs) {
     if a.all_reduce != 0 {
         // The launch ends once every other rank's reduced rows are in our output: this CTA
         // waits for row tiles idx, idx + grid, ... of the own-node block of every local peer's
-        // chunk (the remote ranks' PUTs: warp 3 of CTA 0).
+        // chunk (the remote ranks' PUTs: warp 3 of compute CTA 0).
         let (nodes, _, block_rows) = node_blocks(&c, a.m);
         let tiles_n = a.n.div_ceil(TILE.block_n) as u64;
         let mut mt = (nodes - 1) * block_rows / TILE.block_m + idx;
@@ -615,7 +722,7 @@ unsafe fn rs_compute_role(a: &GemmRsArgs) {
             if named_barrier_or(3, 2 * crate::arch::ids::WARPGROUP_THREADS, !ok) {
                 return;
             }
-            mt += ids::grid_dim();
+            mt += ids::grid_dim() - a.n_comm;
         }
     }
     end(End::Done);
@@ -653,27 +760,24 @@ unsafe fn prefetch_partials(a: &GemmRsArgs, tile: Tile, rank: u32, world: u32, f
 
 /// Before an own tile's mainloop, the leader of each consumer warpgroup TMA-loads the first
 /// peer's (`(rank + 1) % world`) partial of its 64 rows into the warpgroup's epilogue staging
-/// (whole-tile staging: free once this thread's previous bulk stores finished reading it and
-/// the peer writer has read the previous tile it was given) if that peer's counter of the row
-/// tile is already full; `aux(wg)` completes when it landed. It never waits, neither for the
-/// counter (a wait here, before this tile's epilogue announces the previous tile, could close a
-/// cycle between ranks) nor for the writer (its copy would then stall the mainloop). Returns
-/// (for every thread of the warpgroup) whether the load was issued, also noted in `ready`
-/// (`STAGED`); else the epilogue adds that partial from global memory.
+/// (whole-tile staging: free once this thread's previous bulk stores finished reading it) if
+/// that peer's counter of the row tile is already full; `aux(wg)` completes when it landed.
+/// It never waits for the counter (a wait here, before this tile's epilogue announces the
+/// previous tile, could close a cycle between ranks); true (for every thread of the warpgroup)
+/// when the load was issued, else the epilogue adds that partial from global memory.
 #[inline(always)]
-unsafe fn stage_first_partial(a: &GemmRsArgs, ring: &Ring, tile: Tile, wg: u32, rank: u32, world: u32, ready: &mut u32) -> bool {
+unsafe fn stage_first_partial(a: &GemmRsArgs, ring: &Ring, tile: Tile, wg: u32, rank: u32, world: u32) -> bool {
     let mut issued = false;
     if ids::thread_in_warpgroup() == 0 {
-        let free = *ready & COPY_PENDING == 0 || unsafe { mbarrier::try_wait_parity(ring.aux(AUX_WRITER_READ + wg - 1), (*ready & COPY_PARITY != 0) as u32) };
         let local_m0 = tile.m0 - rank * (a.m / world);
         let tiles_n = a.n.div_ceil(TILE.block_n) as u64;
         let d = unsafe { &*(a.desc as *const CommDesc) };
         let own_heap = unsafe { *d.heaps.as_ptr().add(rank as usize) };
         let counter = (own_heap + flag_offset(FlagSlot::Tile1, (rank + 1) % world, local_m0 / TILE.block_m)) as *const u64;
-        if free && unsafe { memory::ld_acquire_u64(Scope::Sys, counter) } >= tiles_n {
+        if unsafe { memory::ld_acquire_u64(Scope::Sys, counter) } >= tiles_n {
             let bar = ring.aux(wg);
-            // Written by the peer's stores, announced by a generic release: TMA reads through
-            // the async proxy.
+            // Written by the peer's bulk stores, announced by a generic release: TMA reads
+            // through the async proxy.
             memory::fence_proxy_async();
             tma::store_wait_read::<0>();
             unsafe { mbarrier::arrive_expect_tx(bar, RS_TILE.epilogue_buffers * RS_TILE.epilogue_box_bytes()) };
@@ -685,49 +789,8 @@ unsafe fn stage_first_partial(a: &GemmRsArgs, ring: &Ring, tile: Tile, wg: u32, 
         }
     }
     // The warpgroup's epilogue barrier (id 1 + consumer index), with the leader's answer.
-    let issued = named_barrier_or(wg, crate::arch::ids::WARPGROUP_THREADS, issued);
-    if issued {
-        // The leader saw the writer done with the staging (or none pending).
-        if *ready & COPY_PENDING != 0 {
-            *ready = (*ready & !COPY_PENDING) ^ COPY_PARITY;
-        }
-        *ready |= STAGED;
-    } else {
-        *ready &= !STAGED;
-    }
-    issued
+    named_barrier_or(wg, crate::arch::ids::WARPGROUP_THREADS, issued)
 }
-
-/// Before a consumer warpgroup rewrites its staging: the peer writer has read the tile it was
-/// last given from it (bounded like the mainloop's waits; the writer only waits for NVLink).
-#[inline(always)]
-unsafe fn wait_writer_read(a: &GemmRsArgs, ring: &Ring, wg: u32, ready: &mut u32) {
-    if *ready & COPY_PENDING != 0 {
-        let _ = unsafe { mbarrier::wait_parity_or(ring.aux(AUX_WRITER_READ + wg - 1), (*ready & COPY_PARITY != 0) as u32, consumer_stall(a.desc)) };
-        *ready = (*ready & !COPY_PENDING) ^ COPY_PARITY;
-    }
-}
-
-/// Hands the tile just staged by consumer warpgroup `wg` (after [`store_tile_tma_to`]'s last
-/// barrier) to the peer writer; warpgroup 1's leader also writes the tile's origin in the job
-/// words (`m0 = NO_MORE_TILES`: the loop ended). The writer has read the previous job (the
-/// caller waited for it), and the arrival releases the words and the staging.
-#[inline(always)]
-unsafe fn give_to_writer(ring: &Ring, wg: u32, tile: Tile, ready: &mut u32) {
-    if ids::thread_in_warpgroup() == 0 {
-        unsafe {
-            if wg == 1 {
-                smem::st_volatile_shared_u32(ring.aux_word(0), tile.m0);
-                smem::st_volatile_shared_u32(ring.aux_word(1), tile.n0);
-            }
-            mbarrier::arrive(ring.aux(AUX_STAGED_FOR_WRITER + wg - 1));
-        }
-    }
-    *ready |= COPY_PENDING;
-}
-
-/// The job word `m0` that ends the peer writer's loop.
-const NO_MORE_TILES: u32 = u32::MAX;
 
 /// The epilogue of one tile of GEMM+ReduceScatter/AllReduce (both consumer warpgroups): announce
 /// the previous tile, then store this one to its peer, or add the peers' partials (and, in the
@@ -739,7 +802,6 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
     let c = unsafe { fused_ctx_at(a.desc, epoch) };
     let c = &c;
     let ct = ids::thread_idx() - crate::arch::ids::WARPGROUP_THREADS; // 0..256 over both consumers
-    let all_reduce = a.all_reduce != 0;
     let chunk_rows = a.m / c.world;
     let dest = tile.m0 / chunk_rows;
     let local = Tile { m0: tile.m0 - dest * chunk_rows, n0: tile.n0 };
@@ -751,23 +813,11 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
             }
         }
         mark(Mark::Published);
-        // Buffers this tile writes to must be free: the peer's FusedReady.
-        let need = if dest != c.rank { 1 << dest } else if all_reduce { (1u32 << c.world) - 1 } else { 0 };
-        if need & !*ready != 0 {
-            let ok = ct >= c.world || need & !*ready & (1 << ct) == 0 || wait_flag_of_cta(c, FlagSlot::FusedReady, ct, 0, c.epoch);
-            if named_barrier_or(3, 2 * crate::arch::ids::WARPGROUP_THREADS, !ok) {
-                return false;
-            }
-            *ready |= need;
-        }
-        // The staging is rewritten below (a staged partial already waited for the writer).
-        wait_writer_read(a, ring, wg, ready);
         if dest != c.rank {
             mark(Mark::Waited);
-            // Staged, then copied into this rank's slot of the peer's receive buffer and
-            // announced there by the peer writer (warp 2; see peer_writer).
-            store_tile_tma_to(ring, StageOnly, local, wg - 1, acc, false);
-            give_to_writer(ring, wg, tile, ready);
+            // Into the outbox (local, the tile's own row), from where a comm CTA copies the
+            // completed row tile to the peer.
+            store_tile_tma(ring, TensorMap(a.map_outbox as *const u8), tile, wg - 1, acc);
         } else {
             // Every peer's partial of this row tile has landed here.
             let tiles_n = a.n.div_ceil(TILE.block_n) as u64;
@@ -814,19 +864,20 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
                         nd += 1;
                     }
                 }
-                // To this rank's output with TMA; AllReduce: the peer writer also copies it into
-                // every local peer's output and announces it there (see peer_writer).
-                let out_tile = Tile { m0: local.m0 - j * block_rows, n0: local.n0 };
-                let own_out = TensorMap(*a.map_out.as_ptr().add(if all_reduce { c.rank as usize } else { 0 }) as *const u8);
-                store_tile_tma_to(ring, own_out, out_tile, wg - 1, acc, staged);
-                if all_reduce && c.world > 1 {
-                    give_to_writer(ring, wg, tile, ready);
-                }
+                // To the output (AllReduce: this rank's rows of it, which comm CTAs copy on).
+                store_tile_tma_to(ring, TensorMap(a.map_out as *const u8), Tile { m0: local.m0 - j * block_rows, n0: local.n0 }, wg - 1, acc, staged);
             }
         }
         *pending = Some(Pending { dest, mt });
     }
     true
+}
+
+/// `(rank, world)` read from the descriptor (volatile: re-read wherever called).
+#[inline(always)]
+unsafe fn rank_world(desc: u64) -> (u32, u32) {
+    let d = desc as *const CommDesc;
+    unsafe { ((&raw const (*d).rank).read_volatile(), (&raw const (*d).world).read_volatile()) }
 }
 
 /// The fused launch context with a known epoch (re-read from the descriptor in each epilogue).
@@ -837,11 +888,13 @@ unsafe fn fused_ctx_at(desc: u64, epoch: u64) -> CommCtx {
     c
 }
 
-/// Waits until both consumer warpgroups' bulk stores of the pending tile completed; across
-/// nodes an own tile then counts in its block's `NodeSum`, which the block's sender warp waits
-/// for ([`send_node_block`]). (Tiles for local peers are announced by the peer writer.) The
-/// barrier also ORs `stop` (the rank aborted, read by consumer thread 0): false then, and every
-/// consumer stops.
+/// Waits until both consumer warpgroups' bulk stores of the pending tile completed, then
+/// counts it (`red.release.gpu`, local): a peer's partial tile in `(Outbox, peer, mt)`, an own
+/// AllReduce tile of the own node's block in `(Outbox, rank, mt)` (comm CTAs copy a row tile
+/// on once its counter is full); across nodes an own tile also counts in its block's
+/// `NodeSum`, which the block's sender warp waits for ([`send_node_block`]). The barrier also
+/// ORs `stop` (the rank aborted, read by consumer thread 0 at the tile's start): false then,
+/// and every consumer stops.
 #[inline(always)]
 unsafe fn publish(c: &CommCtx, a: &GemmRsArgs, p: Pending, leader: bool, ct: u32, stop: bool) -> bool {
     if leader {
@@ -851,99 +904,20 @@ unsafe fn publish(c: &CommCtx, a: &GemmRsArgs, p: Pending, leader: bool, ct: u32
     if named_barrier_or(3, 2 * crate::arch::ids::WARPGROUP_THREADS, stop) {
         return false;
     }
+    if ct != 0 {
+        return true;
+    }
     let (nodes, _, block_rows) = node_blocks(c, a.m);
-    if p.dest == c.rank && nodes > 1 && ct == 0 {
-        let j = p.mt * TILE.block_m / block_rows;
-        if j + 1 < nodes || a.all_reduce != 0 {
-            unsafe { memory::red_release_add_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::NodeSum, c.rank, j), 1) };
+    let j = p.mt * TILE.block_m / block_rows;
+    unsafe {
+        if p.dest != c.rank || (a.all_reduce != 0 && j + 1 == nodes && c.world > 1) {
+            memory::red_release_add_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::Outbox, p.dest, p.mt), 1);
+        }
+        if p.dest == c.rank && nodes > 1 && (j + 1 < nodes || a.all_reduce != 0) {
+            memory::red_release_add_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::NodeSum, c.rank, j), 1);
         }
     }
     true
-}
-
-/// Warp 2 of the producer warpgroup, the peer writer: for every tile that goes to local peers
-/// (in the consumers' order; the tile's origin in the job words), waits until each consumer
-/// warpgroup staged its rows (`AUX_STAGED_FOR_WRITER + w`), copies them from the staging with
-/// 16-byte stores ([`copy_staged_rows`]: a peer's partial into this rank's slot of its receive
-/// buffer, an own AllReduce tile of the own node's block into every local peer's output), frees
-/// the staging (`AUX_WRITER_READ + w`), then announces the tile with `red.release.sys` after
-/// `bar.warp.sync` (which orders the lanes' stores before lane 0's release): +1 to
-/// `(Tile1, rank, row tile)` at the peer, or to `(Tile2, rank, row tile)` at every peer. Its
-/// only waits are for this CTA's consumers (ended by the last job or their stop word) and for
-/// NVLink to take the stores, so the consumers go on with the next mainloop while a tile drains
-/// to its peer. The destinations are free: the consumers saw their `FusedReady` before staging.
-#[inline(always)]
-unsafe fn peer_writer(a: &GemmRsArgs) {
-    let d = unsafe { &*(a.desc as *const CommDesc) };
-    if d.world == 1 {
-        return;
-    }
-    let ring = Ring::new(smem::dynamic_smem_addr(), RS_TILE);
-    let lane = ids::lane_id();
-    let mut parity = 0u32;
-    loop {
-        let (mut m0, mut n0) = (0, 0);
-        for w in 0..TILE.consumer_warpgroups {
-            // Lane 0 waits (one outcome for the warp); bar.warp.sync passes its acquire on.
-            let staged = lane != 0 || unsafe { mbarrier::wait_parity_or(ring.aux(AUX_STAGED_FOR_WRITER + w), parity, producer_stall(a.desc, RS_TILE)) };
-            sync::sync_warp();
-            if shuffle::shfl_idx(staged as u32, 0) == 0 {
-                return;
-            }
-            if w == 0 {
-                (m0, n0) = unsafe { (smem::ld_volatile_shared_u32(ring.aux_word(0)), smem::ld_volatile_shared_u32(ring.aux_word(1))) };
-                if m0 == NO_MORE_TILES {
-                    return;
-                }
-            }
-            let (rank, world) = (d.rank, d.world);
-            let chunk_rows = a.m / world;
-            let (dest, row_bytes) = (m0 / chunk_rows, 2 * a.n);
-            let local_m0 = m0 - dest * chunk_rows;
-            let rows = (local_m0 + w * TILE.rows_per_consumer()) as u64 * row_bytes as u64 + 2 * n0 as u64;
-            let heaps = d.heaps.as_ptr();
-            unsafe {
-                if dest != rank {
-                    let slot = *heaps.add(dest as usize) + a.recv_off + rank as u64 * chunk_rows as u64 * row_bytes as u64;
-                    copy_staged_rows(&ring, w, slot + rows, row_bytes, a.n - n0);
-                } else {
-                    // An own AllReduce tile of the own node's block (the last block).
-                    let block_rows = a.m / d.global_world;
-                    let at = a.out_off + (d.global_rank * block_rows) as u64 * row_bytes as u64 + rows - (chunk_rows - block_rows) as u64 * row_bytes as u64;
-                    for p in 0..world {
-                        if p != rank {
-                            copy_staged_rows(&ring, w, *heaps.add(p as usize) + at, row_bytes, a.n - n0);
-                        }
-                    }
-                }
-            }
-            // The reads are done (their values were stored); TMA may write the staging next.
-            memory::fence_proxy_async_shared();
-            sync::sync_warp();
-            if lane == 0 {
-                unsafe { mbarrier::arrive(ring.aux(AUX_WRITER_READ + w)) };
-            }
-        }
-        if lane == 0 {
-            let (rank, world) = (d.rank, d.world);
-            let chunk_rows = a.m / world;
-            let dest = m0 / chunk_rows;
-            let mt = (m0 - dest * chunk_rows) / TILE.block_m;
-            let heaps = d.heaps.as_ptr();
-            unsafe {
-                if dest != rank {
-                    memory::red_release_add_u64(Scope::Sys, (*heaps.add(dest as usize) + flag_offset(FlagSlot::Tile1, rank, mt)) as *mut u64, 1);
-                } else {
-                    for p in 0..world {
-                        if p != rank {
-                            memory::red_release_add_u64(Scope::Sys, (*heaps.add(p as usize) + flag_offset(FlagSlot::Tile2, rank, mt)) as *mut u64, 1);
-                        }
-                    }
-                }
-            }
-        }
-        parity ^= 1;
-    }
 }
 
 /// Node blocks whose PUTs this rank posts: across nodes the `nodes - 1` other nodes' blocks, and

@@ -363,7 +363,7 @@ fn wait_name(code: u32) -> String {
         w::FIFO_DONE => "proxy completion (done)".into(),
         c => match FlagSlot::from_u32(c) {
             // Counters count tiles; every other slot holds epochs.
-            Some(s @ (FlagSlot::Tile1 | FlagSlot::Tile2 | FlagSlot::NodeSum)) => format!("{s:?} tile counter"),
+            Some(s @ (FlagSlot::Tile1 | FlagSlot::Tile2 | FlagSlot::NodeSum | FlagSlot::Outbox)) => format!("{s:?} tile counter"),
             Some(s) => format!("{s:?} flag (epoch)"),
             None => format!("wait code {c}"),
         },
