@@ -34,8 +34,10 @@ fn record_split(args: &Args, rank: usize, key: TuneKey, split: u32) -> Result<()
 /// SM splits of the short sweep before each case (one plan per split and shape).
 const AG_SPLITS: [u32; 4] = [2, 4, 8, 16];
 /// GEMM+RS/AR: parts per row chunk tried (those that divide a chunk's row tiles), and comm CTAs.
-const REDUCE_PARTS: [u32; 3] = [1, 2, 4];
-const REDUCE_COMM_CTAS: [u32; 3] = [2, 4, 8];
+const REDUCE_PARTS: [u32; 2] = [1, 2];
+const REDUCE_COMM_CTAS: [u32; 3] = [4, 8, 12];
+/// GEMM+RS/AR: rasterization groups tried.
+const REDUCE_GROUPS: [u32; 2] = [1, 8];
 
 /// `shapes` (M, K, N) less those that `--filter` leaves out.
 fn selected(args: &Args, shapes: impl IntoIterator<Item = (usize, usize, usize)>) -> Vec<(usize, usize, usize)> {
@@ -168,7 +170,7 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
     // Every plan reserves its receive slots (M x N bf16 in all), an AllReduce plan also its
     // M x N output; across nodes the node-sum stage and remote receive blocks (< 2 M x N).
     let across = 2 * (info.nnodes() > 1) as usize;
-    let mut comm = Communicator::new(&dev, boot, heap_config(&shapes, REDUCE_PARTS.len() * REDUCE_COMM_CTAS.len(), |m, _, n| m * n * 2 * (2 + all_reduce as usize + across)))?;
+    let mut comm = Communicator::new(&dev, boot, heap_config(&shapes, REDUCE_PARTS.len() * REDUCE_COMM_CTAS.len() * REDUCE_GROUPS.len(), |m, _, n| m * n * 2 * (2 + all_reduce as usize + across)))?;
     let stream = dev.default_stream();
     let blas = CudaBlas::new(stream.clone())?;
     if rank == 0 {
@@ -191,18 +193,20 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
         let ccs: &[u32] = if world > 1 { &REDUCE_COMM_CTAS } else { &[0] };
         for parts in REDUCE_PARTS.into_iter().filter(|&p| (m / world / 128) % p as usize == 0) {
             for &cc in ccs {
-                let split = RsSplit { parts, comm_ctas: cc };
-                // SAFETY: buffers sized for the shape and alive for the whole case.
-                let plan = unsafe { GemmRsPlan::with_split(&mut comm, &stream, pa, pb, (!all_reduce).then_some(po), m, n, kl, split)? };
-                let mut f = || Ok(plan.launch(&stream)?);
-                let t = median_ms_interleaved(&stream, 2, 5, &mut [&mut f])?[0];
-                comm.check()?;
-                sweep.push(json!({ "parts": parts, "comm_ctas": cc, "ms": t }));
-                plans.push((parts << 8 | cc, t, plan));
+                for group_m in REDUCE_GROUPS {
+                    let split = RsSplit { parts, comm_ctas: cc, group_m };
+                    // SAFETY: buffers sized for the shape and alive for the whole case.
+                    let plan = unsafe { GemmRsPlan::with_split(&mut comm, &stream, pa, pb, (!all_reduce).then_some(po), m, n, kl, split)? };
+                    let mut f = || Ok(plan.launch(&stream)?);
+                    let t = median_ms_interleaved(&stream, 2, 5, &mut [&mut f])?[0];
+                    comm.check()?;
+                    sweep.push(json!({ "parts": parts, "comm_ctas": cc, "group_m": group_m, "ms": t }));
+                    plans.push((parts << 16 | cc << 8 | group_m, t, plan));
+                }
             }
         }
         let (code, plan) = agreed_best(&comm, plans)?;
-        let (parts, comm_ctas) = (code >> 8, code & 0xff);
+        let (parts, comm_ctas, group_m) = (code >> 16, (code >> 8) & 0xff, code & 0xff);
         let op = if all_reduce { "gemm-ar" } else { "gemm-rs" };
         record_split(args, rank, TuneKey { op: op.into(), world: world as u32, m, n, k }, parts)?;
         let shape = GemmShape { m, n, k: kl, b_layout: BLayout::NxK };
@@ -241,9 +245,9 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
         let wrong = exact_mismatches(&x, &y);
         let (speedup, overlap) = (t[1] / t[0], t[2].max(t[3]) / t[0]);
         if rank == 0 {
-            println!("{m:>6} {k:>6} {n:>6} | {:>8} {:>9.1} | {:>11.1} {:>10.1} {:>10.1} | {speedup:>8.3} {overlap:>8.3} {wrong:>7} | {:>9.1}", format!("{parts}/{comm_ctas}"), t[0] * 1e3, t[1] * 1e3, t[2] * 1e3, t[3] * 1e3, t[4] * 1e3);
+            println!("{m:>6} {k:>6} {n:>6} | {:>8} {:>9.1} | {:>11.1} {:>10.1} {:>10.1} | {speedup:>8.3} {overlap:>8.3} {wrong:>7} | {:>9.1}", format!("{parts}/{comm_ctas}/{group_m}"), t[0] * 1e3, t[1] * 1e3, t[2] * 1e3, t[3] * 1e3, t[4] * 1e3);
         }
-        rows.push(json!({ "m": m, "k": k, "n": n, "world": world, "rank": rank, "parts": parts, "comm_ctas": comm_ctas, "sweep": sweep,
+        rows.push(json!({ "m": m, "k": k, "n": n, "world": world, "rank": rank, "parts": parts, "comm_ctas": comm_ctas, "group_m": group_m, "sweep": sweep,
             "op": if all_reduce { "gemm-ar" } else { "gemm-rs" },
             "ours_ms": t[0], "cublas_nccl_ms": t[1], "gemm_alone_ms": t[2], "coll_alone_ms": t[3], "our_gemm_alone_ms": t[4],
             "speedup": speedup, "overlap_efficiency": overlap, "wrong": wrong, "trace": timeline }));

@@ -77,6 +77,10 @@ pub struct GemmRsArgs {
     pub all_reduce: u32,
     /// Comm CTAs (the first `n_comm` of the grid; 0 on one rank).
     pub n_comm: u32,
+    /// Tile rows per rasterization group inside a block (1: a row tile completes every
+    /// `tiles_n` tiles, so comm CTAs get a steady stream; larger: more L2 reuse of B).
+    pub group_m: u32,
+    pub _pad: u32,
     /// Device address of a per-tile timeline buffer ([`crate::trace`]), 0: none (the default).
     pub trace: u64,
 }

@@ -122,11 +122,14 @@ impl AgGemmPlan {
 }
 
 /// How a GEMM+ReduceScatter/AllReduce plan splits its work: `parts` per row chunk (0: the tune
-/// cache's or the default) and comm CTAs (0: `mkernel_config::fused::rs_comm_ctas`).
+/// cache's or the default), comm CTAs (0: `mkernel_config::fused::rs_comm_ctas`) and the
+/// rasterization group.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RsSplit {
     pub parts: u32,
     pub comm_ctas: u32,
+    /// Tile rows per rasterization group (0: `GemmTile::group_m`).
+    pub group_m: u32,
 }
 
 /// A planned GEMM + ReduceScatter: every rank holds `a` (`m` x `k_local`) and `b` (`n` x
@@ -172,7 +175,7 @@ impl GemmRsPlan {
     /// is launched.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn new(comm: &mut Communicator, stream: &Arc<CudaStream>, a: u64, b: u64, out: u64, m: usize, n: usize, k_local: usize, parts: u32) -> Result<GemmRsPlan> {
-        unsafe { Self::build(comm, stream, a, b, Some(out), m, n, k_local, RsSplit { parts, comm_ctas: 0 }) }
+        unsafe { Self::build(comm, stream, a, b, Some(out), m, n, k_local, RsSplit { parts, comm_ctas: 0, group_m: 0 }) }
     }
 
     /// [`GemmRsPlan::new`] (`out: Some`) or [`GemmRsPlan::new_all_reduce`] (`None`) with the
@@ -193,7 +196,7 @@ impl GemmRsPlan {
     /// As [`GemmRsPlan::new`] (without `out`).
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn new_all_reduce(comm: &mut Communicator, stream: &Arc<CudaStream>, a: u64, b: u64, m: usize, n: usize, k_local: usize, parts: u32) -> Result<GemmRsPlan> {
-        unsafe { Self::build(comm, stream, a, b, None, m, n, k_local, RsSplit { parts, comm_ctas: 0 }) }
+        unsafe { Self::build(comm, stream, a, b, None, m, n, k_local, RsSplit { parts, comm_ctas: 0, group_m: 0 }) }
     }
 
     /// The AllReduce output in the heap (`None` for a ReduceScatter plan).
@@ -273,6 +276,8 @@ impl GemmRsPlan {
             part_tiles_m: (block_rows as usize / t.block_m as usize / parts as usize) as u32,
             all_reduce: ar_out.is_some() as u32,
             n_comm,
+            group_m: if split.group_m == 0 { t.group_m } else { split.group_m.min((block_rows as usize / t.block_m as usize / parts as usize) as u32) },
+            _pad: 0,
             trace: 0,
         };
         // SAFETY: GemmRsArgs is repr(C) plain data.

@@ -561,7 +561,7 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
     let setup = |idx: u32| {
         let rank = unsafe { (*(a.desc as *const CommDesc)).rank };
         let world = unsafe { (*(a.desc as *const CommDesc)).world };
-        let tiles = TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, TILE.group_m, idx, ids::grid_dim() - a.n_comm).chunked(world, rank, a.part_tiles_m);
+        let tiles = TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, a.group_m, idx, ids::grid_dim() - a.n_comm).chunked(world, rank, a.part_tiles_m);
         (rank, world, tiles, a.k.div_ceil(TILE.block_k))
     };
     let mut pos = RingPos::START;
