@@ -380,78 +380,72 @@ unsafe fn rs_comm_role(a: &GemmRsArgs) {
     let (rank, world) = (c.rank, c.world);
     let chunk_rows = a.m / world;
     let row_bytes = a.n as u64 * 2;
-    let tile_bytes = TILE.block_m as u64 * row_bytes;
     let tiles_n = a.n.div_ceil(TILE.block_n) as u64;
+    // This CTA's slice of every row tile (16-byte multiples; the last slice may be shorter).
+    let slice = (TILE.block_m as u64 * row_bytes).div_ceil(16 * a.n_comm as u64) * 16;
+    let first = (idx as u64 * slice).min(TILE.block_m as u64 * row_bytes);
+    let len = slice.min(TILE.block_m as u64 * row_bytes - first);
     let (nodes, _, block_rows) = node_blocks(c, a.m);
     let own_block_first = (nodes - 1) * block_rows / TILE.block_m;
     let part = a.part_tiles_m;
     let parts = chunk_rows / TILE.block_m / part;
     let mut ready = 1u32 << rank; // local ranks whose buffers we may write
-    let mut u = 0u32;
     unsafe {
         for g in 0..=parts {
             for s in 1..world {
                 let dest = (rank + s) % world;
                 let mut mt = g * part;
                 while g < parts && mt < (g + 1) * part {
-                    if u % a.n_comm == idx {
-                        if !wait_flag_of_cta(c, FlagSlot::Outbox, dest, mt, tiles_n) {
+                    if !wait_flag_of_cta(c, FlagSlot::Outbox, dest, mt, tiles_n) {
+                        return;
+                    }
+                    if ready & (1 << dest) == 0 {
+                        if !wait_flag_of_cta(c, FlagSlot::FusedReady, dest, 0, c.epoch) {
                             return;
                         }
-                        if ready & (1 << dest) == 0 {
-                            if !wait_flag_of_cta(c, FlagSlot::FusedReady, dest, 0, c.epoch) {
-                                return;
-                            }
-                            ready |= 1 << dest;
-                        }
-                        // The outbox was written by TMA stores (announced by a generic release):
-                        // the bulk loads read it through the async proxy.
-                        memory::fence_proxy_async();
-                        let mut dsts = [0u64; 8];
-                        dsts[0] = c.heap(dest) + a.recv_off + (rank * chunk_rows + mt * TILE.block_m) as u64 * row_bytes;
-                        ring.copy(&dsts, 1, c.heap(rank) + a.outbox_off + (dest * chunk_rows + mt * TILE.block_m) as u64 * row_bytes, tile_bytes);
-                        memory::red_release_add_u64(Scope::Sys, (c.heap(dest) + flag_offset(FlagSlot::Tile1, rank, mt)) as *mut u64, tiles_n);
+                        ready |= 1 << dest;
                     }
-                    u += 1;
+                    // The outbox was written by TMA stores (announced by a generic release):
+                    // the bulk loads read it through the async proxy.
+                    memory::fence_proxy_async();
+                    let mut dsts = [0u64; 8];
+                    dsts[0] = c.heap(dest) + a.recv_off + (rank * chunk_rows + mt * TILE.block_m) as u64 * row_bytes + first;
+                    ring.copy(&dsts, 1, c.heap(rank) + a.outbox_off + (dest * chunk_rows + mt * TILE.block_m) as u64 * row_bytes + first, len);
+                    memory::red_release_add_u64(Scope::Sys, (c.heap(dest) + flag_offset(FlagSlot::Tile1, rank, mt)) as *mut u64, 1);
                     mt += 1;
                 }
             }
             if a.all_reduce == 0 || g == 0 || world == 1 {
                 continue;
             }
-            let mut mt = (g - 1) * part;
+            let mut mt = ((g - 1) * part).max(own_block_first);
             while mt < g * part {
-                if mt >= own_block_first {
-                    if u % a.n_comm == idx {
-                        if !wait_flag_of_cta(c, FlagSlot::Outbox, rank, mt, tiles_n) {
+                if !wait_flag_of_cta(c, FlagSlot::Outbox, rank, mt, tiles_n) {
+                    return;
+                }
+                for s in 1..world {
+                    let p = (rank + s) % world;
+                    if ready & (1 << p) == 0 {
+                        if !wait_flag_of_cta(c, FlagSlot::FusedReady, p, 0, c.epoch) {
                             return;
                         }
-                        let off = a.out_off + (c.global_rank * block_rows + mt * TILE.block_m - own_block_first * TILE.block_m) as u64 * row_bytes;
-                        for s in 1..world {
-                            let p = (rank + s) % world;
-                            if ready & (1 << p) == 0 {
-                                if !wait_flag_of_cta(c, FlagSlot::FusedReady, p, 0, c.epoch) {
-                                    return;
-                                }
-                                ready |= 1 << p;
-                            }
-                        }
-                        // Destination i: local rank rank + 1 + i (constant indices: registers).
-                        let mut dsts = [0u64; 8];
-                        for (i, d) in dsts.iter_mut().enumerate() {
-                            if (i as u32) + 1 < world {
-                                *d = c.heap((rank + 1 + i as u32) % world) + off;
-                            }
-                        }
-                        memory::fence_proxy_async();
-                        ring.copy(&dsts, world - 1, c.heap(rank) + off, tile_bytes);
-                        for p in 0..world {
-                            if p != rank {
-                                memory::red_release_add_u64(Scope::Sys, (c.heap(p) + flag_offset(FlagSlot::Tile2, rank, mt)) as *mut u64, tiles_n);
-                            }
-                        }
+                        ready |= 1 << p;
                     }
-                    u += 1;
+                }
+                let off = a.out_off + (c.global_rank * block_rows + mt * TILE.block_m - own_block_first * TILE.block_m) as u64 * row_bytes + first;
+                // Destination i: local rank rank + 1 + i (constant indices: registers).
+                let mut dsts = [0u64; 8];
+                for (i, d) in dsts.iter_mut().enumerate() {
+                    if (i as u32) + 1 < world {
+                        *d = c.heap((rank + 1 + i as u32) % world) + off;
+                    }
+                }
+                memory::fence_proxy_async();
+                ring.copy(&dsts, world - 1, c.heap(rank) + off, len);
+                for p in 0..world {
+                    if p != rank {
+                        memory::red_release_add_u64(Scope::Sys, (c.heap(p) + flag_offset(FlagSlot::Tile2, rank, mt)) as *mut u64, 1);
+                    }
                 }
                 mt += 1;
             }
@@ -715,10 +709,9 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
         // waits for row tiles idx, idx + grid, ... of the own-node block of every local peer's
         // chunk (the remote ranks' PUTs: warp 3 of compute CTA 0).
         let (nodes, _, block_rows) = node_blocks(&c, a.m);
-        let tiles_n = a.n.div_ceil(TILE.block_n) as u64;
         let mut mt = (nodes - 1) * block_rows / TILE.block_m + idx;
         while mt < chunk_rows / TILE.block_m {
-            let ok = ct >= c.world || ct == c.rank || unsafe { wait_flag_of_cta(&c, FlagSlot::Tile2, ct, mt, tiles_n) };
+            let ok = ct >= c.world || ct == c.rank || unsafe { wait_flag_of_cta(&c, FlagSlot::Tile2, ct, mt, a.n_comm as u64) };
             if named_barrier_or(3, 2 * crate::arch::ids::WARPGROUP_THREADS, !ok) {
                 return;
             }
@@ -770,11 +763,10 @@ unsafe fn stage_first_partial(a: &GemmRsArgs, ring: &Ring, tile: Tile, wg: u32, 
     let mut issued = false;
     if ids::thread_in_warpgroup() == 0 {
         let local_m0 = tile.m0 - rank * (a.m / world);
-        let tiles_n = a.n.div_ceil(TILE.block_n) as u64;
         let d = unsafe { &*(a.desc as *const CommDesc) };
         let own_heap = unsafe { *d.heaps.as_ptr().add(rank as usize) };
         let counter = (own_heap + flag_offset(FlagSlot::Tile1, (rank + 1) % world, local_m0 / TILE.block_m)) as *const u64;
-        if unsafe { memory::ld_acquire_u64(Scope::Sys, counter) } >= tiles_n {
+        if unsafe { memory::ld_acquire_u64(Scope::Sys, counter) } >= a.n_comm as u64 {
             let bar = ring.aux(wg);
             // Written by the peer's bulk stores, announced by a generic release: TMA reads
             // through the async proxy.
@@ -820,8 +812,7 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
             store_tile_tma(ring, TensorMap(a.map_outbox as *const u8), tile, wg - 1, acc);
         } else {
             // Every peer's partial of this row tile has landed here.
-            let tiles_n = a.n.div_ceil(TILE.block_n) as u64;
-            let ok = ct >= c.world || ct == c.rank || wait_flag_of_cta(c, FlagSlot::Tile1, ct, mt, tiles_n);
+            let ok = ct >= c.world || ct == c.rank || wait_flag_of_cta(c, FlagSlot::Tile1, ct, mt, a.n_comm as u64);
             if named_barrier_or(3, 2 * crate::arch::ids::WARPGROUP_THREADS, !ok) {
                 return false;
             }
