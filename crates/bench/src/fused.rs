@@ -35,7 +35,7 @@ fn record_split(args: &Args, rank: usize, key: TuneKey, split: u32) -> Result<()
 const AG_SPLITS: [u32; 4] = [2, 4, 8, 16];
 /// GEMM+RS/AR: parts per row chunk tried (those that divide a chunk's row tiles), and comm CTAs.
 const REDUCE_PARTS: [u32; 2] = [1, 2];
-const REDUCE_COMM_CTAS: [u32; 3] = [4, 8, 12];
+const REDUCE_COMM_CTAS: [u32; 2] = [4, 8];
 /// GEMM+RS/AR: rasterization groups tried.
 const REDUCE_GROUPS: [u32; 2] = [1, 8];
 

@@ -26,8 +26,8 @@ pub struct AgGemmArgs {
 
 /// `mk_gemm_rs_bf16_nk`'s argument block: `P_r = A_r * B_r^T` (M x N, K split over ranks),
 /// reduced over ranks by row chunk: global rank g gets rows `[g * Mg, (g + 1) * Mg)`,
-/// `Mg = M / global_world`. CTAs `0..n_comm` move row tiles to the local peers with bulk
-/// copies; the others compute. A rank's own tiles are computed after its peers sent their
+/// `Mg = M / global_world`. CTAs `0..n_comm` move the partials' row tiles to the local peers
+/// with bulk copies; the others compute. A rank's own tiles are computed after its peers sent their
 /// partials of them, and the epilogue adds those in (no reducer CTAs).
 ///
 /// The kernel works in *node-blocked* rows ([`rs_source_row`]): local rank `l`'s chunk of
@@ -46,10 +46,10 @@ pub struct GemmRsArgs {
     /// local peer `d` is stored at its own row (chunk `d`'s rows), from where comm CTAs copy
     /// whole row tiles into `d`'s receive buffer.
     pub map_outbox: u64,
-    /// Where the reduced rows of this rank's global chunk go (`Mg` x N bf16, box 64 x 64): the
-    /// local output (ReduceScatter), or this rank's rows of its `M` x N output in the heap
-    /// (AllReduce; comm CTAs copy them on to every local peer's output).
-    pub map_out: u64,
+    /// Where the reduced rows of this rank's global chunk go (`Mg` x N bf16, box 64 x 64):
+    /// ReduceScatter: `map_out[0]`, the local output. AllReduce: `map_out[p]`, the rows of this
+    /// rank's chunk in local rank p's output (a heap buffer; a peer's over NVLink).
+    pub map_out: [u64; 8],
     /// Across nodes: this rank's node sums of its rail's rows of the other nodes, `(nodes - 1) x
     /// Mg` rows x N bf16 in the heap (box 64 x 64; the proxy's PUT source). 0 on one node.
     pub map_stage: u64,
@@ -97,17 +97,11 @@ pub const fn rs_source_row(v: u32, m: u32, world: u32, nodes: u32, node: u32) ->
     ((node + 1 + j) % nodes * world + l) * mg + i
 }
 
-/// GEMM+ReduceScatter/AllReduce's comm CTAs by default (`world` local ranks): each moves
-/// 40-60 GB/s with bulk copies; ReduceScatter sends `(world - 1) / world` of the partials,
-/// AllReduce also every reduced row to each local peer.
-pub const fn rs_comm_ctas(world: u32, all_reduce: bool) -> u32 {
-    if world <= 1 {
-        0
-    } else if all_reduce {
-        4 + 2 * world
-    } else {
-        2 + 2 * world
-    }
+/// GEMM+ReduceScatter/AllReduce's comm CTAs by default (`world` local ranks; they move the
+/// partials, `(world - 1) / world` of them): 4 on 2 x H200 (132 - 4 = 128 compute CTAs also
+/// divide the tile counts of power-of-two shapes into whole waves).
+pub const fn rs_comm_ctas(world: u32, _all_reduce: bool) -> u32 {
+    if world <= 1 { 0 } else { 4 * (world - 1) }
 }
 
 /// AllGather+GEMM comm CTAs move the shard with TMA bulk copies through a ring of

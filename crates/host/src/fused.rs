@@ -237,15 +237,19 @@ impl GemmRsPlan {
         let (rank, global_rank) = (comm.rank() as u64, comm.global_rank() as u64);
         let map_a = encode_bf16_sw128(Tensor2d { ptr: a, cols: k64, rows: m as u64, row_stride_bytes: 2 * k64 }, t.block_k, t.block_m)?;
         let map_b = encode_bf16_sw128(Tensor2d { ptr: b, cols: k64, rows: n64, row_stride_bytes: 2 * k64 }, t.block_k, t.block_n)?;
-        // Tensor maps (all local): A, B, the outbox, where the reduced chunk goes, the stage,
-        // the first peer's slot of our receive buffer (its partials, TMA-loaded by own tiles).
+        // Tensor maps: A, B, the outbox, where the reduced chunk goes (AllReduce: into every
+        // local rank's output), the stage, the first peer's slot of our receive buffer (its
+        // partials, TMA-loaded by own tiles).
         let box_map = |ptr: u64, rows: u64| encode_bf16_sw128(Tensor2d { ptr, cols: n64, rows, row_stride_bytes: 2 * n64 }, GemmTile::EPILOGUE_BOX_COLS, GemmTile::EPILOGUE_BOX_ROWS);
-        let out_rows = match (out, ar_out) {
-            (Some(o), _) => o,
-            (None, Some(ar)) => comm.ptr(&ar) + global_rank * block_bytes,
+        let outs: Vec<u64> = match (out, ar_out) {
+            (Some(o), _) => vec![o],
+            (None, Some(ar)) => (0..world).map(|p| comm.peer_ptr(p as u32, &ar) + global_rank * block_bytes).collect(),
             (None, None) => unreachable!("an AllReduce plan reserves its output"),
         };
-        let mut maps_host = vec![map_a.opaque, map_b.opaque, box_map(comm.ptr(&outbox), m as u64)?.opaque, box_map(out_rows, block_rows)?.opaque];
+        let mut maps_host = vec![map_a.opaque, map_b.opaque, box_map(comm.ptr(&outbox), m as u64)?.opaque];
+        for &o in &outs {
+            maps_host.push(box_map(o, block_rows)?.opaque);
+        }
         if let Some(st) = stage {
             maps_host.push(box_map(comm.ptr(&st), block_rows * (nodes as u64 - 1))?.opaque);
         }
@@ -257,14 +261,18 @@ impl GemmRsPlan {
         let maps = stream.clone_htod(&words)?;
         let maps_addr = maps.device_ptr(stream).0;
         let map_at = |i: usize| maps_addr + 128 * i as u64;
+        let mut map_out = [0u64; 8];
+        for (i, m) in map_out.iter_mut().enumerate().take(outs.len()) {
+            *m = map_at(3 + i);
+        }
         let args = GemmRsArgs {
             desc: comm.desc_ptr(),
             map_a: map_at(0),
             map_b: map_at(1),
             map_outbox: map_at(2),
-            map_out: map_at(3),
-            map_stage: if stage.is_some() { map_at(4) } else { 0 },
-            map_in: if world > 1 { map_at(4 + stage.is_some() as usize) } else { 0 },
+            map_out,
+            map_stage: if stage.is_some() { map_at(3 + outs.len()) } else { 0 },
+            map_in: if world > 1 { map_at(3 + outs.len() + stage.is_some() as usize) } else { 0 },
             recv_off: recv.offset,
             outbox_off: outbox.offset,
             stage_off: stage.map_or(0, |b| b.offset),

@@ -20,7 +20,7 @@ use crate::comm::bulk::BulkRing;
 use crate::comm::wait::wait_flag_of_cta;
 use crate::comm::{proxy, CommCtx};
 use crate::gemm::consumer::mma_tile_bounded;
-use crate::gemm::epilogue::{add_bf16_tile, drain_tma_stores, store_tile_tma, store_tile_tma_to};
+use crate::gemm::epilogue::{add_bf16_tile, drain_tma_stores, store_tile_tma, store_tile_tma_to, MapTable};
 use crate::gemm::producer::{fill_without_data, load_tile, wait_loads_landed};
 use crate::gemm::ring::{Ring, RingPos};
 use crate::gemm::scheduler::TileScheduler;
@@ -385,17 +385,15 @@ unsafe fn rs_comm_role(a: &GemmRsArgs) {
     let slice = (TILE.block_m as u64 * row_bytes).div_ceil(16 * a.n_comm as u64) * 16;
     let first = (idx as u64 * slice).min(TILE.block_m as u64 * row_bytes);
     let len = slice.min(TILE.block_m as u64 * row_bytes - first);
-    let (nodes, _, block_rows) = node_blocks(c, a.m);
-    let own_block_first = (nodes - 1) * block_rows / TILE.block_m;
     let part = a.part_tiles_m;
     let parts = chunk_rows / TILE.block_m / part;
     let mut ready = 1u32 << rank; // local ranks whose buffers we may write
     unsafe {
-        for g in 0..=parts {
+        for g in 0..parts {
             for s in 1..world {
                 let dest = (rank + s) % world;
                 let mut mt = g * part;
-                while g < parts && mt < (g + 1) * part {
+                while mt < (g + 1) * part {
                     if !wait_flag_of_cta(c, FlagSlot::Outbox, dest, mt, tiles_n) {
                         return;
                     }
@@ -414,40 +412,6 @@ unsafe fn rs_comm_role(a: &GemmRsArgs) {
                     memory::red_release_add_u64(Scope::Sys, (c.heap(dest) + flag_offset(FlagSlot::Tile1, rank, mt)) as *mut u64, 1);
                     mt += 1;
                 }
-            }
-            if a.all_reduce == 0 || g == 0 || world == 1 {
-                continue;
-            }
-            let mut mt = ((g - 1) * part).max(own_block_first);
-            while mt < g * part {
-                if !wait_flag_of_cta(c, FlagSlot::Outbox, rank, mt, tiles_n) {
-                    return;
-                }
-                for s in 1..world {
-                    let p = (rank + s) % world;
-                    if ready & (1 << p) == 0 {
-                        if !wait_flag_of_cta(c, FlagSlot::FusedReady, p, 0, c.epoch) {
-                            return;
-                        }
-                        ready |= 1 << p;
-                    }
-                }
-                let off = a.out_off + (c.global_rank * block_rows + mt * TILE.block_m - own_block_first * TILE.block_m) as u64 * row_bytes + first;
-                // Destination i: local rank rank + 1 + i (constant indices: registers).
-                let mut dsts = [0u64; 8];
-                for (i, d) in dsts.iter_mut().enumerate() {
-                    if (i as u32) + 1 < world {
-                        *d = c.heap((rank + 1 + i as u32) % world) + off;
-                    }
-                }
-                memory::fence_proxy_async();
-                ring.copy(&dsts, world - 1, c.heap(rank) + off, len);
-                for p in 0..world {
-                    if p != rank {
-                        memory::red_release_add_u64(Scope::Sys, (c.heap(p) + flag_offset(FlagSlot::Tile2, rank, mt)) as *mut u64, 1);
-                    }
-                }
-                mt += 1;
             }
         }
     }
@@ -644,7 +608,7 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
     // the context is re-read from the descriptor in each tile (volatile reads, so nothing
     // derived from it is hoisted out of the loop and kept live, which ptxas spills).
     let epoch = unsafe { fused_ctx(a.desc, Role::Compute) }.epoch;
-    let mut ready: u32 = 0; // STAGED, STAGE_PARITY
+    let mut ready: u32 = 1 << unsafe { rank_world(a.desc) }.0; // local ranks whose buffers we may write
     let mut acc = [0f32; 128];
     let mut pending: Option<Pending> = None;
     // The optional timeline (thread 0 of the first consumer warpgroup): this CTA's tile count.
@@ -696,7 +660,8 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
     let c = unsafe { fused_ctx(a.desc, Role::Compute) };
     let ct = ids::thread_idx_reread() - crate::arch::ids::WARPGROUP_THREADS;
     let published = match pending {
-        Some(p) => unsafe { publish(&c, a, p, ids::thread_in_warpgroup() == 0, ct, ct == 0 && aborted(a.desc)) },
+        Some(p) if announced(&c, a, p) => unsafe { publish(&c, a, p, ids::thread_in_warpgroup() == 0, ct, ct == 0 && aborted(a.desc)) },
+        Some(_) => true,
         None => true,
     };
     drain_tma_stores();
@@ -709,9 +674,10 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
         // waits for row tiles idx, idx + grid, ... of the own-node block of every local peer's
         // chunk (the remote ranks' PUTs: warp 3 of compute CTA 0).
         let (nodes, _, block_rows) = node_blocks(&c, a.m);
+        let tiles_n = a.n.div_ceil(TILE.block_n) as u64;
         let mut mt = (nodes - 1) * block_rows / TILE.block_m + idx;
         while mt < chunk_rows / TILE.block_m {
-            let ok = ct >= c.world || ct == c.rank || unsafe { wait_flag_of_cta(&c, FlagSlot::Tile2, ct, mt, a.n_comm as u64) };
+            let ok = ct >= c.world || ct == c.rank || unsafe { wait_flag_of_cta(&c, FlagSlot::Tile2, ct, mt, tiles_n) };
             if named_barrier_or(3, 2 * crate::arch::ids::WARPGROUP_THREADS, !ok) {
                 return;
             }
@@ -800,11 +766,23 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
     let mt = local.m0 / TILE.block_m;
     unsafe {
         if let Some(p) = pending.take() {
-            if !publish(c, a, p, ids::thread_in_warpgroup() == 0, ct, stop) {
+            if announced(c, a, p) && !publish(c, a, p, ids::thread_in_warpgroup() == 0, ct, stop) {
                 return false;
             }
         }
         mark(Mark::Published);
+        // AllReduce writes the own node's reduced rows into every local rank's output: their
+        // FusedReady first.
+        let (nodes, node, block_rows) = node_blocks(c, a.m);
+        let j = local.m0 / block_rows;
+        let need = if dest == c.rank && a.all_reduce != 0 && j + 1 == nodes { (1u32 << c.world) - 1 } else { 0 };
+        if need & !*ready != 0 {
+            let ok = ct >= c.world || need & !*ready & (1 << ct) == 0 || wait_flag_of_cta(c, FlagSlot::FusedReady, ct, 0, c.epoch);
+            if named_barrier_or(3, 2 * crate::arch::ids::WARPGROUP_THREADS, !ok) {
+                return false;
+            }
+            *ready |= need;
+        }
         if dest != c.rank {
             mark(Mark::Waited);
             // Into the outbox (local, the tile's own row), from where a comm CTA copies the
@@ -813,7 +791,8 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
         } else {
             // Every peer's partial of this row tile has landed here.
             let ok = ct >= c.world || ct == c.rank || wait_flag_of_cta(c, FlagSlot::Tile1, ct, mt, a.n_comm as u64);
-            if named_barrier_or(3, 2 * crate::arch::ids::WARPGROUP_THREADS, !ok) {
+            // Also where an own tile whose predecessor was not announced hears of an abort.
+            if named_barrier_or(3, 2 * crate::arch::ids::WARPGROUP_THREADS, !ok || stop) {
                 return false;
             }
             mark(Mark::Waited);
@@ -834,8 +813,6 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
                 *ready &= !STAGED;
             }
             mark(Mark::Added);
-            let (nodes, node, block_rows) = node_blocks(c, a.m);
-            let j = local.m0 / block_rows;
             if j + 1 < nodes {
                 // This node's sum of a remote rank's rows: to the stage (rows as in the chunk).
                 store_tile_tma_to(ring, TensorMap(a.map_stage as *const u8), local, wg - 1, acc, staged);
@@ -855,8 +832,10 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
                         nd += 1;
                     }
                 }
-                // To the output (AllReduce: this rank's rows of it, which comm CTAs copy on).
-                store_tile_tma_to(ring, TensorMap(a.map_out as *const u8), Tile { m0: local.m0 - j * block_rows, n0: local.n0 }, wg - 1, acc, staged);
+                // To the output; AllReduce: with one bulk group into every local rank's output
+                // (a peer's over NVLink).
+                let outs = MapTable { maps: a.map_out.as_ptr(), count: if a.all_reduce != 0 { c.world } else { 1 } };
+                store_tile_tma_to(ring, outs, Tile { m0: local.m0 - j * block_rows, n0: local.n0 }, wg - 1, acc, staged);
             }
         }
         *pending = Some(Pending { dest, mt });
@@ -879,13 +858,21 @@ unsafe fn fused_ctx_at(desc: u64, epoch: u64) -> CommCtx {
     c
 }
 
+/// Whether a finished tile is announced (by [`publish`] at the next tile's epilogue): peer
+/// partials, AllReduce's rows for the local peers, every own tile across nodes. An own
+/// ReduceScatter tile on one node concerns nobody else.
+#[inline(always)]
+fn announced(c: &CommCtx, a: &GemmRsArgs, p: Pending) -> bool {
+    p.dest != c.rank || c.global_world > c.world || (a.all_reduce != 0 && c.world > 1)
+}
+
 /// Waits until both consumer warpgroups' bulk stores of the pending tile completed, then
-/// counts it (`red.release.gpu`, local): a peer's partial tile in `(Outbox, peer, mt)`, an own
-/// AllReduce tile of the own node's block in `(Outbox, rank, mt)` (comm CTAs copy a row tile
-/// on once its counter is full); across nodes an own tile also counts in its block's
-/// `NodeSum`, which the block's sender warp waits for ([`send_node_block`]). The barrier also
-/// ORs `stop` (the rank aborted, read by consumer thread 0 at the tile's start): false then,
-/// and every consumer stops.
+/// announces it: a peer's partial tile counts in `(Outbox, peer, mt)` (local; comm CTAs copy a
+/// row tile on once its counter is full), an own AllReduce tile of the own node's block adds 1
+/// to `(Tile2, rank, mt)` at every local peer (`red.release.sys`); across nodes an own tile also
+/// counts in its block's `NodeSum`, which the block's sender warp waits for
+/// ([`send_node_block`]). The barrier also ORs `stop` (the rank aborted, read by consumer
+/// thread 0 at the tile's start): false then, and every consumer stops.
 #[inline(always)]
 unsafe fn publish(c: &CommCtx, a: &GemmRsArgs, p: Pending, leader: bool, ct: u32, stop: bool) -> bool {
     if leader {
@@ -895,16 +882,19 @@ unsafe fn publish(c: &CommCtx, a: &GemmRsArgs, p: Pending, leader: bool, ct: u32
     if named_barrier_or(3, 2 * crate::arch::ids::WARPGROUP_THREADS, stop) {
         return false;
     }
-    if ct != 0 {
-        return true;
-    }
     let (nodes, _, block_rows) = node_blocks(c, a.m);
     let j = p.mt * TILE.block_m / block_rows;
     unsafe {
-        if p.dest != c.rank || (a.all_reduce != 0 && j + 1 == nodes && c.world > 1) {
-            memory::red_release_add_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::Outbox, p.dest, p.mt), 1);
+        if p.dest != c.rank {
+            if ct == 0 {
+                memory::red_release_add_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::Outbox, p.dest, p.mt), 1);
+            }
+            return true;
         }
-        if p.dest == c.rank && nodes > 1 && (j + 1 < nodes || a.all_reduce != 0) {
+        if a.all_reduce != 0 && j + 1 == nodes && ct < c.world && ct != c.rank {
+            memory::red_release_add_u64(Scope::Sys, (c.heap(ct) + flag_offset(FlagSlot::Tile2, c.rank, p.mt)) as *mut u64, 1);
+        }
+        if nodes > 1 && ct == 0 && (j + 1 < nodes || a.all_reduce != 0) {
             memory::red_release_add_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::NodeSum, c.rank, j), 1);
         }
     }
