@@ -80,7 +80,9 @@ pub struct GemmRsArgs {
     /// Tile rows per rasterization group inside a block (1: a row tile completes every
     /// `tiles_n` tiles, so comm CTAs get a steady stream; larger: more L2 reuse of B).
     pub group_m: u32,
-    pub _pad: u32,
+    /// AllReduce: 1 = comm CTAs also copy the reduced row tiles to the local peers' outputs
+    /// (as row tiles complete); 0 = the compute CTAs store them there from the epilogue.
+    pub ar_via_comm: u32,
     /// Device address of a per-tile timeline buffer ([`crate::trace`]), 0: none (the default).
     pub trace: u64,
 }

@@ -130,6 +130,9 @@ pub struct RsSplit {
     pub comm_ctas: u32,
     /// Tile rows per rasterization group (0: `GemmTile::group_m`).
     pub group_m: u32,
+    /// AllReduce: the comm CTAs also copy the reduced rows to the local peers (else the
+    /// compute CTAs store them there from the epilogue).
+    pub ar_via_comm: bool,
 }
 
 /// A planned GEMM + ReduceScatter: every rank holds `a` (`m` x `k_local`) and `b` (`n` x
@@ -175,7 +178,7 @@ impl GemmRsPlan {
     /// is launched.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn new(comm: &mut Communicator, stream: &Arc<CudaStream>, a: u64, b: u64, out: u64, m: usize, n: usize, k_local: usize, parts: u32) -> Result<GemmRsPlan> {
-        unsafe { Self::build(comm, stream, a, b, Some(out), m, n, k_local, RsSplit { parts, comm_ctas: 0, group_m: 0 }) }
+        unsafe { Self::build(comm, stream, a, b, Some(out), m, n, k_local, RsSplit { parts, ..RsSplit::default() }) }
     }
 
     /// [`GemmRsPlan::new`] (`out: Some`) or [`GemmRsPlan::new_all_reduce`] (`None`) with the
@@ -196,7 +199,7 @@ impl GemmRsPlan {
     /// As [`GemmRsPlan::new`] (without `out`).
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn new_all_reduce(comm: &mut Communicator, stream: &Arc<CudaStream>, a: u64, b: u64, m: usize, n: usize, k_local: usize, parts: u32) -> Result<GemmRsPlan> {
-        unsafe { Self::build(comm, stream, a, b, None, m, n, k_local, RsSplit { parts, comm_ctas: 0, group_m: 0 }) }
+        unsafe { Self::build(comm, stream, a, b, None, m, n, k_local, RsSplit { parts, ..RsSplit::default() }) }
     }
 
     /// The AllReduce output in the heap (`None` for a ReduceScatter plan).
@@ -285,7 +288,7 @@ impl GemmRsPlan {
             all_reduce: ar_out.is_some() as u32,
             n_comm,
             group_m: if split.group_m == 0 { t.group_m } else { split.group_m.min((block_rows as usize / t.block_m as usize / parts as usize) as u32) },
-            _pad: 0,
+            ar_via_comm: (split.ar_via_comm && out.is_none() && world > 1) as u32,
             trace: 0,
         };
         // SAFETY: GemmRsArgs is repr(C) plain data.

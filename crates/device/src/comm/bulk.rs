@@ -11,17 +11,31 @@
 use crate::arch::{mbarrier, memory, smem::SmemAddr, tma};
 use mkernel_config::fused::{BULK_LOOKAHEAD, BULK_STAGES, BULK_STAGE_BYTES};
 
-/// The ring and how many pieces it has carried (its mbarrier phases).
+/// Flags to raise once a copy's stores are complete: `red.release.sys.add` of `add` to each of
+/// `flags[..n]` (device addresses, a peer's over NVLink).
+#[derive(Clone, Copy)]
+pub struct Release {
+    pub flags: [u64; 8],
+    pub n: u32,
+    pub add: u64,
+}
+
+/// The ring, how many pieces it has carried (its mbarrier phases and bulk groups: one group
+/// per piece), and a copy whose release is deferred ([`BulkRing::copy_deferred`]).
 pub struct BulkRing {
     base: SmemAddr,
     pieces: u32,
+    pending: Option<(Release, u32)>,
 }
+
+/// Bulk groups that may still be in flight while an older copy's release waits for its own.
+const RELEASE_LAG: u32 = BULK_STAGES - BULK_LOOKAHEAD;
 
 impl BulkRing {
     /// A ring at `base` (1024-byte aligned dynamic shared memory). One thread initialises it.
     #[inline(always)]
     pub unsafe fn new(base: SmemAddr) -> BulkRing {
-        let r = BulkRing { base, pieces: 0 };
+        let r = BulkRing { base, pieces: 0, pending: None };
         for s in 0..BULK_STAGES {
             unsafe { mbarrier::init(r.bar(s), 1) };
         }
@@ -54,14 +68,29 @@ impl BulkRing {
     /// a later release by this thread (`cp.async.bulk.wait_group 0` + `fence.proxy.async`).
     #[inline(always)]
     pub unsafe fn copy(&mut self, dsts: &[u64; 8], ndst: u32, src: u64, bytes: u64) {
+        unsafe {
+            self.copy_deferred(dsts, ndst, src, bytes, Release { flags: [0; 8], n: 0, add: 0 });
+            self.flush();
+        }
+    }
+
+    /// As [`BulkRing::copy`], but returns once the stores are issued; `release` is raised
+    /// later, when this copy's stores are complete: during the next copy, once
+    /// `RELEASE_LAG` newer bulk groups were issued (`cp.async.bulk.wait_group`, which keeps
+    /// those in flight: the ring does not drain between copies), or at [`BulkRing::flush`].
+    /// Call `flush` before anything that may wait on another rank: a held release could close
+    /// a cycle.
+    #[inline(always)]
+    pub unsafe fn copy_deferred(&mut self, dsts: &[u64; 8], ndst: u32, src: u64, bytes: u64, release: Release) {
         let np = bytes.div_ceil(BULK_STAGE_BYTES as u64) as u32;
         let piece = |i: u32| -> (u64, u32) {
             let off = i as u64 * BULK_STAGE_BYTES as u64;
             (off, (bytes - off).min(BULK_STAGE_BYTES as u64) as u32)
         };
         let g0 = self.pieces;
-        // The previous call's stores may still read the stages.
-        tma::store_wait_read::<0>();
+        // The stages of the first loads last held pieces g0 - S .. g0 - S + L - 1: read once
+        // at most S - L newer groups still read.
+        tma::store_wait_read::<RELEASE_LAG>();
         for i in 0..np.min(BULK_LOOKAHEAD) {
             let (off, len) = piece(i);
             unsafe { self.load(g0 + i, (src + off) as *const u8, len) };
@@ -76,15 +105,48 @@ impl BulkRing {
                 }
             }
             tma::store_commit();
+            if let Some((r, end)) = self.pending {
+                if g + 1 - end >= RELEASE_LAG {
+                    // Every group up to the older copy's last is complete.
+                    tma::store_wait::<RELEASE_LAG>();
+                    unsafe { raise(r) };
+                    self.pending = None;
+                }
+            }
             let j = i + BULK_LOOKAHEAD;
             if j < np {
-                tma::store_wait_read::<{ BULK_STAGES - BULK_LOOKAHEAD }>();
+                tma::store_wait_read::<RELEASE_LAG>();
                 let (off, len) = piece(j);
                 unsafe { self.load(g0 + j, (src + off) as *const u8, len) };
             }
         }
         self.pieces = g0 + np;
+        if self.pending.is_some() {
+            // The older copy's stores are not yet known complete (this copy was short).
+            unsafe { self.flush() };
+        }
+        self.pending = Some((release, self.pieces));
+    }
+
+    /// Waits until every store issued is complete, then raises a deferred release.
+    #[inline(always)]
+    pub unsafe fn flush(&mut self) {
         tma::store_wait::<0>();
         memory::fence_proxy_async();
+        if let Some((r, _)) = self.pending.take() {
+            unsafe { raise(r) };
+        }
+    }
+}
+
+/// `red.release.sys.add` of `r.add` to each of `r.flags[..r.n]`, after `fence.proxy.async`
+/// (the stores were made by the async proxy).
+#[inline(always)]
+unsafe fn raise(r: Release) {
+    memory::fence_proxy_async();
+    for (i, f) in r.flags.iter().enumerate() {
+        if (i as u32) < r.n {
+            unsafe { memory::red_release_add_u64(memory::Scope::Sys, *f as *mut u64, r.add) };
+        }
     }
 }

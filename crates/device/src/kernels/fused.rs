@@ -16,7 +16,7 @@
 //! `FusedReady` (raised by its comm CTA 0 at start: its previous launch, which read the buffer,
 //! ended).
 use crate::arch::{ids, mbarrier, memory, memory::Scope, regs, smem, sync, tma, tma::TensorMap};
-use crate::comm::bulk::BulkRing;
+use crate::comm::bulk::{BulkRing, Release};
 use crate::comm::wait::wait_flag_of_cta;
 use crate::comm::{proxy, CommCtx};
 use crate::gemm::consumer::mma_tile_bounded;
@@ -394,12 +394,20 @@ unsafe fn rs_comm_role(a: &GemmRsArgs) {
                 let dest = (rank + s) % world;
                 let mut mt = g * part;
                 while mt < (g + 1) * part {
+                    // A release still held by the ring is raised before any wait that may
+                    // take long (the peer may be waiting for it).
+                    let counter = c.flag_of_cta(rank, FlagSlot::Outbox, dest, mt);
+                    if memory::ld_acquire_u64(Scope::Gpu, counter) < tiles_n || ready & (1 << dest) == 0 {
+                        ring.flush();
+                    }
+                    // (A failed wait leaves the error record; the CTA exits once nothing is
+                    // in flight.)
                     if !wait_flag_of_cta(c, FlagSlot::Outbox, dest, mt, tiles_n) {
-                        return;
+                        return ring.flush();
                     }
                     if ready & (1 << dest) == 0 {
                         if !wait_flag_of_cta(c, FlagSlot::FusedReady, dest, 0, c.epoch) {
-                            return;
+                            return ring.flush();
                         }
                         ready |= 1 << dest;
                     }
@@ -408,12 +416,40 @@ unsafe fn rs_comm_role(a: &GemmRsArgs) {
                     memory::fence_proxy_async();
                     let mut dsts = [0u64; 8];
                     dsts[0] = c.heap(dest) + a.recv_off + (rank * chunk_rows + mt * TILE.block_m) as u64 * row_bytes + first;
-                    ring.copy(&dsts, 1, c.heap(rank) + a.outbox_off + (dest * chunk_rows + mt * TILE.block_m) as u64 * row_bytes + first, len);
-                    memory::red_release_add_u64(Scope::Sys, (c.heap(dest) + flag_offset(FlagSlot::Tile1, rank, mt)) as *mut u64, 1);
+                    let mut flags = [0u64; 8];
+                    flags[0] = c.heap(dest) + flag_offset(FlagSlot::Tile1, rank, mt);
+                    // Raised once these stores are complete, while the next slices stream.
+                    ring.copy_deferred(&dsts, 1, c.heap(rank) + a.outbox_off + (dest * chunk_rows + mt * TILE.block_m) as u64 * row_bytes + first, len, Release { flags, n: 1, add: 1 });
                     mt += 1;
                 }
             }
+            if a.ar_via_comm == 0 || g == 0 {
+                continue;
+            }
+            // AllReduce: the own reduced row tiles of the part before (those of the own
+            // node's block), into every local peer's output, raising `(Tile2, rank, mt)` there.
+            let (nodes, _, block_rows) = node_blocks(c, a.m);
+            let own_first = (nodes - 1) * block_rows / TILE.block_m;
+            let mut mt = ((g - 1) * part).max(own_first);
+            while mt < g * part {
+                if own_row_tile(c, a, &mut ring, mt, own_first, first, len, &mut ready).is_none() {
+                    return ring.flush();
+                }
+                mt += 1;
+            }
         }
+        if a.ar_via_comm != 0 {
+            let (nodes, _, block_rows) = node_blocks(c, a.m);
+            let own_first = (nodes - 1) * block_rows / TILE.block_m;
+            let mut mt = ((parts - 1) * part).max(own_first);
+            while mt < parts * part {
+                if own_row_tile(c, a, &mut ring, mt, own_first, first, len, &mut ready).is_none() {
+                    return ring.flush();
+                }
+                mt += 1;
+            }
+        }
+        ring.flush();
     }
 }
 
@@ -674,10 +710,11 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
         // waits for row tiles idx, idx + grid, ... of the own-node block of every local peer's
         // chunk (the remote ranks' PUTs: warp 3 of compute CTA 0).
         let (nodes, _, block_rows) = node_blocks(&c, a.m);
-        let tiles_n = a.n.div_ceil(TILE.block_n) as u64;
+        // Raised per tile by the peers' epilogues, or per slice by their comm CTAs.
+        let full = if a.ar_via_comm != 0 { a.n_comm as u64 } else { a.n.div_ceil(TILE.block_n) as u64 };
         let mut mt = (nodes - 1) * block_rows / TILE.block_m + idx;
         while mt < chunk_rows / TILE.block_m {
-            let ok = ct >= c.world || ct == c.rank || unsafe { wait_flag_of_cta(&c, FlagSlot::Tile2, ct, mt, tiles_n) };
+            let ok = ct >= c.world || ct == c.rank || unsafe { wait_flag_of_cta(&c, FlagSlot::Tile2, ct, mt, full) };
             if named_barrier_or(3, 2 * crate::arch::ids::WARPGROUP_THREADS, !ok) {
                 return;
             }
@@ -775,7 +812,7 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
         // FusedReady first.
         let (nodes, node, block_rows) = node_blocks(c, a.m);
         let j = local.m0 / block_rows;
-        let need = if dest == c.rank && a.all_reduce != 0 && j + 1 == nodes { (1u32 << c.world) - 1 } else { 0 };
+        let need = if dest == c.rank && a.all_reduce != 0 && a.ar_via_comm == 0 && j + 1 == nodes { (1u32 << c.world) - 1 } else { 0 };
         if need & !*ready != 0 {
             let ok = ct >= c.world || need & !*ready & (1 << ct) == 0 || wait_flag_of_cta(c, FlagSlot::FusedReady, ct, 0, c.epoch);
             if named_barrier_or(3, 2 * crate::arch::ids::WARPGROUP_THREADS, !ok) {
@@ -834,13 +871,62 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
                 }
                 // To the output; AllReduce: with one bulk group into every local rank's output
                 // (a peer's over NVLink).
-                let outs = MapTable { maps: a.map_out.as_ptr(), count: if a.all_reduce != 0 { c.world } else { 1 } };
+                let outs = match (a.all_reduce != 0, a.ar_via_comm != 0) {
+                    (false, _) => MapTable { maps: a.map_out.as_ptr(), count: 1 },
+                    (true, false) => MapTable { maps: a.map_out.as_ptr(), count: c.world },
+                    // Only into our own output; comm CTAs copy it on.
+                    (true, true) => MapTable { maps: a.map_out.as_ptr().add(c.rank as usize), count: 1 },
+                };
                 store_tile_tma_to(ring, outs, Tile { m0: local.m0 - j * block_rows, n0: local.n0 }, wg - 1, acc, staged);
             }
         }
         *pending = Some(Pending { dest, mt });
     }
     true
+}
+
+/// A comm CTA's slice (`first`, `len` bytes) of AllReduce's own reduced row tile `mt` (of the
+/// own node's block, which starts at row tile `own_first`): once it is in this rank's output
+/// (`(Outbox, rank, mt)` full), copied into every local peer's output; `(Tile2, rank, mt)`
+/// there is raised once the stores are complete. `None` when a wait gave up.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn own_row_tile(c: &CommCtx, a: &GemmRsArgs, ring: &mut BulkRing, mt: u32, own_first: u32, first: u64, len: u64, ready: &mut u32) -> Option<()> {
+    let (rank, world) = (c.rank, c.world);
+    let tiles_n = a.n.div_ceil(TILE.block_n) as u64;
+    let row_bytes = a.n as u64 * 2;
+    let all = (1u32 << world) - 1;
+    unsafe {
+        if memory::ld_acquire_u64(Scope::Gpu, c.flag_of_cta(rank, FlagSlot::Outbox, rank, mt)) < tiles_n || *ready & all != all {
+            ring.flush();
+        }
+        if !wait_flag_of_cta(c, FlagSlot::Outbox, rank, mt, tiles_n) {
+            return None;
+        }
+        for s in 1..world {
+            let p = (rank + s) % world;
+            if *ready & (1 << p) == 0 {
+                if !wait_flag_of_cta(c, FlagSlot::FusedReady, p, 0, c.epoch) {
+                    return None;
+                }
+                *ready |= 1 << p;
+            }
+        }
+        let (_, _, block_rows) = node_blocks(c, a.m);
+        let off = a.out_off + (c.global_rank * block_rows + (mt - own_first) * TILE.block_m) as u64 * row_bytes + first;
+        // Destination i: local rank rank + 1 + i (constant indices: registers).
+        let (mut dsts, mut flags) = ([0u64; 8], [0u64; 8]);
+        for i in 0..8 {
+            if (i as u32) + 1 < world {
+                let p = (rank + 1 + i as u32) % world;
+                dsts[i] = c.heap(p) + off;
+                flags[i] = c.heap(p) + flag_offset(FlagSlot::Tile2, rank, mt);
+            }
+        }
+        memory::fence_proxy_async();
+        ring.copy_deferred(&dsts, world - 1, c.heap(rank) + off, len, Release { flags, n: world - 1, add: 1 });
+    }
+    Some(())
 }
 
 /// `(rank, world)` read from the descriptor (volatile: re-read wherever called).
@@ -891,8 +977,14 @@ unsafe fn publish(c: &CommCtx, a: &GemmRsArgs, p: Pending, leader: bool, ct: u32
             }
             return true;
         }
-        if a.all_reduce != 0 && j + 1 == nodes && ct < c.world && ct != c.rank {
-            memory::red_release_add_u64(Scope::Sys, (c.heap(ct) + flag_offset(FlagSlot::Tile2, c.rank, p.mt)) as *mut u64, 1);
+        if a.all_reduce != 0 && j + 1 == nodes && c.world > 1 {
+            if a.ar_via_comm != 0 {
+                if ct == 0 {
+                    memory::red_release_add_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::Outbox, c.rank, p.mt), 1);
+                }
+            } else if ct < c.world && ct != c.rank {
+                memory::red_release_add_u64(Scope::Sys, (c.heap(ct) + flag_offset(FlagSlot::Tile2, c.rank, p.mt)) as *mut u64, 1);
+            }
         }
         if nodes > 1 && ct == 0 && (j + 1 < nodes || a.all_reduce != 0) {
             memory::red_release_add_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::NodeSum, c.rank, j), 1);
