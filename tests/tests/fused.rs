@@ -5,7 +5,7 @@
 use half::bf16;
 use mkernel::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use mkernel::cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
-use mkernel::fused::{AgGemmPlan, GemmRsPlan};
+use mkernel::fused::{AgGemmPlan, GemmRsPlan, RsSplit};
 use mkernel::{CommConfig, Communicator};
 use mkernel_tests::data::random_bf16;
 use mkernel_tests::gpu::launched_rank_or_skip;
@@ -18,10 +18,11 @@ const REPS: u64 = 3;
 /// AllGather + GEMM cases: M, N, K (global M; A sharded by rows), comm CTAs.
 const AG_CASES: [(usize, usize, usize, u32); 4] = [(1024, 512, 256, 4), (2048, 768, 1024, 8), (4096, 256, 512, 16), (1024, 1000, 136, 1)];
 /// GEMM + ReduceScatter cases: M, N, K per rank, parts per row chunk (1 where it does not
-/// divide the chunk's row tiles at this world size).
-const RS_CASES: [(usize, usize, usize, u32); 3] = [(1024, 512, 256, 2), (2048, 768, 512, 4), (512, 1000, 136, 1)];
+/// divide the chunk's row tiles at this world size), comm CTAs (`RsSplit::AUTO`, none, or a
+/// count: the partials go through comm CTAs or straight from the epilogues).
+const RS_CASES: [(usize, usize, usize, u32, u32); 3] = [(1024, 512, 256, 2, RsSplit::AUTO), (2048, 768, 512, 4, RsSplit::NO_COMM_CTAS), (512, 1000, 136, 1, 3)];
 /// GEMM + AllReduce cases, as [`RS_CASES`].
-const AR_CASES: [(usize, usize, usize, u32); 2] = [(1024, 512, 256, 2), (512, 1000, 136, 1)];
+const AR_CASES: [(usize, usize, usize, u32, u32); 2] = [(1024, 512, 256, 2, RsSplit::AUTO), (512, 1000, 136, 1, 4)];
 
 #[test]
 fn fused_collectives_ag_gemm_matches_cpu_reference() {
@@ -141,7 +142,7 @@ fn ag_gemm_case(comm: &mut Communicator, stream: &Arc<CudaStream>, case: usize, 
 
 /// GEMM + ReduceScatter (or, with `all_reduce`, GEMM + AllReduce), `m` x `n` x `kl` per rank
 /// with `parts` parts per row chunk (1 where they do not divide the chunk), run and checked `REPS` times.
-fn reduce_case(comm: &mut Communicator, stream: &Arc<CudaStream>, case: usize, (m, n, kl, parts): (usize, usize, usize, u32), all_reduce: bool, how: &Launch) -> String {
+fn reduce_case(comm: &mut Communicator, stream: &Arc<CudaStream>, case: usize, (m, n, kl, parts, comm_ctas): (usize, usize, usize, u32, u32), all_reduce: bool, how: &Launch) -> String {
     // Chunks by global rank: across nodes every rank of every node reduces one.
     let (rank, world) = (comm.global_rank() as usize, (comm.world() * comm.nnodes()) as usize);
     let parts = if (m / world / 128) % parts as usize == 0 { parts } else { 1 };
@@ -151,7 +152,8 @@ fn reduce_case(comm: &mut Communicator, stream: &Arc<CudaStream>, case: usize, (
     let mut dout = stream.alloc_zeros::<bf16>(ms * n).unwrap(); // ReduceScatter only
     let (pa, pb, po) = ({ let (p, _g) = da.device_ptr_mut(stream); p }, { let (p, _g) = db.device_ptr_mut(stream); p }, { let (p, _g) = dout.device_ptr_mut(stream); p });
     // SAFETY: buffers sized for the shape, alive until the end of the case.
-    let plan = unsafe { if all_reduce { GemmRsPlan::new_all_reduce(comm, stream, pa, pb, m, n, kl, parts) } else { GemmRsPlan::new(comm, stream, pa, pb, po, m, n, kl, parts) } }.unwrap();
+    let split = RsSplit { parts, comm_ctas, group_m: 0 };
+    let plan = unsafe { GemmRsPlan::with_split(comm, stream, pa, pb, (!all_reduce).then_some(po), m, n, kl, split) }.unwrap();
     let comm: &Communicator = comm;
     let (op, seed_base, rows) = if all_reduce { ("gemm_ar", 40_000, 0..m) } else { ("gemm_rs", 20_000, rank * ms..(rank + 1) * ms) };
     let write = |rep: u64| {
@@ -177,7 +179,7 @@ fn reduce_case(comm: &mut Communicator, stream: &Arc<CudaStream>, case: usize, (
     };
     run_reps(comm, stream, how, &format!("{op} m {m} n {n} k_local {kl} parts {parts}"), |s| plan.launch(s), write, read);
     let whole = if all_reduce { "whole sum on every rank, " } else { "" };
-    format!("{op} M {m} N {n} K_local {kl}, {parts} parts per chunk, {} CTAs, {}: {whole}every element within tolerance", plan.split().1, how.describe())
+    format!("{op} M {m} N {n} K_local {kl}, {parts} parts per chunk, {} CTAs ({} comm), {}: {whole}every element within tolerance", plan.split().1, plan.comm_ctas(), how.describe())
 }
 
 fn to_f64(v: &[bf16]) -> Vec<f64> {

@@ -35,7 +35,7 @@ fn record_split(args: &Args, rank: usize, key: TuneKey, split: u32) -> Result<()
 const AG_SPLITS: [u32; 4] = [2, 4, 8, 16];
 /// GEMM+RS/AR: parts per row chunk tried (those that divide a chunk's row tiles), and comm CTAs.
 const REDUCE_PARTS: [u32; 2] = [1, 2];
-const REDUCE_COMM_CTAS: [u32; 2] = [4, 8];
+const REDUCE_COMM_CTAS: [u32; 3] = [0, 4, 8];
 /// GEMM+RS/AR: rasterization groups tried.
 const REDUCE_GROUPS: [u32; 2] = [1, 8];
 
@@ -174,7 +174,7 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
     // Every plan reserves its receive slots (M x N bf16 in all), an AllReduce plan also its
     // M x N output; across nodes the node-sum stage and remote receive blocks (< 2 M x N).
     let across = 2 * (info.nnodes() > 1) as usize;
-    let mut comm = Communicator::new(&dev, boot, heap_config(&shapes, REDUCE_PARTS.len() * REDUCE_COMM_CTAS.len() * REDUCE_GROUPS.len() * (1 + all_reduce as usize), |m, _, n| m * n * 2 * (2 + all_reduce as usize + across)))?;
+    let mut comm = Communicator::new(&dev, boot, heap_config(&shapes, REDUCE_PARTS.len() * REDUCE_COMM_CTAS.len() * REDUCE_GROUPS.len(), |m, _, n| m * n * 2 * (2 + all_reduce as usize + across)))?;
     let stream = dev.default_stream();
     // Lines the ranks up before each timed run (see median_ms_aligned).
     let mut sync_word = stream.alloc_zeros::<bf16>(8)?;
@@ -201,20 +201,20 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
         let ccs: &[u32] = if world > 1 { &REDUCE_COMM_CTAS } else { &[0] };
         for parts in REDUCE_PARTS.into_iter().filter(|&p| (m / world / 128) % p as usize == 0) {
             for &cc in ccs {
-                for (group_m, via) in REDUCE_GROUPS.into_iter().flat_map(|g| [(g, false), (g, true)]).filter(|&(_, v)| all_reduce || !v) {
-                    let split = RsSplit { parts, comm_ctas: cc, group_m, ar_via_comm: via };
+                for group_m in REDUCE_GROUPS {
+                    let split = RsSplit { parts, comm_ctas: if cc == 0 { RsSplit::NO_COMM_CTAS } else { cc }, group_m };
                     // SAFETY: buffers sized for the shape and alive for the whole case.
                     let plan = unsafe { GemmRsPlan::with_split(&mut comm, &stream, pa, pb, (!all_reduce).then_some(po), m, n, kl, split)? };
                     let mut f = || Ok(plan.launch(&stream)?);
                     let t = median_ms_aligned(&stream, 2, 5, &mut align, &mut [&mut f])?[0];
                     comm.check()?;
-                    sweep.push(json!({ "parts": parts, "comm_ctas": cc, "group_m": group_m, "ar_via_comm": via, "ms": t }));
-                    plans.push(((via as u32) << 24 | parts << 16 | cc << 8 | group_m, t, plan));
+                    sweep.push(json!({ "parts": parts, "comm_ctas": cc, "group_m": group_m, "ms": t }));
+                    plans.push((parts << 16 | cc << 8 | group_m, t, plan));
                 }
             }
         }
         let (code, plan) = agreed_best(&comm, plans)?;
-        let (parts, comm_ctas, group_m, via) = ((code >> 16) & 0xff, (code >> 8) & 0xff, code & 0xff, code >> 24 != 0);
+        let (parts, comm_ctas, group_m) = (code >> 16, (code >> 8) & 0xff, code & 0xff);
         let op = if all_reduce { "gemm-ar" } else { "gemm-rs" };
         record_split(args, rank, TuneKey { op: op.into(), world: world as u32, m, n, k }, parts)?;
         let shape = GemmShape { m, n, k: kl, b_layout: BLayout::NxK };
@@ -253,9 +253,9 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
         let wrong = exact_mismatches(&x, &y);
         let (speedup, overlap) = (t[1] / t[0], t[2].max(t[3]) / t[0]);
         if rank == 0 {
-            println!("{m:>6} {k:>6} {n:>6} | {:>8} {:>9.1} | {:>11.1} {:>10.1} {:>10.1} | {speedup:>8.3} {overlap:>8.3} {wrong:>7} | {:>9.1}", format!("{parts}/{comm_ctas}/{group_m}{}", if via { "c" } else { "" }), t[0] * 1e3, t[1] * 1e3, t[2] * 1e3, t[3] * 1e3, t[4] * 1e3);
+            println!("{m:>6} {k:>6} {n:>6} | {:>8} {:>9.1} | {:>11.1} {:>10.1} {:>10.1} | {speedup:>8.3} {overlap:>8.3} {wrong:>7} | {:>9.1}", format!("{parts}/{comm_ctas}/{group_m}"), t[0] * 1e3, t[1] * 1e3, t[2] * 1e3, t[3] * 1e3, t[4] * 1e3);
         }
-        rows.push(json!({ "m": m, "k": k, "n": n, "world": world, "rank": rank, "parts": parts, "comm_ctas": comm_ctas, "group_m": group_m, "ar_via_comm": via, "sweep": sweep,
+        rows.push(json!({ "m": m, "k": k, "n": n, "world": world, "rank": rank, "parts": parts, "comm_ctas": comm_ctas, "group_m": group_m, "sweep": sweep,
             "op": if all_reduce { "gemm-ar" } else { "gemm-rs" },
             "ours_ms": t[0], "cublas_nccl_ms": t[1], "gemm_alone_ms": t[2], "coll_alone_ms": t[3], "our_gemm_alone_ms": t[4],
             "speedup": speedup, "overlap_efficiency": overlap, "wrong": wrong, "trace": timeline }));

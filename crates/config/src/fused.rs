@@ -46,6 +46,10 @@ pub struct GemmRsArgs {
     /// local peer `d` is stored at its own row (chunk `d`'s rows), from where comm CTAs copy
     /// whole row tiles into `d`'s receive buffer.
     pub map_outbox: u64,
+    /// Without comm CTAs (`n_comm = 0`): `map_recv[p]`, this rank's slot in local rank p's
+    /// receive buffer (`M / world` rows x N bf16, box 64 x 64; a peer's over NVLink), where
+    /// the compute CTAs store their partials for p directly.
+    pub map_recv: [u64; 8],
     /// Where the reduced rows of this rank's global chunk go (`Mg` x N bf16, box 64 x 64):
     /// ReduceScatter: `map_out[0]`, the local output. AllReduce: `map_out[p]`, the rows of this
     /// rank's chunk in local rank p's output (a heap buffer; a peer's over NVLink).
@@ -80,9 +84,7 @@ pub struct GemmRsArgs {
     /// Tile rows per rasterization group inside a block (1: a row tile completes every
     /// `tiles_n` tiles, so comm CTAs get a steady stream; larger: more L2 reuse of B).
     pub group_m: u32,
-    /// AllReduce: 1 = comm CTAs also copy the reduced row tiles to the local peers' outputs
-    /// (as row tiles complete); 0 = the compute CTAs store them there from the epilogue.
-    pub ar_via_comm: u32,
+    pub _pad: u32,
     /// Device address of a per-tile timeline buffer ([`crate::trace`]), 0: none (the default).
     pub trace: u64,
 }
@@ -100,10 +102,12 @@ pub const fn rs_source_row(v: u32, m: u32, world: u32, nodes: u32, node: u32) ->
 }
 
 /// GEMM+ReduceScatter/AllReduce's comm CTAs by default (`world` local ranks; they move the
-/// partials, `(world - 1) / world` of them): 4 on 2 x H200 (132 - 4 = 128 compute CTAs also
-/// divide the tile counts of power-of-two shapes into whole waves).
-pub const fn rs_comm_ctas(world: u32, _all_reduce: bool) -> u32 {
-    if world <= 1 { 0 } else { 4 * (world - 1) }
+/// partials, `(world - 1) / world` of them): ReduceScatter 4 per peer (4 on 2 x H200, where
+/// 132 - 4 = 128 compute CTAs also divide the tile counts of power-of-two shapes into whole
+/// waves); AllReduce none (its epilogues already store every reduced tile into the peers'
+/// outputs, and the partials then go the same way: measured faster on 2 x H200).
+pub const fn rs_comm_ctas(world: u32, all_reduce: bool) -> u32 {
+    if world <= 1 || all_reduce { 0 } else { 4 * (world - 1) }
 }
 
 /// AllGather+GEMM comm CTAs move the shard with TMA bulk copies through a ring of

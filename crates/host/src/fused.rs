@@ -122,17 +122,22 @@ impl AgGemmPlan {
 }
 
 /// How a GEMM+ReduceScatter/AllReduce plan splits its work: `parts` per row chunk (0: the tune
-/// cache's or the default), comm CTAs (0: `mkernel_config::fused::rs_comm_ctas`) and the
-/// rasterization group.
+/// cache's or the default), comm CTAs ([`RsSplit::AUTO`]: `mkernel_config::fused::rs_comm_ctas`;
+/// [`RsSplit::NO_COMM_CTAS`]: none, the compute CTAs store partials straight into the peers'
+/// receive buffers) and the rasterization group.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RsSplit {
     pub parts: u32,
     pub comm_ctas: u32,
     /// Tile rows per rasterization group (0: `GemmTile::group_m`).
     pub group_m: u32,
-    /// AllReduce: the comm CTAs also copy the reduced rows to the local peers (else the
-    /// compute CTAs store them there from the epilogue).
-    pub ar_via_comm: bool,
+}
+
+impl RsSplit {
+    /// `comm_ctas`: the default for the op and world size.
+    pub const AUTO: u32 = 0;
+    /// `comm_ctas`: none.
+    pub const NO_COMM_CTAS: u32 = u32::MAX;
 }
 
 /// A planned GEMM + ReduceScatter: every rank holds `a` (`m` x `k_local`) and `b` (`n` x
@@ -219,9 +224,14 @@ impl GemmRsPlan {
         let tune_op = if out.is_some() { "gemm-rs" } else { "gemm-ar" };
         let parts = crate::tune::split_for(split.parts, &crate::tune::TuneKey { op: tune_op.into(), world: global_world as u32, m, n, k: k_local * global_world });
         check_parts(op, m, global_world, parts)?;
-        let n_comm = if world == 1 { 0 } else if split.comm_ctas == 0 { mkernel_config::fused::rs_comm_ctas(world as u32, out.is_none()) } else { split.comm_ctas };
-        if world > 1 && (n_comm == 0 || n_comm + 1 > sms) {
-            return Err(Error::Shape { op, reason: format!("comm_ctas = {n_comm}: at least 1 and fewer than the {sms} SMs") });
+        let n_comm = match split.comm_ctas {
+            _ if world == 1 => 0,
+            RsSplit::AUTO => mkernel_config::fused::rs_comm_ctas(world as u32, out.is_none()),
+            RsSplit::NO_COMM_CTAS => 0,
+            n => n,
+        };
+        if n_comm + 1 > sms {
+            return Err(Error::Shape { op, reason: format!("comm_ctas = {n_comm}: fewer than the {sms} SMs") });
         }
         // Rows are node-blocked (mkernel_config::fused::rs_source_row): a local rank's chunk of
         // m / world rows is `nodes` blocks of m / global_world rows, one per node's rank of
@@ -231,8 +241,9 @@ impl GemmRsPlan {
         let slot_bytes = chunk_rows * n64 * 2;
         let block_bytes = block_rows * n64 * 2;
         let recv = comm.alloc(slot_bytes * world as u64)?;
-        // The partials for the local peers, at their own rows (comm CTAs copy them on).
-        let outbox = comm.alloc((m * n * 2) as u64)?;
+        // With comm CTAs: the partials for the local peers, at their own rows (the comm CTAs
+        // copy them on).
+        let outbox = if n_comm > 0 { Some(comm.alloc((m * n * 2) as u64)?) } else { None };
         let ar_out = if out.is_none() { Some(comm.alloc((m * n * 2) as u64)?) } else { None };
         // Across nodes: this node's sums of the other nodes' rows of our rail (the PUT
         // sources), and one block per node for their sums of our rows.
@@ -240,44 +251,63 @@ impl GemmRsPlan {
         let (rank, global_rank) = (comm.rank() as u64, comm.global_rank() as u64);
         let map_a = encode_bf16_sw128(Tensor2d { ptr: a, cols: k64, rows: m as u64, row_stride_bytes: 2 * k64 }, t.block_k, t.block_m)?;
         let map_b = encode_bf16_sw128(Tensor2d { ptr: b, cols: k64, rows: n64, row_stride_bytes: 2 * k64 }, t.block_k, t.block_n)?;
-        // Tensor maps: A, B, the outbox, where the reduced chunk goes (AllReduce: into every
+        // Tensor maps: A, B, the outbox (with comm CTAs) or this rank's slot in every local
+        // rank's receive buffer (without), where the reduced chunk goes (AllReduce: into every
         // local rank's output), the stage, the first peer's slot of our receive buffer (its
-        // partials, TMA-loaded by own tiles).
+        // partials, TMA-loaded by own tiles). Each is 128 bytes in one table.
         let box_map = |ptr: u64, rows: u64| encode_bf16_sw128(Tensor2d { ptr, cols: n64, rows, row_stride_bytes: 2 * n64 }, GemmTile::EPILOGUE_BOX_COLS, GemmTile::EPILOGUE_BOX_ROWS);
         let outs: Vec<u64> = match (out, ar_out) {
             (Some(o), _) => vec![o],
             (None, Some(ar)) => (0..world).map(|p| comm.peer_ptr(p as u32, &ar) + global_rank * block_bytes).collect(),
             (None, None) => unreachable!("an AllReduce plan reserves its output"),
         };
-        let mut maps_host = vec![map_a.opaque, map_b.opaque, box_map(comm.ptr(&outbox), m as u64)?.opaque];
+        let mut maps_host = vec![map_a.opaque, map_b.opaque];
+        let mut push = |map: [u64; 16]| {
+            maps_host.push(map);
+            maps_host.len() - 1
+        };
+        let outbox_map = match outbox {
+            Some(o) => Some(push(box_map(comm.ptr(&o), m as u64)?.opaque)),
+            None => None,
+        };
+        let mut recv_maps = vec![];
+        if outbox.is_none() {
+            for p in 0..world {
+                recv_maps.push(push(box_map(comm.peer_ptr(p as u32, &recv) + rank * slot_bytes, chunk_rows)?.opaque));
+            }
+        }
+        let mut out_maps = vec![];
         for &o in &outs {
-            maps_host.push(box_map(o, block_rows)?.opaque);
+            out_maps.push(push(box_map(o, block_rows)?.opaque));
         }
-        if let Some(st) = stage {
-            maps_host.push(box_map(comm.ptr(&st), block_rows * (nodes as u64 - 1))?.opaque);
-        }
+        let stage_map = match stage {
+            Some(st) => Some(push(box_map(comm.ptr(&st), block_rows * (nodes as u64 - 1))?.opaque)),
+            None => None,
+        };
         let first_peer = (rank + 1) % world as u64;
-        if world > 1 {
-            maps_host.push(box_map(comm.ptr(&recv) + first_peer * slot_bytes, chunk_rows)?.opaque);
-        }
+        let in_map = if world > 1 { Some(push(box_map(comm.ptr(&recv) + first_peer * slot_bytes, chunk_rows)?.opaque)) } else { None };
         let words: Vec<u64> = maps_host.concat();
         let maps = stream.clone_htod(&words)?;
         let maps_addr = maps.device_ptr(stream).0;
-        let map_at = |i: usize| maps_addr + 128 * i as u64;
-        let mut map_out = [0u64; 8];
-        for (i, m) in map_out.iter_mut().enumerate().take(outs.len()) {
-            *m = map_at(3 + i);
+        let map_at = |i: Option<usize>| i.map_or(0, |i| maps_addr + 128 * i as u64);
+        let (mut map_recv, mut map_out) = ([0u64; 8], [0u64; 8]);
+        for (m, &i) in map_recv.iter_mut().zip(&recv_maps) {
+            *m = map_at(Some(i));
+        }
+        for (m, &i) in map_out.iter_mut().zip(&out_maps) {
+            *m = map_at(Some(i));
         }
         let args = GemmRsArgs {
             desc: comm.desc_ptr(),
-            map_a: map_at(0),
-            map_b: map_at(1),
-            map_outbox: map_at(2),
+            map_a: map_at(Some(0)),
+            map_b: map_at(Some(1)),
+            map_outbox: map_at(outbox_map),
+            map_recv,
             map_out,
-            map_stage: if stage.is_some() { map_at(3 + outs.len()) } else { 0 },
-            map_in: if world > 1 { map_at(3 + outs.len() + stage.is_some() as usize) } else { 0 },
+            map_stage: map_at(stage_map),
+            map_in: map_at(in_map),
             recv_off: recv.offset,
-            outbox_off: outbox.offset,
+            outbox_off: outbox.map_or(0, |b| b.offset),
             stage_off: stage.map_or(0, |b| b.offset),
             xrecv_off: xrecv.map_or(0, |b| b.offset),
             out_off: ar_out.map_or(0, |b| b.offset),
@@ -288,7 +318,7 @@ impl GemmRsPlan {
             all_reduce: ar_out.is_some() as u32,
             n_comm,
             group_m: if split.group_m == 0 { t.group_m } else { split.group_m.min((block_rows as usize / t.block_m as usize / parts as usize) as u32) },
-            ar_via_comm: (split.ar_via_comm && out.is_none() && world > 1) as u32,
+            _pad: 0,
             trace: 0,
         };
         // SAFETY: GemmRsArgs is repr(C) plain data.

@@ -423,31 +423,6 @@ unsafe fn rs_comm_role(a: &GemmRsArgs) {
                     mt += 1;
                 }
             }
-            if a.ar_via_comm == 0 || g == 0 {
-                continue;
-            }
-            // AllReduce: the own reduced row tiles of the part before (those of the own
-            // node's block), into every local peer's output, raising `(Tile2, rank, mt)` there.
-            let (nodes, _, block_rows) = node_blocks(c, a.m);
-            let own_first = (nodes - 1) * block_rows / TILE.block_m;
-            let mut mt = ((g - 1) * part).max(own_first);
-            while mt < g * part {
-                if own_row_tile(c, a, &mut ring, mt, own_first, first, len, &mut ready).is_none() {
-                    return ring.flush();
-                }
-                mt += 1;
-            }
-        }
-        if a.ar_via_comm != 0 {
-            let (nodes, _, block_rows) = node_blocks(c, a.m);
-            let own_first = (nodes - 1) * block_rows / TILE.block_m;
-            let mut mt = ((parts - 1) * part).max(own_first);
-            while mt < parts * part {
-                if own_row_tile(c, a, &mut ring, mt, own_first, first, len, &mut ready).is_none() {
-                    return ring.flush();
-                }
-                mt += 1;
-            }
         }
         ring.flush();
     }
@@ -710,8 +685,7 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
         // waits for row tiles idx, idx + grid, ... of the own-node block of every local peer's
         // chunk (the remote ranks' PUTs: warp 3 of compute CTA 0).
         let (nodes, _, block_rows) = node_blocks(&c, a.m);
-        // Raised per tile by the peers' epilogues, or per slice by their comm CTAs.
-        let full = if a.ar_via_comm != 0 { a.n_comm as u64 } else { a.n.div_ceil(TILE.block_n) as u64 };
+        let full = a.n.div_ceil(TILE.block_n) as u64;
         let mut mt = (nodes - 1) * block_rows / TILE.block_m + idx;
         while mt < chunk_rows / TILE.block_m {
             let ok = ct >= c.world || ct == c.rank || unsafe { wait_flag_of_cta(&c, FlagSlot::Tile2, ct, mt, full) };
@@ -769,7 +743,7 @@ unsafe fn stage_first_partial(a: &GemmRsArgs, ring: &Ring, tile: Tile, wg: u32, 
         let d = unsafe { &*(a.desc as *const CommDesc) };
         let own_heap = unsafe { *d.heaps.as_ptr().add(rank as usize) };
         let counter = (own_heap + flag_offset(FlagSlot::Tile1, (rank + 1) % world, local_m0 / TILE.block_m)) as *const u64;
-        if unsafe { memory::ld_acquire_u64(Scope::Sys, counter) } >= a.n_comm as u64 {
+        if unsafe { memory::ld_acquire_u64(Scope::Sys, counter) } >= tile1_full(a) {
             let bar = ring.aux(wg);
             // Written by the peer's bulk stores, announced by a generic release: TMA reads
             // through the async proxy.
@@ -812,7 +786,13 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
         // FusedReady first.
         let (nodes, node, block_rows) = node_blocks(c, a.m);
         let j = local.m0 / block_rows;
-        let need = if dest == c.rank && a.all_reduce != 0 && a.ar_via_comm == 0 && j + 1 == nodes { (1u32 << c.world) - 1 } else { 0 };
+        let need = if dest != c.rank && a.n_comm == 0 {
+            1 << dest
+        } else if dest == c.rank && a.all_reduce != 0 && j + 1 == nodes {
+            (1u32 << c.world) - 1
+        } else {
+            0
+        };
         if need & !*ready != 0 {
             let ok = ct >= c.world || need & !*ready & (1 << ct) == 0 || wait_flag_of_cta(c, FlagSlot::FusedReady, ct, 0, c.epoch);
             if named_barrier_or(3, 2 * crate::arch::ids::WARPGROUP_THREADS, !ok) {
@@ -822,12 +802,17 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
         }
         if dest != c.rank {
             mark(Mark::Waited);
-            // Into the outbox (local, the tile's own row), from where a comm CTA copies the
-            // completed row tile to the peer.
-            store_tile_tma(ring, TensorMap(a.map_outbox as *const u8), tile, wg - 1, acc);
+            if a.n_comm == 0 {
+                // Straight into this rank's slot of the peer's receive buffer (over NVLink).
+                store_tile_tma(ring, TensorMap(*a.map_recv.as_ptr().add(dest as usize) as *const u8), local, wg - 1, acc);
+            } else {
+                // Into the outbox (local, the tile's own row), from where the comm CTAs copy
+                // the completed row tile to the peer.
+                store_tile_tma(ring, TensorMap(a.map_outbox as *const u8), tile, wg - 1, acc);
+            }
         } else {
             // Every peer's partial of this row tile has landed here.
-            let ok = ct >= c.world || ct == c.rank || wait_flag_of_cta(c, FlagSlot::Tile1, ct, mt, a.n_comm as u64);
+            let ok = ct >= c.world || ct == c.rank || wait_flag_of_cta(c, FlagSlot::Tile1, ct, mt, tile1_full(a));
             // Also where an own tile whose predecessor was not announced hears of an abort.
             if named_barrier_or(3, 2 * crate::arch::ids::WARPGROUP_THREADS, !ok || stop) {
                 return false;
@@ -871,12 +856,7 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
                 }
                 // To the output; AllReduce: with one bulk group into every local rank's output
                 // (a peer's over NVLink).
-                let outs = match (a.all_reduce != 0, a.ar_via_comm != 0) {
-                    (false, _) => MapTable { maps: a.map_out.as_ptr(), count: 1 },
-                    (true, false) => MapTable { maps: a.map_out.as_ptr(), count: c.world },
-                    // Only into our own output; comm CTAs copy it on.
-                    (true, true) => MapTable { maps: a.map_out.as_ptr().add(c.rank as usize), count: 1 },
-                };
+                let outs = MapTable { maps: a.map_out.as_ptr(), count: if a.all_reduce != 0 { c.world } else { 1 } };
                 store_tile_tma_to(ring, outs, Tile { m0: local.m0 - j * block_rows, n0: local.n0 }, wg - 1, acc, staged);
             }
         }
@@ -885,48 +865,11 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
     true
 }
 
-/// A comm CTA's slice (`first`, `len` bytes) of AllReduce's own reduced row tile `mt` (of the
-/// own node's block, which starts at row tile `own_first`): once it is in this rank's output
-/// (`(Outbox, rank, mt)` full), copied into every local peer's output; `(Tile2, rank, mt)`
-/// there is raised once the stores are complete. `None` when a wait gave up.
+/// The value of a full `(Tile1, src, row tile)`: src's comm CTAs each add 1 for their slice;
+/// without comm CTAs, src's compute CTAs add 1 per tile.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn own_row_tile(c: &CommCtx, a: &GemmRsArgs, ring: &mut BulkRing, mt: u32, own_first: u32, first: u64, len: u64, ready: &mut u32) -> Option<()> {
-    let (rank, world) = (c.rank, c.world);
-    let tiles_n = a.n.div_ceil(TILE.block_n) as u64;
-    let row_bytes = a.n as u64 * 2;
-    let all = (1u32 << world) - 1;
-    unsafe {
-        if memory::ld_acquire_u64(Scope::Gpu, c.flag_of_cta(rank, FlagSlot::Outbox, rank, mt)) < tiles_n || *ready & all != all {
-            ring.flush();
-        }
-        if !wait_flag_of_cta(c, FlagSlot::Outbox, rank, mt, tiles_n) {
-            return None;
-        }
-        for s in 1..world {
-            let p = (rank + s) % world;
-            if *ready & (1 << p) == 0 {
-                if !wait_flag_of_cta(c, FlagSlot::FusedReady, p, 0, c.epoch) {
-                    return None;
-                }
-                *ready |= 1 << p;
-            }
-        }
-        let (_, _, block_rows) = node_blocks(c, a.m);
-        let off = a.out_off + (c.global_rank * block_rows + (mt - own_first) * TILE.block_m) as u64 * row_bytes + first;
-        // Destination i: local rank rank + 1 + i (constant indices: registers).
-        let (mut dsts, mut flags) = ([0u64; 8], [0u64; 8]);
-        for i in 0..8 {
-            if (i as u32) + 1 < world {
-                let p = (rank + 1 + i as u32) % world;
-                dsts[i] = c.heap(p) + off;
-                flags[i] = c.heap(p) + flag_offset(FlagSlot::Tile2, rank, mt);
-            }
-        }
-        memory::fence_proxy_async();
-        ring.copy_deferred(&dsts, world - 1, c.heap(rank) + off, len, Release { flags, n: world - 1, add: 1 });
-    }
-    Some(())
+fn tile1_full(a: &GemmRsArgs) -> u64 {
+    if a.n_comm == 0 { a.n.div_ceil(TILE.block_n) as u64 } else { a.n_comm as u64 }
 }
 
 /// `(rank, world)` read from the descriptor (volatile: re-read wherever called).
@@ -973,18 +916,17 @@ unsafe fn publish(c: &CommCtx, a: &GemmRsArgs, p: Pending, leader: bool, ct: u32
     unsafe {
         if p.dest != c.rank {
             if ct == 0 {
-                memory::red_release_add_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::Outbox, p.dest, p.mt), 1);
+                if a.n_comm == 0 {
+                    // Stored straight into the peer's receive buffer: counted there.
+                    memory::red_release_add_u64(Scope::Sys, (c.heap(p.dest) + flag_offset(FlagSlot::Tile1, c.rank, p.mt)) as *mut u64, 1);
+                } else {
+                    memory::red_release_add_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::Outbox, p.dest, p.mt), 1);
+                }
             }
             return true;
         }
-        if a.all_reduce != 0 && j + 1 == nodes && c.world > 1 {
-            if a.ar_via_comm != 0 {
-                if ct == 0 {
-                    memory::red_release_add_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::Outbox, c.rank, p.mt), 1);
-                }
-            } else if ct < c.world && ct != c.rank {
-                memory::red_release_add_u64(Scope::Sys, (c.heap(ct) + flag_offset(FlagSlot::Tile2, c.rank, p.mt)) as *mut u64, 1);
-            }
+        if a.all_reduce != 0 && j + 1 == nodes && ct < c.world && ct != c.rank {
+            memory::red_release_add_u64(Scope::Sys, (c.heap(ct) + flag_offset(FlagSlot::Tile2, c.rank, p.mt)) as *mut u64, 1);
         }
         if nodes > 1 && ct == 0 && (j + 1 < nodes || a.all_reduce != 0) {
             memory::red_release_add_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::NodeSum, c.rank, j), 1);
