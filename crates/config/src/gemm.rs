@@ -117,17 +117,11 @@ impl GemmTile {
     pub const fn aux_barrier_offset(&self) -> u32 {
         self.barrier_offset() + self.stages * 2 * 8
     }
-    /// Offset of the stop word after the auxiliary mbarriers: a `u32` the consumers set when they
-    /// stop early (a fused kernel's communication failed), so the producer stops waiting for
-    /// slots they will never free.
-    pub const fn stop_word_offset(&self) -> u32 {
-        self.aux_barrier_offset() + 8 * Self::AUX_BARRIERS
-    }
     /// Dynamic shared memory to launch with: ring + epilogue staging + 2 mbarriers per stage
-    /// (full, empty) + the auxiliary ones + the stop word, padded so the 1024-byte alignment of
-    /// the swizzled ring holds.
+    /// (full, empty) + the auxiliary ones, padded so the 1024-byte alignment of the swizzled
+    /// ring holds.
     pub const fn smem_bytes(&self) -> u32 {
-        self.stop_word_offset() + 8 + 1024
+        self.aux_barrier_offset() + 8 * Self::AUX_BARRIERS + 1024
     }
     /// Accumulator registers per consumer thread (f32): (rows_per_consumer x block_n) / 128.
     pub const fn accumulators_per_thread(&self) -> u32 {

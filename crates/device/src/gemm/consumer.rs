@@ -60,6 +60,18 @@ pub unsafe fn mma_tile_bounded(ring: &Ring, pos: &mut RingPos, acc: &mut [f32; 1
     }
 }
 
+/// A consumer warpgroup that stopped computing (its launch gave up) still takes a tile's
+/// `k_blocks` slots: waits until each is full and frees it, so the producer and the other
+/// consumer warpgroup can run to the end (bounded like [`mma_tile_bounded`]).
+#[inline(always)]
+pub unsafe fn drain_tile(ring: &Ring, pos: &mut RingPos, k_blocks: u32, stall: impl Fn(u64) -> bool + Copy) {
+    for _ in 0..k_blocks {
+        let _ = unsafe { mbarrier::wait_parity_or(ring.full(pos.stage), pos.phase, stall) };
+        release(ring, pos.stage);
+        pos.advance(ring.stages());
+    }
+}
+
 /// One arrival per warp on the slot's empty barrier.
 #[inline(always)]
 fn release(ring: &Ring, s: u32) {

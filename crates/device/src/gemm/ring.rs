@@ -77,12 +77,7 @@ impl Ring {
     pub fn aux(&self, i: u32) -> SmemAddr {
         self.base.add(self.tile.aux_barrier_offset() + 8 * i)
     }
-    /// The stop word (`GemmTile::stop_word_offset`): nonzero once the consumers stopped early.
-    #[inline(always)]
-    pub fn stop_word(&self) -> SmemAddr {
-        self.base.add(self.tile.stop_word_offset())
-    }
-    /// Initializes every barrier and clears the stop word (one thread), then makes them visible
+    /// Initializes every barrier (one thread), then makes them visible
     /// to TMA.
     #[inline(always)]
     pub unsafe fn init(&self) {
@@ -95,7 +90,6 @@ impl Ring {
         for i in 0..GemmTile::AUX_BARRIERS {
             unsafe { mbarrier::init(self.aux(i), 1) };
         }
-        unsafe { crate::arch::smem::st_volatile_shared_u32(self.stop_word(), 0) };
         mbarrier::fence_init();
     }
 }

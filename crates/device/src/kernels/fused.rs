@@ -19,7 +19,7 @@ use crate::arch::{ids, mbarrier, memory, memory::Scope, regs, smem, sync, tma, t
 use crate::comm::bulk::{BulkRing, Release};
 use crate::comm::wait::wait_flag_of_cta;
 use crate::comm::{proxy, CommCtx};
-use crate::gemm::consumer::mma_tile_bounded;
+use crate::gemm::consumer::{drain_tile, mma_tile_bounded};
 use crate::gemm::epilogue::{add_bf16_tile, drain_tma_stores, store_tile_tma, store_tile_tma_to, MapTable};
 use crate::gemm::producer::{fill_without_data, load_tile, wait_loads_landed};
 use crate::gemm::ring::{Ring, RingPos};
@@ -62,20 +62,6 @@ fn consumer_stall(desc: u64) -> impl Fn(u64) -> bool + Copy {
             crate::arch::trap();
         }
         false
-    }
-}
-
-/// Stall callback of a fused kernel's producer slot waits: give up once the consumers stopped
-/// early (they set the stop word of the ring of shape `tile`; they will free no more slots),
-/// trap once hung.
-#[inline(always)]
-fn producer_stall(desc: u64, tile: GemmTile) -> impl Fn(u64) -> bool + Copy {
-    move |stalled| {
-        let ring = Ring::new(smem::dynamic_smem_addr(), tile);
-        if unsafe { smem::ld_volatile_shared_u32(ring.stop_word()) } != 0 {
-            return true;
-        }
-        consumer_stall(desc)(stalled)
     }
 }
 
@@ -380,7 +366,7 @@ unsafe fn rs_comm_role(a: &GemmRsArgs) {
     let (rank, world) = (c.rank, c.world);
     let chunk_rows = a.m / world;
     let row_bytes = a.n as u64 * 2;
-    let tiles_n = a.n.div_ceil(TILE.block_n) as u64;
+    let full = HALVES * a.n.div_ceil(TILE.block_n) as u64;
     // This CTA's slice of every row tile (16-byte multiples; the last slice may be shorter).
     let slice = (TILE.block_m as u64 * row_bytes).div_ceil(16 * a.n_comm as u64) * 16;
     let first = (idx as u64 * slice).min(TILE.block_m as u64 * row_bytes);
@@ -397,12 +383,12 @@ unsafe fn rs_comm_role(a: &GemmRsArgs) {
                     // A release still held by the ring is raised before any wait that may
                     // take long (the peer may be waiting for it).
                     let counter = c.flag_of_cta(rank, FlagSlot::Outbox, dest, mt);
-                    if memory::ld_acquire_u64(Scope::Gpu, counter) < tiles_n || ready & (1 << dest) == 0 {
+                    if memory::ld_acquire_u64(Scope::Gpu, counter) < full || ready & (1 << dest) == 0 {
                         ring.flush();
                     }
                     // (A failed wait leaves the error record; the CTA exits once nothing is
                     // in flight.)
-                    if !wait_flag_of_cta(c, FlagSlot::Outbox, dest, mt, tiles_n) {
+                    if !wait_flag_of_cta(c, FlagSlot::Outbox, dest, mt, full) {
                         return ring.flush();
                     }
                     if ready & (1 << dest) == 0 {
@@ -595,9 +581,8 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
                 // The scheduler walks node-blocked rows; A is read at the row they stand for.
                 let a_row = rs_source_row(tile.m0, a.m, world, nodes, node);
                 // Gives up once the rank aborted and the consumers stopped taking slots.
-                if !unsafe { load_tile(&ring, &mut pos, map_a, a_row, map_b, BLayout::Nk, tile, k_blocks, producer_stall(a.desc, RS_TILE)) } {
-                    break;
-                }
+                // Consumers that stop early keep freeing slots: every tile is loaded.
+                let _ = unsafe { load_tile(&ring, &mut pos, map_a, a_row, map_b, BLayout::Nk, tile, k_blocks, consumer_stall(a.desc)) };
             }
             // Consumers that stop early may leave fills unconsumed (also after this loop ended
             // normally): the CTA must not exit while they still land. Consumed ones pass at once.
@@ -613,7 +598,7 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
         return;
     }
     let (wg, idx) = (ids::warpgroup_idx_reread(), compute_idx());
-    let (_, _, tiles, k_blocks) = setup(idx);
+    let (_, _, mut tiles, k_blocks) = setup(idx);
     let ring = Ring::new(smem::dynamic_smem_addr(), RS_TILE);
     // Only the tile loop's own state lives across the mainloop (next to 128 accumulators):
     // the context is re-read from the descriptor in each tile (volatile reads, so nothing
@@ -626,11 +611,11 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
     let mut traced = 0u32;
     let first = ids::thread_idx_reread() == crate::arch::ids::WARPGROUP_THREADS;
     let mark = |i: u32, m: Mark| if first { unsafe { trace::mark(a.trace, idx, i, m) } };
-    for tile in tiles {
+    while let Some(tile) = tiles.next() {
         mark(traced, Mark::Begin);
         // Read now, used at this tile's epilogue barrier: the load's latency hides under the
         // mainloop instead of stalling both warpgroups there.
-        let stop = first && unsafe { aborted(a.desc) };
+        let stop = ids::thread_in_warpgroup() == 0 && unsafe { aborted(a.desc) };
         let (rank, world) = unsafe { rank_world(a.desc) };
         let chunk_rows = a.m / world;
         unsafe {
@@ -657,8 +642,12 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
                 if ready & STAGED != 0 {
                     while !mbarrier::try_wait_parity(ring.aux(wg), (ready & STAGE_PARITY != 0) as u32) {}
                 }
-                // The producer stops waiting for slots we will not free.
-                smem::st_volatile_shared_u32(ring.stop_word(), 1);
+                // Keep freeing the ring's slots for this CTA's remaining tiles (without
+                // computing): the producer and the other consumer warpgroup, which stops at its
+                // next barrier (the abort word is up), run to the end.
+                for _ in tiles.by_ref() {
+                    drain_tile(&ring, &mut pos, k_blocks, consumer_stall(a.desc));
+                }
                 return;
             }
         }
@@ -671,7 +660,7 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
     let c = unsafe { fused_ctx(a.desc, Role::Compute) };
     let ct = ids::thread_idx_reread() - crate::arch::ids::WARPGROUP_THREADS;
     let published = match pending {
-        Some(p) if announced(&c, a, p) => unsafe { publish(&c, a, p, ids::thread_in_warpgroup() == 0, ct, ct == 0 && aborted(a.desc)) },
+        Some(p) if announced(&c, a, p) => unsafe { publish(&c, a, p, wg, ids::thread_in_warpgroup() == 0 && aborted(a.desc)) },
         Some(_) => true,
         None => true,
     };
@@ -685,7 +674,7 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
         // waits for row tiles idx, idx + grid, ... of the own-node block of every local peer's
         // chunk (the remote ranks' PUTs: warp 3 of compute CTA 0).
         let (nodes, _, block_rows) = node_blocks(&c, a.m);
-        let full = a.n.div_ceil(TILE.block_n) as u64;
+        let full = HALVES * a.n.div_ceil(TILE.block_n) as u64;
         let mut mt = (nodes - 1) * block_rows / TILE.block_m + idx;
         while mt < chunk_rows / TILE.block_m {
             let ok = ct >= c.world || ct == c.rank || unsafe { wait_flag_of_cta(&c, FlagSlot::Tile2, ct, mt, full) };
@@ -770,14 +759,15 @@ unsafe fn stage_first_partial(a: &GemmRsArgs, ring: &Ring, tile: Tile, wg: u32, 
 unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u32, acc: &mut [f32; 128], ready: &mut u32, pending: &mut Option<Pending>, stop: bool, mark: impl Fn(Mark)) -> bool {
     let c = unsafe { fused_ctx_at(a.desc, epoch) };
     let c = &c;
-    let ct = ids::thread_idx() - crate::arch::ids::WARPGROUP_THREADS; // 0..256 over both consumers
+    // Each consumer warpgroup handles its half of the tile on its own (its named barrier `wg`).
+    let t = ids::thread_in_warpgroup();
     let chunk_rows = a.m / c.world;
     let dest = tile.m0 / chunk_rows;
     let local = Tile { m0: tile.m0 - dest * chunk_rows, n0: tile.n0 };
     let mt = local.m0 / TILE.block_m;
     unsafe {
         if let Some(p) = pending.take() {
-            if announced(c, a, p) && !publish(c, a, p, ids::thread_in_warpgroup() == 0, ct, stop) {
+            if announced(c, a, p) && !publish(c, a, p, wg, stop) {
                 return false;
             }
         }
@@ -794,8 +784,8 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
             0
         };
         if need & !*ready != 0 {
-            let ok = ct >= c.world || need & !*ready & (1 << ct) == 0 || wait_flag_of_cta(c, FlagSlot::FusedReady, ct, 0, c.epoch);
-            if named_barrier_or(3, 2 * crate::arch::ids::WARPGROUP_THREADS, !ok) {
+            let ok = t >= c.world || need & !*ready & (1 << t) == 0 || wait_flag_of_cta(c, FlagSlot::FusedReady, t, 0, c.epoch);
+            if named_barrier_or(wg, crate::arch::ids::WARPGROUP_THREADS, !ok) {
                 return false;
             }
             *ready |= need;
@@ -812,15 +802,17 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
             }
         } else {
             // Every peer's partial of this row tile has landed here.
-            let ok = ct >= c.world || ct == c.rank || wait_flag_of_cta(c, FlagSlot::Tile1, ct, mt, tile1_full(a));
+            // (The first peer's counter was seen full if its partial is staged.)
+            let staged = *ready & STAGED != 0;
+            let seen = staged && t == (c.rank + 1) % c.world;
+            let ok = t >= c.world || t == c.rank || seen || wait_flag_of_cta(c, FlagSlot::Tile1, t, mt, tile1_full(a));
             // Also where an own tile whose predecessor was not announced hears of an abort.
-            if named_barrier_or(3, 2 * crate::arch::ids::WARPGROUP_THREADS, !ok || stop) {
+            if named_barrier_or(wg, crate::arch::ids::WARPGROUP_THREADS, !ok || stop) {
                 return false;
             }
             mark(Mark::Waited);
             let slot_bytes = chunk_rows as u64 * a.n as u64 * 2;
             let at = c.heap(c.rank) + a.recv_off + (local.m0 as u64 * a.n as u64 + local.n0 as u64) * 2;
-            let staged = *ready & STAGED != 0;
             for src in 0..8u32 {
                 // The first peer's partial, when staged, is added by the store below.
                 if src < c.world && src != c.rank && !(staged && src == (c.rank + 1) % c.world) {
@@ -866,11 +858,15 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
 }
 
 /// The value of a full `(Tile1, src, row tile)`: src's comm CTAs each add 1 for their slice;
-/// without comm CTAs, src's compute CTAs add 1 per tile.
+/// without comm CTAs, src's compute CTAs add 1 per half tile.
 #[inline(always)]
 fn tile1_full(a: &GemmRsArgs) -> u64 {
-    if a.n_comm == 0 { a.n.div_ceil(TILE.block_n) as u64 } else { a.n_comm as u64 }
+    if a.n_comm == 0 { HALVES * a.n.div_ceil(TILE.block_n) as u64 } else { a.n_comm as u64 }
 }
+
+/// Announcements per tile: each consumer warpgroup announces its half (rows) on its own, so
+/// a full count is this many times the tiles.
+const HALVES: u64 = TILE.consumer_warpgroups as u64;
 
 /// `(rank, world)` read from the descriptor (volatile: re-read wherever called).
 #[inline(always)]
@@ -895,40 +891,46 @@ fn announced(c: &CommCtx, a: &GemmRsArgs, p: Pending) -> bool {
     p.dest != c.rank || c.global_world > c.world || (a.all_reduce != 0 && c.world > 1)
 }
 
-/// Waits until both consumer warpgroups' bulk stores of the pending tile completed, then
-/// announces it: a peer's partial tile counts in `(Outbox, peer, mt)` (local; comm CTAs copy a
-/// row tile on once its counter is full), an own AllReduce tile of the own node's block adds 1
-/// to `(Tile2, rank, mt)` at every local peer (`red.release.sys`); across nodes an own tile also
-/// counts in its block's `NodeSum`, which the block's sender warp waits for
-/// ([`send_node_block`]). The barrier also ORs `stop` (the rank aborted, read by consumer
-/// thread 0 at the tile's start): false then, and every consumer stops.
+/// Consumer warpgroup `wg`'s announcement of its half of the pending tile, once its leader's
+/// bulk stores of it completed (`red.release`, +1 each): a peer's partial counts in
+/// `(Outbox, peer, mt)` (local; the comm CTAs copy a row tile on once it is full) or, without
+/// comm CTAs, in `(Tile1, rank, mt)` at the peer; an own AllReduce tile of the own node's
+/// block in `(Tile2, rank, mt)` at every local peer; across nodes an own tile also in its
+/// block's `NodeSum`, which the block's sender warp waits for ([`send_node_block`]). The
+/// warpgroup's barrier also ORs `stop` (the rank aborted, read by the leader at the tile's
+/// start): false then, and the warpgroup stops.
 #[inline(always)]
-unsafe fn publish(c: &CommCtx, a: &GemmRsArgs, p: Pending, leader: bool, ct: u32, stop: bool) -> bool {
+unsafe fn publish(c: &CommCtx, a: &GemmRsArgs, p: Pending, wg: u32, stop: bool) -> bool {
+    let leader = ids::thread_in_warpgroup() == 0;
     if leader {
         tma::store_wait::<0>();
         memory::fence_proxy_async();
     }
-    if named_barrier_or(3, 2 * crate::arch::ids::WARPGROUP_THREADS, stop) {
+    if named_barrier_or(wg, crate::arch::ids::WARPGROUP_THREADS, stop) {
         return false;
+    }
+    if !leader {
+        return true;
     }
     let (nodes, _, block_rows) = node_blocks(c, a.m);
     let j = p.mt * TILE.block_m / block_rows;
     unsafe {
         if p.dest != c.rank {
-            if ct == 0 {
-                if a.n_comm == 0 {
-                    // Stored straight into the peer's receive buffer: counted there.
-                    memory::red_release_add_u64(Scope::Sys, (c.heap(p.dest) + flag_offset(FlagSlot::Tile1, c.rank, p.mt)) as *mut u64, 1);
-                } else {
-                    memory::red_release_add_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::Outbox, p.dest, p.mt), 1);
-                }
+            if a.n_comm == 0 {
+                // Stored straight into the peer's receive buffer: counted there.
+                memory::red_release_add_u64(Scope::Sys, (c.heap(p.dest) + flag_offset(FlagSlot::Tile1, c.rank, p.mt)) as *mut u64, 1);
+            } else {
+                memory::red_release_add_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::Outbox, p.dest, p.mt), 1);
             }
             return true;
         }
-        if a.all_reduce != 0 && j + 1 == nodes && ct < c.world && ct != c.rank {
-            memory::red_release_add_u64(Scope::Sys, (c.heap(ct) + flag_offset(FlagSlot::Tile2, c.rank, p.mt)) as *mut u64, 1);
+        if a.all_reduce != 0 && j + 1 == nodes {
+            for q in 1..c.world {
+                let peer = (c.rank + q) % c.world;
+                memory::red_release_add_u64(Scope::Sys, (c.heap(peer) + flag_offset(FlagSlot::Tile2, c.rank, p.mt)) as *mut u64, 1);
+            }
         }
-        if nodes > 1 && ct == 0 && (j + 1 < nodes || a.all_reduce != 0) {
+        if nodes > 1 && (j + 1 < nodes || a.all_reduce != 0) {
             memory::red_release_add_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::NodeSum, c.rank, j), 1);
         }
     }
@@ -956,7 +958,7 @@ unsafe fn send_node_block(a: &GemmRsArgs, j: u32) {
     let mut patient = c;
     patient.timeout_ns = c.timeout_ns.saturating_mul(2);
     let (_, _, block_rows) = node_blocks(&c, a.m);
-    let block_tiles = (block_rows / TILE.block_m * a.n.div_ceil(TILE.block_n)) as u64;
+    let block_tiles = HALVES * (block_rows / TILE.block_m * a.n.div_ceil(TILE.block_n)) as u64;
     unsafe {
         if wait_flag_of_cta(&patient, FlagSlot::NodeSum, c.rank, j, block_tiles) {
             let _ = put_node_block(&c, a, j);
