@@ -332,6 +332,8 @@ pub struct CommDesc {
     pub _pad: u32,
 }
 
+const _: () = assert!(core::mem::size_of::<CommDesc>() as u32 <= crate::GemmTile::DESC_COPY_BYTES && core::mem::size_of::<CommDesc>() % 8 == 0);
+
 #[cfg(test)]
 mod tests {
     use super::*;

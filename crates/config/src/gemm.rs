@@ -117,11 +117,19 @@ impl GemmTile {
     pub const fn aux_barrier_offset(&self) -> u32 {
         self.barrier_offset() + self.stages * 2 * 8
     }
+    /// Bytes after the auxiliary mbarriers for a copy of the launch's communication
+    /// descriptor (fused kernels read it there: a shared-memory load does not queue behind the
+    /// SM's global traffic, as each read of the global one did).
+    pub const DESC_COPY_BYTES: u32 = 128;
+    /// Offset of the descriptor copy (8-byte aligned).
+    pub const fn desc_copy_offset(&self) -> u32 {
+        self.aux_barrier_offset() + 8 * Self::AUX_BARRIERS
+    }
     /// Dynamic shared memory to launch with: ring + epilogue staging + 2 mbarriers per stage
-    /// (full, empty) + the auxiliary ones, padded so the 1024-byte alignment of the swizzled
-    /// ring holds.
+    /// (full, empty) + the auxiliary ones + the descriptor copy, padded so the 1024-byte
+    /// alignment of the swizzled ring holds.
     pub const fn smem_bytes(&self) -> u32 {
-        self.aux_barrier_offset() + 8 * Self::AUX_BARRIERS + 1024
+        self.desc_copy_offset() + Self::DESC_COPY_BYTES + 1024
     }
     /// Accumulator registers per consumer thread (f32): (rows_per_consumer x block_n) / 128.
     pub const fn accumulators_per_thread(&self) -> u32 {

@@ -359,7 +359,7 @@ pub unsafe extern "ptx-kernel" fn mk_gemm_rs_bf16_nk(args: *const GemmRsArgs) {
 #[inline(always)]
 unsafe fn rs_comm_role(a: &GemmRsArgs) {
     let idx = ids::block_idx_reread();
-    let mut c = unsafe { fused_ctx(a.desc, Role::IntraComm) };
+    let mut c = unsafe { fused_ctx(ldesc(), Role::IntraComm) };
     c.cta = idx;
     let c = &c;
     let mut ring = unsafe { BulkRing::new(smem::dynamic_smem_addr()) };
@@ -506,6 +506,11 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
             tma::prefetch(map_a);
             tma::prefetch(map_b);
             ring.init();
+            // Every role below reads the descriptor from this copy ([`ldesc`]).
+            let (from, to) = (a.desc as *const u64, ldesc() as *mut u64);
+            for i in 0..core::mem::size_of::<CommDesc>() / 8 {
+                to.add(i).write_volatile(from.add(i).read());
+            }
         }
     }
     sync::sync_threads();
@@ -514,8 +519,8 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
     // `idx`: this CTA among the compute CTAs.
     let compute_idx = || ids::block_idx_reread() - a.n_comm;
     let setup = |idx: u32| {
-        let rank = unsafe { (*(a.desc as *const CommDesc)).rank };
-        let world = unsafe { (*(a.desc as *const CommDesc)).world };
+        let rank = unsafe { (*(ldesc() as *const CommDesc)).rank };
+        let world = unsafe { (*(ldesc() as *const CommDesc)).world };
         let tiles = TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, a.group_m, idx, ids::grid_dim() - a.n_comm).chunked(world, rank, a.part_tiles_m);
         (rank, world, tiles, a.k.div_ceil(TILE.block_k))
     };
@@ -542,7 +547,7 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
             // inter-node flags and raises `(FusedReady, own rank, 1)` locally for the others;
             // for AllReduce it then waits until every remote rank's reduced rows are in our
             // output (the launch ends after that).
-            let c = unsafe { fused_ctx(a.desc, Role::InterReduce) };
+            let c = unsafe { fused_ctx(ldesc(), Role::InterReduce) };
             let (nodes, node) = (c.global_world / c.world, c.global_rank / c.world);
             if idx == 0 {
                 let mut all = true;
@@ -574,7 +579,7 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
         }
         if tid == 0 {
             let (_, world, tiles, k_blocks) = setup(idx);
-            let d = unsafe { &*(a.desc as *const CommDesc) };
+            let d = unsafe { &*(ldesc() as *const CommDesc) };
             let (nodes, node) = (d.global_world / world, d.global_rank / world);
             let ring = Ring::new(smem::dynamic_smem_addr(), RS_TILE);
             for tile in tiles {
@@ -582,7 +587,7 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
                 let a_row = rs_source_row(tile.m0, a.m, world, nodes, node);
                 // Gives up once the rank aborted and the consumers stopped taking slots.
                 // Consumers that stop early keep freeing slots: every tile is loaded.
-                let _ = unsafe { load_tile(&ring, &mut pos, map_a, a_row, map_b, BLayout::Nk, tile, k_blocks, consumer_stall(a.desc)) };
+                let _ = unsafe { load_tile(&ring, &mut pos, map_a, a_row, map_b, BLayout::Nk, tile, k_blocks, consumer_stall(ldesc())) };
             }
             // Consumers that stop early may leave fills unconsumed (also after this loop ended
             // normally): the CTA must not exit while they still land. Consumed ones pass at once.
@@ -603,8 +608,8 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
     // Only the tile loop's own state lives across the mainloop (next to 128 accumulators):
     // the context is re-read from the descriptor in each tile (volatile reads, so nothing
     // derived from it is hoisted out of the loop and kept live, which ptxas spills).
-    let epoch = unsafe { fused_ctx(a.desc, Role::Compute) }.epoch;
-    let mut ready: u32 = 1 << unsafe { rank_world(a.desc) }.0; // local ranks whose buffers we may write
+    let epoch = unsafe { fused_ctx(ldesc(), Role::Compute) }.epoch;
+    let mut ready: u32 = 1 << unsafe { rank_world(ldesc()) }.0; // local ranks whose buffers we may write
     let mut acc = [0f32; 128];
     let mut pending: Option<Pending> = None;
     // The optional timeline (thread 0 of the first consumer warpgroup): this CTA's tile count.
@@ -615,8 +620,8 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
         mark(traced, Mark::Begin);
         // Read now, used at this tile's epilogue barrier: the load's latency hides under the
         // mainloop instead of stalling both warpgroups there.
-        let stop = ids::thread_in_warpgroup() == 0 && unsafe { aborted(a.desc) };
-        let (rank, world) = unsafe { rank_world(a.desc) };
+        let stop = ids::thread_in_warpgroup() == 0 && unsafe { aborted(ldesc()) };
+        let (rank, world) = unsafe { rank_world(ldesc()) };
         let chunk_rows = a.m / world;
         unsafe {
             if tile.m0 / chunk_rows == rank && world > 1 {
@@ -629,7 +634,7 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
                 prefetch_partials(a, tile, rank, world, staged);
             }
             mark(traced, Mark::Mainloop);
-            mma_tile_bounded(&ring, &mut pos, &mut acc, wg - 1, BLayout::Nk, k_blocks, consumer_stall(a.desc));
+            mma_tile_bounded(&ring, &mut pos, &mut acc, wg - 1, BLayout::Nk, k_blocks, consumer_stall(ldesc()));
             mark(traced, Mark::MainloopDone);
             if first {
                 trace::tile(a.trace, idx, traced, tile.m0 / TILE.block_m, tile.n0 / TILE.block_n, tile.m0 / chunk_rows == rank);
@@ -646,7 +651,7 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
                 // computing): the producer and the other consumer warpgroup, which stops at its
                 // next barrier (the abort word is up), run to the end.
                 for _ in tiles.by_ref() {
-                    drain_tile(&ring, &mut pos, k_blocks, consumer_stall(a.desc));
+                    drain_tile(&ring, &mut pos, k_blocks, consumer_stall(ldesc()));
                 }
                 return;
             }
@@ -655,12 +660,12 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
         traced += 1;
     }
     let end = |e: End| if first { unsafe { trace::end(a.trace, idx, e) } };
-    let chunk_rows = a.m / unsafe { rank_world(a.desc) }.1;
+    let chunk_rows = a.m / unsafe { rank_world(ldesc()) }.1;
     end(End::LoopDone);
-    let c = unsafe { fused_ctx(a.desc, Role::Compute) };
+    let c = unsafe { fused_ctx(ldesc(), Role::Compute) };
     let ct = ids::thread_idx_reread() - crate::arch::ids::WARPGROUP_THREADS;
     let published = match pending {
-        Some(p) if announced(&c, a, p) => unsafe { publish(&c, a, p, wg, ids::thread_in_warpgroup() == 0 && aborted(a.desc)) },
+        Some(p) if announced(&c, a, p) => unsafe { publish(&c, a, p, wg, ids::thread_in_warpgroup() == 0 && aborted(ldesc())) },
         Some(_) => true,
         None => true,
     };
@@ -702,7 +707,7 @@ unsafe fn prefetch_partials(a: &GemmRsArgs, tile: Tile, rank: u32, world: u32, f
         return;
     }
     let slot_bytes = chunk_rows as u64 * a.n as u64 * 2;
-    let local = unsafe { *(*(a.desc as *const CommDesc)).heaps.as_ptr().add(rank as usize) };
+    let local = unsafe { *(*(ldesc() as *const CommDesc)).heaps.as_ptr().add(rank as usize) };
     let at = local + a.recv_off + (row as u64 * a.n as u64 + col as u64) * 2;
     for src in 0..8u32 {
         if src < world && src != rank && !(first_staged && src == (rank + 1) % world) {
@@ -729,7 +734,7 @@ unsafe fn stage_first_partial(a: &GemmRsArgs, ring: &Ring, tile: Tile, wg: u32, 
     let mut issued = false;
     if ids::thread_in_warpgroup() == 0 {
         let local_m0 = tile.m0 - rank * (a.m / world);
-        let d = unsafe { &*(a.desc as *const CommDesc) };
+        let d = unsafe { &*(ldesc() as *const CommDesc) };
         let own_heap = unsafe { *d.heaps.as_ptr().add(rank as usize) };
         let counter = (own_heap + flag_offset(FlagSlot::Tile1, (rank + 1) % world, local_m0 / TILE.block_m)) as *const u64;
         if unsafe { memory::ld_acquire_u64(Scope::Sys, counter) } >= tile1_full(a) {
@@ -757,7 +762,7 @@ unsafe fn stage_first_partial(a: &GemmRsArgs, ring: &Ring, tile: Tile, wg: u32, 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u32, acc: &mut [f32; 128], ready: &mut u32, pending: &mut Option<Pending>, stop: bool, mark: impl Fn(Mark)) -> bool {
-    let c = unsafe { fused_ctx_at(a.desc, epoch) };
+    let c = unsafe { fused_ctx_at(ldesc(), epoch) };
     let c = &c;
     // Each consumer warpgroup handles its half of the tile on its own (its named barrier `wg`).
     let t = ids::thread_in_warpgroup();
@@ -868,6 +873,13 @@ fn tile1_full(a: &GemmRsArgs) -> u64 {
 /// a full count is this many times the tiles.
 const HALVES: u64 = TILE.consumer_warpgroups as u64;
 
+/// The GEMM+ReduceScatter/AllReduce launch's copy of its `CommDesc` in shared memory, as a
+/// generic address (written by thread 0 before the role split; `GemmTile::desc_copy_offset`).
+#[inline(always)]
+fn ldesc() -> u64 {
+    smem::dynamic_smem() as u64 + RS_TILE.desc_copy_offset() as u64
+}
+
 /// `(rank, world)` read from the descriptor (volatile: re-read wherever called).
 #[inline(always)]
 unsafe fn rank_world(desc: u64) -> (u32, u32) {
@@ -941,7 +953,7 @@ unsafe fn publish(c: &CommCtx, a: &GemmRsArgs, p: Pending, wg: u32, stop: bool) 
 /// for AllReduce also the own one; none on one node.
 #[inline(always)]
 fn node_blocks_to_send(a: &GemmRsArgs) -> u32 {
-    let d = unsafe { &*(a.desc as *const CommDesc) };
+    let d = unsafe { &*(ldesc() as *const CommDesc) };
     let nodes = d.global_world / d.world;
     if nodes == 1 { 0 } else if a.all_reduce != 0 { nodes } else { nodes - 1 }
 }
@@ -951,7 +963,7 @@ fn node_blocks_to_send(a: &GemmRsArgs) -> u32 {
 /// failed wait or post leaves the error record; the receivers' waits then end too.
 #[inline(always)]
 unsafe fn send_node_block(a: &GemmRsArgs, j: u32) {
-    let mut c = unsafe { fused_ctx(a.desc, Role::InterSend) };
+    let mut c = unsafe { fused_ctx(ldesc(), Role::InterSend) };
     c.cta = j;
     // The counter fills as this rank computes the block, which waits (bounded) on its peers: twice
     // the timeout for it, so a stalled peer is reported by the wait that names it.
