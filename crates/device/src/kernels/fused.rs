@@ -481,7 +481,45 @@ const RS_TILE: GemmTile = GemmTile::FUSED_RS;
 const STAGED: u32 = 1 << 29;
 const STAGE_PARITY: u32 = 1 << 30;
 
-/// A tile whose completion is announced at the next tile's epilogue.
+/// Tiles whose completion is still to be announced: the previous one and the one before it.
+struct Pendings {
+    older: Option<Pending>,
+    newer: Option<Pending>,
+}
+
+/// Epilogue bulk-store groups per tile and consumer warpgroup (one per staging box).
+const TILE_GROUPS: u32 = GemmTile::FUSED_RS.block_n / GemmTile::EPILOGUE_BOX_COLS;
+
+/// Whether another rank waits for a tile's announcement before the end of its tile loop: a
+/// partial for a local peer, or part of a node sum for another node.
+#[inline(always)]
+fn awaited_in_loop(c: &CommCtx, a: &GemmRsArgs, p: Pending) -> bool {
+    let (nodes, _, block_rows) = node_blocks(c, a.m);
+    p.dest != c.rank || p.mt * TILE.block_m / block_rows + 1 < nodes
+}
+
+/// Announces the older pending tile (if any, and if it is announced at all): its bulk stores
+/// are complete once at most the newer tile's `TILE_GROUPS` groups are in flight. False when
+/// the warpgroup stops.
+#[inline(always)]
+unsafe fn announce_older(c: &CommCtx, a: &GemmRsArgs, pending: &mut Pendings, wg: u32, stop: bool) -> bool {
+    match pending.older.take() {
+        Some(p) if announced(c, a, p) => unsafe { publish::<TILE_GROUPS>(c, a, p, wg, stop) },
+        _ => true,
+    }
+}
+
+/// Announces the newer pending tile (every bulk store complete). False when the warpgroup
+/// stops.
+#[inline(always)]
+unsafe fn announce_newer(c: &CommCtx, a: &GemmRsArgs, pending: &mut Pendings, wg: u32, stop: bool) -> bool {
+    match pending.newer.take() {
+        Some(p) if announced(c, a, p) => unsafe { publish::<0>(c, a, p, wg, stop) },
+        _ => true,
+    }
+}
+
+/// A tile whose completion is announced at a later tile's epilogue.
 #[derive(Clone, Copy)]
 struct Pending {
     /// Destination local rank (this rank: an own tile).
@@ -611,7 +649,7 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
     let epoch = unsafe { fused_ctx(ldesc(), Role::Compute) }.epoch;
     let mut ready: u32 = 1 << unsafe { rank_world(ldesc()) }.0; // local ranks whose buffers we may write
     let mut acc = [0f32; 128];
-    let mut pending: Option<Pending> = None;
+    let mut pending = Pendings { older: None, newer: None };
     // The optional timeline (thread 0 of the first consumer warpgroup): this CTA's tile count.
     let mut traced = 0u32;
     let first = ids::thread_idx_reread() == crate::arch::ids::WARPGROUP_THREADS;
@@ -664,11 +702,8 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
     end(End::LoopDone);
     let c = unsafe { fused_ctx(ldesc(), Role::Compute) };
     let ct = ids::thread_idx_reread() - crate::arch::ids::WARPGROUP_THREADS;
-    let published = match pending {
-        Some(p) if announced(&c, a, p) => unsafe { publish(&c, a, p, wg, ids::thread_in_warpgroup() == 0 && aborted(ldesc())) },
-        Some(_) => true,
-        None => true,
-    };
+    let stop = ids::thread_in_warpgroup() == 0 && unsafe { aborted(ldesc()) };
+    let published = unsafe { announce_older(&c, a, &mut pending, wg, stop) && announce_newer(&c, a, &mut pending, wg, stop) };
     drain_tma_stores();
     end(End::Drained);
     if !published {
@@ -761,7 +796,7 @@ unsafe fn stage_first_partial(a: &GemmRsArgs, ring: &Ring, tile: Tile, wg: u32, 
 /// error record is written).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u32, acc: &mut [f32; 128], ready: &mut u32, pending: &mut Option<Pending>, stop: bool, mark: impl Fn(Mark)) -> bool {
+unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u32, acc: &mut [f32; 128], ready: &mut u32, pending: &mut Pendings, stop: bool, mark: impl Fn(Mark)) -> bool {
     let c = unsafe { fused_ctx_at(ldesc(), epoch) };
     let c = &c;
     // Each consumer warpgroup handles its half of the tile on its own (its named barrier `wg`).
@@ -771,10 +806,15 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
     let local = Tile { m0: tile.m0 - dest * chunk_rows, n0: tile.n0 };
     let mt = local.m0 / TILE.block_m;
     unsafe {
-        if let Some(p) = pending.take() {
-            if announced(c, a, p) && !publish(c, a, p, wg, stop) {
-                return false;
-            }
+        // The tile two back (its stores had two mainloops to complete); an own tile, which
+        // waits below, first also the one before if another rank waits for it during the loop
+        // (a peer partial or a node sum: every such tile is announced before any wait, so no
+        // cycle between ranks; AllReduce's rows for the peers are awaited at the launch's end).
+        if !announce_older(c, a, pending, wg, stop) {
+            return false;
+        }
+        if dest == c.rank && pending.newer.is_some_and(|p| awaited_in_loop(c, a, p)) && !announce_newer(c, a, pending, wg, stop) {
+            return false;
         }
         mark(Mark::Published);
         // AllReduce writes the own node's reduced rows into every local rank's output: their
@@ -857,7 +897,8 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
                 store_tile_tma_to(ring, outs, Tile { m0: local.m0 - j * block_rows, n0: local.n0 }, wg - 1, acc, staged);
             }
         }
-        *pending = Some(Pending { dest, mt });
+        pending.older = pending.newer.take();
+        pending.newer = Some(Pending { dest, mt });
     }
     true
 }
@@ -903,8 +944,9 @@ fn announced(c: &CommCtx, a: &GemmRsArgs, p: Pending) -> bool {
     p.dest != c.rank || c.global_world > c.world || (a.all_reduce != 0 && c.world > 1)
 }
 
-/// Consumer warpgroup `wg`'s announcement of its half of the pending tile, once its leader's
-/// bulk stores of it completed (`red.release`, +1 each): a peer's partial counts in
+/// Consumer warpgroup `wg`'s announcement of its half of a pending tile, once its leader's
+/// bulk stores of it completed (at most `NEWER_GROUPS` newer groups in flight; `red.release`,
+/// +1 each): a peer's partial counts in
 /// `(Outbox, peer, mt)` (local; the comm CTAs copy a row tile on once it is full) or, without
 /// comm CTAs, in `(Tile1, rank, mt)` at the peer; an own AllReduce tile of the own node's
 /// block in `(Tile2, rank, mt)` at every local peer; across nodes an own tile also in its
@@ -912,10 +954,10 @@ fn announced(c: &CommCtx, a: &GemmRsArgs, p: Pending) -> bool {
 /// warpgroup's barrier also ORs `stop` (the rank aborted, read by the leader at the tile's
 /// start): false then, and the warpgroup stops.
 #[inline(always)]
-unsafe fn publish(c: &CommCtx, a: &GemmRsArgs, p: Pending, wg: u32, stop: bool) -> bool {
+unsafe fn publish<const NEWER_GROUPS: u32>(c: &CommCtx, a: &GemmRsArgs, p: Pending, wg: u32, stop: bool) -> bool {
     let leader = ids::thread_in_warpgroup() == 0;
     if leader {
-        tma::store_wait::<0>();
+        tma::store_wait::<NEWER_GROUPS>();
         memory::fence_proxy_async();
     }
     if named_barrier_or(wg, crate::arch::ids::WARPGROUP_THREADS, stop) {
