@@ -82,66 +82,105 @@ fn node_major_order_visits_every_tile_own_node_first() {
 struct SimCta {
     tiles: Vec<(u32, u32)>,
     next: usize,
-    /// The previous tile, announced at the start of the next tile's epilogue (or at the end).
-    pending: Option<(u32, u32)>,
+    /// Tiles not yet announced: the one before the previous (`older`) and the previous one.
+    older: Option<(u32, u32)>,
+    newer: Option<(u32, u32)>,
 }
 
 /// Runs the counter protocol of GEMM+ReduceScatter/AllReduce step by step: every CTA of every
-/// rank walks its tiles in the chunked order; a peer tile's counter at its destination goes up
-/// one tile late (the kernel's deferred publish); an own tile waits until every peer's counter
-/// of its row is full. True when every CTA finishes (no wait cycle), false on a deadlock. One
-/// node of [`simulate_nodes`].
-fn simulate(world: u32, grid: u32, m: u32, n: u32, parts: &[u32]) -> bool {
-    simulate_nodes(1, world, grid, m, n, parts)
+/// rank walks its tiles in the chunked order; a tile is announced two tiles late, except that an
+/// own tile (which waits) first announces the previous one if another rank waits for it during
+/// the loop (a peer partial or a node sum: the kernel's rule); an own tile waits until every
+/// peer's counter of its row is full. With `comm`, a peer partial only counts in the own outbox
+/// and the rank's comm CTAs raise the peer's counter row tile by row tile, in the kernel's order
+/// (per part, the peers' row tiles, chunk `rank + 1` first), once the row is complete. True when
+/// every CTA finishes (no wait cycle), false on a deadlock. One node of [`simulate_nodes`].
+fn simulate(world: u32, grid: u32, m: u32, n: u32, parts: &[u32], comm: bool) -> bool {
+    simulate_nodes(1, world, grid, m, n, parts, comm)
 }
 
 #[test]
 fn the_counter_protocol_cannot_deadlock_in_the_chunked_order() {
     let mut cases = 0;
-    for world in [2u32, 3, 4, 8] {
-        for grid in [1u32, 3, 7, 33, 132] {
-            for row_tiles in [1u32, 2, 4, 6, 16] {
-                for n in [256u32, 1000, 8192] {
-                    let divisors: Vec<u32> = (1..=row_tiles).filter(|d| row_tiles % d == 0).collect();
-                    for &p in &divisors {
-                        // Every rank with `p` parts, and rank 0 with another count (plans may differ).
-                        for &q in &[p, *divisors.last().unwrap()] {
-                            let mut parts = vec![p; world as usize];
-                            parts[0] = q;
-                            cases += 1;
-                            assert!(simulate(world, grid, world * row_tiles * 128, n, &parts), "deadlock: world {world} grid {grid} row tiles {row_tiles} n {n} parts {parts:?}");
+    for comm in [false, true] {
+        for world in [2u32, 3, 4, 8] {
+            for grid in [1u32, 3, 7, 33, 132] {
+                for row_tiles in [1u32, 2, 4, 6, 16] {
+                    for n in [256u32, 1000, 8192] {
+                        let divisors: Vec<u32> = (1..=row_tiles).filter(|d| row_tiles % d == 0).collect();
+                        for &p in &divisors {
+                            // Every rank with `p` parts, and rank 0 with another count (plans may differ).
+                            for &q in &[p, *divisors.last().unwrap()] {
+                                let mut parts = vec![p; world as usize];
+                                parts[0] = q;
+                                cases += 1;
+                                assert!(simulate(world, grid, world * row_tiles * 128, n, &parts, comm), "deadlock: comm {comm} world {world} grid {grid} row tiles {row_tiles} n {n} parts {parts:?}");
+                            }
                         }
                     }
                 }
             }
         }
     }
-    assert!(cases > 1000);
+    assert!(cases > 2000);
 }
 
 /// The same simulation across `nodes` nodes of `world` ranks each: rows are node-blocked
 /// (`rs_source_row`; the scheduler works in those rows, so only the dependencies change). An own
 /// tile of another node's block counts towards that block's `NodeSum` (its PUT leaves once the
 /// block is complete); an own tile of the own node's block also waits, in its epilogue after
-/// announcing the previous tile, until every other node's rail peer completed its block of our
-/// rows. True when every CTA finishes.
-fn simulate_nodes(nodes: u32, world: u32, grid: u32, m: u32, n: u32, parts: &[u32]) -> bool {
-    simulate_protocol(nodes, world, grid, m, n, parts, false)
+/// the announcements, until every other node's rail peer completed its block of our rows. True
+/// when every CTA finishes.
+fn simulate_nodes(nodes: u32, world: u32, grid: u32, m: u32, n: u32, parts: &[u32], comm: bool) -> bool {
+    simulate_protocol(nodes, world, grid, m, n, parts, comm, Rule::Kernel)
 }
 
-/// The simulation with the order of announce and wait chosen: `wait_first` makes a CTA wait for
-/// its next own tile's inputs *before* it announces its previous tile (what the kernel must not
-/// do: the first version of the staged partial load waited there and deadlocked on the GPU).
-fn simulate_protocol(nodes: u32, world: u32, grid: u32, m: u32, n: u32, parts: &[u32], wait_first: bool) -> bool {
+/// When a CTA announces its tiles, in [`simulate_protocol`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rule {
+    /// The kernel's: at each epilogue the tile two back; before an own tile's wait also the
+    /// previous one if another rank waits for it during the loop.
+    Kernel,
+    /// Wait for the next own tile's inputs *before* announcing anything (the first version of
+    /// the staged partial load waited there and deadlocked on the GPU).
+    WaitFirst,
+    /// Always two tiles late, also before a wait.
+    NoFlush,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn simulate_protocol(nodes: u32, world: u32, grid: u32, m: u32, n: u32, parts: &[u32], comm: bool, rule: Rule) -> bool {
     let chunk_rows = m / world;
     let block_rows = chunk_rows / nodes;
     let row_tiles = (chunk_rows / 128) as usize;
     let tiles_n = n.div_ceil(256);
     let block_tiles = block_rows / 128 * tiles_n;
     let (w, nn) = (world as usize, nodes as usize);
-    // counters[node][dest][src][row tile]; node_sums[node][rank][block]
+    // counters[node][dest][src][row tile]; outbox[node][src][dest][row tile];
+    // node_sums[node][rank][block]
     let mut counters = vec![vec![vec![vec![0u32; row_tiles]; w]; w]; nn];
+    let mut outbox = vec![vec![vec![vec![0u32; row_tiles]; w]; w]; nn];
     let mut node_sums = vec![vec![vec![0u32; nn]; w]; nn];
+    // Each rank's comm queue: (dest, row tile) in the comm CTAs' order, and how far it got.
+    let queues: Vec<Vec<Vec<(usize, usize)>>> = (0..nn)
+        .map(|nd| {
+            (0..w)
+                .map(|r| {
+                    let part = (block_rows / 128 / parts[nd * w + r]) as usize;
+                    let mut q = vec![];
+                    for g in 0..row_tiles / part {
+                        for s in 1..w {
+                            for mt in g * part..(g + 1) * part {
+                                q.push(((r + s) % w, mt));
+                            }
+                        }
+                    }
+                    q
+                })
+                .collect()
+        })
+        .collect();
+    let mut heads = vec![vec![0usize; w]; nn];
     let mut ctas: Vec<Vec<Vec<SimCta>>> = (0..nodes)
         .map(|nd| {
             (0..world)
@@ -150,7 +189,7 @@ fn simulate_protocol(nodes: u32, world: u32, grid: u32, m: u32, n: u32, parts: &
                     (0..grid)
                         .map(|c| {
                             let s = TileScheduler::new(m, n, 128, 256, 8, c, grid).chunked(world, r, block_rows / 128 / p);
-                            SimCta { tiles: s.map(|t| (t.m0, t.n0)).collect(), next: 0, pending: None }
+                            SimCta { tiles: s.map(|t| (t.m0, t.n0)).collect(), next: 0, older: None, newer: None }
                         })
                         .collect()
                 })
@@ -158,10 +197,25 @@ fn simulate_protocol(nodes: u32, world: u32, grid: u32, m: u32, n: u32, parts: &
         })
         .collect();
     let split = |m0: u32| (m0 / chunk_rows, ((m0 % chunk_rows) / 128) as usize, (m0 % chunk_rows) / block_rows);
+    // Another rank waits for this tile's announcement during its loop.
+    let awaited = |r: usize, m0: u32| {
+        let (dest, _, j) = split(m0);
+        dest as usize != r || j + 1 < nodes
+    };
     loop {
         let (mut progress, mut done) = (false, true);
         for nd in 0..nn {
             for r in 0..w {
+                // The comm CTAs copy every completed row tile at the head of their queue.
+                while comm && heads[nd][r] < queues[nd][r].len() {
+                    let (dest, mt) = queues[nd][r][heads[nd][r]];
+                    if outbox[nd][r][dest][mt] < tiles_n {
+                        break;
+                    }
+                    counters[nd][dest][r][mt] = tiles_n;
+                    heads[nd][r] += 1;
+                    progress = true;
+                }
                 for c in 0..grid as usize {
                     // Whether the next tile (an own one) still waits for its inputs.
                     let blocked = |cta: &SimCta, counters: &[Vec<Vec<Vec<u32>>>], node_sums: &[Vec<Vec<u32>>]| {
@@ -175,19 +229,37 @@ fn simulate_protocol(nodes: u32, world: u32, grid: u32, m: u32, n: u32, parts: &
                         let sums_in = |o: usize| node_sums[o][r][(nd + nn - o - 1) % nn] >= block_tiles;
                         !(0..w).all(|p| p == r || counters[nd][r][p][mt] >= tiles_n) || (j + 1 == nodes && !(0..nn).all(|o| o == nd || sums_in(o)))
                     };
-                    if wait_first && blocked(&ctas[nd][r][c], &counters, &node_sums) {
+                    if rule == Rule::WaitFirst && blocked(&ctas[nd][r][c], &counters, &node_sums) {
                         done = false;
                         continue;
                     }
-                    let cta = &mut ctas[nd][r][c];
-                    if let Some((m0, _)) = cta.pending.take() {
+                    let mut announce = |m0: u32| {
                         let (dest, mt, j) = split(m0);
                         if dest as usize != r {
-                            counters[nd][dest as usize][r][mt] += 1;
+                            if comm {
+                                outbox[nd][r][dest as usize][mt] += 1;
+                            } else {
+                                counters[nd][dest as usize][r][mt] += 1;
+                            }
                         } else if j + 1 < nodes {
                             node_sums[nd][r][j as usize] += 1;
                         }
+                    };
+                    let cta = &mut ctas[nd][r][c];
+                    let next = cta.tiles.get(cta.next).copied();
+                    // The next tile's epilogue: the tile two back; before an own tile, also the
+                    // previous one if awaited; at the end, both.
+                    if let Some((m0, _)) = cta.older.take() {
+                        announce(m0);
                         progress = true;
+                    }
+                    let own_next = next.is_some_and(|(m0, _)| split(m0).0 as usize == r);
+                    if let Some((m0, _)) = cta.newer {
+                        if next.is_none() || (rule == Rule::Kernel && own_next && awaited(r, m0)) {
+                            announce(m0);
+                            cta.newer = None;
+                            progress = true;
+                        }
                     }
                     if blocked(&ctas[nd][r][c], &counters, &node_sums) {
                         done = false;
@@ -196,7 +268,8 @@ fn simulate_protocol(nodes: u32, world: u32, grid: u32, m: u32, n: u32, parts: &
                     let cta = &mut ctas[nd][r][c];
                     let Some(&(m0, n0)) = cta.tiles.get(cta.next) else { continue };
                     done = false;
-                    cta.pending = Some((m0, n0));
+                    cta.older = cta.newer.take();
+                    cta.newer = Some((m0, n0));
                     cta.next += 1;
                     progress = true;
                 }
@@ -226,7 +299,9 @@ fn the_counter_protocol_cannot_deadlock_across_nodes() {
                                 parts[0] = q;
                                 cases += 1;
                                 let m = nodes * world * block_tiles * 128;
-                                assert!(simulate_nodes(nodes, world, grid, m, n, &parts), "deadlock: {nodes} nodes x {world} grid {grid} block tiles {block_tiles} n {n} parts {parts:?}");
+                                for comm in [false, true] {
+                                    assert!(simulate_nodes(nodes, world, grid, m, n, &parts, comm), "deadlock: comm {comm} {nodes} nodes x {world} grid {grid} block tiles {block_tiles} n {n} parts {parts:?}");
+                                }
                             }
                         }
                     }
@@ -238,23 +313,27 @@ fn the_counter_protocol_cannot_deadlock_across_nodes() {
 }
 
 #[test]
-fn waiting_before_announcing_the_previous_tile_can_deadlock() {
-    // The simulation can fail: with the wait moved before the previous tile's announcement, some
-    // small configurations deadlock (as the first staged-partial version did on 2 x H200), while
-    // the kernel's order passes them all.
-    let mut deadlocks = 0;
-    for (nodes, world) in [(1u32, 2u32), (1, 4), (2, 1), (2, 2)] {
-        for grid in [1u32, 3, 7, 132] {
-            for block_tiles in [1u32, 2, 4] {
-                let m = nodes * world * block_tiles * 128;
-                let parts = vec![1; (nodes * world) as usize];
-                assert!(simulate_protocol(nodes, world, grid, m, 1000, &parts, false), "the kernel's order deadlocked");
-                if !simulate_protocol(nodes, world, grid, m, 1000, &parts, true) {
-                    deadlocks += 1;
+fn other_announcement_orders_can_deadlock() {
+    // The simulation can fail: with the wait moved before the announcements, or with every
+    // announcement two tiles late even before a wait, some small configurations deadlock (the
+    // first as the first staged-partial version did on 2 x H200), while the kernel's rule passes
+    // them all.
+    for rule in [Rule::WaitFirst, Rule::NoFlush] {
+        let mut deadlocks = 0;
+        for (nodes, world) in [(1u32, 2u32), (1, 4), (2, 1), (2, 2)] {
+            for grid in [1u32, 3, 7, 132] {
+                for block_tiles in [1u32, 2, 4] {
+                    let m = nodes * world * block_tiles * 128;
+                    let parts = vec![1; (nodes * world) as usize];
+                    assert!(simulate_protocol(nodes, world, grid, m, 1000, &parts, false, Rule::Kernel), "the kernel's order deadlocked");
+                    if !simulate_protocol(nodes, world, grid, m, 1000, &parts, false, rule) {
+                        deadlocks += 1;
+                    }
                 }
             }
         }
+        let name = if rule == Rule::WaitFirst { "wait before announcing" } else { "always two tiles late" };
+        assert!(deadlocks > 0, "no configuration deadlocked with {name}");
+        println!("{name}: {deadlocks} of 48 configurations deadlock");
     }
-    assert!(deadlocks > 0, "no configuration deadlocked with the wait first");
-    println!("wait before announce: {deadlocks} of 48 configurations deadlock");
 }
