@@ -56,7 +56,7 @@ pub const PROXY_PINGPONG: KernelSpec = KernelSpec { name: "mk_proxy_pingpong", m
 /// first `n_comm` CTAs move A, the others compute.
 pub const AG_GEMM_NK: KernelSpec = KernelSpec { name: "mk_ag_gemm_bf16_nk", ..GEMM_BF16_NK };
 /// Fused GEMM + ReduceScatter / AllReduce (B as N x K): GEMM launch shape with the
-/// `GemmTile::FUSED_RS` ring (whole-tile epilogue staging); every CTA computes.
+/// `GemmTile::FUSED_RS` ring (whole-tile epilogue staging); optional comm CTAs, the rest compute.
 pub const GEMM_RS_NK: KernelSpec = KernelSpec { name: "mk_gemm_rs_bf16_nk", dynamic_smem: GemmTile::FUSED_RS.smem_bytes(), ..GEMM_BF16_NK };
 
 /// Kernels whose ptxas spills are known and accepted for now: `cargo xtask ptx --check` reports

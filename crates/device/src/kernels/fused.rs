@@ -309,12 +309,14 @@ unsafe fn compute_role(a: &AgGemmArgs, idx: u32) {
 /// product `P_r = A_r * B_r^T` (M x N; K is split over ranks); global rank `g` reduces row chunk
 /// `g` of `sum_r P_r` in f32. Rows are visited node-blocked ([`rs_source_row`]): local rank
 /// `l`'s chunk (`M / world` rows) is its rail's global chunks, other nodes' first, own last.
-/// Every CTA computes, in the chunked order of [`TileScheduler::chunked`] over those chunks
-/// (per part: the peers' chunks first, the own chunk last):
-/// - a peer's tile is stored with TMA straight into this rank's slot of the peer's receive
-///   buffer (over NVLink), and `(Tile1, rank, row tile)` there is incremented once the bulk
-///   stores completed (deferred to the next tile's epilogue, so the NVLink drain overlaps the
-///   next mainloop). The first store to a peer waits for its `FusedReady`.
+/// CTAs `0..n_comm` move partials ([`rs_comm_role`]); the others compute, in the chunked order
+/// of [`TileScheduler::chunked`] over those chunks (per part: the peers' chunks first, the own
+/// chunk last):
+/// - a peer's tile is stored with TMA into the local outbox (with comm CTAs, which copy each
+///   completed row tile to the peer) or straight into this rank's slot of the peer's receive
+///   buffer over NVLink (without; the first store to a peer waits for its `FusedReady`). Each
+///   consumer warpgroup announces its half once its bulk stores completed ([`publish`]), two
+///   tiles later unless another rank waits for it ([`awaited_in_loop`]).
 /// - an own tile waits until every local peer's counter of its row tile is full and adds the
 ///   peers' partial tiles (bf16, in rank order) to its f32 accumulators. In another node's block
 ///   the sum is this node's partial of a remote rank's rows: it is stored in the stage, and the
