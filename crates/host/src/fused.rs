@@ -122,7 +122,8 @@ impl AgGemmPlan {
 }
 
 /// How a GEMM+ReduceScatter/AllReduce plan splits its work: `parts` per row chunk (0: the tune
-/// cache's or the default), comm CTAs ([`RsSplit::AUTO`]: `mkernel_config::fused::rs_comm_ctas`;
+/// cache's or the default), comm CTAs ([`RsSplit::AUTO`]: the default,
+/// `mkernel_config::fused::rs_comm_ctas` - the tune cache holds `parts` only;
 /// [`RsSplit::NO_COMM_CTAS`]: none, the compute CTAs store partials straight into the peers'
 /// receive buffers) and the rasterization group.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -187,7 +188,7 @@ impl GemmRsPlan {
     }
 
     /// [`GemmRsPlan::new`] (`out: Some`) or [`GemmRsPlan::new_all_reduce`] (`None`) with the
-    /// whole split chosen: `parts` and the comm CTAs (0: the tune cache's or the default).
+    /// whole split chosen ([`RsSplit`]).
     ///
     /// # Safety
     /// As [`GemmRsPlan::new`].
@@ -230,8 +231,9 @@ impl GemmRsPlan {
             RsSplit::NO_COMM_CTAS => 0,
             n => n,
         };
-        if n_comm + 1 > sms {
-            return Err(Error::Shape { op, reason: format!("comm_ctas = {n_comm}: fewer than the {sms} SMs") });
+        // Compute CTA j < nodes sends node block j across nodes (warp 1): at least that many.
+        if n_comm + (nodes as u32).max(1) > sms {
+            return Err(Error::Shape { op, reason: format!("comm_ctas = {n_comm}: leaves fewer than {} compute CTAs of the {sms} SMs", nodes.max(1)) });
         }
         // Rows are node-blocked (mkernel_config::fused::rs_source_row): a local rank's chunk of
         // m / world rows is `nodes` blocks of m / global_world rows, one per node's rank of

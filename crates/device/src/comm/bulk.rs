@@ -122,8 +122,13 @@ impl BulkRing {
         }
         self.pieces = g0 + np;
         if self.pending.is_some() {
-            // The older copy's stores are not yet known complete (this copy was short).
-            unsafe { self.flush() };
+            // The older copy's stores are not yet known complete (this copy was short): wait
+            // for every store, this copy's too, and raise both.
+            unsafe {
+                self.flush();
+                raise(release);
+            }
+            return;
         }
         self.pending = Some((release, self.pieces));
     }

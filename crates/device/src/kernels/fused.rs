@@ -344,18 +344,14 @@ pub unsafe extern "ptx-kernel" fn mk_gemm_rs_bf16_nk(args: *const GemmRsArgs) {
     unsafe { exit_launch_then(&c, c.epoch, || finish_reduce_launch(&c, a)) };
 }
 
-/// A comm CTA of GEMM+ReduceScatter/AllReduce (thread 0; [`BulkRing`]): copies whole row tiles
-/// (128 rows x N) to the local peers as the compute CTAs complete them, in the order they are
-/// computed ([`TileScheduler::chunked`]: per part, the peers' row tiles, chunk `rank + 1`
-/// first, then - AllReduce - the own reduced row tiles of the part before; unit `u` of that
-/// sequence is this CTA's when `u % n_comm == idx`):
-/// - a peer's row tile: once this rank stored all its tiles in the outbox (`(Outbox, d, mt)`
-///   full), into this rank's slot of d's receive buffer (after d's `FusedReady`), then
-///   `(Tile1, rank, mt)` there is raised by `tiles_n` (`red.release.sys`);
-/// - AllReduce, an own row tile of the own node's block: once reduced into this rank's output
-///   (`(Outbox, rank, mt)` full), into every local peer's output, raising `(Tile2, rank, mt)`
-///   there.
-/// The compute CTAs' stores stay local (TMA into the outbox), so their mainloops neither wait
+/// A comm CTA of GEMM+ReduceScatter/AllReduce (thread 128; [`BulkRing`]): copies its slice of
+/// every row tile (128 rows x N) of partials to the local peers as the compute CTAs complete
+/// them, in the order they are computed ([`TileScheduler::chunked`]: per part, the peers' row
+/// tiles, chunk `rank + 1` first):
+/// once this rank stored all its halves of the row tile in the outbox (`(Outbox, d, mt)` full),
+/// the slice goes into this rank's slot of d's receive buffer (after d's `FusedReady`), and
+/// `(Tile1, rank, mt)` there is raised by 1 (`red.release.sys`, deferred until the stores are
+/// complete: [`BulkRing::copy_deferred`]); the counter is full at `n_comm`. The compute CTAs' stores stay local (TMA into the outbox), so their mainloops neither wait
 /// for NVLink nor share their SM's memory pipe with it; a few CTAs move the bytes at NVLink
 /// rate. Waits are bounded (error record, then the launch ends).
 #[inline(always)]
@@ -693,6 +689,11 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
                 for _ in tiles.by_ref() {
                     drain_tile(&ring, &mut pos, k_blocks, consumer_stall(ldesc()));
                 }
+                // AllReduce: both warpgroups vote once on barrier 3 before the completion wait
+                // (the other may not have seen the abort yet).
+                if a.all_reduce != 0 {
+                    let _ = named_barrier_or(3, 2 * crate::arch::ids::WARPGROUP_THREADS, true);
+                }
                 return;
             }
         }
@@ -708,7 +709,10 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
     let published = unsafe { announce_older(&c, a, &mut pending, wg, stop) && announce_newer(&c, a, &mut pending, wg, stop) };
     drain_tma_stores();
     end(End::Drained);
-    if !published {
+    // AllReduce: every consumer warpgroup reaches this vote exactly once (also one that gave up
+    // in its loop), so the completion wait below starts in both or in neither.
+    let go_on = if a.all_reduce != 0 { !named_barrier_or(3, 2 * crate::arch::ids::WARPGROUP_THREADS, !published) } else { published };
+    if !go_on {
         return;
     }
     if a.all_reduce != 0 {
