@@ -38,8 +38,9 @@ unsafe fn launch_epoch(c: &CommCtx) -> u64 {
     unsafe { ((c.heap(c.rank) + FUSED_EPOCH_OFFSET) as *const u64).read_volatile() + 1 }
 }
 
-/// Whether this rank gave up (a wait timed out or the host aborted): read from the descriptor,
-/// read once per tile by the epilogue barrier of GEMM+ReduceScatter/AllReduce (`publish`).
+/// Whether this rank gave up (a wait timed out or the host aborted): GEMM+ReduceScatter/AllReduce
+/// reads it at each tile's start (each consumer warpgroup's leader) and ORs it into that tile's
+/// epilogue barriers.
 #[inline(always)]
 unsafe fn aborted(desc: u64) -> bool {
     let d = unsafe { &*(desc as *const CommDesc) };
