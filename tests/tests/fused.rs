@@ -19,10 +19,13 @@ const REPS: u64 = 3;
 const AG_CASES: [(usize, usize, usize, u32); 4] = [(1024, 512, 256, 4), (2048, 768, 1024, 8), (4096, 256, 512, 16), (1024, 1000, 136, 1)];
 /// GEMM + ReduceScatter cases: M, N, K per rank, parts per row chunk (1 where it does not
 /// divide the chunk's row tiles at this world size), comm CTAs (`RsSplit::AUTO`, none, or a
-/// count: the partials go through comm CTAs or straight from the epilogues).
-const RS_CASES: [(usize, usize, usize, u32, u32); 3] = [(1024, 512, 256, 2, RsSplit::AUTO), (2048, 768, 512, 4, RsSplit::NO_COMM_CTAS), (512, 1000, 136, 1, 3)];
+/// count: the partials go through comm CTAs or straight from the epilogues; [`PULL`]: the
+/// peers read them).
+const RS_CASES: [(usize, usize, usize, u32, u32); 5] = [(1024, 512, 256, 2, RsSplit::AUTO), (2048, 768, 512, 4, RsSplit::NO_COMM_CTAS), (512, 1000, 136, 1, 3), (512, 1000, 136, 1, PULL), (2048, 768, 512, 2, PULL)];
 /// GEMM + AllReduce cases, as [`RS_CASES`].
-const AR_CASES: [(usize, usize, usize, u32, u32); 2] = [(1024, 512, 256, 2, RsSplit::AUTO), (512, 1000, 136, 1, 4)];
+const AR_CASES: [(usize, usize, usize, u32, u32); 3] = [(1024, 512, 256, 2, RsSplit::AUTO), (512, 1000, 136, 1, 4), (1024, 1000, 256, 2, PULL)];
+/// In a case's comm CTAs: none, and the partials are pulled (`RsSplit::pull`).
+const PULL: u32 = u32::MAX - 1;
 
 #[test]
 fn fused_collectives_ag_gemm_matches_cpu_reference() {
@@ -46,6 +49,7 @@ fn fused_collectives_ag_gemm_matches_cpu_reference() {
         lines.push(reduce_case(&mut comm, &stream, case, shape, true, &Launch::Direct));
     }
     lines.push(reduce_case(&mut comm, &stream, RS_CASES.len(), RS_CASES[0], false, &graph));
+    lines.push(reduce_case(&mut comm, &stream, RS_CASES.len() + 1, RS_CASES[3], false, &graph));
     lines.push(reduce_case(&mut comm, &stream, AR_CASES.len(), AR_CASES[0], true, &graph));
     if comm.global_rank() == 0 {
         for l in lines {
@@ -152,7 +156,10 @@ fn reduce_case(comm: &mut Communicator, stream: &Arc<CudaStream>, case: usize, (
     let mut dout = stream.alloc_zeros::<bf16>(ms * n).unwrap(); // ReduceScatter only
     let (pa, pb, po) = ({ let (p, _g) = da.device_ptr_mut(stream); p }, { let (p, _g) = db.device_ptr_mut(stream); p }, { let (p, _g) = dout.device_ptr_mut(stream); p });
     // SAFETY: buffers sized for the shape, alive until the end of the case.
-    let split = RsSplit { parts, comm_ctas, group_m: 0 };
+    let split = match comm_ctas {
+        PULL => RsSplit { parts, comm_ctas: RsSplit::AUTO, group_m: 0, pull: true },
+        _ => RsSplit { parts, comm_ctas, group_m: 0, pull: false },
+    };
     let plan = unsafe { GemmRsPlan::with_split(comm, stream, pa, pb, (!all_reduce).then_some(po), m, n, kl, split) }.unwrap();
     let comm: &Communicator = comm;
     let (op, seed_base, rows) = if all_reduce { ("gemm_ar", 40_000, 0..m) } else { ("gemm_rs", 20_000, rank * ms..(rank + 1) * ms) };
@@ -179,7 +186,8 @@ fn reduce_case(comm: &mut Communicator, stream: &Arc<CudaStream>, case: usize, (
     };
     run_reps(comm, stream, how, &format!("{op} m {m} n {n} k_local {kl} parts {parts}"), |s| plan.launch(s), write, read);
     let whole = if all_reduce { "whole sum on every rank, " } else { "" };
-    format!("{op} M {m} N {n} K_local {kl}, {parts} parts per chunk, {} CTAs ({} comm), {}: {whole}every element within tolerance", plan.split().1, plan.comm_ctas(), how.describe())
+    let path = if split.pull { ", partials pulled" } else { "" };
+    format!("{op} M {m} N {n} K_local {kl}, {parts} parts per chunk, {} CTAs ({} comm{path}), {}: {whole}every element within tolerance", plan.split().1, plan.comm_ctas(), how.describe())
 }
 
 fn to_f64(v: &[bf16]) -> Vec<f64> {

@@ -35,7 +35,9 @@ fn record_split(args: &Args, rank: usize, key: TuneKey, split: u32) -> Result<()
 const AG_SPLITS: [u32; 4] = [2, 4, 8, 16];
 /// GEMM+RS/AR: parts per row chunk tried (those that divide a chunk's row tiles), and comm CTAs.
 const REDUCE_PARTS: [u32; 2] = [1, 2];
-const REDUCE_COMM_CTAS: [u32; 3] = [0, 4, 8];
+const REDUCE_COMM_CTAS: [u32; 4] = [0, 4, 8, PULL];
+/// In `REDUCE_COMM_CTAS`: no comm CTAs, partials pulled by the peers (`RsSplit::pull`).
+const PULL: u32 = 0xff;
 /// GEMM+RS/AR: rasterization groups tried.
 const REDUCE_GROUPS: [u32; 2] = [1, 8];
 
@@ -202,19 +204,22 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
         for parts in REDUCE_PARTS.into_iter().filter(|&p| (m / world / 128) % p as usize == 0) {
             for &cc in ccs {
                 for group_m in REDUCE_GROUPS {
-                    let split = RsSplit { parts, comm_ctas: if cc == 0 { RsSplit::NO_COMM_CTAS } else { cc }, group_m };
+                    let comm_ctas = if cc == 0 || cc == PULL { RsSplit::NO_COMM_CTAS } else { cc };
+                    let split = RsSplit { parts, comm_ctas, group_m, pull: cc == PULL };
                     // SAFETY: buffers sized for the shape and alive for the whole case.
                     let plan = unsafe { GemmRsPlan::with_split(&mut comm, &stream, pa, pb, (!all_reduce).then_some(po), m, n, kl, split)? };
                     let mut f = || Ok(plan.launch(&stream)?);
                     let t = median_ms_aligned(&stream, 2, 5, &mut align, &mut [&mut f])?[0];
                     comm.check()?;
-                    sweep.push(json!({ "parts": parts, "comm_ctas": cc, "group_m": group_m, "ms": t }));
+                    sweep.push(json!({ "parts": parts, "comm_ctas": cc % PULL, "pull": cc == PULL, "group_m": group_m, "ms": t }));
                     plans.push((parts << 16 | cc << 8 | group_m, t, plan));
                 }
             }
         }
         let (code, plan) = agreed_best(&comm, plans)?;
-        let (parts, comm_ctas, group_m) = (code >> 16, (code >> 8) & 0xff, code & 0xff);
+        let (parts, cc, group_m) = (code >> 16, (code >> 8) & 0xff, code & 0xff);
+        let (comm_ctas, pull) = (cc % PULL, cc == PULL);
+        let path = if pull { "pull".to_string() } else { comm_ctas.to_string() };
         let op = if all_reduce { "gemm-ar" } else { "gemm-rs" };
         record_split(args, rank, TuneKey { op: op.into(), world: world as u32, m, n, k }, parts)?;
         let shape = GemmShape { m, n, k: kl, b_layout: BLayout::NxK };
@@ -253,9 +258,9 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
         let wrong = exact_mismatches(&x, &y);
         let (speedup, overlap) = (t[1] / t[0], t[2].max(t[3]) / t[0]);
         if rank == 0 {
-            println!("{m:>6} {k:>6} {n:>6} | {:>8} {:>9.1} | {:>11.1} {:>10.1} {:>10.1} | {speedup:>8.3} {overlap:>8.3} {wrong:>7} | {:>9.1}", format!("{parts}/{comm_ctas}/{group_m}"), t[0] * 1e3, t[1] * 1e3, t[2] * 1e3, t[3] * 1e3, t[4] * 1e3);
+            println!("{m:>6} {k:>6} {n:>6} | {:>8} {:>9.1} | {:>11.1} {:>10.1} {:>10.1} | {speedup:>8.3} {overlap:>8.3} {wrong:>7} | {:>9.1}", format!("{parts}/{path}/{group_m}"), t[0] * 1e3, t[1] * 1e3, t[2] * 1e3, t[3] * 1e3, t[4] * 1e3);
         }
-        rows.push(json!({ "m": m, "k": k, "n": n, "world": world, "rank": rank, "parts": parts, "comm_ctas": comm_ctas, "group_m": group_m, "sweep": sweep,
+        rows.push(json!({ "m": m, "k": k, "n": n, "world": world, "rank": rank, "parts": parts, "comm_ctas": comm_ctas, "pull": pull, "group_m": group_m, "sweep": sweep,
             "op": if all_reduce { "gemm-ar" } else { "gemm-rs" },
             "ours_ms": t[0], "cublas_nccl_ms": t[1], "gemm_alone_ms": t[2], "coll_alone_ms": t[3], "our_gemm_alone_ms": t[4],
             "speedup": speedup, "overlap_efficiency": overlap, "wrong": wrong, "trace": timeline }));

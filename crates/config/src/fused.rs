@@ -84,7 +84,10 @@ pub struct GemmRsArgs {
     /// Tile rows per rasterization group inside a block (1: a row tile completes every
     /// `tiles_n` tiles, so comm CTAs get a steady stream; larger: more L2 reuse of B).
     pub group_m: u32,
-    pub _pad: u32,
+    /// 1: partials are pulled (requires `n_comm = 0`): a peer tile is stored into the local
+    /// outbox and announced at the peer, whose own tile reads it from here over NVLink
+    /// (`map_in` is then the first peer's outbox as mapped here). 0: pushed (above).
+    pub pull: u32,
     /// Device address of a per-tile timeline buffer ([`crate::trace`]), 0: none (the default).
     pub trace: u64,
 }

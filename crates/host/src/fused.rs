@@ -132,6 +132,11 @@ pub struct RsSplit {
     pub comm_ctas: u32,
     /// Tile rows per rasterization group (0: `GemmTile::group_m`).
     pub group_m: u32,
+    /// Partials are pulled (no comm CTAs; `comm_ctas` must be `AUTO` or `NO_COMM_CTAS`): a
+    /// compute CTA stores a peer's partial tile into its local outbox and announces it at the
+    /// peer, whose own tile TMA-loads it over NVLink during its mainloop. The computing SMs
+    /// then never store over NVLink.
+    pub pull: bool,
 }
 
 impl RsSplit {
@@ -227,6 +232,8 @@ impl GemmRsPlan {
         check_parts(op, m, global_world, parts)?;
         let n_comm = match split.comm_ctas {
             _ if world == 1 => 0,
+            RsSplit::AUTO | RsSplit::NO_COMM_CTAS if split.pull => 0,
+            n if split.pull => return Err(Error::Shape { op, reason: format!("comm_ctas = {n} with pulled partials: pulling needs no comm CTAs (AUTO or NO_COMM_CTAS)") }),
             RsSplit::AUTO => mkernel_config::fused::rs_comm_ctas(world as u32, out.is_none()),
             RsSplit::NO_COMM_CTAS => 0,
             n => n,
@@ -242,10 +249,12 @@ impl GemmRsPlan {
         let (n64, k64) = (n as u64, k_local as u64);
         let slot_bytes = chunk_rows * n64 * 2;
         let block_bytes = block_rows * n64 * 2;
-        let recv = comm.alloc(slot_bytes * world as u64)?;
-        // With comm CTAs: the partials for the local peers, at their own rows (the comm CTAs
-        // copy them on).
-        let outbox = if n_comm > 0 { Some(comm.alloc((m * n * 2) as u64)?) } else { None };
+        let pull = split.pull && world > 1;
+        // Pushed partials land here; pulled ones are read from the peers' outboxes.
+        let recv = if pull { None } else { Some(comm.alloc(slot_bytes * world as u64)?) };
+        // With comm CTAs or pulled: the partials for the local peers, at their own rows (the
+        // comm CTAs copy them on, or the peers read them).
+        let outbox = if n_comm > 0 || pull { Some(comm.alloc((m * n * 2) as u64)?) } else { None };
         let ar_out = if out.is_none() { Some(comm.alloc((m * n * 2) as u64)?) } else { None };
         // Across nodes: this node's sums of the other nodes' rows of our rail (the PUT
         // sources), and one block per node for their sums of our rows.
@@ -273,7 +282,7 @@ impl GemmRsPlan {
             None => None,
         };
         let mut recv_maps = vec![];
-        if outbox.is_none() {
+        if let (None, Some(recv)) = (outbox, recv) {
             for p in 0..world {
                 recv_maps.push(push(box_map(comm.peer_ptr(p as u32, &recv) + rank * slot_bytes, chunk_rows)?.opaque));
             }
@@ -287,7 +296,13 @@ impl GemmRsPlan {
             None => None,
         };
         let first_peer = (rank + 1) % world as u64;
-        let in_map = if world > 1 { Some(push(box_map(comm.ptr(&recv) + first_peer * slot_bytes, chunk_rows)?.opaque)) } else { None };
+        let in_map = match (recv, outbox) {
+            _ if world == 1 => None,
+            (Some(recv), _) => Some(push(box_map(comm.ptr(&recv) + first_peer * slot_bytes, chunk_rows)?.opaque)),
+            // Pulled: the first peer's outbox (all `m` rows) as mapped here.
+            (None, Some(o)) => Some(push(box_map(comm.peer_ptr(first_peer as u32, &o), m as u64)?.opaque)),
+            (None, None) => unreachable!("pulled partials need the outbox"),
+        };
         let words: Vec<u64> = maps_host.concat();
         let maps = stream.clone_htod(&words)?;
         let maps_addr = maps.device_ptr(stream).0;
@@ -308,7 +323,7 @@ impl GemmRsPlan {
             map_out,
             map_stage: map_at(stage_map),
             map_in: map_at(in_map),
-            recv_off: recv.offset,
+            recv_off: recv.map_or(0, |b| b.offset),
             outbox_off: outbox.map_or(0, |b| b.offset),
             stage_off: stage.map_or(0, |b| b.offset),
             xrecv_off: xrecv.map_or(0, |b| b.offset),
@@ -320,7 +335,7 @@ impl GemmRsPlan {
             all_reduce: ar_out.is_some() as u32,
             n_comm,
             group_m: if split.group_m == 0 { t.group_m } else { split.group_m.min((block_rows as usize / t.block_m as usize / parts as usize) as u32) },
-            _pad: 0,
+            pull: pull as u32,
             trace: 0,
         };
         // SAFETY: GemmRsArgs is repr(C) plain data.

@@ -743,6 +743,10 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
 unsafe fn prefetch_partials(a: &GemmRsArgs, tile: Tile, rank: u32, world: u32, first_staged: bool) {
     let ct = ids::thread_idx() - crate::arch::ids::WARPGROUP_THREADS;
     let chunk_rows = a.m / world;
+    if a.pull != 0 {
+        // The partials stay in the peers' memory: nothing to pull into L2 here.
+        return;
+    }
     let (row, half) = (tile.m0 - rank * chunk_rows + ct / 2, ct % 2);
     let col = tile.n0 + half * 128;
     if col >= a.n {
@@ -786,9 +790,11 @@ unsafe fn stage_first_partial(a: &GemmRsArgs, ring: &Ring, tile: Tile, wg: u32, 
             memory::fence_proxy_async();
             tma::store_wait_read::<0>();
             unsafe { mbarrier::arrive_expect_tx(bar, RS_TILE.epilogue_buffers * RS_TILE.epilogue_box_bytes()) };
-            let map = TensorMap(a.map_in as *const u8);
+            // Pulled: the peer's outbox over NVLink, at the tile's own row; pushed: its slot
+            // of our receive buffer.
+            let (map, row0) = (TensorMap(a.map_in as *const u8), if a.pull != 0 { tile.m0 } else { local_m0 });
             for q in 0..RS_TILE.epilogue_buffers {
-                unsafe { tma::load_2d(ring.staging(wg - 1, q), map, tile.n0 + GemmTile::EPILOGUE_BOX_COLS * q, local_m0 + (wg - 1) * TILE.rows_per_consumer(), bar) };
+                unsafe { tma::load_2d(ring.staging(wg - 1, q), map, tile.n0 + GemmTile::EPILOGUE_BOX_COLS * q, row0 + (wg - 1) * TILE.rows_per_consumer(), bar) };
             }
             issued = true;
         }
@@ -844,7 +850,11 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
         }
         if dest != c.rank {
             mark(Mark::Waited);
-            if a.n_comm == 0 {
+            if a.pull != 0 {
+                // Into the outbox (local, the tile's own row), from where the peer's own tile
+                // reads it over NVLink: this CTA's stores stay local.
+                store_tile_tma(ring, TensorMap(a.map_outbox as *const u8), tile, wg - 1, acc);
+            } else if a.n_comm == 0 {
                 // Straight into this rank's slot of the peer's receive buffer (over NVLink).
                 store_tile_tma(ring, TensorMap(*a.map_recv.as_ptr().add(dest as usize) as *const u8), local, wg - 1, acc);
             } else {
@@ -863,12 +873,12 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
                 return false;
             }
             mark(Mark::Waited);
-            let slot_bytes = chunk_rows as u64 * a.n as u64 * 2;
-            let at = c.heap(c.rank) + a.recv_off + (local.m0 as u64 * a.n as u64 + local.n0 as u64) * 2;
+            let row_m0 = if a.pull != 0 { tile.m0 } else { local.m0 };
+            let at = (row_m0 as u64 * a.n as u64 + local.n0 as u64) * 2;
             for src in 0..8u32 {
                 // The first peer's partial, when staged, is added by the store below.
                 if src < c.world && src != c.rank && !(staged && src == (c.rank + 1) % c.world) {
-                    add_bf16_tile(acc, at + src as u64 * slot_bytes, a.n, a.n - local.n0, wg - 1);
+                    add_bf16_tile(acc, partials_of(c, a, src) + at, a.n, a.n - local.n0, wg - 1);
                 }
             }
             if staged {
@@ -908,6 +918,18 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
         pending.newer = Some(Pending { dest, mt });
     }
     true
+}
+
+/// Where local rank `src`'s partials for this rank's own tiles lie (rows x N bf16): pulled, in
+/// `src`'s outbox (over NVLink), indexed by the tiles' own rows; pushed, in `src`'s slot of
+/// this rank's receive buffer, indexed by rows inside the chunk.
+#[inline(always)]
+fn partials_of(c: &CommCtx, a: &GemmRsArgs, src: u32) -> u64 {
+    if a.pull != 0 {
+        c.heap(src) + a.outbox_off
+    } else {
+        c.heap(c.rank) + a.recv_off + src as u64 * ((a.m / c.world) as u64 * a.n as u64 * 2)
+    }
 }
 
 /// The value of a full `(Tile1, src, row tile)`: src's comm CTAs each add 1 for their slice;
@@ -955,7 +977,8 @@ fn announced(c: &CommCtx, a: &GemmRsArgs, p: Pending) -> bool {
 /// bulk stores of it completed (at most `NEWER_GROUPS` newer groups in flight; `red.release`,
 /// +1 each): a peer's partial counts in
 /// `(Outbox, peer, mt)` (local; the comm CTAs copy a row tile on once it is full) or, without
-/// comm CTAs, in `(Tile1, rank, mt)` at the peer; an own AllReduce tile of the own node's
+/// comm CTAs, in `(Tile1, rank, mt)` at the peer (pushed: the partial is there; pulled: the
+/// peer may read it from our outbox); an own AllReduce tile of the own node's
 /// block in `(Tile2, rank, mt)` at every local peer; across nodes an own tile also in its
 /// block's `NodeSum`, which the block's sender warp waits for ([`send_node_block`]). The
 /// warpgroup's barrier also ORs `stop` (the rank aborted, read by the leader at the tile's
@@ -978,7 +1001,7 @@ unsafe fn publish<const NEWER_GROUPS: u32>(c: &CommCtx, a: &GemmRsArgs, p: Pendi
     unsafe {
         if p.dest != c.rank {
             if a.n_comm == 0 {
-                // Stored straight into the peer's receive buffer: counted there.
+                // Stored into the peer's receive buffer (pushed) or our outbox (pulled): counted there.
                 memory::red_release_add_u64(Scope::Sys, (c.heap(p.dest) + flag_offset(FlagSlot::Tile1, c.rank, p.mt)) as *mut u64, 1);
             } else {
                 memory::red_release_add_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::Outbox, p.dest, p.mt), 1);
