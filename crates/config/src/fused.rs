@@ -44,7 +44,7 @@ pub struct GemmRsArgs {
     pub map_b: u64,
     /// The outbox (local, `M` node-blocked rows x N bf16, box 64 x 64): a partial tile for
     /// local peer `d` is stored at its own row (chunk `d`'s rows), from where comm CTAs copy
-    /// whole row tiles into `d`'s receive buffer.
+    /// whole row tiles into `d`'s receive buffer, or (`pull`) `d` reads it over NVLink.
     pub map_outbox: u64,
     /// Without comm CTAs (`n_comm = 0`): `map_recv[p]`, this rank's slot in local rank p's
     /// receive buffer (`M / world` rows x N bf16, box 64 x 64; a peer's over NVLink), where
@@ -59,7 +59,8 @@ pub struct GemmRsArgs {
     pub map_stage: u64,
     /// This rank's receive slot of local rank `(rank + 1) % world` (local, `M / world` x N bf16,
     /// box 64 x 64): that peer's partial of an own tile is TMA-loaded into the epilogue staging
-    /// during the tile's mainloop. 0 on one rank.
+    /// during the tile's mainloop. Pulled: that peer's outbox (all `M` rows, as mapped here)
+    /// instead. 0 on one rank.
     pub map_in: u64,
     /// Heap offsets: the receive buffer (`world` slots of `M / world` x N bf16); across nodes
     /// the node-sum stage above, the remote receive buffer (`nodes` blocks of `Mg` x N: block
