@@ -91,18 +91,33 @@ struct SimCta {
 /// rank walks its tiles in the chunked order; a tile is announced two tiles late, except that an
 /// own tile (which waits) first announces the previous one if another rank waits for it during
 /// the loop (a peer partial or a node sum: the kernel's rule); an own tile waits until every
-/// peer's counter of its row is full. With `comm`, a peer partial only counts in the own outbox
-/// and the rank's comm CTAs raise the peer's counter row tile by row tile, in the kernel's order
-/// (per part, the peers' row tiles, chunk `rank + 1` first), once the row is complete. True when
-/// every CTA finishes (no wait cycle), false on a deadlock. One node of [`simulate_nodes`].
-fn simulate(world: u32, grid: u32, m: u32, n: u32, parts: &[u32], comm: bool) -> bool {
-    simulate_nodes(1, world, grid, m, n, parts, comm)
+/// peer's counter of its row is full. How a peer partial reaches the peer's counter: see
+/// [`Carry`]. True when every CTA finishes (no wait cycle), false on a deadlock. One node of
+/// [`simulate_nodes`].
+fn simulate(world: u32, grid: u32, m: u32, n: u32, parts: &[u32], carry: Carry) -> bool {
+    simulate_nodes(1, world, grid, m, n, parts, carry)
 }
+
+/// Who raises a peer's counter of a partial row tile, in [`simulate_protocol`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Carry {
+    /// The computing CTA's own announcement (the kernel before the relays).
+    Direct,
+    /// The partial counts in the own outbox; the rank's comm CTAs (together: one queue) raise
+    /// the peer's counter row tile by row tile in the kernel's order (per part, the peers' row
+    /// tiles, chunk `rank + 1` first), once the row is complete.
+    CommCtas,
+    /// As `CommCtas`, but that queue is dealt round-robin to one relay per CTA (`relay_role`),
+    /// each taking its items in order.
+    Relays,
+}
+
+const CARRIES: [Carry; 3] = [Carry::Direct, Carry::CommCtas, Carry::Relays];
 
 #[test]
 fn the_counter_protocol_cannot_deadlock_in_the_chunked_order() {
     let mut cases = 0;
-    for comm in [false, true] {
+    for carry in CARRIES {
         for world in [2u32, 3, 4, 8] {
             for grid in [1u32, 3, 7, 33, 132] {
                 for row_tiles in [1u32, 2, 4, 6, 16] {
@@ -114,7 +129,7 @@ fn the_counter_protocol_cannot_deadlock_in_the_chunked_order() {
                                 let mut parts = vec![p; world as usize];
                                 parts[0] = q;
                                 cases += 1;
-                                assert!(simulate(world, grid, world * row_tiles * 128, n, &parts, comm), "deadlock: comm {comm} world {world} grid {grid} row tiles {row_tiles} n {n} parts {parts:?}");
+                                assert!(simulate(world, grid, world * row_tiles * 128, n, &parts, carry), "deadlock: {carry:?} world {world} grid {grid} row tiles {row_tiles} n {n} parts {parts:?}");
                             }
                         }
                     }
@@ -122,7 +137,7 @@ fn the_counter_protocol_cannot_deadlock_in_the_chunked_order() {
             }
         }
     }
-    assert!(cases > 2000);
+    assert!(cases > 3000);
 }
 
 /// The same simulation across `nodes` nodes of `world` ranks each: rows are node-blocked
@@ -131,8 +146,8 @@ fn the_counter_protocol_cannot_deadlock_in_the_chunked_order() {
 /// block is complete); an own tile of the own node's block also waits, in its epilogue after
 /// the announcements, until every other node's rail peer completed its block of our rows. True
 /// when every CTA finishes.
-fn simulate_nodes(nodes: u32, world: u32, grid: u32, m: u32, n: u32, parts: &[u32], comm: bool) -> bool {
-    simulate_protocol(nodes, world, grid, m, n, parts, comm, Rule::Kernel)
+fn simulate_nodes(nodes: u32, world: u32, grid: u32, m: u32, n: u32, parts: &[u32], carry: Carry) -> bool {
+    simulate_protocol(nodes, world, grid, m, n, parts, carry, Rule::Kernel)
 }
 
 /// When a CTA announces its tiles, in [`simulate_protocol`].
@@ -149,7 +164,7 @@ enum Rule {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn simulate_protocol(nodes: u32, world: u32, grid: u32, m: u32, n: u32, parts: &[u32], comm: bool, rule: Rule) -> bool {
+fn simulate_protocol(nodes: u32, world: u32, grid: u32, m: u32, n: u32, parts: &[u32], carry: Carry, rule: Rule) -> bool {
     let chunk_rows = m / world;
     let block_rows = chunk_rows / nodes;
     let row_tiles = (chunk_rows / 128) as usize;
@@ -161,7 +176,8 @@ fn simulate_protocol(nodes: u32, world: u32, grid: u32, m: u32, n: u32, parts: &
     let mut counters = vec![vec![vec![vec![0u32; row_tiles]; w]; w]; nn];
     let mut outbox = vec![vec![vec![vec![0u32; row_tiles]; w]; w]; nn];
     let mut node_sums = vec![vec![vec![0u32; nn]; w]; nn];
-    // Each rank's comm queue: (dest, row tile) in the comm CTAs' order, and how far it got.
+    // Each rank's carry queue: (dest, row tile) in the comm CTAs' order; dealt to `carriers`
+    // in-order takers (item i to taker i mod carriers), and how far each got.
     let queues: Vec<Vec<Vec<(usize, usize)>>> = (0..nn)
         .map(|nd| {
             (0..w)
@@ -180,7 +196,8 @@ fn simulate_protocol(nodes: u32, world: u32, grid: u32, m: u32, n: u32, parts: &
                 .collect()
         })
         .collect();
-    let mut heads = vec![vec![0usize; w]; nn];
+    let carriers = if carry == Carry::Relays { grid as usize } else { 1 };
+    let mut heads = vec![vec![vec![0usize; carriers]; w]; nn];
     let mut ctas: Vec<Vec<Vec<SimCta>>> = (0..nodes)
         .map(|nd| {
             (0..world)
@@ -206,15 +223,21 @@ fn simulate_protocol(nodes: u32, world: u32, grid: u32, m: u32, n: u32, parts: &
         let (mut progress, mut done) = (false, true);
         for nd in 0..nn {
             for r in 0..w {
-                // The comm CTAs copy every completed row tile at the head of their queue.
-                while comm && heads[nd][r] < queues[nd][r].len() {
-                    let (dest, mt) = queues[nd][r][heads[nd][r]];
-                    if outbox[nd][r][dest][mt] < tiles_n {
-                        break;
+                // Each taker carries every completed row tile at the head of its queue.
+                for k in 0..carriers {
+                    loop {
+                        let i = k + heads[nd][r][k] * carriers;
+                        if carry == Carry::Direct || i >= queues[nd][r].len() {
+                            break;
+                        }
+                        let (dest, mt) = queues[nd][r][i];
+                        if outbox[nd][r][dest][mt] < tiles_n {
+                            break;
+                        }
+                        counters[nd][dest][r][mt] = tiles_n;
+                        heads[nd][r][k] += 1;
+                        progress = true;
                     }
-                    counters[nd][dest][r][mt] = tiles_n;
-                    heads[nd][r] += 1;
-                    progress = true;
                 }
                 for c in 0..grid as usize {
                     // Whether the next tile (an own one) still waits for its inputs.
@@ -236,7 +259,7 @@ fn simulate_protocol(nodes: u32, world: u32, grid: u32, m: u32, n: u32, parts: &
                     let mut announce = |m0: u32| {
                         let (dest, mt, j) = split(m0);
                         if dest as usize != r {
-                            if comm {
+                            if carry != Carry::Direct {
                                 outbox[nd][r][dest as usize][mt] += 1;
                             } else {
                                 counters[nd][dest as usize][r][mt] += 1;
@@ -299,8 +322,8 @@ fn the_counter_protocol_cannot_deadlock_across_nodes() {
                                 parts[0] = q;
                                 cases += 1;
                                 let m = nodes * world * block_tiles * 128;
-                                for comm in [false, true] {
-                                    assert!(simulate_nodes(nodes, world, grid, m, n, &parts, comm), "deadlock: comm {comm} {nodes} nodes x {world} grid {grid} block tiles {block_tiles} n {n} parts {parts:?}");
+                                for carry in CARRIES {
+                                    assert!(simulate_nodes(nodes, world, grid, m, n, &parts, carry), "deadlock: {carry:?} {nodes} nodes x {world} grid {grid} block tiles {block_tiles} n {n} parts {parts:?}");
                                 }
                             }
                         }
@@ -325,8 +348,8 @@ fn other_announcement_orders_can_deadlock() {
                 for block_tiles in [1u32, 2, 4] {
                     let m = nodes * world * block_tiles * 128;
                     let parts = vec![1; (nodes * world) as usize];
-                    assert!(simulate_protocol(nodes, world, grid, m, 1000, &parts, false, Rule::Kernel), "the kernel's order deadlocked");
-                    if !simulate_protocol(nodes, world, grid, m, 1000, &parts, false, rule) {
+                    assert!(simulate_protocol(nodes, world, grid, m, 1000, &parts, Carry::Direct, Rule::Kernel), "the kernel's order deadlocked");
+                    if !simulate_protocol(nodes, world, grid, m, 1000, &parts, Carry::Direct, rule) {
                         deadlocks += 1;
                     }
                 }

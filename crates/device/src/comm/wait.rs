@@ -17,6 +17,14 @@ pub unsafe fn wait_flag(c: &CommCtx, slot: FlagSlot, src: u32, target: u64) -> b
 /// As [`wait_flag`] for the flag of CTA `cta`.
 #[inline(always)]
 pub unsafe fn wait_flag_of_cta(c: &CommCtx, slot: FlagSlot, src: u32, cta: u32, target: u64) -> bool {
+    unsafe { wait_flag_of_cta_sleeping::<0>(c, slot, src, cta, target) }
+}
+
+/// As [`wait_flag_of_cta`], sleeping about `SLEEP_NS` between polls that found the flag short
+/// (0: spin): for a waiter that shares its SM with tensor-core work and need not react within
+/// a microsecond.
+#[inline(always)]
+pub unsafe fn wait_flag_of_cta_sleeping<const SLEEP_NS: u32>(c: &CommCtx, slot: FlagSlot, src: u32, cta: u32, target: u64) -> bool {
     let flag = c.flag_of_cta(c.rank, slot, src, cta);
     let abort = (c.heap(c.rank) + ABORT_OFFSET) as *const u32;
     let start = time::globaltimer_ns();
@@ -25,6 +33,9 @@ pub unsafe fn wait_flag_of_cta(c: &CommCtx, slot: FlagSlot, src: u32, cta: u32, 
         let seen = unsafe { memory::ld_acquire_u64(Scope::Sys, flag) };
         if seen >= target {
             return true;
+        }
+        if SLEEP_NS > 0 {
+            time::nanosleep(SLEEP_NS);
         }
         polls += 1;
         if polls % POLLS_PER_CHECK == 0 {

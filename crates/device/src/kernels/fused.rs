@@ -17,7 +17,7 @@
 //! ended).
 use crate::arch::{ids, mbarrier, memory, memory::Scope, regs, smem, sync, tma, tma::TensorMap};
 use crate::comm::bulk::{BulkRing, Release};
-use crate::comm::wait::wait_flag_of_cta;
+use crate::comm::wait::{wait_flag_of_cta, wait_flag_of_cta_sleeping};
 use crate::comm::{proxy, CommCtx};
 use crate::gemm::consumer::{drain_tile, mma_tile_bounded};
 use crate::gemm::epilogue::{add_bf16_tile, drain_tma_stores, store_tile_tma, store_tile_tma_to, MapTable};
@@ -571,6 +571,10 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
             return;
         }
         let (idx, tid) = (compute_idx(), ids::thread_idx_reread());
+        if tid == 64 && relays_run(a) {
+            // Warp 2 (otherwise idle): raises the peers' flags of finished row tiles.
+            unsafe { relay_role(a, idx) };
+        }
         if tid == 32 && idx < node_blocks_to_send(a) {
             // Warp 1 of the producer warpgroup (otherwise idle) of compute CTA j: inter-node
             // sender of node block j.
@@ -974,13 +978,13 @@ fn announced(c: &CommCtx, a: &GemmRsArgs, p: Pending) -> bool {
 }
 
 /// Consumer warpgroup `wg`'s announcement of its half of a pending tile, once its leader's
-/// bulk stores of it completed (at most `NEWER_GROUPS` newer groups in flight; `red.release`,
-/// +1 each): a peer's partial counts in
-/// `(Outbox, peer, mt)` (local; the comm CTAs copy a row tile on once it is full) or, without
-/// comm CTAs, in `(Tile1, rank, mt)` at the peer (pushed: the partial is there; pulled: the
-/// peer may read it from our outbox); an own AllReduce tile of the own node's
-/// block in `(Tile2, rank, mt)` at every local peer; across nodes an own tile also in its
-/// block's `NodeSum`, which the block's sender warp waits for ([`send_node_block`]). The
+/// bulk stores of it completed (at most `NEWER_GROUPS` newer groups in flight; `red.release.gpu`,
+/// +1 each, all local): a peer's partial counts in `(Outbox, peer, mt)` (the comm CTAs copy a
+/// row tile on once it is full; without them the relay warps raise `(Tile1, rank, mt)` at the
+/// peer: pushed, the partial is there; pulled, the peer may read it from our outbox); an own
+/// AllReduce tile of the own node's block in `(Outbox, rank, mt)` (the relays raise
+/// `(Tile2, rank, mt)` at every local peer: [`relay_role`]); across nodes an own tile also in
+/// its block's `NodeSum`, which the block's sender warp waits for ([`send_node_block`]). The
 /// warpgroup's barrier also ORs `stop` (the rank aborted, read by the leader at the tile's
 /// start): false then, and the warpgroup stops.
 #[inline(always)]
@@ -999,20 +1003,13 @@ unsafe fn publish<const NEWER_GROUPS: u32>(c: &CommCtx, a: &GemmRsArgs, p: Pendi
     let (nodes, _, block_rows) = node_blocks(c, a.m);
     let j = p.mt * TILE.block_m / block_rows;
     unsafe {
-        if p.dest != c.rank {
-            if a.n_comm == 0 {
-                // Stored into the peer's receive buffer (pushed) or our outbox (pulled): counted there.
-                memory::red_release_add_u64(Scope::Sys, (c.heap(p.dest) + flag_offset(FlagSlot::Tile1, c.rank, p.mt)) as *mut u64, 1);
-            } else {
-                memory::red_release_add_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::Outbox, p.dest, p.mt), 1);
-            }
-            return true;
+        // Counted locally (a release at GPU scope: ~1 us where one at system scope stalled the
+        // warpgroup ~4.5 us per tile); comm CTAs or the relay warps carry it to the peers.
+        if p.dest != c.rank || (a.all_reduce != 0 && j + 1 == nodes && c.world > 1) {
+            memory::red_release_add_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::Outbox, p.dest, p.mt), 1);
         }
-        if a.all_reduce != 0 && j + 1 == nodes {
-            for q in 1..c.world {
-                let peer = (c.rank + q) % c.world;
-                memory::red_release_add_u64(Scope::Sys, (c.heap(peer) + flag_offset(FlagSlot::Tile2, c.rank, p.mt)) as *mut u64, 1);
-            }
+        if p.dest != c.rank {
+            return true;
         }
         if nodes > 1 && (j + 1 < nodes || a.all_reduce != 0) {
             memory::red_release_add_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::NodeSum, c.rank, j), 1);
@@ -1020,6 +1017,95 @@ unsafe fn publish<const NEWER_GROUPS: u32>(c: &CommCtx, a: &GemmRsArgs, p: Pendi
     }
     true
 }
+
+/// Whether the compute CTAs' relay warps run: some local peer waits for a flag that the
+/// compute CTAs count locally (`Outbox`) and no comm CTA carries - peer partials without comm
+/// CTAs, AllReduce's reduced rows.
+#[inline(always)]
+fn relays_run(a: &GemmRsArgs) -> bool {
+    let d = unsafe { &*(ldesc() as *const CommDesc) };
+    d.world > 1 && (a.n_comm == 0 || a.all_reduce != 0)
+}
+
+/// The relay (lane 0 of warp 2 of compute CTA `idx`'s producer warpgroup): turns full local
+/// `(Outbox, d, row tile)` counters into the peers' flags, so the consumers' announcements stay
+/// GPU-scope releases and the system-scope ones stall this otherwise idle warp instead.
+/// Items, in the order the row tiles complete ([`TileScheduler::chunked`]: per segment g the
+/// peers' row tiles of part g, chunk `rank + 1` first, then AllReduce's own row tiles of part
+/// g - 1 in the own node's block), go round-robin to the compute CTAs' relays:
+/// - a peer row tile (without comm CTAs): once full (every half tile stored into d's receive
+///   buffer, or pulled: into our outbox) and d's `FusedReady` is here, `(Tile1, rank, mt)` at d
+///   is raised by the full count;
+/// - an own AllReduce row tile: once full (stored into every local rank's output),
+///   `(Tile2, rank, mt)` at every local peer.
+/// The release is cumulative: the consumers' releases of the local counter, which this
+/// thread's acquire saw, order their completed stores before the peer's flag. Deadlock-free
+/// like the comm CTAs' walk: an item of part g waits only for tiles whose waits concern parts
+/// below g, and each relay takes its items in part order. Bounded waits (error record; the
+/// relay stops on abort).
+#[inline(always)]
+unsafe fn relay_role(a: &GemmRsArgs, idx: u32) {
+    let mut c = unsafe { fused_ctx(ldesc(), Role::IntraComm) };
+    c.cta = idx;
+    let c = &c;
+    let relays = ids::grid_dim() - a.n_comm;
+    let (rank, world) = (c.rank, c.world);
+    let part = a.part_tiles_m;
+    let parts = a.m / world / TILE.block_m / part;
+    let full = HALVES * a.n.div_ceil(TILE.block_n) as u64;
+    let (nodes, _, block_rows) = node_blocks(c, a.m);
+    let own_from = (nodes - 1) * block_rows / TILE.block_m;
+    // Every peer opened its buffers (`FusedReady`, raised at the start of its launch): only
+    // then may its counters be raised.
+    let mut q = 0;
+    while q < world {
+        if q != rank && !unsafe { wait_flag_of_cta(c, FlagSlot::FusedReady, q, 0, c.epoch) } {
+            return;
+        }
+        q += 1;
+    }
+    // This relay's items: idx, idx + relays, ... of the walk, decoded per segment.
+    let mut item = idx;
+    let (mut seg_start, mut g) = (0u32, 0u32);
+    while g <= parts {
+        let peer_items = if g < parts && a.n_comm == 0 { (world - 1) * part } else { 0 };
+        let own_first = if g >= 1 { ((g - 1) * part).max(own_from) } else { 0 };
+        let own_items = if g >= 1 && a.all_reduce != 0 { (g * part).saturating_sub(own_first) } else { 0 };
+        while item < seg_start + peer_items + own_items {
+            let off = item - seg_start;
+            let (dest, mt) = if off < peer_items { ((rank + 1 + off / part) % world, g * part + off % part) } else { (rank, own_first + off - peer_items) };
+            if !unsafe { relay_item(c, dest, mt, full) } {
+                return;
+            }
+            item += relays;
+        }
+        seg_start += peer_items + own_items;
+        g += 1;
+    }
+}
+
+/// One relay item (see [`relay_role`]): `dest` = the peer of a partial row tile, or this rank
+/// for an own AllReduce row tile. False when the wait gave up.
+#[inline(always)]
+unsafe fn relay_item(c: &CommCtx, dest: u32, mt: u32, full: u64) -> bool {
+    unsafe {
+        if !wait_flag_of_cta_sleeping::<RELAY_SLEEP_NS>(c, FlagSlot::Outbox, dest, mt, full) {
+            return false;
+        }
+        let mut q = 0;
+        while q < c.world {
+            if q != c.rank && (dest == c.rank || q == dest) {
+                let slot = if dest == c.rank { FlagSlot::Tile2 } else { FlagSlot::Tile1 };
+                memory::red_release_add_u64(Scope::Sys, (c.heap(q) + flag_offset(slot, c.rank, mt)) as *mut u64, full);
+            }
+            q += 1;
+        }
+    }
+    true
+}
+
+/// Between a relay's polls of a counter that is not full yet.
+const RELAY_SLEEP_NS: u32 = 200;
 
 /// Node blocks whose PUTs this rank posts: across nodes the `nodes - 1` other nodes' blocks, and
 /// for AllReduce also the own one; none on one node.
