@@ -93,6 +93,8 @@ pub struct GemmRsArgs {
     pub trace: u64,
 }
 
+const _: () = assert!(core::mem::size_of::<GemmRsArgs>() as u32 <= crate::GemmTile::ARGS_COPY_BYTES && core::mem::size_of::<GemmRsArgs>() % 8 == 0);
+
 /// The row of A (and of the sum) that node-blocked row `v` of GEMM+ReduceScatter/AllReduce is,
 /// on node `node` of `nodes` with `world` ranks each: `v` lies in local rank `l`'s chunk
 /// (`M / world` rows), in its `j`-th block of `Mg = M / (world x nodes)` rows; block `j` holds

@@ -125,11 +125,20 @@ impl GemmTile {
     pub const fn desc_copy_offset(&self) -> u32 {
         self.aux_barrier_offset() + 8 * Self::AUX_BARRIERS
     }
+    /// Bytes after the descriptor copy for a copy of the launch's argument block
+    /// (GEMM+ReduceScatter/AllReduce's `GemmRsArgs`, read there for the same reason: its tensor
+    /// map addresses, read right before the epilogue's bulk stores, cost ~1-2 us per tile
+    /// from global memory behind the SM's NVLink traffic).
+    pub const ARGS_COPY_BYTES: u32 = 256;
+    /// Offset of the argument block copy (8-byte aligned).
+    pub const fn args_copy_offset(&self) -> u32 {
+        self.desc_copy_offset() + Self::DESC_COPY_BYTES
+    }
     /// Dynamic shared memory to launch with: ring + epilogue staging + 2 mbarriers per stage
-    /// (full, empty) + the auxiliary ones + the descriptor copy, padded so the 1024-byte
-    /// alignment of the swizzled ring holds.
+    /// (full, empty) + the auxiliary ones + the descriptor and argument copies, padded so the
+    /// 1024-byte alignment of the swizzled ring holds.
     pub const fn smem_bytes(&self) -> u32 {
-        self.desc_copy_offset() + Self::DESC_COPY_BYTES + 1024
+        self.args_copy_offset() + Self::ARGS_COPY_BYTES + 1024
     }
     /// Accumulator registers per consumer thread (f32): (rows_per_consumer x block_n) / 128.
     pub const fn accumulators_per_thread(&self) -> u32 {

@@ -543,14 +543,20 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
             tma::prefetch(map_a);
             tma::prefetch(map_b);
             ring.init();
-            // Every role below reads the descriptor from this copy ([`ldesc`]).
+            // Every role below reads the descriptor and the arguments from these copies
+            // ([`ldesc`], [`largs`]).
             let (from, to) = (a.desc as *const u64, ldesc() as *mut u64);
             for i in 0..core::mem::size_of::<CommDesc>() / 8 {
+                to.add(i).write_volatile(from.add(i).read());
+            }
+            let (from, to) = (a as *const GemmRsArgs as *const u64, largs() as *mut u64);
+            for i in 0..core::mem::size_of::<GemmRsArgs>() / 8 {
                 to.add(i).write_volatile(from.add(i).read());
             }
         }
     }
     sync::sync_threads();
+    let a = unsafe { &*(largs() as *const GemmRsArgs) };
     // Each role derives its loop state after its setmaxnreg: values computed before the split
     // and kept live across it are what ptxas spills. Indices are read again for the same reason.
     // `idx`: this CTA among the compute CTAs.
@@ -952,6 +958,13 @@ const HALVES: u64 = TILE.consumer_warpgroups as u64;
 #[inline(always)]
 fn ldesc() -> u64 {
     smem::dynamic_smem() as u64 + RS_TILE.desc_copy_offset() as u64
+}
+
+/// The launch's copy of its `GemmRsArgs` in shared memory, as a generic address (written by
+/// thread 0 before the role split; `GemmTile::args_copy_offset`).
+#[inline(always)]
+fn largs() -> u64 {
+    smem::dynamic_smem() as u64 + RS_TILE.args_copy_offset() as u64
 }
 
 /// `(rank, world)` read from the descriptor (volatile: re-read wherever called).
