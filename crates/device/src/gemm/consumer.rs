@@ -24,6 +24,27 @@ pub unsafe fn mma_tile(ring: &Ring, pos: &mut RingPos, acc: &mut [f32; 128], wg:
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn mma_tile_bounded(ring: &Ring, pos: &mut RingPos, acc: &mut [f32; 128], wg: u32, b_layout: BLayout, k_blocks: u32, stall: impl Fn(u64) -> bool + Copy) {
+    unsafe { mma_tile_hooked(ring, pos, acc, wg, b_layout, k_blocks, stall, &mut NoHook) };
+}
+
+/// Work a warpgroup slips into its mainloop: [`KBlockHook::at`] runs after the wgmmas of each
+/// K block are issued (the tensor cores busy), in every thread of the warpgroup.
+pub trait KBlockHook {
+    fn at(&mut self, kb: u32, k_blocks: u32);
+}
+
+/// No work in the mainloop.
+pub struct NoHook;
+
+impl KBlockHook for NoHook {
+    #[inline(always)]
+    fn at(&mut self, _: u32, _: u32) {}
+}
+
+/// As [`mma_tile_bounded`], calling `hook` once per K block.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn mma_tile_hooked(ring: &Ring, pos: &mut RingPos, acc: &mut [f32; 128], wg: u32, b_layout: BLayout, k_blocks: u32, stall: impl Fn(u64) -> bool + Copy, hook: &mut impl KBlockHook) {
     let mut prev = 0u32;
     for kb in 0..k_blocks {
         let s = pos.stage;
@@ -47,6 +68,7 @@ pub unsafe fn mma_tile_bounded(ring: &Ring, pos: &mut RingPos, acc: &mut [f32; 1
             }
         }
         wgmma::commit_group();
+        hook.at(kb, k_blocks);
         wgmma::wait_group::<1>();
         if kb > 0 {
             release(ring, prev);

@@ -79,6 +79,30 @@ impl TileDestinations for MapTable {
     }
 }
 
+/// No destination: the tile is only staged (whole-tile staging), and its bulk stores are
+/// issued later, box by box ([`store_staged_box`]).
+#[derive(Clone, Copy)]
+pub struct StagedOnly;
+
+impl TileDestinations for StagedOnly {
+    #[inline(always)]
+    fn count(&self) -> u32 {
+        0
+    }
+    #[inline(always)]
+    fn map(&self, _: u32) -> TensorMap {
+        TensorMap(core::ptr::null())
+    }
+}
+
+/// Warpgroup `wg`'s leader issues the bulk store of staging box `q` of a tile staged with
+/// [`StagedOnly`] (whole-tile staging; its own bulk group). Call from the leader only.
+#[inline(always)]
+pub unsafe fn store_staged_box(ring: &Ring, map: TensorMap, tile: Tile, wg: u32, q: u32) {
+    unsafe { tma::store_2d(map, tile.n0 + 64 * q, tile.m0 + wg * TILE.rows_per_consumer(), ring.staging(wg, q)) };
+    tma::store_commit();
+}
+
 /// As [`store_tile_tma`], the same tile to every destination of `maps` (the bulk stores of one
 /// staged box to all of them form one bulk group). `add_staged` (whole-tile staging only): the
 /// staging boxes already hold a bf16 tile in the stored layout (a TMA load waited for by the
@@ -113,7 +137,7 @@ pub unsafe fn store_tile_tma_to(ring: &Ring, maps: impl TileDestinations, tile: 
             store_box_pairs!($q, staging, 0 1 2 3);
             memory::fence_proxy_async_shared();
             sync::named_barrier_sync(barrier, 128);
-            if leader {
+            if leader && maps.count() > 0 {
                 for m in 0..maps.count() {
                     unsafe { tma::store_2d(maps.map(m), tile.n0 + 64 * $q, tile.m0 + wg * TILE.rows_per_consumer(), staging) };
                 }

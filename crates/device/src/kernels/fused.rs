@@ -19,8 +19,8 @@ use crate::arch::{ids, mbarrier, memory, memory::Scope, regs, smem, sync, tma, t
 use crate::comm::bulk::{BulkRing, Release};
 use crate::comm::wait::{wait_flag_of_cta, wait_flag_of_cta_sleeping};
 use crate::comm::{proxy, CommCtx};
-use crate::gemm::consumer::{drain_tile, mma_tile_bounded};
-use crate::gemm::epilogue::{add_bf16_tile, drain_tma_stores, store_tile_tma, store_tile_tma_to, MapTable};
+use crate::gemm::consumer::{drain_tile, mma_tile_bounded, mma_tile_hooked, KBlockHook};
+use crate::gemm::epilogue::{add_bf16_tile, drain_tma_stores, store_staged_box, store_tile_tma, store_tile_tma_to, MapTable, StagedOnly};
 use crate::gemm::producer::{fill_without_data, load_tile, wait_loads_landed};
 use crate::gemm::ring::{Ring, RingPos};
 use crate::gemm::scheduler::TileScheduler;
@@ -518,6 +518,59 @@ unsafe fn announce_newer(c: &CommCtx, a: &GemmRsArgs, pending: &mut Pendings, wg
     }
 }
 
+/// A peer partial tile (pushed without comm CTAs) staged at its epilogue, whose bulk stores
+/// into the peer's receive buffer the warpgroup's leader issues during the next mainloop, one
+/// staging box every quarter of it ([`KBlockHook`]). Issued at the epilogue, every CTA's 64 KiB
+/// crossed NVLink at once (the CTAs finish their tiles nearly together), and the burst held up
+/// the next mainloop's TMA loads behind it. Each box is its own bulk group, as when stored at
+/// once, so the announcement rule ([`publish`]) is unchanged: the next epilogue finds them as
+/// the newest `TILE_GROUPS` groups. All threads track `left`; the leader issues.
+#[derive(Clone, Copy)]
+struct Trickle {
+    /// Destination local rank (its receive buffer: `map_recv[dest]`).
+    dest: u32,
+    /// The tile (rows inside the chunk).
+    m0: u32,
+    n0: u32,
+    /// Boxes not yet issued (0: nothing staged).
+    left: u32,
+}
+
+impl Trickle {
+    const NONE: Trickle = Trickle { dest: 0, m0: 0, n0: 0, left: 0 };
+
+    /// Issues the next box (consumer warpgroup `cw`: 0-based).
+    #[inline(always)]
+    unsafe fn issue(&mut self, ring: &Ring, cw: u32) {
+        if ids::thread_in_warpgroup() == 0 {
+            let a = unsafe { &*(largs() as *const GemmRsArgs) };
+            let map = TensorMap(unsafe { *a.map_recv.as_ptr().add(self.dest as usize) } as *const u8);
+            unsafe { store_staged_box(ring, map, Tile { m0: self.m0, n0: self.n0 }, cw, RS_TILE.epilogue_buffers - self.left) };
+        }
+        self.left -= 1;
+    }
+
+    /// Issues every box not yet issued.
+    #[inline(always)]
+    unsafe fn flush(&mut self, ring: &Ring, cw: u32) {
+        while self.left > 0 {
+            unsafe { self.issue(ring, cw) };
+        }
+    }
+}
+
+impl KBlockHook for Trickle {
+    /// Box q goes out after K block (2q + 1) k_blocks / 8 (64 K blocks: 8, 24, 40, 56).
+    #[inline(always)]
+    fn at(&mut self, kb: u32, k_blocks: u32) {
+        let q = RS_TILE.epilogue_buffers - self.left;
+        if self.left > 0 && kb == (2 * q + 1) * k_blocks / (2 * RS_TILE.epilogue_buffers) {
+            let cw = ids::warpgroup_idx() - 1;
+            unsafe { self.issue(&Ring::new(smem::dynamic_smem_addr(), RS_TILE), cw) };
+        }
+    }
+}
+
 /// A tile whose completion is announced at a later tile's epilogue.
 #[derive(Clone, Copy)]
 struct Pending {
@@ -659,6 +712,7 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
     let mut ready: u32 = 1 << unsafe { rank_world(ldesc()) }.0; // local ranks whose buffers we may write
     let mut acc = [0f32; 128];
     let mut pending = Pendings { older: None, newer: None };
+    let mut trickle = Trickle::NONE;
     // The optional timeline (thread 0 of the first consumer warpgroup): this CTA's tile count.
     let mut traced = 0u32;
     let first = ids::thread_idx_reread() == crate::arch::ids::WARPGROUP_THREADS;
@@ -672,6 +726,8 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
         let chunk_rows = a.m / world;
         unsafe {
             if tile.m0 / chunk_rows == rank && world > 1 {
+                // The staging is reloaded below: the previous peer tile's stores go out first.
+                trickle.flush(&ring, wg - 1);
                 let staged = stage_first_partial(a, &ring, tile, wg, rank, world);
                 if staged {
                     ready |= STAGED;
@@ -681,12 +737,14 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
                 prefetch_partials(a, tile, rank, world, staged);
             }
             mark(traced, Mark::Mainloop);
-            mma_tile_bounded(&ring, &mut pos, &mut acc, wg - 1, BLayout::Nk, k_blocks, consumer_stall(ldesc()));
+            mma_tile_hooked(&ring, &mut pos, &mut acc, wg - 1, BLayout::Nk, k_blocks, consumer_stall(ldesc()), &mut trickle);
+            // (A short K leaves boxes over.)
+            trickle.flush(&ring, wg - 1);
             mark(traced, Mark::MainloopDone);
             if first {
                 trace::tile(a.trace, idx, traced, tile.m0 / TILE.block_m, tile.n0 / TILE.block_n, tile.m0 / chunk_rows == rank);
             }
-            if !rs_epilogue(a, epoch, &ring, tile, wg, &mut acc, &mut ready, &mut pending, stop, |m| mark(traced, m)) {
+            if !rs_epilogue(a, epoch, &ring, tile, wg, &mut acc, &mut ready, &mut pending, &mut trickle, stop, |m| mark(traced, m)) {
                 // A wait gave up or the rank aborted (the error record is written): stop, once
                 // the bulk stores stopped reading shared memory and a staged partial's load
                 // (always completes) has landed.
@@ -717,6 +775,7 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
     let c = unsafe { fused_ctx(ldesc(), Role::Compute) };
     let ct = ids::thread_idx_reread() - crate::arch::ids::WARPGROUP_THREADS;
     let stop = ids::thread_in_warpgroup() == 0 && unsafe { aborted(ldesc()) };
+    unsafe { trickle.flush(&ring, wg - 1) };
     let published = unsafe { announce_older(&c, a, &mut pending, wg, stop) && announce_newer(&c, a, &mut pending, wg, stop) };
     drain_tma_stores();
     end(End::Drained);
@@ -819,7 +878,8 @@ unsafe fn stage_first_partial(a: &GemmRsArgs, ring: &Ring, tile: Tile, wg: u32, 
 /// error record is written).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u32, acc: &mut [f32; 128], ready: &mut u32, pending: &mut Pendings, stop: bool, mark: impl Fn(Mark)) -> bool {
+#[allow(clippy::too_many_arguments)]
+unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u32, acc: &mut [f32; 128], ready: &mut u32, pending: &mut Pendings, trickle: &mut Trickle, stop: bool, mark: impl Fn(Mark)) -> bool {
     let c = unsafe { fused_ctx_at(ldesc(), epoch) };
     let c = &c;
     // Each consumer warpgroup handles its half of the tile on its own (its named barrier `wg`).
@@ -865,8 +925,10 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
                 // reads it over NVLink: this CTA's stores stay local.
                 store_tile_tma(ring, TensorMap(a.map_outbox as *const u8), tile, wg - 1, acc);
             } else if a.n_comm == 0 {
-                // Straight into this rank's slot of the peer's receive buffer (over NVLink).
-                store_tile_tma(ring, TensorMap(*a.map_recv.as_ptr().add(dest as usize) as *const u8), local, wg - 1, acc);
+                // Straight into this rank's slot of the peer's receive buffer (over NVLink):
+                // staged now, stored box by box during the next mainloop ([`Trickle`]).
+                store_tile_tma_to(ring, StagedOnly, local, wg - 1, acc, false);
+                *trickle = Trickle { dest, m0: local.m0, n0: local.n0, left: RS_TILE.epilogue_buffers };
             } else {
                 // Into the outbox (local, the tile's own row), from where the comm CTAs copy
                 // the completed row tile to the peer.
