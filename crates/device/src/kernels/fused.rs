@@ -518,7 +518,7 @@ unsafe fn announce_newer(c: &CommCtx, a: &GemmRsArgs, pending: &mut Pendings, wg
     }
 }
 
-/// A peer partial tile (pushed without comm CTAs) staged at its epilogue, whose bulk stores
+/// A ReduceScatter peer partial tile (pushed without comm CTAs) staged at its epilogue, whose bulk stores
 /// into the peer's receive buffer the warpgroup's leader issues during the next mainloop, one
 /// staging box every quarter of it ([`KBlockHook`]). Issued at the epilogue, every CTA's 64 KiB
 /// crossed NVLink at once (the CTAs finish their tiles nearly together), and the burst held up
@@ -726,9 +726,10 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
         let chunk_rows = a.m / world;
         unsafe {
             if tile.m0 / chunk_rows == rank && world > 1 {
-                // The staging is reloaded below: the previous peer tile's stores go out first.
-                trickle.flush(&ring, wg - 1);
-                let staged = stage_first_partial(a, &ring, tile, wg, rank, world);
+                // The staging still holds the previous peer tile while its boxes trickle out
+                // (uniform in the warpgroup): this tile then adds its first partial from global
+                // memory too, rather than wait here for those NVLink stores.
+                let staged = trickle.left == 0 && stage_first_partial(a, &ring, tile, wg, rank, world);
                 if staged {
                     ready |= STAGED;
                 } else {
@@ -924,11 +925,15 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
                 // Into the outbox (local, the tile's own row), from where the peer's own tile
                 // reads it over NVLink: this CTA's stores stay local.
                 store_tile_tma(ring, TensorMap(a.map_outbox as *const u8), tile, wg - 1, acc);
-            } else if a.n_comm == 0 {
+            } else if a.n_comm == 0 && a.all_reduce == 0 {
                 // Straight into this rank's slot of the peer's receive buffer (over NVLink):
                 // staged now, stored box by box during the next mainloop ([`Trickle`]).
                 store_tile_tma_to(ring, StagedOnly, local, wg - 1, acc, false);
                 *trickle = Trickle { dest, m0: local.m0, n0: local.n0, left: RS_TILE.epilogue_buffers };
+            } else if a.n_comm == 0 {
+                // AllReduce: at once (its own tiles, which also cross NVLink from their
+                // epilogues, ran slower with the peer tiles trickling: 2 x H200).
+                store_tile_tma(ring, TensorMap(*a.map_recv.as_ptr().add(dest as usize) as *const u8), local, wg - 1, acc);
             } else {
                 // Into the outbox (local, the tile's own row), from where the comm CTAs copy
                 // the completed row tile to the peer.
