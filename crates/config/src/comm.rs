@@ -46,9 +46,10 @@ pub enum FlagSlot {
     /// of each launch only (its first adds need no handshake, so a start-of-launch zeroing
     /// could erase them).
     NodeSum = 7,
-    /// GEMM+ReduceScatter/AllReduce with comm CTAs, local only: `(Outbox, d, row tile)` counts
-    /// this rank's half tiles of that row tile stored in the outbox for local rank `d`; the comm
-    /// CTAs copy the row on once it is full. Zeroed at the end of each launch only, like
+    /// GEMM+ReduceScatter/AllReduce, local only: `(Outbox, d, row tile)` counts this rank's half
+    /// tiles of that row tile stored for local rank `d` (in the outbox, which the comm CTAs copy
+    /// on once it is full; or straight into d's buffer, which a relay warp then announces at d;
+    /// `d` = own rank: AllReduce's reduced rows). Zeroed at the end of each launch only, like
     /// `NodeSum`.
     Outbox = 8,
 }

@@ -316,8 +316,9 @@ unsafe fn compute_role(a: &AgGemmArgs, idx: u32) {
 /// - a peer's tile is stored with TMA into the local outbox (with comm CTAs, which copy each
 ///   completed row tile to the peer) or straight into this rank's slot of the peer's receive
 ///   buffer over NVLink (without; the first store to a peer waits for its `FusedReady`). Each
-///   consumer warpgroup announces its half once its bulk stores completed ([`publish`]), two
-///   tiles later unless another rank waits for it ([`awaited_in_loop`]).
+///   consumer warpgroup counts its half locally once its bulk stores completed ([`publish`]),
+///   two tiles later unless another rank waits for it ([`awaited_in_loop`]); comm CTAs or the
+///   relay warps ([`relay_role`]) raise the peer's flag once the row tile is complete.
 /// - an own tile waits until every local peer's counter of its row tile is full and adds the
 ///   peers' partial tiles (bf16, in rank order) to its f32 accumulators. In another node's block
 ///   the sum is this node's partial of a remote rank's rows: it is stored in the stage, and the
@@ -325,7 +326,7 @@ unsafe fn compute_role(a: &AgGemmArgs, idx: u32) {
 ///   (after its remote `FusedReady`), raising `FusedData`. In the own node's block the tile
 ///   also adds the other nodes' sums (after their `FusedData`) and stores the result: to the
 ///   output (ReduceScatter) or to the rows of this chunk in every local rank's output
-///   (AllReduce, then `(Tile2, rank, row tile)` is incremented at every peer; across nodes the
+///   (AllReduce, then a relay raises `(Tile2, rank, row tile)` at every peer; across nodes the
 ///   completed block is PUT to every remote rank's output, raising `FusedOut`). An AllReduce
 ///   launch ends once every other rank's reduced rows are in this rank's output.
 /// CTA 0 first zeroes this rank's incoming counters, then raises `FusedReady` at every peer
