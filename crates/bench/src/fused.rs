@@ -33,13 +33,17 @@ fn record_split(args: &Args, rank: usize, key: TuneKey, split: u32) -> Result<()
 
 /// SM splits of the short sweep before each case (one plan per split and shape).
 const AG_SPLITS: [u32; 4] = [2, 4, 8, 16];
-/// GEMM+RS/AR: parts per row chunk tried (those that divide a chunk's row tiles), and comm CTAs.
-const REDUCE_PARTS: [u32; 2] = [1, 2];
-const REDUCE_COMM_CTAS: [u32; 4] = [0, 4, 8, PULL];
-/// In `REDUCE_COMM_CTAS`: no comm CTAs, partials pulled by the peers (`RsSplit::pull`).
+/// In the swept peer-partial paths (`--paths`): no comm CTAs, partials pulled by the peers
+/// (`RsSplit::pull`).
 const PULL: u32 = 0xff;
-/// GEMM+RS/AR: rasterization groups tried.
-const REDUCE_GROUPS: [u32; 2] = [1, 8];
+
+/// `--paths` as comm CTA counts (`PULL` for `pull`).
+fn reduce_paths(args: &Args) -> Result<Vec<u32>> {
+    args.paths.iter().map(|p| match p.as_str() {
+        "pull" => Ok(PULL),
+        n => n.parse::<u32>().ok().filter(|&c| c < PULL).ok_or_else(|| anyhow::anyhow!("--paths: `{n}` is neither a comm CTA count nor `pull`")),
+    }).collect()
+}
 
 /// `shapes` (M, K, N) less those that `--filter` leaves out.
 fn selected(args: &Args, shapes: impl IntoIterator<Item = (usize, usize, usize)>) -> Vec<(usize, usize, usize)> {
@@ -176,7 +180,8 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
     // Every plan reserves its receive slots (M x N bf16 in all), an AllReduce plan also its
     // M x N output; across nodes the node-sum stage and remote receive blocks (< 2 M x N).
     let across = 2 * (info.nnodes() > 1) as usize;
-    let mut comm = Communicator::new(&dev, boot, heap_config(&shapes, REDUCE_PARTS.len() * REDUCE_COMM_CTAS.len() * REDUCE_GROUPS.len(), |m, _, n| m * n * 2 * (2 + all_reduce as usize + across)))?;
+    let paths = if world > 1 { reduce_paths(args)? } else { vec![0] };
+    let mut comm = Communicator::new(&dev, boot, heap_config(&shapes, args.parts.len() * paths.len() * args.groups.len(), |m, _, n| m * n * 2 * (2 + all_reduce as usize + across)))?;
     let stream = dev.default_stream();
     // Lines the ranks up before each timed run (see median_ms_aligned).
     let mut sync_word = stream.alloc_zeros::<bf16>(8)?;
@@ -200,10 +205,9 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
         let (pa, pb, po) = (a.device_ptr(&stream).0, b.device_ptr(&stream).0, out.device_ptr_mut(&stream).0);
         let (pp, pr) = (partial.device_ptr_mut(&stream).0, out_ref.device_ptr_mut(&stream).0);
         let (mut plans, mut sweep) = (vec![], vec![]);
-        let ccs: &[u32] = if world > 1 { &REDUCE_COMM_CTAS } else { &[0] };
-        for parts in REDUCE_PARTS.into_iter().filter(|&p| (m / world / 128) % p as usize == 0) {
-            for &cc in ccs {
-                for group_m in REDUCE_GROUPS {
+        for parts in args.parts.iter().copied().filter(|&p| p > 0 && (m / world / 128) % p as usize == 0) {
+            for &cc in &paths {
+                for group_m in args.groups.iter().copied() {
                     let comm_ctas = if cc == 0 || cc == PULL { RsSplit::NO_COMM_CTAS } else { cc };
                     let split = RsSplit { parts, comm_ctas, group_m, pull: cc == PULL };
                     // SAFETY: buffers sized for the shape and alive for the whole case.
@@ -215,6 +219,9 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
                     plans.push((parts << 16 | cc << 8 | group_m, t, plan));
                 }
             }
+        }
+        if plans.is_empty() {
+            anyhow::bail!("M = {m}: none of --parts {:?} divides a chunk's {} row tiles", args.parts, m / world / 128);
         }
         let (code, plan) = agreed_best(&comm, plans)?;
         let (parts, cc, group_m) = (code >> 16, (code >> 8) & 0xff, code & 0xff);

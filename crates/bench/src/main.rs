@@ -70,6 +70,16 @@ struct Args {
     /// write the raw words next to the JSON (`<json>.trace-<op>-<M>-r<rank>.bin`).
     #[arg(long)]
     trace: bool,
+    /// GEMM+RS/AR: parts per row chunk swept (those that divide a chunk's row tiles).
+    #[arg(long, value_delimiter = ',', default_values_t = [1u32, 2])]
+    parts: Vec<u32>,
+    /// GEMM+RS/AR: peer-partial paths swept: a number of comm CTAs (0: the compute CTAs store
+    /// to the peers themselves) or `pull`.
+    #[arg(long, value_delimiter = ',', default_values_t = ["0".to_string(), "4".into(), "8".into(), "pull".into()])]
+    paths: Vec<String>,
+    /// GEMM+RS/AR: rasterization groups (`group_m`) swept.
+    #[arg(long, value_delimiter = ',', default_values_t = [1u32, 8])]
+    groups: Vec<u32>,
 }
 
 fn main() -> Result<()> {

@@ -57,10 +57,10 @@ pub struct GemmRsArgs {
     /// Across nodes: this rank's node sums of its rail's rows of the other nodes, `(nodes - 1) x
     /// Mg` rows x N bf16 in the heap (box 64 x 64; the proxy's PUT source). 0 on one node.
     pub map_stage: u64,
-    /// This rank's receive slot of local rank `(rank + 1) % world` (local, `M / world` x N bf16,
-    /// box 64 x 64): that peer's partial of an own tile is TMA-loaded into the epilogue staging
-    /// during the tile's mainloop. Pulled: that peer's outbox (all `M` rows, as mapped here)
-    /// instead. 0 on one rank.
+    /// This rank's receive buffer (local, `world` slots of `M / world` x N bf16, box 64 x 64):
+    /// an own tile TMA-loads the peers' partials into its epilogue staging one after another
+    /// (the first, `(rank + 1) % world`'s, during its mainloop). Pulled: the first peer's outbox
+    /// (all `M` rows, as mapped here) instead. 0 on one rank.
     pub map_in: u64,
     /// Heap offsets: the receive buffer (`world` slots of `M / world` x N bf16); across nodes
     /// the node-sum stage above, the remote receive buffer (`nodes` blocks of `Mg` x N: block

@@ -298,7 +298,9 @@ impl GemmRsPlan {
         let first_peer = (rank + 1) % world as u64;
         let in_map = match (recv, outbox) {
             _ if world == 1 => None,
-            (Some(recv), _) => Some(push(box_map(comm.ptr(&recv) + first_peer * slot_bytes, chunk_rows)?.opaque)),
+            // Pushed: the whole receive buffer (every peer's slot; own tiles TMA-load each
+            // peer's partial in turn).
+            (Some(recv), _) => Some(push(box_map(comm.ptr(&recv), chunk_rows * world as u64)?.opaque)),
             // Pulled: the first peer's outbox (all `m` rows) as mapped here.
             (None, Some(o)) => Some(push(box_map(comm.peer_ptr(first_peer as u32, &o), m as u64)?.opaque)),
             (None, None) => unreachable!("pulled partials need the outbox"),

@@ -173,6 +173,36 @@ pub unsafe fn store_tile_tma_to(ring: &Ring, maps: impl TileDestinations, tile: 
     store_box!(3, 1);
 }
 
+/// Adds the bf16 tile staged in warpgroup `wg`'s whole-tile staging (the layout
+/// [`store_tile_tma_to`] writes; a TMA load waited for by the caller) into its accumulators,
+/// reading each thread's values with `ldmatrix` at the addresses the store pass uses. The
+/// staging is left as it was: the caller joins the warpgroup before it is rewritten.
+#[inline(always)]
+pub unsafe fn add_staged_tile(ring: &Ring, wg: u32, acc: &mut [f32; 128]) {
+    // Re-read (not hoisted out of a caller's loop: 16 addresses kept live next to the
+    // accumulators are what ptxas spills).
+    let t = ids::thread_idx_reread() % crate::arch::ids::WARPGROUP_THREADS;
+    let (warp, lane) = (t / 32, t % 32);
+    let row = warp * 16 + ((lane / 8) % 2) * 8 + lane % 8;
+    let chunk_of_pair = lane / 16;
+    macro_rules! add_box {
+        ($q:literal, $($p:literal)*) => {$({
+            const J: usize = 8 * $q + 2 * $p;
+            let chunk = 2 * $p + chunk_of_pair;
+            let addr = ring.staging(wg, $q).add(row * 128 + ((chunk ^ (row % 8)) * 16));
+            let w = unsafe { matrix::ldmatrix_x4(addr) };
+            for (i, x) in w.iter().enumerate() {
+                acc[4 * J + 2 * i] += f32::from_bits(x << 16);
+                acc[4 * J + 2 * i + 1] += f32::from_bits(x & 0xffff_0000);
+            }
+        })*};
+    }
+    add_box!(0, 0 1 2 3);
+    add_box!(1, 0 1 2 3);
+    add_box!(2, 0 1 2 3);
+    add_box!(3, 0 1 2 3);
+}
+
 /// Adds a bf16 matrix into warpgroup `wg`'s accumulators of a tile: `src` is the address of the
 /// tile's element (0, 0) in a row-major matrix of row stride `ld` elements, `cols` how many of
 /// the tile's columns exist (at least 256 for an interior tile); missing columns are skipped

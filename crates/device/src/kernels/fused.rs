@@ -20,7 +20,7 @@ use crate::comm::bulk::{BulkRing, Release};
 use crate::comm::wait::{wait_flag_of_cta, wait_flag_of_cta_sleeping};
 use crate::comm::{proxy, CommCtx};
 use crate::gemm::consumer::{drain_tile, mma_tile_bounded, mma_tile_hooked, KBlockHook};
-use crate::gemm::epilogue::{add_bf16_tile, drain_tma_stores, store_staged_box, store_tile_tma, store_tile_tma_to, MapTable, StagedOnly};
+use crate::gemm::epilogue::{add_bf16_tile, add_staged_tile, drain_tma_stores, store_staged_box, store_tile_tma, store_tile_tma_to, MapTable, StagedOnly};
 use crate::gemm::producer::{fill_without_data, load_tile, wait_loads_landed};
 use crate::gemm::ring::{Ring, RingPos};
 use crate::gemm::scheduler::TileScheduler;
@@ -841,11 +841,10 @@ unsafe fn prefetch_partials(a: &GemmRsArgs, tile: Tile, rank: u32, world: u32, f
 
 /// Before an own tile's mainloop, the leader of each consumer warpgroup TMA-loads the first
 /// peer's (`(rank + 1) % world`) partial of its 64 rows into the warpgroup's epilogue staging
-/// (whole-tile staging: free once this thread's previous bulk stores finished reading it) if
-/// that peer's counter of the row tile is already full; `aux(wg)` completes when it landed.
-/// It never waits for the counter (a wait here, before this tile's epilogue announces the
-/// previous tile, could close a cycle between ranks); true (for every thread of the warpgroup)
-/// when the load was issued, else the epilogue adds that partial from global memory.
+/// ([`load_partial`]) if that peer's counter of the row tile is already full; `aux(wg)`
+/// completes when it landed. It never waits for the counter (a wait here, before this tile's
+/// epilogue announces the previous tile, could close a cycle between ranks); true (for every
+/// thread of the warpgroup) when the load was issued, else the epilogue loads that partial.
 #[inline(always)]
 unsafe fn stage_first_partial(a: &GemmRsArgs, ring: &Ring, tile: Tile, wg: u32, rank: u32, world: u32) -> bool {
     let mut issued = false;
@@ -855,23 +854,72 @@ unsafe fn stage_first_partial(a: &GemmRsArgs, ring: &Ring, tile: Tile, wg: u32, 
         let own_heap = unsafe { *d.heaps.as_ptr().add(rank as usize) };
         let counter = (own_heap + flag_offset(FlagSlot::Tile1, (rank + 1) % world, local_m0 / TILE.block_m)) as *const u64;
         if unsafe { memory::ld_acquire_u64(Scope::Sys, counter) } >= tile1_full(a) {
-            let bar = ring.aux(wg);
-            // Written by the peer's bulk stores, announced by a generic release: TMA reads
-            // through the async proxy.
-            memory::fence_proxy_async();
-            tma::store_wait_read::<0>();
-            unsafe { mbarrier::arrive_expect_tx(bar, RS_TILE.epilogue_buffers * RS_TILE.epilogue_box_bytes()) };
-            // Pulled: the peer's outbox over NVLink, at the tile's own row; pushed: its slot
-            // of our receive buffer.
-            let (map, row0) = (TensorMap(a.map_in as *const u8), if a.pull != 0 { tile.m0 } else { local_m0 });
-            for q in 0..RS_TILE.epilogue_buffers {
-                unsafe { tma::load_2d(ring.staging(wg - 1, q), map, tile.n0 + GemmTile::EPILOGUE_BOX_COLS * q, row0 + (wg - 1) * TILE.rows_per_consumer(), bar) };
-            }
+            unsafe { load_partial(ring, tile, wg, 0) };
             issued = true;
         }
     }
     // The warpgroup's epilogue barrier (id 1 + consumer index), with the leader's answer.
     named_barrier_or(wg, crate::arch::ids::WARPGROUP_THREADS, issued)
+}
+
+/// The leader of consumer warpgroup `wg` TMA-loads the partial of local peer `(rank + 1 +
+/// step) % world` of its 64 rows of own tile `tile` into the warpgroup's whole-tile staging,
+/// completing on `aux(wg)`: once this thread's earlier bulk stores finished reading the
+/// staging, and after the caller's acquire of that peer's counter (the partial was written by
+/// bulk stores and announced by a generic release: the load reads through the async proxy,
+/// after `fence.proxy.async`). Pushed: from that peer's slot of our receive buffer (`map_in`
+/// spans every slot); pulled (step 0 only): from its outbox over NVLink, at the tile's own row.
+/// Everything else is re-read here (volatile), so a caller's loop keeps nothing of it live next
+/// to the accumulators.
+#[inline(always)]
+unsafe fn load_partial(ring: &Ring, tile: Tile, wg: u32, step: u32) {
+    let (rank, world) = unsafe { rank_world(ldesc()) };
+    let a = largs() as *const GemmRsArgs;
+    let (m, pull, map_in) = unsafe { ((&raw const (*a).m).read_volatile(), (&raw const (*a).pull).read_volatile(), (&raw const (*a).map_in).read_volatile()) };
+    let chunk_rows = m / world;
+    let bar = ring.aux(wg);
+    memory::fence_proxy_async();
+    tma::store_wait_read::<0>();
+    unsafe { mbarrier::arrive_expect_tx(bar, RS_TILE.epilogue_buffers * RS_TILE.epilogue_box_bytes()) };
+    let src = (rank + 1 + step) % world;
+    let row0 = if pull != 0 { tile.m0 } else { src * chunk_rows + tile.m0 - rank * chunk_rows };
+    let map = TensorMap(map_in as *const u8);
+    for q in 0..RS_TILE.epilogue_buffers {
+        unsafe { tma::load_2d(ring.staging(wg - 1, q), map, tile.n0 + GemmTile::EPILOGUE_BOX_COLS * q, row0 + (wg - 1) * TILE.rows_per_consumer(), bar) };
+    }
+}
+
+/// Pushed partials of an own tile, after the first one's load was issued: while another peer's
+/// partial is still to come, wait for the staged one, add it, and (once every thread read the
+/// staging) load the next; the last one stays in the staging for the store pass.
+#[inline(always)]
+unsafe fn add_chained_partials(ring: &Ring, tile: Tile, wg: u32, acc: &mut [f32; 128], ready: &mut u32) {
+    macro_rules! step {
+        ($($step:literal)*) => {$(
+            if $step + 1 < unsafe { rank_world(ldesc()) }.1 {
+                unsafe {
+                    wait_staged(ring, wg, ready);
+                    add_staged_tile(ring, wg - 1, acc);
+                }
+                // Every thread's reads of the staging precede the next load into it.
+                memory::fence_proxy_async_shared();
+                sync::named_barrier_sync(wg, crate::arch::ids::WARPGROUP_THREADS);
+                if ids::thread_in_warpgroup() == 0 {
+                    unsafe { load_partial(ring, tile, wg, $step) };
+                }
+            }
+        )*};
+    }
+    step!(1 2 3 4 5 6);
+}
+
+/// Waits for the staged partial's load on `aux(wg)` (the phase `ready` tracks) and flips the
+/// tracked parity.
+#[inline(always)]
+unsafe fn wait_staged(ring: &Ring, wg: u32, ready: &mut u32) {
+    let parity = (*ready & STAGE_PARITY != 0) as u32;
+    while !unsafe { mbarrier::try_wait_parity(ring.aux(wg), parity) } {}
+    *ready ^= STAGE_PARITY;
 }
 
 /// The epilogue of one tile of GEMM+ReduceScatter/AllReduce (both consumer warpgroups): announce
@@ -951,19 +999,32 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
                 return false;
             }
             mark(Mark::Waited);
-            let row_m0 = if a.pull != 0 { tile.m0 } else { local.m0 };
-            let at = (row_m0 as u64 * a.n as u64 + local.n0 as u64) * 2;
-            for src in 0..8u32 {
-                // The first peer's partial, when staged, is added by the store below.
-                if src < c.world && src != c.rank && !(staged && src == (c.rank + 1) % c.world) {
-                    add_bf16_tile(acc, partials_of(c, a, src) + at, a.n, a.n - local.n0, wg - 1);
+            // The partial left in the staging, added by the store below.
+            let mut staged = staged;
+            if a.pull == 0 && c.world > 1 {
+                // Pushed: the peers' partials (rank + 1, rank + 2, ...) pass through the
+                // staging one after another, each TMA-loaded from our receive buffer once the
+                // one before is added (`ldmatrix`); the last one stays for the store pass.
+                // Loads of the global partials from the registers' layout (32-bit pieces of
+                // 8 rows per warp) were latency-bound behind this SM's NVLink traffic: ~10 us
+                // per partial on 4 x H200, where a TMA load of it takes a few.
+                if !staged && t == 0 {
+                    load_partial(ring, tile, wg, 0);
+                }
+                staged = true;
+                add_chained_partials(ring, tile, wg, acc, ready);
+            } else {
+                let at = (tile.m0 as u64 * a.n as u64 + local.n0 as u64) * 2;
+                for src in 0..8u32 {
+                    // The first peer's partial, when staged, is added by the store below.
+                    if src < c.world && src != c.rank && !(staged && src == (c.rank + 1) % c.world) {
+                        add_bf16_tile(acc, partials_of(c, a, src) + at, a.n, a.n - local.n0, wg - 1);
+                    }
                 }
             }
             if staged {
                 // The staged partial has landed.
-                let parity = (*ready & STAGE_PARITY != 0) as u32;
-                while !mbarrier::try_wait_parity(ring.aux(wg), parity) {}
-                *ready ^= STAGE_PARITY;
+                wait_staged(ring, wg, ready);
                 *ready &= !STAGED;
             }
             mark(Mark::Added);
@@ -998,16 +1059,11 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
     true
 }
 
-/// Where local rank `src`'s partials for this rank's own tiles lie (rows x N bf16): pulled, in
-/// `src`'s outbox (over NVLink), indexed by the tiles' own rows; pushed, in `src`'s slot of
-/// this rank's receive buffer, indexed by rows inside the chunk.
+/// Pulled: where local rank `src`'s partials for this rank's own tiles lie (its outbox, rows x
+/// N bf16 over NVLink, indexed by the tiles' own rows).
 #[inline(always)]
 fn partials_of(c: &CommCtx, a: &GemmRsArgs, src: u32) -> u64 {
-    if a.pull != 0 {
-        c.heap(src) + a.outbox_off
-    } else {
-        c.heap(c.rank) + a.recv_off + src as u64 * ((a.m / c.world) as u64 * a.n as u64 * 2)
-    }
+    c.heap(src) + a.outbox_off
 }
 
 /// The value of a full `(Tile1, src, row tile)`: src's comm CTAs each add 1 for their slice;
