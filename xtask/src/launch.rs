@@ -139,6 +139,14 @@ pub fn run(args: LaunchArgs) -> Result<()> {
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         if args.nodes > 1 {
             cmd.env("MKERNEL_EMULATED_NODES", args.nodes.to_string());
+            // The emulated wire's proxy thread moves data with CUDA calls in the rank's context.
+            // A lazily loaded module (the first cuBLAS call at a new shape) synchronizes that
+            // context, which waits for a running fused kernel that waits for the proxy: every
+            // module is loaded at start instead (docs/internode.md, "CUDA calls during a fused
+            // launch").
+            if std::env::var_os("CUDA_MODULE_LOADING").is_none() {
+                cmd.env("CUDA_MODULE_LOADING", "EAGER");
+            }
         }
         let mut child = cmd.spawn().with_context(|| format!("starting rank {}: {:?}", r.rank, args.cmd))?;
         for stream in [child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>), child.stderr.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>)].into_iter().flatten() {

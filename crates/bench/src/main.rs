@@ -70,6 +70,9 @@ struct Args {
     /// write the raw words next to the JSON (`<json>.trace-<op>-<M>-r<rank>.bin`).
     #[arg(long)]
     trace: bool,
+    /// AllGather+GEMM: comm CTA counts swept (one plan per count and shape).
+    #[arg(long, value_delimiter = ',', default_values_t = [2u32, 4, 8, 16])]
+    ag_splits: Vec<u32>,
     /// GEMM+RS/AR: parts per row chunk swept (those that divide a chunk's row tiles).
     #[arg(long, value_delimiter = ',', default_values_t = [1u32, 2])]
     parts: Vec<u32>,

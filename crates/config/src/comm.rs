@@ -266,6 +266,9 @@ pub enum Role {
     InterSend = 2,
     /// Reducing data that arrived from other nodes.
     InterReduce = 3,
+    /// GEMM+ReduceScatter/AllReduce's relay warp of a compute CTA (raises the peers' flags of
+    /// finished row tiles); not a grid range of its own.
+    Relay = 4,
 }
 
 impl Role {
@@ -276,6 +279,7 @@ impl Role {
             1 => "intra-node comm",
             2 => "inter-node send",
             3 => "inter-node reduce",
+            4 => "relay",
             _ => "unknown",
         }
     }

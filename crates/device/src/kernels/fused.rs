@@ -1182,7 +1182,7 @@ fn relays_run(a: &GemmRsArgs) -> bool {
 /// relay stops on abort).
 #[inline(always)]
 unsafe fn relay_role(a: &GemmRsArgs, idx: u32) {
-    let mut c = unsafe { fused_ctx(ldesc(), Role::IntraComm) };
+    let mut c = unsafe { fused_ctx(ldesc(), Role::Relay) };
     c.cta = idx;
     let c = &c;
     let relays = ids::grid_dim() - a.n_comm;
