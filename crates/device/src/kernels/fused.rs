@@ -1225,8 +1225,13 @@ unsafe fn relay_role(a: &GemmRsArgs, idx: u32) {
 /// for an own AllReduce row tile. False when the wait gave up.
 #[inline(always)]
 unsafe fn relay_item(c: &CommCtx, dest: u32, mt: u32, full: u64) -> bool {
+    // The local counter fills as this rank's compute CTAs finish the row tile, which wait
+    // (bounded) on the peers: twice the timeout here, so a stalled peer is reported by the
+    // wait that names it rather than by this one naming our own counter.
+    let mut patient = *c;
+    patient.timeout_ns = c.timeout_ns.saturating_mul(2);
     unsafe {
-        if !wait_flag_of_cta_sleeping::<RELAY_SLEEP_NS>(c, FlagSlot::Outbox, dest, mt, full) {
+        if !wait_flag_of_cta_sleeping::<RELAY_SLEEP_NS>(&patient, FlagSlot::Outbox, dest, mt, full) {
             return false;
         }
         let mut q = 0;
