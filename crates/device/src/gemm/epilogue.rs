@@ -152,11 +152,7 @@ pub unsafe fn store_tile_tma_to(ring: &Ring, maps: impl TileDestinations, tile: 
             let chunk = 2 * $p + chunk_of_pair;
             let addr = $staging.add(row * 128 + ((chunk ^ (row % 8)) * 16));
             if add_staged {
-                let w = unsafe { matrix::ldmatrix_x4(addr) };
-                for (i, x) in w.iter().enumerate() {
-                    acc[4 * J + 2 * i] += f32::from_bits(x << 16);
-                    acc[4 * J + 2 * i + 1] += f32::from_bits(x & 0xffff_0000);
-                }
+                unsafe { add_staged_pairs::<J>(acc, addr) };
             }
             let v = [
                 pack_bf16x2(acc[4 * J], acc[4 * J + 1]),
@@ -171,6 +167,17 @@ pub unsafe fn store_tile_tma_to(ring: &Ring, maps: impl TileDestinations, tile: 
     store_box!(1, 1);
     store_box!(2, 0);
     store_box!(3, 1);
+}
+
+/// Reads this thread's 8 bf16 values of n8 blocks `J` and `J + 1` from a staging box
+/// with `ldmatrix` (the inverse of the store pass's `stmatrix` at `addr`) and adds them to `acc`.
+#[inline(always)]
+unsafe fn add_staged_pairs<const J: usize>(acc: &mut [f32; 128], addr: crate::arch::smem::SmemAddr) {
+    let w = unsafe { matrix::ldmatrix_x4(addr) };
+    for (i, x) in w.iter().enumerate() {
+        acc[4 * J + 2 * i] += f32::from_bits(x << 16);
+        acc[4 * J + 2 * i + 1] += f32::from_bits(x & 0xffff_0000);
+    }
 }
 
 /// Adds the bf16 tile staged in warpgroup `wg`'s whole-tile staging (the layout
@@ -190,11 +197,7 @@ pub unsafe fn add_staged_tile(ring: &Ring, wg: u32, acc: &mut [f32; 128]) {
             const J: usize = 8 * $q + 2 * $p;
             let chunk = 2 * $p + chunk_of_pair;
             let addr = ring.staging(wg, $q).add(row * 128 + ((chunk ^ (row % 8)) * 16));
-            let w = unsafe { matrix::ldmatrix_x4(addr) };
-            for (i, x) in w.iter().enumerate() {
-                acc[4 * J + 2 * i] += f32::from_bits(x << 16);
-                acc[4 * J + 2 * i + 1] += f32::from_bits(x & 0xffff_0000);
-            }
+            unsafe { add_staged_pairs::<J>(acc, addr) };
         })*};
     }
     add_box!(0, 0 1 2 3);
