@@ -20,12 +20,16 @@ const AG_CASES: [(usize, usize, usize, u32); 4] = [(1024, 512, 256, 4), (2048, 7
 /// GEMM + ReduceScatter cases: M, N, K per rank, parts per row chunk (1 where it does not
 /// divide the chunk's row tiles at this world size), comm CTAs (`RsSplit::AUTO`, none, or a
 /// count: the partials go through comm CTAs or straight from the epilogues; [`PULL`]: the
-/// peers read them).
-const RS_CASES: [(usize, usize, usize, u32, u32); 5] = [(1024, 512, 256, 2, RsSplit::AUTO), (2048, 768, 512, 4, RsSplit::NO_COMM_CTAS), (512, 1000, 136, 1, 3), (512, 1000, 136, 1, PULL), (2048, 768, 512, 2, PULL)];
+/// peers read them; [`CONSUMER_IO`]: straight, without stagers).
+const RS_CASES: [(usize, usize, usize, u32, u32); 6] = [(1024, 512, 256, 2, RsSplit::AUTO), (2048, 768, 512, 4, RsSplit::NO_COMM_CTAS), (512, 1000, 136, 1, 3), (512, 1000, 136, 1, PULL), (2048, 768, 512, 2, PULL), (1024, 1000, 256, 2, CONSUMER_IO)];
 /// GEMM + AllReduce cases, as [`RS_CASES`].
-const AR_CASES: [(usize, usize, usize, u32, u32); 3] = [(1024, 512, 256, 2, RsSplit::AUTO), (512, 1000, 136, 1, 4), (1024, 1000, 256, 2, PULL)];
+const AR_CASES: [(usize, usize, usize, u32, u32); 4] = [(1024, 512, 256, 2, RsSplit::AUTO), (512, 1000, 136, 1, 4), (1024, 1000, 256, 2, PULL), (1024, 1000, 256, 2, CONSUMER_IO)];
 /// In a case's comm CTAs: none, and the partials are pulled (`RsSplit::pull`).
 const PULL: u32 = u32::MAX - 1;
+/// In the comm CTA column: none, and no stager (`RsSplit::no_stager`): the consumer
+/// warpgroups issue their own epilogue stores and loads (on one node of 2 ranks the stager is
+/// the default).
+const CONSUMER_IO: u32 = u32::MAX - 2;
 
 #[test]
 fn fused_collectives_ag_gemm_matches_cpu_reference() {
@@ -157,8 +161,9 @@ fn reduce_case(comm: &mut Communicator, stream: &Arc<CudaStream>, case: usize, (
     let (pa, pb, po) = ({ let (p, _g) = da.device_ptr_mut(stream); p }, { let (p, _g) = db.device_ptr_mut(stream); p }, { let (p, _g) = dout.device_ptr_mut(stream); p });
     // SAFETY: buffers sized for the shape, alive until the end of the case.
     let split = match comm_ctas {
-        PULL => RsSplit { parts, comm_ctas: RsSplit::AUTO, group_m: 0, pull: true },
-        _ => RsSplit { parts, comm_ctas, group_m: 0, pull: false },
+        PULL => RsSplit { parts, comm_ctas: RsSplit::AUTO, pull: true, ..RsSplit::default() },
+        CONSUMER_IO => RsSplit { parts, comm_ctas: RsSplit::NO_COMM_CTAS, no_stager: true, ..RsSplit::default() },
+        _ => RsSplit { parts, comm_ctas, ..RsSplit::default() },
     };
     let plan = unsafe { GemmRsPlan::with_split(comm, stream, pa, pb, (!all_reduce).then_some(po), m, n, kl, split) }.unwrap();
     let comm: &Communicator = comm;
@@ -186,7 +191,7 @@ fn reduce_case(comm: &mut Communicator, stream: &Arc<CudaStream>, case: usize, (
     };
     run_reps(comm, stream, how, &format!("{op} m {m} n {n} k_local {kl} parts {parts}"), |s| plan.launch(s), write, read);
     let whole = if all_reduce { "whole sum on every rank, " } else { "" };
-    let path = if split.pull { ", partials pulled" } else { "" };
+    let path = if split.pull { ", partials pulled" } else if plan.stager() { ", stagers" } else { "" };
     format!("{op} M {m} N {n} K_local {kl}, {parts} parts per chunk, {} CTAs ({} comm{path}), {}: {whole}every element within tolerance", plan.split().1, plan.comm_ctas(), how.describe())
 }
 

@@ -183,7 +183,15 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
     // M x N output; across nodes the node-sum stage and remote receive blocks (< 2 M x N).
     let across = 2 * (info.nnodes() > 1) as usize;
     let paths = if world > 1 { reduce_paths(args)? } else { vec![0] };
-    let mut comm = Communicator::new(&dev, boot, heap_config(&shapes, args.parts.len() * paths.len() * args.groups.len(), |m, _, n| m * n * 2 * (2 + all_reduce as usize + across)))?;
+    let no_stagers: Vec<bool> = args.stagers.iter().map(|s| match s.as_str() {
+        "on" => Ok(false),
+        "off" => Ok(true),
+        other => Err(anyhow::anyhow!("--stagers: `{other}` is neither `on` nor `off`")),
+    }).collect::<Result<_>>()?;
+    // Where a stager can run (GemmRsPlan::stager): one node of 2 ranks, pushed directly.
+    let stager_path = |cc: u32| world == 2 && info.nnodes() == 1 && cc == 0;
+    let variants: usize = paths.iter().map(|&cc| if stager_path(cc) { no_stagers.len() } else { 1 }).sum();
+    let mut comm = Communicator::new(&dev, boot, heap_config(&shapes, args.parts.len() * variants * args.groups.len(), |m, _, n| m * n * 2 * (2 + all_reduce as usize + across)))?;
     let stream = dev.default_stream();
     // Lines the ranks up before each timed run (see median_ms_aligned).
     let mut sync_word = stream.alloc_zeros::<bf16>(8)?;
@@ -224,15 +232,21 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
         for parts in args.parts.iter().copied().filter(|&p| p > 0 && (m / world / 128) % p as usize == 0) {
             for &cc in &paths {
                 for group_m in args.groups.iter().copied() {
-                    let comm_ctas = if cc == 0 || cc == PULL { RsSplit::NO_COMM_CTAS } else { cc };
-                    let split = RsSplit { parts, comm_ctas, group_m, pull: cc == PULL };
-                    // SAFETY: buffers sized for the shape and alive for the whole case.
-                    let plan = unsafe { GemmRsPlan::with_split(&mut comm, &stream, pa, pb, (!all_reduce).then_some(po), m, n, kl, split)? };
-                    let mut f = || Ok(plan.launch(&stream)?);
-                    let t = median_ms_aligned(&stream, 2, 5, &mut align, &mut [&mut f])?[0];
-                    comm.check()?;
-                    sweep.push(json!({ "parts": parts, "comm_ctas": cc % PULL, "pull": cc == PULL, "group_m": group_m, "ms": t }));
-                    plans.push((parts << 16 | cc << 8 | group_m, t, plan));
+                    for &no_stager in &no_stagers {
+                        let comm_ctas = if cc == 0 || cc == PULL { RsSplit::NO_COMM_CTAS } else { cc };
+                        let split = RsSplit { parts, comm_ctas, group_m, pull: cc == PULL, no_stager };
+                        // `on` where no stager can run is the same plan as `off`.
+                        if !stager_path(cc) && !no_stager && no_stagers.contains(&true) {
+                            continue;
+                        }
+                        // SAFETY: buffers sized for the shape and alive for the whole case.
+                        let plan = unsafe { GemmRsPlan::with_split(&mut comm, &stream, pa, pb, (!all_reduce).then_some(po), m, n, kl, split)? };
+                        let mut f = || Ok(plan.launch(&stream)?);
+                        let t = median_ms_aligned(&stream, 2, 5, &mut align, &mut [&mut f])?[0];
+                        comm.check()?;
+                        sweep.push(json!({ "parts": parts, "comm_ctas": cc % PULL, "pull": cc == PULL, "group_m": group_m, "stager": plan.stager(), "ms": t }));
+                        plans.push(((no_stager as u32) << 24 | parts << 16 | cc << 8 | group_m, t, plan));
+                    }
                 }
             }
         }
@@ -240,9 +254,10 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
             anyhow::bail!("M = {m}: none of --parts {:?} divides a chunk's {} row tiles", args.parts, m / world / 128);
         }
         let (code, plan) = agreed_best(&comm, plans)?;
-        let (parts, cc, group_m) = (code >> 16, (code >> 8) & 0xff, code & 0xff);
+        let (parts, cc, group_m) = ((code >> 16) & 0xff, (code >> 8) & 0xff, code & 0xff);
+        let stager = plan.stager();
         let (comm_ctas, pull) = (cc % PULL, cc == PULL);
-        let path = if pull { "pull".to_string() } else { comm_ctas.to_string() };
+        let path = if pull { "pull".to_string() } else if stager { format!("{comm_ctas}s") } else { comm_ctas.to_string() };
         let op = if all_reduce { "gemm-ar" } else { "gemm-rs" };
         record_split(args, rank, TuneKey { op: op.into(), world: world as u32, m, n, k }, parts)?;
         let shape = GemmShape { m, n, k: kl, b_layout: BLayout::NxK };
@@ -263,6 +278,21 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
         let mut our_gemm_alone = || Ok(our_plan.launch(&stream)?);
         let t = median_ms_aligned(&stream, args.warmup, args.iters, &mut align, &mut [&mut ours, &mut baseline_timed, &mut gemm_alone, &mut rs_alone, &mut our_gemm_alone])?;
         comm.check()?;
+        // Diagnostic: ours after each predecessor (index 1 of each pair), and back to back.
+        let contexts = if args.contexts {
+            let alone = median_ms_aligned(&stream, 2, args.iters, &mut align, &mut [&mut ours])?[0];
+            let after_baseline = median_ms_aligned(&stream, 2, args.iters, &mut align, &mut [&mut baseline_timed, &mut ours])?[1];
+            let after_gemm = median_ms_aligned(&stream, 2, args.iters, &mut align, &mut [&mut gemm_alone, &mut ours])?[1];
+            let after_coll = median_ms_aligned(&stream, 2, args.iters, &mut align, &mut [&mut rs_alone, &mut ours])?[1];
+            let after_our_gemm = median_ms_aligned(&stream, 2, args.iters, &mut align, &mut [&mut our_gemm_alone, &mut ours])?[1];
+            comm.check()?;
+            if rank == 0 {
+                println!("#   ours (us) back to back {:.1}; after cuBLAS+NCCL {:.1}; after cuBLAS {:.1}; after NCCL {:.1}; after our GEMM {:.1}", alone * 1e3, after_baseline * 1e3, after_gemm * 1e3, after_coll * 1e3, after_our_gemm * 1e3);
+            }
+            Some(json!({ "back_to_back_ms": alone, "after_baseline_ms": after_baseline, "after_gemm_ms": after_gemm, "after_coll_ms": after_coll, "after_our_gemm_ms": after_our_gemm }))
+        } else {
+            None
+        };
         let timeline = if args.trace { Some(trace_launch(args, &stream, &plan, rank, m, all_reduce)?) } else { None };
         write_ternary(&stream, &mut a, &mut b, rank)?;
         ours()?;
@@ -283,10 +313,10 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
         if rank == 0 {
             println!("{m:>6} {k:>6} {n:>6} | {:>8} {:>9.1} | {:>11.1} {:>10.1} {:>10.1} | {speedup:>8.3} {overlap:>8.3} {wrong:>7} | {:>9.1}", format!("{parts}/{path}/{group_m}"), t[0] * 1e3, t[1] * 1e3, t[2] * 1e3, t[3] * 1e3, t[4] * 1e3);
         }
-        rows.push(json!({ "m": m, "k": k, "n": n, "world": world, "rank": rank, "parts": parts, "comm_ctas": comm_ctas, "pull": pull, "group_m": group_m, "sweep": sweep,
+        rows.push(json!({ "m": m, "k": k, "n": n, "world": world, "rank": rank, "parts": parts, "comm_ctas": comm_ctas, "pull": pull, "group_m": group_m, "stager": stager, "sweep": sweep,
             "op": if all_reduce { "gemm-ar" } else { "gemm-rs" },
             "ours_ms": t[0], "cublas_nccl_ms": t[1], "gemm_alone_ms": t[2], "coll_alone_ms": t[3], "our_gemm_alone_ms": t[4],
-            "speedup": speedup, "overlap_efficiency": overlap, "wrong": wrong, "trace": timeline }));
+            "speedup": speedup, "overlap_efficiency": overlap, "wrong": wrong, "trace": timeline, "contexts": contexts }));
     }
     Ok(rows)
 }

@@ -21,6 +21,12 @@ fn shapes() -> Vec<(usize, usize, usize)> {
             }
         }
     }
+    // The per-rank shapes of the fused GEMM+RS/AR benchmarks (K = 8192 split over 2 and 4 GPUs).
+    for m in [4096, 8192, 16384] {
+        for k in [4096, 2048] {
+            v.push((m, 8192, k));
+        }
+    }
     v
 }
 
@@ -58,7 +64,7 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
     println!("# ours: persistent TMA + wgmma GEMM, tile {}x{}x{}, {} stages, {} consumer warpgroups + 1 producer, {} threads, {} B smem, grid = {} SMs",
         t.block_m, t.block_n, t.block_k, t.stages, t.consumer_warpgroups, t.threads(), t.smem_bytes(), dev.sm_count());
     println!("# B layout {:?}; ours and cuBLAS interleaved run by run, median of {} after {} warm-up each; TFLOP/s = 2MNK / time", b_layout, args.iters, args.warmup);
-    println!("{:>6} {:>6} {:>6} {:>10} {:>9} {:>10} {:>9} {:>7} {:>7}", "M", "N", "K", "ours_us", "TFLOP/s", "cublas_us", "TFLOP/s", "ratio", "#wrong");
+    println!("{:>6} {:>6} {:>6} {:>10} {:>9} {:>10} {:>9} {:>7} {:>7} {:>13}", "M", "N", "K", "ours_us", "TFLOP/s", "cublas_us", "TFLOP/s", "ratio", "#wrong", "fused_ring_us");
     let mut rows = vec![];
     let mut ratios = vec![];
     for (m, n, k) in shapes() {
@@ -72,20 +78,28 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
         let b = stream.clone_htod(&random_bf16(lb, 2))?;
         let mut c_ours = stream.alloc_zeros::<bf16>(lc)?;
         let mut c_blas = stream.alloc_zeros::<bf16>(lc)?;
-        let (ours_ms, blas_ms) = {
+        let (ours_ms, blas_ms, fused_ring_ms) = {
+            // Diagnostic competitor (N x K only): our GEMM on GEMM+ReduceScatter's ring.
+            let mut c_ring = stream.alloc_zeros::<bf16>(lc)?;
+            let ring_plan = match b_layout {
+                BLayout::NxK => Some(GemmPlan::new(dev, &stream, &a, &b, &mut c_ring, shape, None)?.on_fused_ring(dev)?),
+                BLayout::KxN => None,
+            };
             let plan = GemmPlan::new(dev, &stream, &a, &b, &mut c_ours, shape, None)?;
             let mut ours = || Ok(plan.launch(&stream)?);
             let mut theirs = || cublas_gemm(&blas, shape, &a, &b, &mut c_blas);
-            let t = median_ms_interleaved(&stream, args.warmup, args.iters, &mut [&mut ours, &mut theirs])?;
-            (t[0], t[1])
+            let mut on_ring = || match &ring_plan { Some(p) => Ok(p.launch(&stream)?), None => Ok(()) };
+            let t = median_ms_interleaved(&stream, args.warmup, args.iters, &mut [&mut ours, &mut theirs, &mut on_ring])?;
+            (t[0], t[1], ring_plan.is_some().then_some(t[2]))
         };
         let wrong = count_mismatches(&stream.clone_dtoh(&c_ours)?, &stream.clone_dtoh(&c_blas)?, k);
         let tf = |ms: f64| shape.flops() / (ms * 1e-3) / 1e12;
         let ratio = blas_ms / ours_ms;
         ratios.push(ratio);
-        println!("{m:>6} {n:>6} {k:>6} {:>10.1} {:>9.1} {:>10.1} {:>9.1} {:>7.3} {:>7}", ours_ms * 1e3, tf(ours_ms), blas_ms * 1e3, tf(blas_ms), ratio, wrong);
+        println!("{m:>6} {n:>6} {k:>6} {:>10.1} {:>9.1} {:>10.1} {:>9.1} {:>7.3} {:>7} {:>13}", ours_ms * 1e3, tf(ours_ms), blas_ms * 1e3, tf(blas_ms), ratio, wrong,
+            fused_ring_ms.map_or("-".into(), |t| format!("{:.1}", t * 1e3)));
         rows.push(json!({ "m": m, "n": n, "k": k, "b_layout": format!("{b_layout:?}"), "ours_ms": ours_ms, "ours_tflops": tf(ours_ms),
-            "cublas_ms": blas_ms, "cublas_tflops": tf(blas_ms), "ours_over_cublas": ratio, "wrong": wrong }));
+            "cublas_ms": blas_ms, "cublas_tflops": tf(blas_ms), "ours_over_cublas": ratio, "wrong": wrong, "ours_on_fused_ring_ms": fused_ring_ms }));
     }
     if !ratios.is_empty() {
         let geo = (ratios.iter().map(|r| r.ln()).sum::<f64>() / ratios.len() as f64).exp();

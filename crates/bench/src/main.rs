@@ -83,6 +83,14 @@ struct Args {
     /// GEMM+RS/AR: rasterization groups (`group_m`) swept.
     #[arg(long, value_delimiter = ',', default_values_t = [1u32, 8])]
     groups: Vec<u32>,
+    /// GEMM+RS/AR: stager threads swept (`on`: where they can run - one node of 2 ranks,
+    /// pushed without comm CTAs - the consumers' epilogue I/O goes through them; `off`: never).
+    #[arg(long, value_delimiter = ',', default_values_t = ["on".to_string(), "off".into()])]
+    stagers: Vec<String>,
+    /// GEMM+RS/AR diagnostic: also time ours right after each other competitor (and back to
+    /// back), to see what the preceding kernel costs it.
+    #[arg(long)]
+    contexts: bool,
 }
 
 fn main() -> Result<()> {

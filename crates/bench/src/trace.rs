@@ -73,7 +73,14 @@ pub fn summarize(label: &str, words: &[u64], ctas: usize) -> Value {
         // The store: from the last stamp before it to the tile's end.
         let store = mean(&sel.iter().map(|t| t.span(if own { Mark::Added } else { Mark::Waited }, Mark::Stored) / 1e3).collect::<Vec<_>>());
         let total = mean(&sel.iter().map(|t| t.span(Mark::Begin, Mark::Stored) / 1e3).collect::<Vec<_>>());
-        line += &format!(" store {store:.2} | tile {total:.2}");
+        // The SM clock during the mainloops: their cycles over their nanoseconds.
+        let (cyc, ns) = sel.iter().filter(|t| t.at(Mark::MainloopClock) != 0 && t.at(Mark::MainloopDoneClock) > t.at(Mark::MainloopClock))
+            .fold((0f64, 0f64), |(c, n), t| (c + (t.at(Mark::MainloopDoneClock) - t.at(Mark::MainloopClock)) as f64, n + t.span(Mark::Mainloop, Mark::MainloopDone)));
+        let mhz = if ns > 0.0 { cyc / ns * 1e3 } else { 0.0 };
+        let kcycles = if sel.is_empty() { 0.0 } else { cyc / sel.len() as f64 / 1e3 };
+        line += &format!(" store {store:.2} | tile {total:.2} | mainloop {kcycles:.1} kcycles at {mhz:.0} MHz");
+        obj.insert("mainloop_mhz".into(), json!(mhz));
+        obj.insert("mainloop_kcycles".into(), json!(kcycles));
         obj.insert("store".into(), json!(store));
         obj.insert("tile".into(), json!(total));
         println!("{line}");

@@ -269,6 +269,9 @@ pub enum Role {
     /// GEMM+ReduceScatter/AllReduce's relay warp of a compute CTA (raises the peers' flags of
     /// finished row tiles); not a grid range of its own.
     Relay = 4,
+    /// GEMM+ReduceScatter/AllReduce's stager thread of a compute CTA (issues a consumer
+    /// warpgroup's epilogue bulk stores and partial loads); not a grid range of its own.
+    Stager = 5,
 }
 
 impl Role {
@@ -280,6 +283,7 @@ impl Role {
             2 => "inter-node send",
             3 => "inter-node reduce",
             4 => "relay",
+            5 => "stager",
             _ => "unknown",
         }
     }

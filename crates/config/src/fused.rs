@@ -91,6 +91,11 @@ pub struct GemmRsArgs {
     pub pull: u32,
     /// Device address of a per-tile timeline buffer ([`crate::trace`]), 0: none (the default).
     pub trace: u64,
+    /// 1: each consumer warpgroup's epilogue I/O (bulk stores, announcements, partial loads)
+    /// is handed to a stager thread (one node of 2 ranks, pushed without comm CTAs); 0: the
+    /// consumers do it.
+    pub stager: u32,
+    pub _pad: u32,
 }
 
 const _: () = assert!(core::mem::size_of::<GemmRsArgs>() as u32 <= crate::GemmTile::ARGS_COPY_BYTES && core::mem::size_of::<GemmRsArgs>() % 8 == 0);
@@ -107,13 +112,13 @@ pub const fn rs_source_row(v: u32, m: u32, world: u32, nodes: u32, node: u32) ->
     ((node + 1 + j) % nodes * world + l) * mg + i
 }
 
-/// GEMM+ReduceScatter/AllReduce's comm CTAs by default (`world` local ranks; they move the
-/// partials, `(world - 1) / world` of them): ReduceScatter 4 per peer (4 on 2 x H200, where
-/// 132 - 4 = 128 compute CTAs also divide the tile counts of power-of-two shapes into whole
-/// waves); AllReduce none (its epilogues already store every reduced tile into the peers'
-/// outputs, and the partials then go the same way: measured faster on 2 x H200).
+/// GEMM+ReduceScatter/AllReduce's comm CTAs by default (`world` local ranks): none. The
+/// compute CTAs store the partials straight into the peers' receive buffers (on one node of 2
+/// ranks through their stagers); comm CTAs (4 or 8 per peer) lost in every sweep on 2 and 4 x
+/// H200 (docs/fused.md).
 pub const fn rs_comm_ctas(world: u32, all_reduce: bool) -> u32 {
-    if world <= 1 || all_reduce { 0 } else { 4 * (world - 1) }
+    let _ = (world, all_reduce);
+    0
 }
 
 /// AllGather+GEMM comm CTAs move the shard with TMA bulk copies through a ring of

@@ -111,8 +111,10 @@ impl GemmTile {
     }
     /// Auxiliary mbarriers after the per-stage ones (one arrival each), for a kernel's own
     /// hand-offs (GEMM+ReduceScatter/AllReduce: 0 = "the other nodes' sums have landed",
-    /// 1 + w = "consumer warpgroup w's staged peer partial has landed").
-    pub const AUX_BARRIERS: u32 = 3;
+    /// 1 + w = "consumer warpgroup w's staging is ready" (a staged peer partial has landed, or
+    /// with a stager: the staging is free or holds the partial), 3 + w = "consumer warpgroup w
+    /// wrote its tile into its staging" (with a stager)).
+    pub const AUX_BARRIERS: u32 = 5;
     /// Offset of the auxiliary mbarriers.
     pub const fn aux_barrier_offset(&self) -> u32 {
         self.barrier_offset() + self.stages * 2 * 8
@@ -129,7 +131,7 @@ impl GemmTile {
     /// (GEMM+ReduceScatter/AllReduce's `GemmRsArgs`, read there for the same reason: its tensor
     /// map addresses, read right before the epilogue's bulk stores, cost ~1-2 us per tile
     /// from global memory behind the SM's NVLink traffic).
-    pub const ARGS_COPY_BYTES: u32 = 256;
+    pub const ARGS_COPY_BYTES: u32 = 272;
     /// Offset of the argument block copy (8-byte aligned).
     pub const fn args_copy_offset(&self) -> u32 {
         self.desc_copy_offset() + Self::DESC_COPY_BYTES

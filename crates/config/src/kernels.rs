@@ -35,6 +35,9 @@ pub const GEMM_BF16_NK: KernelSpec = KernelSpec {
 /// The persistent warp-specialized GEMM, B stored K x N (N-major, row-major).
 pub const GEMM_BF16_KN: KernelSpec = KernelSpec { name: "mk_gemm_bf16_kn", ..GEMM_BF16_NK };
 
+/// Diagnostic: the N x K GEMM on GEMM+ReduceScatter's ring (`GemmTile::FUSED_RS`).
+pub const GEMM_BF16_NK_FUSED_RING: KernelSpec = KernelSpec { name: "mk_gemm_bf16_nk_fused_ring", dynamic_smem: GemmTile::FUSED_RS.smem_bytes(), ..GEMM_BF16_NK };
+
 /// Threads of the communication kernels (each keeps 4 x 16 bytes in flight per thread).
 pub const COLLECTIVE: KernelSpec = KernelSpec { name: "mk_allgather", max_threads: 384, min_blocks_per_sm: 1, dynamic_smem: 0 };
 /// AllGather over NVLink (push).
@@ -64,7 +67,7 @@ pub const GEMM_RS_NK: KernelSpec = KernelSpec { name: "mk_gemm_rs_bf16_nk", dyna
 pub const EXPERIMENTAL: &[(&str, &str)] = &[];
 
 /// Every kernel entry in the embedded PTX.
-pub const KERNELS: &[KernelSpec] = &[IOTA, GEMM_BF16_NK, GEMM_BF16_KN, ALLGATHER, REDUCE_SCATTER, ALLREDUCE, ALLGATHER_INTERNODE, ALLREDUCE_INTERNODE, PROXY_PINGPONG, AG_GEMM_NK, GEMM_RS_NK];
+pub const KERNELS: &[KernelSpec] = &[IOTA, GEMM_BF16_NK, GEMM_BF16_KN, GEMM_BF16_NK_FUSED_RING, ALLGATHER, REDUCE_SCATTER, ALLREDUCE, ALLGATHER_INTERNODE, ALLREDUCE_INTERNODE, PROXY_PINGPONG, AG_GEMM_NK, GEMM_RS_NK];
 
 /// Looks a kernel up by its entry name.
 pub fn find(name: &str) -> Option<&'static KernelSpec> {

@@ -10,7 +10,7 @@
 /// Tiles recorded per CTA.
 pub const TILES_PER_CTA: u32 = 64;
 /// Words per tile record.
-pub const WORDS_PER_TILE: u32 = 8;
+pub const WORDS_PER_TILE: u32 = 10;
 /// Words of the whole buffer for `ctas` CTAs.
 pub const fn words(ctas: u32) -> usize {
     (ctas * (TILES_PER_CTA + 1) * WORDS_PER_TILE) as usize
@@ -36,6 +36,11 @@ pub enum Mark {
     Stored = 6,
     /// `row tile << 40 | col tile << 20 | own`: what the tile was (own = 1: reduced here).
     Tile = 7,
+    /// `%clock64` (SM cycles) where `Mainloop` was stamped.
+    MainloopClock = 8,
+    /// `%clock64` where `MainloopDone` was stamped: cycles / nanoseconds of the mainloop is the
+    /// SM clock it ran at.
+    MainloopDoneClock = 9,
 }
 
 /// Words of the end-of-launch record.

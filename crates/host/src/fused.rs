@@ -137,6 +137,10 @@ pub struct RsSplit {
     /// peer, whose own tile TMA-loads it over NVLink during its mainloop. The computing SMs
     /// then never store over NVLink.
     pub pull: bool,
+    /// The consumer warpgroups issue their epilogue bulk stores and partial loads themselves
+    /// even where a stager thread could (on one node of 2 ranks, pushed without comm CTAs:
+    /// there the stager is the default, measured faster at M >= 8192 on 2 x H200).
+    pub no_stager: bool,
 }
 
 impl RsSplit {
@@ -164,6 +168,7 @@ pub struct GemmRsPlan {
     n_comm: u32,
     /// GEMM + AllReduce: the whole `m` x `n` sum, in the heap (same offset on every rank).
     ar_out: Option<SymBuffer>,
+    stager: bool,
 }
 
 impl GemmRsPlan {
@@ -339,12 +344,15 @@ impl GemmRsPlan {
             group_m: if split.group_m == 0 { t.group_m } else { split.group_m.min((block_rows as usize / t.block_m as usize / parts as usize) as u32) },
             pull: pull as u32,
             trace: 0,
+            // Diagnostic override (MKERNEL_STAGER_PACE=0|1); by default ReduceScatter paces.
+            stager: (world == 2 && nodes == 1 && n_comm == 0 && !pull && !split.no_stager) as u32,
+            _pad: 0,
         };
         // SAFETY: GemmRsArgs is repr(C) plain data.
         let bytes = unsafe { std::slice::from_raw_parts(&args as *const GemmRsArgs as *const u8, std::mem::size_of::<GemmRsArgs>()) };
         let args_dev = stream.clone_htod(bytes)?;
         let args_addr = args_dev.device_ptr(stream).0;
-        Ok(GemmRsPlan { func: device.function(&kernels::GEMM_RS_NK)?, _maps: maps, _args: args_dev, args_addr, grid: sms, parts, n_comm, ar_out })
+        Ok(GemmRsPlan { func: device.function(&kernels::GEMM_RS_NK)?, _maps: maps, _args: args_dev, args_addr, grid: sms, parts, n_comm, ar_out, stager: args.stager != 0 })
     }
 
     /// Enqueues the fused kernel.
@@ -358,6 +366,10 @@ impl GemmRsPlan {
     /// Parts per row chunk, and CTAs in total.
     pub fn split(&self) -> (u32, u32) {
         (self.parts, self.grid)
+    }
+    /// Whether stager threads issue the consumers' epilogue I/O ([`RsSplit::no_stager`]).
+    pub fn stager(&self) -> bool {
+        self.stager
     }
     /// Comm CTAs (of [`GemmRsPlan::split`]'s total).
     pub fn comm_ctas(&self) -> u32 {

@@ -170,6 +170,18 @@ impl<'a> GemmPlan<'a> {
         Ok(GemmPlan { func: device.function(spec)?, spec, maps, c, shape, out, grid, tma_store, _buffers: PhantomData })
     }
 
+    /// Diagnostic: the same plan on GEMM+ReduceScatter's ring (`GemmTile::FUSED_RS`: 3 stages,
+    /// whole-tile epilogue staging, the fused kernels' register split), to measure what that
+    /// ring costs the GEMM alone. N x K B and TMA-stored bf16 C only.
+    pub fn on_fused_ring(mut self, device: &Device) -> Result<Self> {
+        if self.spec != &kernels::GEMM_BF16_NK || !self.tma_store {
+            return Err(Error::Unsupported(format!("{OP}: the fused-ring diagnostic needs B as N x K and a TMA-stored bf16 C")));
+        }
+        self.spec = &kernels::GEMM_BF16_NK_FUSED_RING;
+        self.func = device.function(self.spec)?;
+        Ok(self)
+    }
+
     /// Enqueues the kernel on `stream`.
     pub fn launch(&self, stream: &Arc<CudaStream>) -> Result<()> {
         let (maps, _r) = self.maps.device_ptr(stream);

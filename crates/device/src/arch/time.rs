@@ -13,3 +13,11 @@ pub fn globaltimer_ns() -> u64 {
 pub fn nanosleep(ns: u32) {
     unsafe { asm!("nanosleep.u32 {0};", in(reg32) ns, options(nostack, nomem)) };
 }
+
+/// This SM's cycle counter: `mov.u64 d, %clock64;`
+#[inline(always)]
+pub fn clock64() -> u64 {
+    let r: u64;
+    unsafe { asm!("mov.u64 {0}, %clock64;", out(reg64) r, options(nostack, nomem)) };
+    r
+}

@@ -2,7 +2,7 @@
 //! only when the launch was given a buffer, by one thread per CTA (the caller picks it).
 use mkernel_config::trace::{End, Mark, TILES_PER_CTA, WORDS_PER_TILE};
 
-use crate::arch::time::globaltimer_ns;
+use crate::arch::time::{clock64, globaltimer_ns};
 
 /// Word `word` of record `i` of CTA `cta` in buffer `buf` (0: none, nothing is written).
 #[inline(always)]
@@ -19,6 +19,12 @@ unsafe fn put(buf: u64, cta: u32, i: u32, word: u32, value: u64) {
 pub unsafe fn mark(buf: u64, cta: u32, i: u32, mark: Mark) {
     if buf != 0 && i < TILES_PER_CTA {
         unsafe { put(buf, cta, i, mark as u32, globaltimer_ns()) };
+        // The mainloop's SM cycles too (its clock rate).
+        match mark {
+            Mark::Mainloop => unsafe { put(buf, cta, i, Mark::MainloopClock as u32, clock64()) },
+            Mark::MainloopDone => unsafe { put(buf, cta, i, Mark::MainloopDoneClock as u32, clock64()) },
+            _ => {}
+        }
     }
 }
 

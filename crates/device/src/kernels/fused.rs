@@ -635,6 +635,11 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
             // Warp 2 (otherwise idle): raises the peers' flags of finished row tiles.
             unsafe { relay_role(a, idx) };
         }
+        if (tid == 32 || tid == 96) && stager_runs(a) {
+            // Lane 0 of warps 1 and 3 (idle on one node): the stagers of consumer warpgroups
+            // 0 and 1.
+            unsafe { stager_role(a, idx, tid / 64) };
+        }
         if tid == 32 && idx < node_blocks_to_send(a) {
             // Warp 1 of the producer warpgroup (otherwise idle) of compute CTA j: inter-node
             // sender of node block j.
@@ -726,7 +731,7 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
         let (rank, world) = unsafe { rank_world(ldesc()) };
         let chunk_rows = a.m / world;
         unsafe {
-            if tile.m0 / chunk_rows == rank && world > 1 {
+            if tile.m0 / chunk_rows == rank && world > 1 && !stager_runs(a) {
                 // The staging still holds the previous peer tile while its boxes trickle out
                 // (uniform in the warpgroup): this tile then adds its first partial from global
                 // memory too, rather than wait here for those NVLink stores.
@@ -938,6 +943,9 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
     let dest = tile.m0 / chunk_rows;
     let local = Tile { m0: tile.m0 - dest * chunk_rows, n0: tile.n0 };
     let mt = local.m0 / TILE.block_m;
+    if stager_runs(a) {
+        return unsafe { stager_epilogue(ring, local, wg, acc, ready, dest == c.rank, stop, mark) };
+    }
     unsafe {
         // The tile two back (its stores had two mainloops to complete); an own tile, which
         // waits below, first also the one before if another rank waits for it during the loop
@@ -1057,6 +1065,161 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
         pending.newer = Some(Pending { dest, mt });
     }
     true
+}
+
+/// Whether each consumer warpgroup's epilogue I/O is handed to a stager thread
+/// ([`stager_role`]; the host sets it on one node of 2 ranks, partials pushed by the compute
+/// CTAs: no comm CTAs, not pulled). Elsewhere the consumers issue their bulk stores and
+/// partial loads themselves.
+#[inline(always)]
+fn stager_runs(a: &GemmRsArgs) -> bool {
+    a.stager != 0
+}
+
+/// The epilogue of a tile with a stager ([`stager_role`]): wait until the warpgroup's staging
+/// is ready (`aux(wg)`: free, or holding the peer's partial of an own tile), write the tile
+/// into it (an own tile: the partial added, `ldmatrix`), and tell the stager (`aux(wg + 2)`),
+/// which stores and announces it. No bulk store or flag is touched here: the warpgroup goes
+/// back to its tensor cores at once. False when the rank aborted.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn stager_epilogue(ring: &Ring, local: Tile, wg: u32, acc: &mut [f32; 128], ready: &mut u32, own: bool, stop: bool, mark: impl Fn(Mark)) -> bool {
+    mark(Mark::Published);
+    let parity = (*ready & STAGE_PARITY != 0) as u32;
+    *ready ^= STAGE_PARITY;
+    let desc = ldesc();
+    // Bounded by the stager's own bounded waits: a failed one aborts the rank.
+    let ok = unsafe {
+        mbarrier::wait_parity_or(ring.aux(wg), parity, |stalled| {
+            if stalled > fused_hung_ns(desc) {
+                crate::arch::trap();
+            }
+            aborted(desc)
+        })
+    };
+    if named_barrier_or(wg, crate::arch::ids::WARPGROUP_THREADS, !ok || stop) {
+        return false;
+    }
+    mark(Mark::Waited);
+    mark(Mark::Added);
+    // The staging's reads (an own tile's partial) and writes below are this warpgroup's; the
+    // stager's earlier bulk stores had finished reading it before it arrived on `aux(wg)`.
+    unsafe { store_tile_tma_to(ring, StagedOnly, local, wg - 1, acc, own) };
+    if ids::thread_in_warpgroup() == 0 {
+        unsafe { mbarrier::arrive(ring.aux(wg + 2)) };
+    }
+    true
+}
+
+/// The stager of consumer warpgroup `cw` of compute CTA `idx` (lane 0 of producer warp
+/// `1 + 2 cw`; [`stager_runs`]): the warpgroup's epilogue I/O, so its `wgmma` issue never
+/// waits for NVLink. For each tile of the CTA, in the consumers' order:
+/// 1. makes the staging ready (`aux(1 + cw)`): an own tile's peer partial is TMA-loaded into it
+///    once the peer's counter `(Tile1, peer, mt)` is full (completing the barrier with its
+///    bytes); for a peer tile it just arrives;
+/// 2. waits until the consumers wrote the tile into it (`aux(3 + cw)`);
+/// 3. issues its bulk stores (a peer tile: into this rank's slot of the peer's receive buffer;
+///    an own tile: to the output, AllReduce: to every local rank's output);
+/// 4. waits until they are complete and announces the half tile locally (`red.release.gpu`
+///    +1 on `(Outbox, dest, mt)`: a peer partial, or AllReduce's reduced rows) for the relays.
+///
+/// Every tile is announced before the wait for a later tile's counter (the deadlock-freedom
+/// rule of [`publish`], met early). Waits are bounded (error record, abort); on an abort it
+/// stops once its stores and loads are done with the staging.
+#[inline(always)]
+unsafe fn stager_role(a: &GemmRsArgs, idx: u32, cw: u32) {
+    // Only the loop's own state lives across it (56 registers): the context is rebuilt where
+    // a wait needs it, the ring's addresses recomputed.
+    let epoch = unsafe { fused_ctx(ldesc(), Role::Stager) }.epoch;
+    let ctx = || {
+        let mut c = unsafe { fused_ctx_at(ldesc(), epoch) };
+        c.role = Role::Stager;
+        c.cta = idx;
+        c
+    };
+    let ring = || Ring::new(smem::dynamic_smem_addr(), RS_TILE);
+    let count = {
+        let grid = ids::grid_dim() - a.n_comm;
+        let total = a.m.div_ceil(TILE.block_m) * a.n.div_ceil(TILE.block_n);
+        if idx < total { (total - idx).div_ceil(grid) } else { 0 }
+    };
+    let give_up = |stalled: u64| {
+        if stalled > unsafe { fused_hung_ns(ldesc()) } {
+            crate::arch::trap();
+        }
+        unsafe { aborted(ldesc()) }
+    };
+    // The phase of `ready` whose TMA load may still land (NONE: none), waited for before stopping.
+    const NONE: u32 = 2;
+    let mut loading = NONE;
+    let (mut i, mut parity) = (0u32, 0u32);
+    // The peer's receive buffer and output are open.
+    let mut ok = unsafe {
+        let (rank, world) = rank_world(ldesc());
+        wait_flag_of_cta(&ctx(), FlagSlot::FusedReady, (rank + 1) % world, 0, epoch)
+    };
+    while ok && i < count {
+        // The consumers' tile `i` (the scheduler rebuilt: its state would not fit next to
+        // this loop's).
+        let a = unsafe { &*(largs() as *const GemmRsArgs) };
+        let (rank, world) = unsafe { rank_world(ldesc()) };
+        let grid = ids::grid_dim() - a.n_comm;
+        let tile = TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, a.group_m, idx, grid).chunked(world, rank, a.part_tiles_m).tile(idx + i * grid);
+        let peer = (rank + 1) % world;
+        let chunk_rows = a.m / world;
+        let dest = tile.m0 / chunk_rows;
+        let local = Tile { m0: tile.m0 - dest * chunk_rows, n0: tile.n0 };
+        let mt = local.m0 / TILE.block_m;
+        let (ready, staged) = (ring().aux(1 + cw), ring().aux(3 + cw));
+        // 1. The staging, ready for this tile.
+        if dest == rank {
+            if !unsafe { wait_flag_of_cta_sleeping::<RELAY_SLEEP_NS>(&ctx(), FlagSlot::Tile1, peer, mt, tile1_full(a)) } {
+                break;
+            }
+            // The partial was written by the peer's bulk stores and announced by a generic
+            // release (acquired above); the load reads it through the async proxy.
+            memory::fence_proxy_async();
+            unsafe { mbarrier::arrive_expect_tx(ready, RS_TILE.epilogue_buffers * RS_TILE.epilogue_box_bytes()) };
+            let map = TensorMap(a.map_in as *const u8);
+            let row0 = peer * chunk_rows + local.m0 + cw * TILE.rows_per_consumer();
+            for q in 0..RS_TILE.epilogue_buffers {
+                unsafe { tma::load_2d(ring().staging(cw, q), map, tile.n0 + GemmTile::EPILOGUE_BOX_COLS * q, row0, ready) };
+            }
+            loading = parity;
+        } else {
+            unsafe { mbarrier::arrive(ready) };
+        }
+        // 2. The consumers' tile in the staging.
+        // (Sleeping between tests: this thread shares its SM with the tensor cores' issue.)
+        ok = unsafe { mbarrier::wait_parity_sleeping_or::<RELAY_SLEEP_NS>(staged, parity, give_up) };
+        if !ok {
+            break;
+        }
+        loading = NONE;
+        parity ^= 1;
+        i += 1;
+        // 3. Its bulk stores, at once (paced over the next mainloop they were slower: their
+        // mainloops took 5-13% more cycles on 2 x H200).
+        let dests = if dest != rank { 1 } else if a.all_reduce != 0 { world } else { 1 };
+        for q in 0..RS_TILE.epilogue_buffers {
+            for d in 0..dests {
+                let map = unsafe { if dest != rank { *a.map_recv.as_ptr().add(dest as usize) } else { *a.map_out.as_ptr().add(d as usize) } };
+                unsafe { tma::store_2d(TensorMap(map as *const u8), local.n0 + GemmTile::EPILOGUE_BOX_COLS * q, local.m0 + cw * TILE.rows_per_consumer(), ring().staging(cw, q)) };
+            }
+            tma::store_commit();
+        }
+        // 4. Complete: announced.
+        tma::store_wait::<0>();
+        memory::fence_proxy_async();
+        if dest != rank || a.all_reduce != 0 {
+            unsafe { memory::red_release_add_u64(Scope::Gpu, ctx().flag_of_cta(rank, FlagSlot::Outbox, dest, mt), 1) };
+        }
+    }
+    // Stopping early: nothing may still read or fill the staging when the CTA exits.
+    tma::store_wait::<0>();
+    if loading != NONE {
+        unsafe { mbarrier::wait_parity(ring().aux(1 + cw), loading) };
+    }
 }
 
 /// Pulled: where local rank `src`'s partials for this rank's own tiles lie (its outbox, rows x

@@ -12,10 +12,14 @@ use crate::gemm::producer::load_tile;
 use crate::gemm::ring::{Ring, RingPos};
 use crate::gemm::scheduler::TileScheduler;
 use crate::gemm::{BLayout, TILE};
+use mkernel_config::GemmTile;
 
+/// The kernel body on ring configuration `ring_tile` (same block shape as [`TILE`]); `PR`/`CR`
+/// are its producer/consumer register counts.
 #[inline(always)]
-unsafe fn gemm(map_a: *const u8, map_b: *const u8, map_c: *const u8, c: *mut u8, m: u32, n: u32, k: u32, ldc: u32, f32_out: u32, b_layout: BLayout) {
-    let ring = Ring::new(smem::dynamic_smem_addr(), TILE);
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_on<const PR: u32, const CR: u32>(ring_tile: GemmTile, map_a: *const u8, map_b: *const u8, map_c: *const u8, c: *mut u8, m: u32, n: u32, k: u32, ldc: u32, f32_out: u32, b_layout: BLayout) {
+    let ring = Ring::new(smem::dynamic_smem_addr(), ring_tile);
     let (a, b) = (TensorMap(map_a), TensorMap(map_b));
     if ids::thread_idx() == 0 {
         unsafe {
@@ -31,14 +35,14 @@ unsafe fn gemm(map_a: *const u8, map_b: *const u8, map_c: *const u8, c: *mut u8,
     let wg = ids::warpgroup_idx();
     let mut pos = RingPos::START;
     if wg == 0 {
-        regs::setmaxnreg_dec::<{ TILE.producer_regs }>();
+        regs::setmaxnreg_dec::<PR>();
         if ids::thread_idx() == 0 {
             for tile in tiles {
                 let _ = unsafe { load_tile(&ring, &mut pos, a, tile.m0, b, b_layout, tile, k_blocks, crate::arch::mbarrier::trap_after(crate::arch::mbarrier::HUNG_NS)) };
             }
         }
     } else {
-        regs::setmaxnreg_inc::<{ TILE.consumer_regs }>();
+        regs::setmaxnreg_inc::<CR>();
         let out = Output { c, m, n, ldc, f32_out: f32_out != 0 };
         let mut acc = [0f32; 128];
         let tma_out = !map_c.is_null();
@@ -58,6 +62,12 @@ unsafe fn gemm(map_a: *const u8, map_b: *const u8, map_c: *const u8, c: *mut u8,
     }
 }
 
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm(map_a: *const u8, map_b: *const u8, map_c: *const u8, c: *mut u8, m: u32, n: u32, k: u32, ldc: u32, f32_out: u32, b_layout: BLayout) {
+    unsafe { gemm_on::<{ TILE.producer_regs }, { TILE.consumer_regs }>(TILE, map_a, map_b, map_c, c, m, n, k, ldc, f32_out, b_layout) }
+}
+
 /// B stored N x K (K contiguous).
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_nk(map_a: *const u8, map_b: *const u8, map_c: *const u8, c: *mut u8, m: u32, n: u32, k: u32, ldc: u32, f32_out: u32) {
@@ -68,4 +78,13 @@ pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_nk(map_a: *const u8, map_b: *cons
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_kn(map_a: *const u8, map_b: *const u8, map_c: *const u8, c: *mut u8, m: u32, n: u32, k: u32, ldc: u32, f32_out: u32) {
     unsafe { gemm(map_a, map_b, map_c, c, m, n, k, ldc, f32_out, BLayout::Kn) }
+}
+
+/// Diagnostic: [`mk_gemm_bf16_nk`] on GEMM+ReduceScatter's ring (`GemmTile::FUSED_RS`: 3 stages,
+/// whole-tile staging, the fused register split), to measure what that ring costs the mainloop
+/// with no communication (`mkernel-bench --op gemm`).
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_nk_fused_ring(map_a: *const u8, map_b: *const u8, map_c: *const u8, c: *mut u8, m: u32, n: u32, k: u32, ldc: u32, f32_out: u32) {
+    const R: GemmTile = GemmTile::FUSED_RS;
+    unsafe { gemm_on::<{ R.producer_regs }, { R.consumer_regs }>(R, map_a, map_b, map_c, c, m, n, k, ldc, f32_out, BLayout::Nk) }
 }
