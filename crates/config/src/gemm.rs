@@ -123,9 +123,15 @@ impl GemmTile {
     /// descriptor (fused kernels read it there: a shared-memory load does not queue behind the
     /// SM's global traffic, as each read of the global one did).
     pub const DESC_COPY_BYTES: u32 = 128;
+    /// Offset of two u32 words after the auxiliary mbarriers (GEMM+ReduceScatter/AllReduce:
+    /// word 0 counts the ring slots the producer found free in the launch - the consumers'
+    /// progress - which paces a stager's trickled stores).
+    pub const fn tick_offset(&self) -> u32 {
+        self.aux_barrier_offset() + 8 * Self::AUX_BARRIERS
+    }
     /// Offset of the descriptor copy (8-byte aligned).
     pub const fn desc_copy_offset(&self) -> u32 {
-        self.aux_barrier_offset() + 8 * Self::AUX_BARRIERS
+        self.tick_offset() + 8
     }
     /// Bytes after the descriptor copy for a copy of the launch's argument block
     /// (GEMM+ReduceScatter/AllReduce's `GemmRsArgs`, read there for the same reason: its tensor

@@ -4,7 +4,7 @@
 use super::ring::{Ring, RingPos};
 use super::scheduler::Tile;
 use super::{BLayout, TILE};
-use crate::arch::{mbarrier, tma, tma::TensorMap};
+use crate::arch::{mbarrier, smem::SmemAddr, tma, tma::TensorMap};
 
 /// Bytes of one 64 (N) x 64 (K) box of an MN-major B tile.
 const B_KN_BOX_BYTES: u32 = 64 * 64 * 2;
@@ -18,12 +18,24 @@ const B_KN_BOX_BYTES: u32 = 64 * 64 * 2;
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn load_tile(ring: &Ring, pos: &mut RingPos, a: TensorMap, a_row: u32, b: TensorMap, b_layout: BLayout, tile: Tile, k_blocks: u32, give_up: impl Fn(u64) -> bool + Copy) -> bool {
+    unsafe { load_tile_counted(ring, pos, a, a_row, b, b_layout, tile, k_blocks, give_up, None) }
+}
+
+/// As [`load_tile`]; with `count`, adds 1 to that shared-memory word each time a slot was
+/// free (the consumers' progress as the producer sees it: after `stages` free slots at the
+/// start, one per K block both consumer warpgroups released).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn load_tile_counted(ring: &Ring, pos: &mut RingPos, a: TensorMap, a_row: u32, b: TensorMap, b_layout: BLayout, tile: Tile, k_blocks: u32, give_up: impl Fn(u64) -> bool + Copy, count: Option<SmemAddr>) -> bool {
     for kb in 0..k_blocks {
         let s = pos.stage;
         let k0 = kb * TILE.block_k;
         unsafe {
             if !mbarrier::wait_parity_or(ring.empty(s), pos.phase ^ 1, give_up) {
                 return false;
+            }
+            if let Some(c) = count {
+                crate::arch::smem::st_volatile_shared_u32(c, crate::arch::smem::ld_volatile_shared_u32(c) + 1);
             }
             mbarrier::arrive_expect_tx(ring.full(s), TILE.stage_tx_bytes());
             tma::load_2d(ring.a(s), a, k0, a_row, ring.full(s));

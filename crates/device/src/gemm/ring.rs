@@ -77,10 +77,19 @@ impl Ring {
     pub fn aux(&self, i: u32) -> SmemAddr {
         self.base.add(self.tile.aux_barrier_offset() + 8 * i)
     }
+    /// Tick word `i` (0 or 1; `GemmTile::tick_offset`): a progress count one thread writes and
+    /// others poll.
+    #[inline(always)]
+    pub fn tick(&self, i: u32) -> SmemAddr {
+        self.base.add(self.tile.tick_offset() + 4 * i)
+    }
     /// Initializes every barrier (one thread), then makes them visible
-    /// to TMA.
+    /// to TMA; zeroes the tick counters.
     #[inline(always)]
     pub unsafe fn init(&self) {
+        for i in 0..2 {
+            unsafe { crate::arch::smem::st_volatile_shared_u32(self.tick(i), 0) };
+        }
         for s in 0..self.tile.stages {
             unsafe {
                 mbarrier::init(self.full(s), 1);

@@ -21,7 +21,7 @@ use crate::comm::wait::{wait_flag_of_cta, wait_flag_of_cta_sleeping};
 use crate::comm::{proxy, CommCtx};
 use crate::gemm::consumer::{drain_tile, mma_tile_bounded, mma_tile_hooked, KBlockHook};
 use crate::gemm::epilogue::{add_bf16_tile, add_staged_tile, drain_tma_stores, store_staged_box, store_tile_tma, store_tile_tma_to, MapTable, StagedOnly};
-use crate::gemm::producer::{fill_without_data, load_tile, wait_loads_landed};
+use crate::gemm::producer::{fill_without_data, load_tile, load_tile_counted, wait_loads_landed};
 use crate::gemm::ring::{Ring, RingPos};
 use crate::gemm::scheduler::TileScheduler;
 use crate::gemm::{BLayout, TILE};
@@ -570,6 +570,9 @@ impl KBlockHook for Trickle {
             unsafe { self.issue(&Ring::new(smem::dynamic_smem_addr(), RS_TILE), cw) };
         }
     }
+
+
+
 }
 
 /// A tile whose completion is announced at a later tile's epilogue.
@@ -693,7 +696,9 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
                 let a_row = rs_source_row(tile.m0, a.m, world, nodes, node);
                 // Gives up once the rank aborted and the consumers stopped taking slots.
                 // Consumers that stop early keep freeing slots: every tile is loaded.
-                let _ = unsafe { load_tile(&ring, &mut pos, map_a, a_row, map_b, BLayout::Nk, tile, k_blocks, consumer_stall(ldesc())) };
+                // With a stager, its trickle follows the count of free slots ([`Ring::tick`]).
+                let count = stager_runs(a).then(|| ring.tick(0));
+                let _ = unsafe { load_tile_counted(&ring, &mut pos, map_a, a_row, map_b, BLayout::Nk, tile, k_blocks, consumer_stall(ldesc()), count) };
             }
             // Consumers that stop early may leave fills unconsumed (also after this loop ended
             // normally): the CTA must not exit while they still land. Consumed ones pass at once.
@@ -1119,7 +1124,10 @@ unsafe fn stager_epilogue(ring: &Ring, local: Tile, wg: u32, acc: &mut [f32; 128
 ///    bytes); for a peer tile it just arrives;
 /// 2. waits until the consumers wrote the tile into it (`aux(3 + cw)`);
 /// 3. issues its bulk stores (a peer tile: into this rank's slot of the peer's receive buffer;
-///    an own tile: to the output, AllReduce: to every local rank's output);
+///    an own tile: to the output, AllReduce: to every local rank's output): ReduceScatter's
+///    peer tiles box by box at the consumers' K-block ticks of their next mainloop (as
+///    [`Trickle`]), the rest at once (paced by time over the next mainloop instead, every
+///    tile's mainloop took 5-13% more cycles on 2 x H200);
 /// 4. waits until they are complete and announces the half tile locally (`red.release.gpu`
 ///    +1 on `(Outbox, dest, mt)`: a peer partial, or AllReduce's reduced rows) for the relays.
 ///
@@ -1198,15 +1206,30 @@ unsafe fn stager_role(a: &GemmRsArgs, idx: u32, cw: u32) {
         loading = NONE;
         parity ^= 1;
         i += 1;
-        // 3. Its bulk stores, at once (paced over the next mainloop they were slower: their
-        // mainloops took 5-13% more cycles on 2 x H200).
+        // 3. Its bulk stores.
         let dests = if dest != rank { 1 } else if a.all_reduce != 0 { world } else { 1 };
+        // ReduceScatter's peer tiles trickle: box q once the consumers passed K block
+        // (2q + 1) k_blocks / 8 of their next mainloop, as their own trickle did (a
+        // burst of every CTA's tile at once held up the next mainloop's loads). AllReduce
+        // stores at once (its own tiles' stores meet the trickle on NVLink).
+        let trickle = a.all_reduce == 0 && dest != rank && i < count;
+        let k_blocks = a.k.div_ceil(TILE.block_k);
         for q in 0..RS_TILE.epilogue_buffers {
+            // The consumers released K block x of the launch once the producer found
+            // x + stages + 1 slots free (the last loads' slots are never waited for: capped).
+            let x = k_blocks * i + (2 * q + 1) * k_blocks / (2 * RS_TILE.epilogue_buffers);
+            if trickle && !unsafe { wait_tick(ring().tick(0), (x + RS_TILE.stages + 1).min(k_blocks * count), give_up) } {
+                ok = false;
+                break;
+            }
             for d in 0..dests {
                 let map = unsafe { if dest != rank { *a.map_recv.as_ptr().add(dest as usize) } else { *a.map_out.as_ptr().add(d as usize) } };
                 unsafe { tma::store_2d(TensorMap(map as *const u8), local.n0 + GemmTile::EPILOGUE_BOX_COLS * q, local.m0 + cw * TILE.rows_per_consumer(), ring().staging(cw, q)) };
             }
             tma::store_commit();
+        }
+        if !ok {
+            break;
         }
         // 4. Complete: announced.
         tma::store_wait::<0>();
@@ -1220,6 +1243,27 @@ unsafe fn stager_role(a: &GemmRsArgs, idx: u32, cw: u32) {
     if loading != NONE {
         unsafe { mbarrier::wait_parity(ring().aux(1 + cw), loading) };
     }
+}
+
+/// Waits (sleeping between polls) until a tick counter ([`Ring::tick`]) reached `target`;
+/// false when `give_up` says so.
+#[inline(always)]
+unsafe fn wait_tick(tick: smem::SmemAddr, target: u32, give_up: impl Fn(u64) -> bool) -> bool {
+    let (mut polls, mut since) = (0u32, 0u64);
+    while unsafe { smem::ld_volatile_shared_u32(tick) } < target {
+        crate::arch::time::nanosleep(RELAY_SLEEP_NS);
+        polls += 1;
+        if polls % 1024 == 0 {
+            let now = crate::arch::time::globaltimer_ns();
+            if since == 0 {
+                since = now;
+            }
+            if give_up(now - since) {
+                return false;
+            }
+        }
+    }
+    true
 }
 
 /// Pulled: where local rank `src`'s partials for this rank's own tiles lie (its outbox, rows x
