@@ -136,7 +136,11 @@ pub unsafe fn store_tile_tma_to(ring: &Ring, maps: impl TileDestinations, tile: 
             }
             store_box_pairs!($q, staging, 0 1 2 3);
             memory::fence_proxy_async_shared();
-            sync::named_barrier_sync(barrier, 128);
+            // Only staged (no destination): one barrier after the last box is enough; its
+            // stores are issued later, after that barrier.
+            if maps.count() > 0 || $q == 3 {
+                sync::named_barrier_sync(barrier, 128);
+            }
             if leader && maps.count() > 0 {
                 for m in 0..maps.count() {
                     unsafe { tma::store_2d(maps.map(m), tile.n0 + 64 * $q, tile.m0 + wg * TILE.rows_per_consumer(), staging) };

@@ -1124,10 +1124,9 @@ unsafe fn stager_epilogue(ring: &Ring, local: Tile, wg: u32, acc: &mut [f32; 128
 ///    bytes); for a peer tile it just arrives;
 /// 2. waits until the consumers wrote the tile into it (`aux(3 + cw)`);
 /// 3. issues its bulk stores (a peer tile: into this rank's slot of the peer's receive buffer;
-///    an own tile: to the output, AllReduce: to every local rank's output): ReduceScatter's
-///    peer tiles box by box at the consumers' K-block ticks of their next mainloop (as
-///    [`Trickle`]), the rest at once (paced by time over the next mainloop instead, every
-///    tile's mainloop took 5-13% more cycles on 2 x H200);
+///    an own tile: to the output, AllReduce: to every local rank's output); those that cross
+///    NVLink box by box as the consumers pass the K blocks of their next mainloop where
+///    [`Trickle`] would issue them, the local ones at once;
 /// 4. waits until they are complete and announces the half tile locally (`red.release.gpu`
 ///    +1 on `(Outbox, dest, mt)`: a peer partial, or AllReduce's reduced rows) for the relays.
 ///
@@ -1208,11 +1207,12 @@ unsafe fn stager_role(a: &GemmRsArgs, idx: u32, cw: u32) {
         i += 1;
         // 3. Its bulk stores.
         let dests = if dest != rank { 1 } else if a.all_reduce != 0 { world } else { 1 };
-        // ReduceScatter's peer tiles trickle: box q once the consumers passed K block
-        // (2q + 1) k_blocks / 8 of their next mainloop, as their own trickle did (a
-        // burst of every CTA's tile at once held up the next mainloop's loads). AllReduce
-        // stores at once (its own tiles' stores meet the trickle on NVLink).
-        let trickle = a.all_reduce == 0 && dest != rank && i < count;
+        // Those that cross NVLink (a peer's partial, AllReduce's reduced rows) trickle when
+        // another tile follows: box q once the consumers passed K block (2q + 1) k_blocks / 8
+        // of their next mainloop (a burst of every CTA's tile at once held up the next
+        // mainloop's loads; paced by time instead, every mainloop took 5-13% more cycles on
+        // 2 x H200).
+        let trickle = (dest != rank || a.all_reduce != 0) && i < count;
         let k_blocks = a.k.div_ceil(TILE.block_k);
         for q in 0..RS_TILE.epilogue_buffers {
             // The consumers released K block x of the launch once the producer found
