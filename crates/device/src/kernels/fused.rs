@@ -1213,11 +1213,18 @@ unsafe fn stager_role(a: &GemmRsArgs, idx: u32, cw: u32) {
         // mainloop's loads; paced by time instead, every mainloop took 5-13% more cycles on
         // 2 x H200).
         let trickle = (dest != rank || a.all_reduce != 0) && i < count;
+        // Before an own tile (whose peer partial is loaded into the staging once these stores
+        // are complete), in the first half of the mainloop, so the load lands before its
+        // epilogue.
+        let spread = if trickle && {
+            let grid = ids::grid_dim() - a.n_comm;
+            TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, a.group_m, idx, grid).chunked(world, rank, a.part_tiles_m).tile(idx + i * grid).m0 / chunk_rows == rank
+        } { 4 * RS_TILE.epilogue_buffers } else { 2 * RS_TILE.epilogue_buffers };
         let k_blocks = a.k.div_ceil(TILE.block_k);
         for q in 0..RS_TILE.epilogue_buffers {
             // The consumers released K block x of the launch once the producer found
             // x + stages + 1 slots free (the last loads' slots are never waited for: capped).
-            let x = k_blocks * i + (2 * q + 1) * k_blocks / (2 * RS_TILE.epilogue_buffers);
+            let x = k_blocks * i + (2 * q + 1) * k_blocks / spread;
             if trickle && !unsafe { wait_tick(ring().tick(0), (x + RS_TILE.stages + 1).min(k_blocks * count), give_up) } {
                 ok = false;
                 break;
