@@ -329,10 +329,19 @@ fn trace_launch(args: &Args, stream: &Arc<CudaStream>, plan: &GemmRsPlan, rank: 
     let ptr = buf.device_ptr_mut(stream).0;
     // SAFETY: `buf` holds words(ctas) words and outlives the launches (synchronized below).
     unsafe { plan.set_trace(stream, Some(ptr))? };
-    for _ in 0..3 {
+    for _ in 0..2 {
         plan.launch(stream)?;
     }
+    // The recorded (last) launch is also timed with events: against its timeline, what the
+    // launch costs before its CTAs start and after they end.
+    let ctx = stream.context();
+    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let (start, stop) = (ctx.new_event(flags)?, ctx.new_event(flags)?);
+    start.record(stream)?;
+    plan.launch(stream)?;
+    stop.record(stream)?;
     stream.synchronize()?;
+    let event_us = start.elapsed_ms(&stop)? as f64 * 1e3;
     // SAFETY: no launch after this reads the field.
     unsafe { plan.set_trace(stream, None)? };
     let words = stream.clone_dtoh(&buf)?;
@@ -343,5 +352,8 @@ fn trace_launch(args: &Args, stream: &Arc<CudaStream>, plan: &GemmRsPlan, rank: 
         std::fs::create_dir_all(dir)?;
     }
     std::fs::write(&path, raw)?;
-    Ok(crate::trace::summarize(&format!("{op} M={m} rank {rank}"), &words, ctas as usize))
+    let mut summary = crate::trace::summarize(&format!("{op} M={m} rank {rank}"), &words, ctas as usize);
+    println!("#   the recorded launch between its events: {event_us:.1} us");
+    summary["event_us"] = serde_json::json!(event_us);
+    Ok(summary)
 }

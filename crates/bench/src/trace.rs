@@ -47,7 +47,7 @@ pub fn summarize(label: &str, words: &[u64], ctas: usize) -> Value {
             .map(|w| TileRec { w: w.try_into().expect("record length") })
             .take_while(|r| r.at(Mark::Begin) != 0).collect();
         let end = &base[TILES_PER_CTA as usize * WORDS_PER_TILE as usize..];
-        ends.push([end[End::LoopDone as usize], end[End::Drained as usize], end[End::Done as usize]]);
+        ends.push([end[End::LoopDone as usize], end[End::Drained as usize], end[End::Done as usize], end[End::Entry as usize], end[End::Setup as usize]]);
         tiles.push(recs);
     }
     let t0 = tiles.iter().filter_map(|r| r.first().map(|t| t.at(Mark::Begin))).min().unwrap_or(0);
@@ -92,10 +92,17 @@ pub fn summarize(label: &str, words: &[u64], ctas: usize) -> Value {
     let loop_done: Vec<f64> = ends.iter().map(|e| us(e[0])).collect();
     let done: Vec<f64> = ends.iter().map(|e| us(e[2])).collect();
     let counts: Vec<f64> = tiles.iter().map(|r| r.len() as f64).collect();
+    // Before the first tile: kernel entry and the end of the CTAs' setup (negative: before t0).
+    let rel = |t: u64| if t == 0 { f64::NAN } else { (t as f64 - t0 as f64) / 1e3 };
+    let entry: Vec<f64> = ends.iter().map(|e| rel(e[3])).collect();
+    let setup: Vec<f64> = ends.iter().map(|e| rel(e[4])).collect();
     let mx = |v: &[f64]| v.iter().cloned().fold(f64::NAN, f64::max);
     let mn = |v: &[f64]| v.iter().cloned().fold(f64::NAN, f64::min);
     println!("#   tiles per CTA {}-{}; gap between tiles mean {:.2}; CTA start max {:.1}; loop end min/median/max {:.1}/{:.1}/{:.1}; launch end min/median/max {:.1}/{:.1}/{:.1}",
         mn(&counts), mx(&counts), mean(&gaps), mx(&starts), mn(&loop_done), median(loop_done.clone()), mx(&loop_done), mn(&done), median(done.clone()), mx(&done));
+    println!("#   CTA entry min/max {:.1}/{:.1}, setup done min/max {:.1}/{:.1} (us from the first tile)", mn(&entry), mx(&entry), mn(&setup), mx(&setup));
+    out.insert("entry_us".into(), json!([mn(&entry), mx(&entry)]));
+    out.insert("setup_us".into(), json!([mn(&setup), mx(&setup)]));
     out.insert("gap_mean_us".into(), json!(mean(&gaps)));
     out.insert("loop_end_us".into(), json!([mn(&loop_done), median(loop_done.clone()), mx(&loop_done)]));
     out.insert("launch_end_us".into(), json!([mn(&done), median(done.clone()), mx(&done)]));

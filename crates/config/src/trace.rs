@@ -53,4 +53,8 @@ pub enum End {
     Drained = 1,
     /// AllReduce: every peer's reduced rows arrived (else equal to `Drained`).
     Done = 2,
+    /// The CTA entered the kernel (thread 0, first instruction after reading the arguments).
+    Entry = 3,
+    /// The CTA's role setup ended (descriptor and arguments copied, barriers initialized).
+    Setup = 4,
 }

@@ -337,6 +337,9 @@ unsafe fn compute_role(a: &AgGemmArgs, idx: u32) {
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_gemm_rs_bf16_nk(args: *const GemmRsArgs) {
     let a = unsafe { &*args };
+    if ids::thread_idx() == 0 && ids::block_idx() >= a.n_comm {
+        unsafe { trace::end(a.trace, ids::block_idx() - a.n_comm, End::Entry) };
+    }
     if ids::block_idx() == 0 {
         let c = unsafe { fused_ctx(a.desc, Role::Compute) };
         unsafe { open_receive_buffers(&c, a) };
@@ -614,6 +617,9 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
     }
     sync::sync_threads();
     let a = unsafe { &*(largs() as *const GemmRsArgs) };
+    if ids::thread_idx_reread() == 0 && ids::block_idx_reread() >= a.n_comm {
+        unsafe { trace::end(a.trace, ids::block_idx_reread() - a.n_comm, End::Setup) };
+    }
     // Each role derives its loop state after its setmaxnreg: values computed before the split
     // and kept live across it are what ptxas spills. Indices are read again for the same reason.
     // `idx`: this CTA among the compute CTAs.
