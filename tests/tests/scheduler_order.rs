@@ -161,6 +161,9 @@ enum Rule {
     WaitFirst,
     /// Always two tiles late, also before a wait.
     NoFlush,
+    /// With stagers (`stager_role`): every tile is announced once its stores complete, before
+    /// the stager waits for a later own tile's partial - here: as soon as it is computed.
+    Stager,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -278,7 +281,7 @@ fn simulate_protocol(nodes: u32, world: u32, grid: u32, m: u32, n: u32, parts: &
                     }
                     let own_next = next.is_some_and(|(m0, _)| split(m0).0 as usize == r);
                     if let Some((m0, _)) = cta.newer {
-                        if next.is_none() || (rule == Rule::Kernel && own_next && awaited(r, m0)) {
+                        if next.is_none() || rule == Rule::Stager || (rule == Rule::Kernel && own_next && awaited(r, m0)) {
                             announce(m0);
                             cta.newer = None;
                             progress = true;
@@ -333,6 +336,28 @@ fn the_counter_protocol_cannot_deadlock_across_nodes() {
         }
     }
     assert!(cases > 200);
+}
+
+#[test]
+fn the_stager_order_cannot_deadlock() {
+    // One node (stagers run on one node of 2 ranks; simulated for more ranks too), the relays
+    // carrying the partials.
+    let mut cases = 0;
+    for world in [2u32, 3, 4] {
+        for grid in [1u32, 3, 7, 33, 132] {
+            for row_tiles in [1u32, 2, 4, 6, 16] {
+                for n in [256u32, 1000] {
+                    let divisors: Vec<u32> = (1..=row_tiles).filter(|d| row_tiles % d == 0).collect();
+                    for &p in &divisors {
+                        let parts = vec![p; world as usize];
+                        cases += 1;
+                        assert!(simulate_protocol(1, world, grid, world * row_tiles * 128, n, &parts, Carry::Relays, Rule::Stager), "deadlock with stagers: world {world} grid {grid} row tiles {row_tiles} n {n} parts {parts:?}");
+                    }
+                }
+            }
+        }
+    }
+    assert!(cases > 300);
 }
 
 #[test]
