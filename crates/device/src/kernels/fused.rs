@@ -104,6 +104,32 @@ unsafe fn exit_launch_then(c: &CommCtx, epoch: u64, last: impl FnOnce()) {
     }
 }
 
+/// As [`exit_launch_then`], counting warps per CTA first: each warp's lane 0 adds 1 to a
+/// shared-memory word (`Ring::tick(1)` of GEMM+ReduceScatter's ring, zeroed by `Ring::init`
+/// before the CTA's first barrier; `atom.acq_rel.cta`), and the CTA's last warp adds 1 to the
+/// launch's exit counter - one global atomic per CTA instead of one per warp, which all land at
+/// the end of the launch. The acquire/release chain (CTA scope, then GPU scope) still orders
+/// every warp's work before the launch's last warp runs `last`.
+#[inline(always)]
+unsafe fn exit_launch_by_cta_then(c: &CommCtx, epoch: u64, last: impl FnOnce()) {
+    sync::sync_warp();
+    if ids::lane_id() == 0 {
+        let word = (smem::dynamic_smem() as u64 + RS_TILE.tick_offset() as u64 + 4) as *mut u32;
+        let warps = ids::block_dim() / 32;
+        if unsafe { memory::atom_acq_rel_add_u32(Scope::Cta, word, 1) } + 1 == warps {
+            let local = c.heap(c.rank);
+            let exited = unsafe { memory::atom_acq_rel_add_u32(Scope::Gpu, (local + FUSED_EXITS_OFFSET) as *mut u32, 1) };
+            if exited + 1 == ids::grid_dim() {
+                last();
+                unsafe {
+                    memory::st_relaxed_u32(Scope::Gpu, (local + FUSED_EXITS_OFFSET) as *mut u32, 0);
+                    memory::st_release_u64(Scope::Gpu, (local + FUSED_EPOCH_OFFSET) as *mut u64, epoch);
+                }
+            }
+        }
+    }
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_ag_gemm_bf16_nk(args: *const AgGemmArgs) {
     // Fields are read from the kernel argument block in global memory where used; a by-value
@@ -346,7 +372,7 @@ pub unsafe extern "ptx-kernel" fn mk_gemm_rs_bf16_nk(args: *const GemmRsArgs) {
     }
     unsafe { rs_roles(a) };
     let c = unsafe { fused_ctx(a.desc, Role::Compute) };
-    unsafe { exit_launch_then(&c, c.epoch, || finish_reduce_launch(&c, a)) };
+    unsafe { exit_launch_by_cta_then(&c, c.epoch, || finish_reduce_launch(&c, a)) };
 }
 
 /// A comm CTA of GEMM+ReduceScatter/AllReduce (thread 128; [`BulkRing`]): copies its slice of
@@ -605,13 +631,17 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
             ring.init();
             // Every role below reads the descriptor and the arguments from these copies
             // ([`ldesc`], [`largs`]).
-            let (from, to) = (a.desc as *const u64, ldesc() as *mut u64);
-            for i in 0..core::mem::size_of::<CommDesc>() / 8 {
-                to.add(i).write_volatile(from.add(i).read());
+            // All loads first, then the stores (interleaved, each load waited behind the
+            // previous volatile store).
+            const D: usize = core::mem::size_of::<CommDesc>() / 8;
+            const G: usize = core::mem::size_of::<GemmRsArgs>() / 8;
+            let desc: [u64; D] = core::array::from_fn(|i| (a.desc as *const u64).add(i).read());
+            let args: [u64; G] = core::array::from_fn(|i| (a as *const GemmRsArgs as *const u64).add(i).read());
+            for (i, w) in desc.iter().enumerate() {
+                (ldesc() as *mut u64).add(i).write_volatile(*w);
             }
-            let (from, to) = (a as *const GemmRsArgs as *const u64, largs() as *mut u64);
-            for i in 0..core::mem::size_of::<GemmRsArgs>() / 8 {
-                to.add(i).write_volatile(from.add(i).read());
+            for (i, w) in args.iter().enumerate() {
+                (largs() as *mut u64).add(i).write_volatile(*w);
             }
         }
     }
