@@ -135,10 +135,11 @@ pub unsafe fn store_tile_tma_to(ring: &Ring, maps: impl TileDestinations, tile: 
                 sync::named_barrier_sync(barrier, 128);
             }
             store_box_pairs!($q, staging, 0 1 2 3);
-            memory::fence_proxy_async_shared();
-            // Only staged (no destination): one barrier after the last box is enough; its
-            // stores are issued later, after that barrier.
+            // Only staged (no destination): one fence and one barrier after the last box are
+            // enough (the fence orders all of this thread's earlier writes); its stores are
+            // issued later, after that barrier.
             if maps.count() > 0 || $q == 3 {
+                memory::fence_proxy_async_shared();
                 sync::named_barrier_sync(barrier, 128);
             }
             if leader && maps.count() > 0 {

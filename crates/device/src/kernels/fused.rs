@@ -32,7 +32,6 @@ use mkernel_config::fused::{rs_source_row, AgGemmArgs, GemmRsArgs};
 use mkernel_config::GemmTile;
 use mkernel_config::comm::{flag_offset, CommDesc, FlagSlot, RemoteSlot, Role, ABORT_OFFSET, FIFO_HEAD_OFFSET, FUSED_EPOCH_OFFSET, FUSED_EXITS_OFFSET};
 
-
 #[inline(always)]
 unsafe fn launch_epoch(c: &CommCtx) -> u64 {
     unsafe { ((c.heap(c.rank) + FUSED_EPOCH_OFFSET) as *const u64).read_volatile() + 1 }
@@ -600,8 +599,6 @@ impl KBlockHook for Trickle {
         }
     }
 
-
-
 }
 
 /// A tile whose completion is announced at a later tile's epilogue.
@@ -612,7 +609,6 @@ struct Pending {
     /// Row tile inside the chunk.
     mt: u32,
 }
-
 
 /// Node geometry of a launch: `(nodes, node, rows of one node block = M / global_world)`.
 #[inline(always)]
@@ -1114,7 +1110,10 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
 /// partial loads themselves.
 #[inline(always)]
 fn stager_runs(a: &GemmRsArgs) -> bool {
-    a.stager != 0
+    // The host's choice, checked against what the stager assumes (one peer, one node, pushed).
+    let d = ldesc() as *const CommDesc;
+    let (world, global_world) = unsafe { ((&raw const (*d).world).read_volatile(), (&raw const (*d).global_world).read_volatile()) };
+    a.stager != 0 && world == 2 && global_world == 2 && a.n_comm == 0 && a.pull == 0
 }
 
 /// The epilogue of a tile with a stager ([`stager_role`]): wait until the warpgroup's staging
@@ -1244,7 +1243,7 @@ unsafe fn stager_role(a: &GemmRsArgs, idx: u32, cw: u32) {
         // 3. Its bulk stores.
         let dests = if dest != rank { 1 } else if a.all_reduce != 0 { world } else { 1 };
         // Those that cross NVLink (a peer's partial, AllReduce's reduced rows) trickle when
-        // another tile follows: box q once the consumers passed K block (2q + 1) k_blocks / 8
+        // another tile follows: box q once the consumers reach K block (2q + 1) k_blocks / 8
         // of their next mainloop (a burst of every CTA's tile at once held up the next
         // mainloop's loads; paced by time instead, every mainloop took 5-13% more cycles on
         // 2 x H200).
@@ -1258,10 +1257,11 @@ unsafe fn stager_role(a: &GemmRsArgs, idx: u32, cw: u32) {
         } { 4 * RS_TILE.epilogue_buffers } else { 2 * RS_TILE.epilogue_buffers };
         let k_blocks = a.k.div_ceil(TILE.block_k);
         for q in 0..RS_TILE.epilogue_buffers {
-            // The consumers released K block x of the launch once the producer found
-            // x + stages + 1 slots free (the last loads' slots are never waited for: capped).
+            // The consumers compute K block x of the launch once they released block x - 1,
+            // i.e. once the producer found x + stages slots free (the last loads' slots are
+            // never waited for: capped) - where the consumers' own trickle issued box q.
             let x = k_blocks * i + (2 * q + 1) * k_blocks / spread;
-            if trickle && !unsafe { wait_tick(ring().tick(0), (x + RS_TILE.stages + 1).min(k_blocks * count), give_up) } {
+            if trickle && !unsafe { wait_tick(ring().tick(0), (x + RS_TILE.stages).min(k_blocks * count), give_up) } {
                 ok = false;
                 break;
             }
