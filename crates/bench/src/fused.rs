@@ -43,9 +43,13 @@ fn reduce_paths(args: &Args) -> Result<Vec<u32>> {
     }).collect()
 }
 
-/// `shapes` (M, K, N) less those that `--filter` leaves out.
+/// `shapes` (M, K, N) less those that `--filter` (a substring of `MxKxN`) or `--ms` leave out.
 fn selected(args: &Args, shapes: impl IntoIterator<Item = (usize, usize, usize)>) -> Vec<(usize, usize, usize)> {
-    shapes.into_iter().filter(|(m, k, n)| args.filter.as_ref().is_none_or(|f| format!("{m}x{k}x{n}").contains(f.as_str()))).collect()
+    shapes
+        .into_iter()
+        .filter(|(m, k, n)| args.filter.as_ref().is_none_or(|f| format!("{m}x{k}x{n}").contains(f.as_str())))
+        .filter(|(m, _, _)| args.ms.is_empty() || args.ms.contains(m))
+        .collect()
 }
 
 /// Symmetric heap for `per_plan` bytes per plan, `splits` plans per shape: `Communicator::alloc`

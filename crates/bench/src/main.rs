@@ -48,9 +48,13 @@ struct Args {
     /// Where to write the JSON results.
     #[arg(long, default_value = "results/bench.json")]
     json: std::path::PathBuf,
-    /// Only cases whose label contains this text.
+    /// Only cases whose label contains this text (fused ops: `MxKxN`, so `8192x` also matches
+    /// every `...x8192x8192`; `--ms` selects by M exactly).
     #[arg(long)]
     filter: Option<String>,
+    /// Fused ops: only these M (global), e.g. `--ms 4096,8192`.
+    #[arg(long, value_delimiter = ',')]
+    ms: Vec<usize>,
     /// GEMM only: B layout (nk = N x K weights, kn = K x N).
     #[arg(long, default_value = "nk")]
     b_layout: String,
