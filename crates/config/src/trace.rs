@@ -5,7 +5,9 @@
 //! `i`-th tile (`i < TILES_PER_CTA`) is the `WORDS_PER_TILE` words from
 //! `(c x (TILES_PER_CTA + 1) + i) x WORDS_PER_TILE`, indexed by [`Mark`]; the record after a
 //! CTA's tiles (index `TILES_PER_CTA`) holds its end of launch ([`End`]). Thread 0 of the first
-//! consumer warpgroup writes them. Tiles past `TILES_PER_CTA` are not recorded.
+//! consumer warpgroup writes them, except `End::Entry` and `End::Setup` (the CTA's thread 0).
+//! `Mark::MainloopClock`/`MainloopDoneClock` are `%clock64` cycles, not nanoseconds. Tiles past
+//! `TILES_PER_CTA` are not recorded.
 
 /// Tiles recorded per CTA.
 pub const TILES_PER_CTA: u32 = 64;

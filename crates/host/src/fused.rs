@@ -344,7 +344,7 @@ impl GemmRsPlan {
             group_m: if split.group_m == 0 { t.group_m } else { split.group_m.min((block_rows as usize / t.block_m as usize / parts as usize) as u32) },
             pull: pull as u32,
             trace: 0,
-            // Diagnostic override (MKERNEL_STAGER_PACE=0|1); by default ReduceScatter paces.
+            // Stagers where they can run (one node of 2 ranks, pushed directly), unless declined.
             stager: (world == 2 && nodes == 1 && n_comm == 0 && !pull && !split.no_stager) as u32,
             _pad: 0,
         };

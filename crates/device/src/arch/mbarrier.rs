@@ -63,43 +63,14 @@ pub const HUNG_NS: u64 = 10_000_000_000;
 /// bounds the wait: it may trap ([`trap_after`]) or end it (e.g. "the consumers have stopped").
 #[inline(always)]
 pub unsafe fn wait_parity_or(bar: SmemAddr, parity: u32, give_up: impl Fn(u64) -> bool) -> bool {
-    let mut tries = 0u32;
-    let mut since = 0u64;
-    while !unsafe { try_wait_parity(bar, parity) } {
-        tries += 1;
-        if tries % TRIES_PER_STALL_CHECK == 0 {
-            let now = super::time::globaltimer_ns();
-            if since == 0 {
-                since = now;
-            }
-            if give_up(now - since) {
-                return false;
-            }
-        }
-    }
-    true
+    super::time::poll_until::<0>(TRIES_PER_STALL_CHECK, || unsafe { try_wait_parity(bar, parity) }, give_up)
 }
 
 /// As [`wait_parity_or`], sleeping about `SLEEP_NS` between tests (`give_up` every 1024 of
 /// them): for a waiter that shares its SM with tensor-core work and need not react at once.
 #[inline(always)]
 pub unsafe fn wait_parity_sleeping_or<const SLEEP_NS: u32>(bar: SmemAddr, parity: u32, give_up: impl Fn(u64) -> bool) -> bool {
-    let mut tries = 0u32;
-    let mut since = 0u64;
-    while !unsafe { try_wait_parity(bar, parity) } {
-        super::time::nanosleep(SLEEP_NS);
-        tries += 1;
-        if tries % 1024 == 0 {
-            let now = super::time::globaltimer_ns();
-            if since == 0 {
-                since = now;
-            }
-            if give_up(now - since) {
-                return false;
-            }
-        }
-    }
-    true
+    super::time::poll_until::<SLEEP_NS>(1024, || unsafe { try_wait_parity(bar, parity) }, give_up)
 }
 
 /// A stall callback that traps once a wait has stalled for `limit_ns` and never ends it early.

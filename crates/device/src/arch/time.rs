@@ -21,3 +21,28 @@ pub fn clock64() -> u64 {
     unsafe { asm!("mov.u64 {0}, %clock64;", out(reg64) r, options(nostack, nomem)) };
     r
 }
+
+/// Tests `ready` until it holds, sleeping about `SLEEP_NS` between tests (0: spinning); after
+/// every `check_every` failed tests calls `give_up(ns since the first check)` and returns
+/// false when it says so. The loop behind every bounded wait on a shared-memory condition.
+#[inline(always)]
+pub fn poll_until<const SLEEP_NS: u32>(check_every: u32, mut ready: impl FnMut() -> bool, give_up: impl Fn(u64) -> bool) -> bool {
+    let mut tries = 0u32;
+    let mut since = 0u64;
+    while !ready() {
+        if SLEEP_NS > 0 {
+            nanosleep(SLEEP_NS);
+        }
+        tries += 1;
+        if tries % check_every == 0 {
+            let now = globaltimer_ns();
+            if since == 0 {
+                since = now;
+            }
+            if give_up(now - since) {
+                return false;
+            }
+        }
+    }
+    true
+}

@@ -91,14 +91,21 @@ unsafe fn exit_launch(c: &CommCtx, epoch: u64) {
 unsafe fn exit_launch_then(c: &CommCtx, epoch: u64, last: impl FnOnce()) {
     sync::sync_warp();
     if ids::lane_id() == 0 {
-        let local = c.heap(c.rank);
-        let exited = unsafe { memory::atom_acq_rel_add_u32(Scope::Gpu, (local + FUSED_EXITS_OFFSET) as *mut u32, 1) };
-        if exited + 1 == ids::grid_dim() * (ids::block_dim() / 32) {
-            last();
-            unsafe {
-                memory::st_relaxed_u32(Scope::Gpu, (local + FUSED_EXITS_OFFSET) as *mut u32, 0);
-                memory::st_release_u64(Scope::Gpu, (local + FUSED_EPOCH_OFFSET) as *mut u64, epoch);
-            }
+        unsafe { count_exit(c, epoch, ids::grid_dim() * (ids::block_dim() / 32), last) };
+    }
+}
+
+/// One exit of `exits` in the launch (lane 0, after its warp's or CTA's work): the last one runs
+/// `last`, resets the counter and advances the launch epoch.
+#[inline(always)]
+unsafe fn count_exit(c: &CommCtx, epoch: u64, exits: u32, last: impl FnOnce()) {
+    let local = c.heap(c.rank);
+    let exited = unsafe { memory::atom_acq_rel_add_u32(Scope::Gpu, (local + FUSED_EXITS_OFFSET) as *mut u32, 1) };
+    if exited + 1 == exits {
+        last();
+        unsafe {
+            memory::st_relaxed_u32(Scope::Gpu, (local + FUSED_EXITS_OFFSET) as *mut u32, 0);
+            memory::st_release_u64(Scope::Gpu, (local + FUSED_EPOCH_OFFSET) as *mut u64, epoch);
         }
     }
 }
@@ -116,15 +123,7 @@ unsafe fn exit_launch_by_cta_then(c: &CommCtx, epoch: u64, last: impl FnOnce()) 
         let word = (smem::dynamic_smem() as u64 + RS_TILE.tick_offset() as u64 + 4) as *mut u32;
         let warps = ids::block_dim() / 32;
         if unsafe { memory::atom_acq_rel_add_u32(Scope::Cta, word, 1) } + 1 == warps {
-            let local = c.heap(c.rank);
-            let exited = unsafe { memory::atom_acq_rel_add_u32(Scope::Gpu, (local + FUSED_EXITS_OFFSET) as *mut u32, 1) };
-            if exited + 1 == ids::grid_dim() {
-                last();
-                unsafe {
-                    memory::st_relaxed_u32(Scope::Gpu, (local + FUSED_EXITS_OFFSET) as *mut u32, 0);
-                    memory::st_release_u64(Scope::Gpu, (local + FUSED_EPOCH_OFFSET) as *mut u64, epoch);
-                }
-            }
+            unsafe { count_exit(c, epoch, ids::grid_dim(), last) };
         }
     }
 }
@@ -1292,21 +1291,7 @@ unsafe fn stager_role(a: &GemmRsArgs, idx: u32, cw: u32) {
 /// false when `give_up` says so.
 #[inline(always)]
 unsafe fn wait_tick(tick: smem::SmemAddr, target: u32, give_up: impl Fn(u64) -> bool) -> bool {
-    let (mut polls, mut since) = (0u32, 0u64);
-    while unsafe { smem::ld_volatile_shared_u32(tick) } < target {
-        crate::arch::time::nanosleep(RELAY_SLEEP_NS);
-        polls += 1;
-        if polls % 1024 == 0 {
-            let now = crate::arch::time::globaltimer_ns();
-            if since == 0 {
-                since = now;
-            }
-            if give_up(now - since) {
-                return false;
-            }
-        }
-    }
-    true
+    crate::arch::time::poll_until::<RELAY_SLEEP_NS>(1024, || unsafe { smem::ld_volatile_shared_u32(tick) } >= target, give_up)
 }
 
 /// Pulled: where local rank `src`'s partials for this rank's own tiles lie (its outbox, rows x
