@@ -21,9 +21,14 @@ const AG_CASES: [(usize, usize, usize, u32); 4] = [(1024, 512, 256, 4), (2048, 7
 /// divide the chunk's row tiles at this world size), comm CTAs (`RsSplit::AUTO`, none, or a
 /// count: the partials go through comm CTAs or straight from the epilogues; [`PULL`]: the
 /// peers read them; [`CONSUMER_IO`]: straight, without stagers).
-const RS_CASES: [(usize, usize, usize, u32, u32); 6] = [(1024, 512, 256, 2, RsSplit::AUTO), (2048, 768, 512, 4, RsSplit::NO_COMM_CTAS), (512, 1000, 136, 1, 3), (512, 1000, 136, 1, PULL), (2048, 768, 512, 2, PULL), (1024, 1000, 256, 2, CONSUMER_IO)];
+/// The last case of each has more tiles than an H100/H200 has SMs (132), so where stagers run
+/// (one node of 2 ranks) its last partial round of tiles is computed stream-K
+/// (`mkernel_config::stream_k`): 256 tiles of 16 K blocks (124 stream-K), and 272 tiles of 9
+/// K blocks, the last one short, N not a multiple of the tile (140 stream-K: the partial round
+/// and one more).
+const RS_CASES: [(usize, usize, usize, u32, u32); 7] = [(1024, 512, 256, 2, RsSplit::AUTO), (2048, 768, 512, 4, RsSplit::NO_COMM_CTAS), (512, 1000, 136, 1, 3), (512, 1000, 136, 1, PULL), (2048, 768, 512, 2, PULL), (1024, 1000, 256, 2, CONSUMER_IO), (4096, 2048, 1024, 1, RsSplit::AUTO)];
 /// GEMM + AllReduce cases, as [`RS_CASES`].
-const AR_CASES: [(usize, usize, usize, u32, u32); 4] = [(1024, 512, 256, 2, RsSplit::AUTO), (512, 1000, 136, 1, 4), (1024, 1000, 256, 2, PULL), (1024, 1000, 256, 2, CONSUMER_IO)];
+const AR_CASES: [(usize, usize, usize, u32, u32); 5] = [(1024, 512, 256, 2, RsSplit::AUTO), (512, 1000, 136, 1, 4), (1024, 1000, 256, 2, PULL), (1024, 1000, 256, 2, CONSUMER_IO), (8704, 1000, 520, 1, RsSplit::AUTO)];
 /// In a case's comm CTAs: none, and the partials are pulled (`RsSplit::pull`).
 const PULL: u32 = u32::MAX - 1;
 /// In the comm CTA column: none, and no stager (`RsSplit::no_stager`): the consumer
@@ -55,6 +60,7 @@ fn fused_collectives_ag_gemm_matches_cpu_reference() {
     lines.push(reduce_case(&mut comm, &stream, RS_CASES.len(), RS_CASES[0], false, &graph));
     lines.push(reduce_case(&mut comm, &stream, RS_CASES.len() + 1, RS_CASES[3], false, &graph));
     lines.push(reduce_case(&mut comm, &stream, AR_CASES.len(), AR_CASES[0], true, &graph));
+    lines.push(reduce_case(&mut comm, &stream, AR_CASES.len() + 1, AR_CASES[AR_CASES.len() - 1], true, &graph));
     if comm.global_rank() == 0 {
         for l in lines {
             println!("[{} nodes x {} GPUs] {l}", comm.nnodes(), comm.world());
@@ -191,7 +197,7 @@ fn reduce_case(comm: &mut Communicator, stream: &Arc<CudaStream>, case: usize, (
     };
     run_reps(comm, stream, how, &format!("{op} m {m} n {n} k_local {kl} parts {parts}"), |s| plan.launch(s), write, read);
     let whole = if all_reduce { "whole sum on every rank, " } else { "" };
-    let path = if split.pull { ", partials pulled" } else if plan.stager() { ", stagers" } else { "" };
+    let path = if split.pull { ", partials pulled".to_string() } else if plan.stager() { format!(", stagers, {} tiles stream-K", plan.stream_k_tiles()) } else { String::new() };
     format!("{op} M {m} N {n} K_local {kl}, {parts} parts per chunk, {} CTAs ({} comm{path}), {}: {whole}every element within tolerance", plan.split().1, plan.comm_ctas(), how.describe())
 }
 

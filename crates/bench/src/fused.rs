@@ -192,10 +192,16 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
         "off" => Ok(true),
         other => Err(anyhow::anyhow!("--stagers: `{other}` is neither `on` nor `off`")),
     }).collect::<Result<_>>()?;
+    let (no_stream_k, sk_ab) = match args.stream_k.as_str() {
+        "on" => (false, false),
+        "off" => (true, false),
+        "ab" => (false, true),
+        other => anyhow::bail!("--stream-k: `{other}` is none of `on`, `off`, `ab`"),
+    };
     // Where a stager can run (GemmRsPlan::stager): one node of 2 ranks, pushed directly.
     let stager_path = |cc: u32| world == 2 && info.nnodes() == 1 && cc == 0;
     let variants: usize = paths.iter().map(|&cc| if stager_path(cc) { no_stagers.len() } else { 1 }).sum();
-    let mut comm = Communicator::new(&dev, boot, heap_config(&shapes, args.parts.len() * variants * args.groups.len(), |m, _, n| m * n * 2 * (2 + all_reduce as usize + across)))?;
+    let mut comm = Communicator::new(&dev, boot, heap_config(&shapes, args.parts.len() * variants * args.groups.len() + sk_ab as usize, |m, _, n| m * n * 2 * (2 + all_reduce as usize + across)))?;
     let stream = dev.default_stream();
     // Lines the ranks up before each timed run (see median_ms_aligned).
     let mut sync_word = stream.alloc_zeros::<bf16>(8)?;
@@ -238,7 +244,7 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
                 for group_m in args.groups.iter().copied() {
                     for &no_stager in &no_stagers {
                         let comm_ctas = if cc == 0 || cc == PULL { RsSplit::NO_COMM_CTAS } else { cc };
-                        let split = RsSplit { parts, comm_ctas, group_m, pull: cc == PULL, no_stager };
+                        let split = RsSplit { parts, comm_ctas, group_m, pull: cc == PULL, no_stager, no_stream_k };
                         // `on` where no stager can run is the same plan as `off`.
                         if !stager_path(cc) && !no_stager && no_stagers.contains(&true) {
                             continue;
@@ -248,7 +254,7 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
                         let mut f = || Ok(plan.launch(&stream)?);
                         let t = median_ms_aligned(&stream, 2, 5, &mut align, &mut [&mut f])?[0];
                         comm.check()?;
-                        sweep.push(json!({ "parts": parts, "comm_ctas": cc % PULL, "pull": cc == PULL, "group_m": group_m, "stager": plan.stager(), "ms": t }));
+                        sweep.push(json!({ "parts": parts, "comm_ctas": cc % PULL, "pull": cc == PULL, "group_m": group_m, "stager": plan.stager(), "stream_k_tiles": plan.stream_k_tiles(), "ms": t }));
                         plans.push(((no_stager as u32) << 24 | parts << 16 | cc << 8 | group_m, t, plan));
                     }
                 }
@@ -262,6 +268,15 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
         let stager = plan.stager();
         let (comm_ctas, pull) = (cc % PULL, cc == PULL);
         let path = if pull { "pull".to_string() } else if stager { format!("{comm_ctas}s") } else { comm_ctas.to_string() };
+        let sk_tiles = plan.stream_k_tiles();
+        // `--stream-k ab`: the chosen plan's twin without the stream-K tail, timed beside it.
+        let twin = if sk_ab && sk_tiles > 0 {
+            let split = RsSplit { parts, comm_ctas: if cc == 0 || cc == PULL { RsSplit::NO_COMM_CTAS } else { cc }, group_m, pull, no_stager: !stager, no_stream_k: true };
+            // SAFETY: as for the swept plans.
+            Some(unsafe { GemmRsPlan::with_split(&mut comm, &stream, pa, pb, (!all_reduce).then_some(po), m, n, kl, split)? })
+        } else {
+            None
+        };
         let op = if all_reduce { "gemm-ar" } else { "gemm-rs" };
         record_split(args, rank, TuneKey { op: op.into(), world: world as u32, m, n, k }, parts)?;
         let shape = GemmShape { m, n, k: kl, b_layout: BLayout::NxK };
@@ -280,8 +295,17 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
         let mut partial_ours = stream.alloc_zeros::<bf16>(m * n)?;
         let our_plan = GemmPlan::new(&dev, &stream, &a, &b, &mut partial_ours, shape, None)?;
         let mut our_gemm_alone = || Ok(our_plan.launch(&stream)?);
-        let t = median_ms_aligned(&stream, args.warmup, args.iters, &mut align, &mut [&mut ours, &mut baseline_timed, &mut gemm_alone, &mut rs_alone, &mut our_gemm_alone])?;
+        let mut twin_launch = || twin.as_ref().map_or(Ok(()), |p| Ok(p.launch(&stream)?));
+        let t = if twin.is_some() {
+            median_ms_aligned(&stream, args.warmup, args.iters, &mut align, &mut [&mut ours, &mut baseline_timed, &mut gemm_alone, &mut rs_alone, &mut our_gemm_alone, &mut twin_launch])?
+        } else {
+            median_ms_aligned(&stream, args.warmup, args.iters, &mut align, &mut [&mut ours, &mut baseline_timed, &mut gemm_alone, &mut rs_alone, &mut our_gemm_alone])?
+        };
         comm.check()?;
+        let no_sk_ms = t.get(5).copied();
+        if let (0, Some(x)) = (rank, no_sk_ms) {
+            println!("#   stream-K A/B: {sk_tiles} tiles stream-K {:.1} us, without {:.1} us ({:+.1}%)", t[0] * 1e3, x * 1e3, (x / t[0] - 1.0) * 100.0);
+        }
         // Diagnostic: ours after each predecessor (index 1 of each pair), and back to back.
         let contexts = if args.contexts {
             let alone = median_ms_aligned(&stream, 2, args.iters, &mut align, &mut [&mut ours])?[0];
@@ -315,9 +339,9 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
         let wrong = exact_mismatches(&x, &y);
         let (speedup, overlap) = (t[1] / t[0], t[2].max(t[3]) / t[0]);
         if rank == 0 {
-            println!("{m:>6} {k:>6} {n:>6} | {:>8} {:>9.1} | {:>11.1} {:>10.1} {:>10.1} | {speedup:>8.3} {overlap:>8.3} {wrong:>7} | {:>9.1}", format!("{parts}/{path}/{group_m}"), t[0] * 1e3, t[1] * 1e3, t[2] * 1e3, t[3] * 1e3, t[4] * 1e3);
+            println!("{m:>6} {k:>6} {n:>6} | {:>8} {:>9.1} | {:>11.1} {:>10.1} {:>10.1} | {speedup:>8.3} {overlap:>8.3} {wrong:>7} | {:>9.1}", format!("{parts}/{path}/{group_m}{}", if sk_tiles > 0 { format!("/k{sk_tiles}") } else { String::new() }), t[0] * 1e3, t[1] * 1e3, t[2] * 1e3, t[3] * 1e3, t[4] * 1e3);
         }
-        rows.push(json!({ "m": m, "k": k, "n": n, "world": world, "rank": rank, "parts": parts, "comm_ctas": comm_ctas, "pull": pull, "group_m": group_m, "stager": stager, "sweep": sweep,
+        rows.push(json!({ "m": m, "k": k, "n": n, "world": world, "rank": rank, "parts": parts, "comm_ctas": comm_ctas, "pull": pull, "group_m": group_m, "stager": stager, "stream_k_tiles": sk_tiles, "ours_no_stream_k_ms": no_sk_ms, "sweep": sweep,
             "op": if all_reduce { "gemm-ar" } else { "gemm-rs" },
             "ours_ms": t[0], "cublas_nccl_ms": t[1], "gemm_alone_ms": t[2], "coll_alone_ms": t[3], "our_gemm_alone_ms": t[4],
             "speedup": speedup, "overlap_efficiency": overlap, "wrong": wrong, "trace": timeline, "contexts": contexts }));

@@ -91,6 +91,10 @@ struct Args {
     /// pushed without comm CTAs - the consumers' epilogue I/O goes through them; `off`: never).
     #[arg(long, value_delimiter = ',', default_values_t = ["on".to_string(), "off".into()])]
     stagers: Vec<String>,
+    /// GEMM+RS/AR stream-K tail (where the stagers run): `on`, `off`, or `ab` (on, and the
+    /// chosen plan's twin without it timed beside it in the same interleaved runs).
+    #[arg(long, default_value = "on")]
+    stream_k: String,
     /// GEMM+RS/AR diagnostic: also time ours right after each other competitor (and back to
     /// back), to see what the preceding kernel costs it.
     #[arg(long)]

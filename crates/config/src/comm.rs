@@ -52,6 +52,10 @@ pub enum FlagSlot {
     /// `d` = own rank: AllReduce's reduced rows). Zeroed at the end of each launch only, like
     /// `NodeSum`.
     Outbox = 8,
+    /// GEMM+ReduceScatter/AllReduce stream-K tail, local only: `(StreamK, wg, cta)` = launch
+    /// epoch once compute CTA `cta`'s consumer warpgroup `wg` wrote its contributor partial to
+    /// the workspace (`GemmRsArgs::sk_ws`). Epoch-valued only.
+    StreamK = 9,
 }
 
 impl FlagSlot {
@@ -67,13 +71,14 @@ impl FlagSlot {
             6 => Some(FlagSlot::Tile2),
             7 => Some(FlagSlot::NodeSum),
             8 => Some(FlagSlot::Outbox),
+            9 => Some(FlagSlot::StreamK),
             _ => None,
         }
     }
 }
 
 /// Number of flag slots.
-pub const FLAG_SLOTS: u32 = 9;
+pub const FLAG_SLOTS: u32 = 10;
 /// The epoch counter of latency probes: the last CTA slot, which collectives never use (they
 /// launch at most `MAX_COMM_CTAS - 1` CTAs).
 pub const PROBE_COUNTER: u32 = MAX_COMM_CTAS - 1;

@@ -95,8 +95,16 @@ pub struct GemmRsArgs {
     /// is handed to a stager thread (one node of 2 ranks, pushed without comm CTAs); 0: the
     /// consumers do it.
     pub stager: u32,
-    pub _pad: u32,
+    /// Tiles at the end of the order computed stream-K ([`crate::stream_k::StreamK`]; 0:
+    /// none). Only with stagers (the device ignores it otherwise).
+    pub sk_tiles: u32,
+    /// Device address of the stream-K workspace: `grid x consumer_warpgroups` slots of
+    /// [`SK_SLOT_BYTES`] (a contributor warpgroup's f32 accumulators, thread-major). 0: none.
+    pub sk_ws: u64,
 }
+
+/// Bytes of one consumer warpgroup's stream-K partial: 128 threads x 128 f32 accumulators.
+pub const SK_SLOT_BYTES: u64 = 128 * 128 * 4;
 
 const _: () = assert!(core::mem::size_of::<GemmRsArgs>() as u32 <= crate::GemmTile::ARGS_COPY_BYTES && core::mem::size_of::<GemmRsArgs>() % 8 == 0);
 

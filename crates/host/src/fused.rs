@@ -17,7 +17,8 @@ use crate::error::{Error, Result};
 use crate::runtime::Device;
 use crate::tensor_map::{encode_bf16_sw128, Tensor2d};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, PushKernelArg};
-use mkernel_config::fused::{AgGemmArgs, GemmRsArgs};
+use mkernel_config::fused::{AgGemmArgs, GemmRsArgs, SK_SLOT_BYTES};
+use mkernel_config::stream_k::StreamK;
 use mkernel_config::{kernels, GemmTile};
 use std::sync::Arc;
 
@@ -141,6 +142,9 @@ pub struct RsSplit {
     /// even where a stager thread could (on one node of 2 ranks, pushed without comm CTAs:
     /// there the stager is the default, measured faster at M >= 8192 on 2 x H200).
     pub no_stager: bool,
+    /// Whole tiles only: no stream-K tail ([`mkernel_config::stream_k::StreamK`]; it runs
+    /// where the stagers do, on the tiles [`StreamK::choose`] picks).
+    pub no_stream_k: bool,
 }
 
 impl RsSplit {
@@ -162,6 +166,8 @@ pub struct GemmRsPlan {
     func: CudaFunction,
     _maps: CudaSlice<u64>,
     _args: CudaSlice<u8>,
+    /// The stream-K contributors' partials (local; `None` without a stream-K tail).
+    _sk_ws: Option<CudaSlice<u8>>,
     args_addr: u64,
     grid: u32,
     parts: u32,
@@ -169,6 +175,7 @@ pub struct GemmRsPlan {
     /// GEMM + AllReduce: the whole `m` x `n` sum, in the heap (same offset on every rank).
     ar_out: Option<SymBuffer>,
     stager: bool,
+    sk_tiles: u32,
 }
 
 impl GemmRsPlan {
@@ -346,13 +353,30 @@ impl GemmRsPlan {
             trace: 0,
             // Stagers where they can run (one node of 2 ranks, pushed directly), unless declined.
             stager: (world == 2 && nodes == 1 && n_comm == 0 && !pull && !split.no_stager) as u32,
-            _pad: 0,
+            sk_tiles: 0,
+            sk_ws: 0,
         };
+        // The stream-K tail (with the stagers only): the last partial round of tiles cut into
+        // equal K ranges, one per compute CTA; contributors' f32 partials go through `sk_ws`.
+        let mut args = args;
+        let tiles = (m.div_ceil(t.block_m as usize) * n.div_ceil(t.block_n as usize)) as u32;
+        let compute_ctas = sms - n_comm;
+        let sk_tiles = if args.stager != 0 && !split.no_stream_k { StreamK::choose(tiles, compute_ctas, k_local.div_ceil(t.block_k as usize) as u32) } else { 0 };
+        let sk_ws = if sk_tiles > 0 {
+            let slots = compute_ctas as usize * t.consumer_warpgroups as usize;
+            Some(stream.alloc_zeros::<u8>(slots * SK_SLOT_BYTES as usize)?)
+        } else {
+            None
+        };
+        if let Some(ws) = &sk_ws {
+            args.sk_tiles = sk_tiles;
+            args.sk_ws = ws.device_ptr(stream).0;
+        }
         // SAFETY: GemmRsArgs is repr(C) plain data.
         let bytes = unsafe { std::slice::from_raw_parts(&args as *const GemmRsArgs as *const u8, std::mem::size_of::<GemmRsArgs>()) };
         let args_dev = stream.clone_htod(bytes)?;
         let args_addr = args_dev.device_ptr(stream).0;
-        Ok(GemmRsPlan { func: device.function(&kernels::GEMM_RS_NK)?, _maps: maps, _args: args_dev, args_addr, grid: sms, parts, n_comm, ar_out, stager: args.stager != 0 })
+        Ok(GemmRsPlan { func: device.function(&kernels::GEMM_RS_NK)?, _maps: maps, _args: args_dev, _sk_ws: sk_ws, args_addr, grid: sms, parts, n_comm, ar_out, stager: args.stager != 0, sk_tiles: args.sk_tiles })
     }
 
     /// Enqueues the fused kernel.
@@ -374,6 +398,10 @@ impl GemmRsPlan {
     /// Comm CTAs (of [`GemmRsPlan::split`]'s total).
     pub fn comm_ctas(&self) -> u32 {
         self.n_comm
+    }
+    /// Tiles computed stream-K at the end of the launch (0: none; [`RsSplit::no_stream_k`]).
+    pub fn stream_k_tiles(&self) -> u32 {
+        self.sk_tiles
     }
 
     /// Diagnostic: the launches enqueued from now on record their per-tile timeline into the

@@ -263,6 +263,14 @@ pub unsafe fn ld_cg_u32(p: *const u8) -> u32 {
     unsafe { asm!("ld.global.cg.u32 {0}, [{1}];", out(reg32) v, in(reg64) p, options(nostack, readonly)) };
     v
 }
+/// 16 bytes from global memory through L2 only (data another SM wrote during this launch,
+/// acquired by a flag; no stale L1 line): `ld.global.cg.v4.u32 {a, b, c, d}, [p];`
+#[inline(always)]
+pub unsafe fn ld_cg_v4(p: *const u8) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    unsafe { asm!("ld.global.cg.v4.u32 {{{0}, {1}, {2}, {3}}}, [{4}];", out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg64) p, options(nostack, readonly)) };
+    [a, b, c, d]
+}
 /// Pulls the 128-byte line at `p` into L2: `prefetch.global.L2 [p];`
 #[inline(always)]
 pub unsafe fn prefetch_l2(p: *const u8) {

@@ -61,6 +61,12 @@ impl CommCtx {
             epoch_seq: mkernel_config::comm::fifo::EPOCH_SEQ_COLLECTIVES,
         }
     }
+    /// This rank in the whole job, read from the descriptor now (volatile): for cold paths
+    /// such as error records, so that no register keeps it across the waits they follow.
+    #[inline(always)]
+    pub fn global_rank_now(&self) -> u32 {
+        unsafe { (&raw const (*self.desc).global_rank).read_volatile() }
+    }
     /// Base address of `rank`'s heap (this rank's own heap for `rank == self.rank`).
     #[inline(always)]
     pub fn heap(&self, rank: u32) -> u64 {

@@ -91,7 +91,7 @@ pub unsafe fn signal_all_peers(c: &CommCtx, slot: FlagSlot) {
 /// Claims the rank's error record (first failure wins) and raises its abort word. `src` is
 /// a local rank (recorded as its global rank).
 pub(crate) unsafe fn report_timeout(c: &CommCtx, slot: FlagSlot, src: u32, target: u64, seen: u64, waited: u64) {
-    unsafe { report_timeout_code(c, slot as u32, src + (c.global_rank - c.rank), target, seen, waited) }
+    unsafe { report_timeout_code(c, slot as u32, src + (c.global_rank_now() - c.rank), target, seen, waited) }
 }
 
 /// As [`report_timeout`] with a raw wait code (flag slots, or the inter-node codes of
@@ -102,7 +102,7 @@ pub(crate) unsafe fn report_timeout_code(c: &CommCtx, code_of_wait: u32, src: u3
     let code = rec as *mut u32;
     unsafe {
         if memory::atom_acq_rel_cas_u32(Scope::Gpu, code, 0, u32::MAX) == 0 {
-            (*rec).rank = c.global_rank;
+            (*rec).rank = c.global_rank_now();
             (*rec).role = c.role as u32;
             (*rec).slot = code_of_wait;
             (*rec).peer = src;

@@ -30,6 +30,33 @@ macro_rules! unroll_32 {
     };
 }
 
+/// Writes a warpgroup's accumulators as they are, f32, to `buf` (128 threads x 128 values,
+/// 64 KiB): thread-major 16-byte pieces (piece `j` of thread `t` at `(j x 128 + t) x 16`), so
+/// every store instruction of the warpgroup is one contiguous 2 KiB run. [`add_acc_f32`] reads
+/// it back in the same layout (a stream-K partial: no layout change on either side).
+#[inline(always)]
+pub unsafe fn store_acc_f32(acc: &[f32; 128], buf: u64) {
+    let at = buf + ids::thread_in_warpgroup() as u64 * 16;
+    unroll_32!(j => {
+        let v = [acc[4 * j].to_bits(), acc[4 * j + 1].to_bits(), acc[4 * j + 2].to_bits(), acc[4 * j + 3].to_bits()];
+        unsafe { memory::st_v4((at + (j * 128 * 16) as u64) as *mut u8, v) };
+    });
+}
+
+/// Adds what [`store_acc_f32`] wrote at `buf` (another SM, ordered before by a flag this
+/// warpgroup acquired) to the accumulators, through L2.
+#[inline(always)]
+pub unsafe fn add_acc_f32(acc: &mut [f32; 128], buf: u64) {
+    let at = buf + ids::thread_in_warpgroup() as u64 * 16;
+    unroll_32!(j => {
+        let v = unsafe { memory::ld_cg_v4((at + (j * 128 * 16) as u64) as *const u8) };
+        acc[4 * j] += f32::from_bits(v[0]);
+        acc[4 * j + 1] += f32::from_bits(v[1]);
+        acc[4 * j + 2] += f32::from_bits(v[2]);
+        acc[4 * j + 3] += f32::from_bits(v[3]);
+    });
+}
+
 /// Stores warpgroup `wg`'s 64 x 256 accumulators as bf16 through shared memory and TMA: four
 /// 64 x 64 boxes, double-buffered per warpgroup. For each box every thread converts its values and
 /// writes them with `stmatrix` into the 128B-swizzled staging box (the layout the TMA store

@@ -18,16 +18,17 @@ const B_KN_BOX_BYTES: u32 = 64 * 64 * 2;
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn load_tile(ring: &Ring, pos: &mut RingPos, a: TensorMap, a_row: u32, b: TensorMap, b_layout: BLayout, tile: Tile, k_blocks: u32, give_up: impl Fn(u64) -> bool + Copy) -> bool {
-    unsafe { load_tile_counted(ring, pos, a, a_row, b, b_layout, tile, k_blocks, give_up, None) }
+    unsafe { load_tile_counted(ring, pos, a, a_row, b, b_layout, tile, 0, k_blocks, give_up, None) }
 }
 
-/// As [`load_tile`]; with `count`, adds 1 to that shared-memory word each time a slot was
-/// free (the consumers' progress as the producer sees it: after `stages` free slots at the
-/// start, one per K block both consumer warpgroups released).
+/// As [`load_tile`], for K blocks `k_first..k_first + k_blocks` of the tile (a stream-K
+/// piece; 0 and all of them otherwise); with `count`, adds 1 to that shared-memory word each
+/// time a slot was free (the consumers' progress as the producer sees it: after `stages` free
+/// slots at the start, one per K block both consumer warpgroups released).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn load_tile_counted(ring: &Ring, pos: &mut RingPos, a: TensorMap, a_row: u32, b: TensorMap, b_layout: BLayout, tile: Tile, k_blocks: u32, give_up: impl Fn(u64) -> bool + Copy, count: Option<SmemAddr>) -> bool {
-    for kb in 0..k_blocks {
+pub unsafe fn load_tile_counted(ring: &Ring, pos: &mut RingPos, a: TensorMap, a_row: u32, b: TensorMap, b_layout: BLayout, tile: Tile, k_first: u32, k_blocks: u32, give_up: impl Fn(u64) -> bool + Copy, count: Option<SmemAddr>) -> bool {
+    for kb in k_first..k_first + k_blocks {
         let s = pos.stage;
         let k0 = kb * TILE.block_k;
         unsafe {

@@ -20,7 +20,7 @@ use crate::comm::bulk::{BulkRing, Release};
 use crate::comm::wait::{wait_flag_of_cta, wait_flag_of_cta_sleeping};
 use crate::comm::{proxy, CommCtx};
 use crate::gemm::consumer::{drain_tile, mma_tile_bounded, mma_tile_hooked, KBlockHook};
-use crate::gemm::epilogue::{add_bf16_tile, add_staged_tile, drain_tma_stores, store_staged_box, store_tile_tma, store_tile_tma_to, MapTable, StagedOnly};
+use crate::gemm::epilogue::{add_acc_f32, add_bf16_tile, add_staged_tile, drain_tma_stores, store_acc_f32, store_staged_box, store_tile_tma, store_tile_tma_to, MapTable, StagedOnly};
 use crate::gemm::producer::{fill_without_data, load_tile, load_tile_counted, wait_loads_landed};
 use crate::gemm::ring::{Ring, RingPos};
 use crate::gemm::scheduler::TileScheduler;
@@ -28,7 +28,8 @@ use crate::gemm::{BLayout, TILE};
 use crate::gemm::scheduler::Tile;
 use crate::gemm::trace;
 use mkernel_config::trace::{End, Mark};
-use mkernel_config::fused::{rs_source_row, AgGemmArgs, GemmRsArgs};
+use mkernel_config::fused::{rs_source_row, AgGemmArgs, GemmRsArgs, SK_SLOT_BYTES};
+use mkernel_config::stream_k::StreamK;
 use mkernel_config::GemmTile;
 use mkernel_config::comm::{flag_offset, CommDesc, FlagSlot, RemoteSlot, Role, ABORT_OFFSET, FIFO_HEAD_OFFSET, FUSED_EPOCH_OFFSET, FUSED_EXITS_OFFSET};
 
@@ -672,7 +673,7 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
         if (tid == 32 || tid == 96) && stager_runs(a) {
             // Lane 0 of warps 1 and 3 (idle on one node): the stagers of consumer warpgroups
             // 0 and 1.
-            unsafe { stager_role(a, idx, tid / 64) };
+            unsafe { stager_role(idx, tid / 64) };
         }
         if tid == 32 && idx < node_blocks_to_send(a) {
             // Warp 1 of the producer warpgroup (otherwise idle) of compute CTA j: inter-node
@@ -718,18 +719,25 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
             }
         }
         if tid == 0 {
-            let (_, world, tiles, k_blocks) = setup(idx);
-            let d = unsafe { &*(ldesc() as *const CommDesc) };
-            let (nodes, node) = (d.global_world / world, d.global_rank / world);
             let ring = Ring::new(smem::dynamic_smem_addr(), RS_TILE);
-            for tile in tiles {
+            let (mut w, items) = (0, stream_k().items(idx));
+            // The consumers' work items: whole tiles, then stream-K pieces (K ranges). The plan
+            // and the scheduler are rebuilt for each (from the shared-memory copies): kept
+            // live across the loop they do not fit in the producer's registers.
+            while w < items {
+                let it = stream_k().item(idx, w);
+                w += 1;
+                let (_, world, tiles, _) = setup(idx);
+                let d = unsafe { &*(ldesc() as *const CommDesc) };
+                let (nodes, node) = (d.global_world / world, d.global_rank / world);
+                let tile = tiles.tile(it.tile);
                 // The scheduler walks node-blocked rows; A is read at the row they stand for.
                 let a_row = rs_source_row(tile.m0, a.m, world, nodes, node);
                 // Gives up once the rank aborted and the consumers stopped taking slots.
                 // Consumers that stop early keep freeing slots: every tile is loaded.
                 // With a stager, its trickle follows the count of free slots ([`Ring::tick`]).
                 let count = stager_runs(a).then(|| ring.tick(0));
-                let _ = unsafe { load_tile_counted(&ring, &mut pos, map_a, a_row, map_b, BLayout::Nk, tile, k_blocks, consumer_stall(ldesc()), count) };
+                let _ = unsafe { load_tile_counted(&ring, &mut pos, TensorMap(a.map_a as *const u8), a_row, TensorMap(a.map_b as *const u8), BLayout::Nk, tile, it.k0, it.k_len(), consumer_stall(ldesc()), count) };
             }
             // Consumers that stop early may leave fills unconsumed (also after this loop ended
             // normally): the CTA must not exit while they still land. Consumed ones pass at once.
@@ -745,7 +753,6 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
         return;
     }
     let (wg, idx) = (ids::warpgroup_idx_reread(), compute_idx());
-    let (_, _, mut tiles, k_blocks) = setup(idx);
     let ring = Ring::new(smem::dynamic_smem_addr(), RS_TILE);
     // Only the tile loop's own state lives across the mainloop (next to 128 accumulators):
     // the context is re-read from the descriptor in each tile (volatile reads, so nothing
@@ -759,7 +766,18 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
     let mut traced = 0u32;
     let first = ids::thread_idx_reread() == crate::arch::ids::WARPGROUP_THREADS;
     let mark = |i: u32, m: Mark| if first { unsafe { trace::mark(a.trace, idx, i, m) } };
-    while let Some(tile) = tiles.next() {
+    // Work items: whole tiles, then (stream-K) K ranges of the last tiles, the first of which
+    // may be a contributor piece (no epilogue: its partial goes to the workspace).
+    // (The plan and the scheduler are rebuilt for each item: kept live next to the
+    // accumulators they spill.)
+    let items = stream_k().items(idx);
+    let mut w = 0u32;
+    while w < items {
+        let it = stream_k().item(idx, w);
+        w += 1;
+        let tile = setup(idx).2.tile(it.tile);
+        // (A contributor piece is not traced: the timeline holds the tiles' epilogues.)
+        let mark = |i: u32, m: Mark| if it.owner { mark(i, m) };
         mark(traced, Mark::Begin);
         // Read now, used at this tile's epilogue barrier: the load's latency hides under the
         // mainloop instead of stalling both warpgroups there.
@@ -780,14 +798,23 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
                 prefetch_partials(a, tile, rank, world, staged);
             }
             mark(traced, Mark::Mainloop);
-            mma_tile_hooked(&ring, &mut pos, &mut acc, wg - 1, BLayout::Nk, k_blocks, consumer_stall(ldesc()), &mut trickle);
+            mma_tile_hooked(&ring, &mut pos, &mut acc, wg - 1, BLayout::Nk, it.k_len(), consumer_stall(ldesc()), &mut trickle);
             // (A short K leaves boxes over.)
             trickle.flush(&ring, wg - 1);
             mark(traced, Mark::MainloopDone);
-            if first {
+            if first && it.owner {
                 trace::tile(a.trace, idx, traced, tile.m0 / TILE.block_m, tile.n0 / TILE.block_n, tile.m0 / chunk_rows == rank);
             }
-            if !rs_epilogue(a, epoch, &ring, tile, wg, &mut acc, &mut ready, &mut pending, &mut trickle, stop, |m| mark(traced, m)) {
+            let done = if it.owner {
+                // A stream-K tile's earlier K ranges (other CTAs' first pieces) are added
+                // first.
+                (it.from == idx || add_sk_partials(a, epoch, it.from, idx, wg, &mut acc)) && rs_epilogue(a, epoch, &ring, tile, wg, &mut acc, &mut ready, &mut pending, &mut trickle, stop, |m| mark(traced, m))
+            } else {
+                // A stream-K contributor piece: to the workspace, for the tile's owner.
+                write_sk_partial(a, epoch, idx, wg, &acc);
+                true
+            };
+            if !done {
                 // A wait gave up or the rank aborted (the error record is written): stop, once
                 // the bulk stores stopped reading shared memory and a staged partial's load
                 // (always completes) has landed.
@@ -795,11 +822,12 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
                 if ready & STAGED != 0 {
                     while !mbarrier::try_wait_parity(ring.aux(wg), (ready & STAGE_PARITY != 0) as u32) {}
                 }
-                // Keep freeing the ring's slots for this CTA's remaining tiles (without
+                // Keep freeing the ring's slots for this CTA's remaining work (without
                 // computing): the producer and the other consumer warpgroup, which stops at its
                 // next barrier (the abort word is up), run to the end.
-                for _ in tiles.by_ref() {
-                    drain_tile(&ring, &mut pos, k_blocks, consumer_stall(ldesc()));
+                while w < items {
+                    drain_tile(&ring, &mut pos, stream_k().item(idx, w).k_len(), consumer_stall(ldesc()));
+                    w += 1;
                 }
                 // AllReduce: both warpgroups vote once on barrier 3 before the completion wait
                 // (the other may not have seen the abort yet).
@@ -810,7 +838,7 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
             }
         }
         mark(traced, Mark::Stored);
-        traced += 1;
+        traced += it.owner as u32;
     }
     let end = |e: End| if first { unsafe { trace::end(a.trace, idx, e) } };
     let chunk_rows = a.m / unsafe { rank_world(ldesc()) }.1;
@@ -1115,6 +1143,65 @@ fn stager_runs(a: &GemmRsArgs) -> bool {
     a.stager != 0 && world == 2 && global_world == 2 && a.n_comm == 0 && a.pull == 0
 }
 
+/// This launch's stream-K plan ([`StreamK`]): `GemmRsArgs::sk_tiles` where stagers run (the
+/// host sets it only there), none elsewhere. Read afresh (volatile) from the arguments' shared
+/// copy at each call, so a loop that calls it keeps none of it live in registers.
+#[inline(always)]
+fn stream_k() -> StreamK {
+    let a = largs() as *const GemmRsArgs;
+    let field = |f: *const u32| unsafe { f.read_volatile() };
+    let (m, n, k, n_comm) = unsafe { (field(&raw const (*a).m), field(&raw const (*a).n), field(&raw const (*a).k), field(&raw const (*a).n_comm)) };
+    let on = unsafe { (&raw const (*a).sk_ws).read_volatile() != 0 && stager_runs(&*a) };
+    let sk = if on { unsafe { field(&raw const (*a).sk_tiles) } } else { 0 };
+    StreamK::new(m.div_ceil(TILE.block_m) * n.div_ceil(TILE.block_n), ids::grid_dim() - n_comm, k.div_ceil(TILE.block_k), sk)
+}
+
+/// The workspace slot of consumer warpgroup `wg` of compute CTA `cta` (its stream-K partial).
+#[inline(always)]
+fn sk_slot(a: &GemmRsArgs, cta: u32, wg: u32) -> u64 {
+    a.sk_ws + (cta * TILE.consumer_warpgroups + wg - 1) as u64 * SK_SLOT_BYTES
+}
+
+/// A contributor piece's end ([`StreamK`]): the warpgroup's f32 accumulators go to its
+/// workspace slot (thread-major 16-byte pieces: every store coalesced), then its leader raises
+/// `(StreamK, wg - 1, cta)` to the launch epoch (`st.release.gpu` after the warpgroup's
+/// barrier orders every thread's stores before it).
+#[inline(always)]
+unsafe fn write_sk_partial(a: &GemmRsArgs, epoch: u64, cta: u32, wg: u32, acc: &[f32; 128]) {
+    unsafe { store_acc_f32(acc, sk_slot(a, cta, wg)) };
+    sync::named_barrier_sync(wg, crate::arch::ids::WARPGROUP_THREADS);
+    if ids::thread_in_warpgroup() == 0 {
+        let c = unsafe { fused_ctx_at(ldesc(), epoch) };
+        unsafe { memory::st_release_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::StreamK, wg - 1, cta), epoch) };
+    }
+}
+
+/// An owned stream-K tile's other K ranges: the leader waits (bounded, error record) for the
+/// flags of contributor CTAs `from..cta` (written at their first piece, long done), then every
+/// thread adds their partials (through L2) to its accumulators. False when a wait gave up.
+#[inline(always)]
+unsafe fn add_sk_partials(a: &GemmRsArgs, epoch: u64, from: u32, cta: u32, wg: u32, acc: &mut [f32; 128]) -> bool {
+    let mut ok = true;
+    if ids::thread_in_warpgroup() == 0 {
+        let mut c = unsafe { fused_ctx_at(ldesc(), epoch) };
+        c.cta = cta;
+        let mut f = from;
+        while ok && f < cta {
+            ok = unsafe { wait_flag_of_cta(&c, FlagSlot::StreamK, wg - 1, f, epoch) };
+            f += 1;
+        }
+    }
+    if named_barrier_or(wg, crate::arch::ids::WARPGROUP_THREADS, !ok) {
+        return false;
+    }
+    let mut f = from;
+    while f < cta {
+        unsafe { add_acc_f32(acc, sk_slot(a, f, wg)) };
+        f += 1;
+    }
+    true
+}
+
 /// The epilogue of a tile with a stager ([`stager_role`]): wait until the warpgroup's staging
 /// is ready (`aux(wg)`: free, or holding the peer's partial of an own tile), write the tile
 /// into it (an own tile: the partial added, `ldmatrix`), and tell the stager (`aux(wg + 2)`),
@@ -1168,7 +1255,7 @@ unsafe fn stager_epilogue(ring: &Ring, local: Tile, wg: u32, acc: &mut [f32; 128
 /// rule of [`publish`], met early). Waits are bounded (error record, abort); on an abort it
 /// stops once its stores and loads are done with the staging.
 #[inline(always)]
-unsafe fn stager_role(a: &GemmRsArgs, idx: u32, cw: u32) {
+unsafe fn stager_role(idx: u32, cw: u32) {
     // Only the loop's own state lives across it (56 registers): the context is rebuilt where
     // a wait needs it, the ring's addresses recomputed.
     let epoch = unsafe { fused_ctx(ldesc(), Role::Stager) }.epoch;
@@ -1179,11 +1266,6 @@ unsafe fn stager_role(a: &GemmRsArgs, idx: u32, cw: u32) {
         c
     };
     let ring = || Ring::new(smem::dynamic_smem_addr(), RS_TILE);
-    let count = {
-        let grid = ids::grid_dim() - a.n_comm;
-        let total = a.m.div_ceil(TILE.block_m) * a.n.div_ceil(TILE.block_n);
-        if idx < total { (total - idx).div_ceil(grid) } else { 0 }
-    };
     let give_up = |stalled: u64| {
         if stalled > unsafe { fused_hung_ns(ldesc()) } {
             crate::arch::trap();
@@ -1193,19 +1275,27 @@ unsafe fn stager_role(a: &GemmRsArgs, idx: u32, cw: u32) {
     // The phase of `ready` whose TMA load may still land (NONE: none), waited for before stopping.
     const NONE: u32 = 2;
     let mut loading = NONE;
-    let (mut i, mut parity) = (0u32, 0u32);
+    let (mut w, mut parity) = (0u32, 0u32);
+    // K blocks of the consumers' items so far (through item `w - 1`).
+    let mut k_done = 0u32;
     // The peer's receive buffer and output are open.
     let mut ok = unsafe {
         let (rank, world) = rank_world(ldesc());
         wait_flag_of_cta(&ctx(), FlagSlot::FusedReady, (rank + 1) % world, 0, epoch)
     };
-    while ok && i < count {
-        // The consumers' tile `i` (the scheduler rebuilt: its state would not fit next to
-        // this loop's).
+    while ok && w < stream_k().items(idx) {
+        // The consumers' work item `w`, and its tile (the scheduler rebuilt: its state would
+        // not fit next to this loop's). A stream-K contributor piece has no epilogue.
         let a = unsafe { &*(largs() as *const GemmRsArgs) };
+        let it = stream_k().item(idx, w);
+        w += 1;
+        k_done += it.k_len();
+        if !it.owner {
+            continue;
+        }
         let (rank, world) = unsafe { rank_world(ldesc()) };
         let grid = ids::grid_dim() - a.n_comm;
-        let tile = TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, a.group_m, idx, grid).chunked(world, rank, a.part_tiles_m).tile(idx + i * grid);
+        let tile = TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, a.group_m, idx, grid).chunked(world, rank, a.part_tiles_m).tile(it.tile);
         let peer = (rank + 1) % world;
         let chunk_rows = a.m / world;
         let dest = tile.m0 / chunk_rows;
@@ -1238,29 +1328,30 @@ unsafe fn stager_role(a: &GemmRsArgs, idx: u32, cw: u32) {
         }
         loading = NONE;
         parity ^= 1;
-        i += 1;
         // 3. Its bulk stores.
         let dests = if dest != rank { 1 } else if a.all_reduce != 0 { world } else { 1 };
         // Those that cross NVLink (a peer's partial, AllReduce's reduced rows) trickle when
-        // another tile follows: box q once the consumers reach K block (2q + 1) k_blocks / 8
-        // of their next mainloop (a burst of every CTA's tile at once held up the next
+        // more work follows: box q once the consumers reach K block (2q + 1) k / 8 of their
+        // next mainloop (k K blocks; a burst of every CTA's tile at once held up the next
         // mainloop's loads; paced by time instead, every mainloop took 5-13% more cycles on
         // 2 x H200).
-        let trickle = (dest != rank || a.all_reduce != 0) && i < count;
+        let sk = stream_k();
+        let trickle = (dest != rank || a.all_reduce != 0) && w < sk.items(idx);
         // Before an own tile (whose peer partial is loaded into the staging once these stores
         // are complete), in the first half of the mainloop, so the load lands before its
         // epilogue.
+        // (Without a trickle, item 0 stands in: `next` is then unused.)
+        let next = sk.item(idx, if trickle { w } else { 0 });
         let spread = if trickle && {
             let grid = ids::grid_dim() - a.n_comm;
-            TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, a.group_m, idx, grid).chunked(world, rank, a.part_tiles_m).tile(idx + i * grid).m0 / chunk_rows == rank
+            TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, a.group_m, idx, grid).chunked(world, rank, a.part_tiles_m).tile(next.tile).m0 / chunk_rows == rank
         } { 4 * RS_TILE.epilogue_buffers } else { 2 * RS_TILE.epilogue_buffers };
-        let k_blocks = a.k.div_ceil(TILE.block_k);
         for q in 0..RS_TILE.epilogue_buffers {
             // The consumers compute K block x of the launch once they released block x - 1,
             // i.e. once the producer found x + stages slots free (the last loads' slots are
             // never waited for: capped) - where the consumers' own trickle issued box q.
-            let x = k_blocks * i + (2 * q + 1) * k_blocks / spread;
-            if trickle && !unsafe { wait_tick(ring().tick(0), (x + RS_TILE.stages).min(k_blocks * count), give_up) } {
+            let x = k_done + (2 * q + 1) * next.k_len() / spread;
+            if trickle && !unsafe { wait_tick(ring().tick(0), (x + RS_TILE.stages).min(sk.k_total(idx)), give_up) } {
                 ok = false;
                 break;
             }
