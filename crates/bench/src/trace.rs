@@ -1,6 +1,6 @@
 //! `--trace`: the per-tile timeline of one fused GEMM+ReduceScatter/AllReduce launch
 //! ([`mkernel_config::trace`]), summarized: where a compute CTA's time goes.
-use mkernel_config::trace::{End, Mark, TILES_PER_CTA, WORDS_PER_TILE};
+use mkernel_config::trace::{End, Mark, tile_kind, TILES_PER_CTA, WORDS_PER_TILE};
 use serde_json::{json, Value};
 
 /// One recorded tile.
@@ -12,8 +12,8 @@ impl TileRec {
     fn at(&self, m: Mark) -> u64 {
         self.w[m as usize]
     }
-    fn own(&self) -> bool {
-        self.at(Mark::Tile) & 1 == 1
+    fn kind(&self) -> u32 {
+        (self.at(Mark::Tile) & 3) as u32
     }
     /// Nanoseconds from `a` to `b` (0 when either was not stamped).
     fn span(&self, a: Mark, b: Mark) -> f64 {
@@ -61,9 +61,13 @@ pub fn summarize(label: &str, words: &[u64], ctas: usize) -> Value {
     ];
     let mut out = serde_json::Map::new();
     println!("# trace {label}: {ctas} CTAs, mean us per tile (peer / own tiles)");
-    for own in [false, true] {
-        let sel: Vec<&TileRec> = tiles.iter().flatten().filter(|t| t.own() == own).collect();
-        let mut line = format!("#   {:>4} tiles {:>5}:", if own { "own" } else { "peer" }, sel.len());
+    for (kind, name) in [(tile_kind::PEER, "peer"), (tile_kind::OWN, "own"), (tile_kind::PIECE, "piece")] {
+        let own = kind == tile_kind::OWN;
+        let sel: Vec<&TileRec> = tiles.iter().flatten().filter(|t| t.kind() == kind).collect();
+        if sel.is_empty() && kind == tile_kind::PIECE {
+            continue;
+        }
+        let mut line = format!("#   {name:>5} tiles {:>5}:", sel.len());
         let mut obj = serde_json::Map::new();
         for (name, a, b) in phases {
             let v = mean(&sel.iter().map(|t| t.span(a, b) / 1e3).collect::<Vec<_>>());
@@ -84,7 +88,7 @@ pub fn summarize(label: &str, words: &[u64], ctas: usize) -> Value {
         obj.insert("store".into(), json!(store));
         obj.insert("tile".into(), json!(total));
         println!("{line}");
-        out.insert(if own { "own" } else { "peer" }.into(), Value::Object(obj));
+        out.insert(name.into(), Value::Object(obj));
     }
     // Gaps between a tile's end and the next tile's begin (should be ~0).
     let gaps: Vec<f64> = tiles.iter().flat_map(|r| r.windows(2).map(|p| p[1].at(Mark::Begin).saturating_sub(p[0].at(Mark::Stored)) as f64 / 1e3)).collect();

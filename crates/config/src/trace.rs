@@ -36,7 +36,7 @@ pub enum Mark {
     Added = 5,
     /// The tile's bulk stores were issued.
     Stored = 6,
-    /// `row tile << 40 | col tile << 20 | own`: what the tile was (own = 1: reduced here).
+    /// `row tile << 40 | col tile << 20 | kind`: what the tile was ([`tile_kind`]).
     Tile = 7,
     /// `%clock64` (SM cycles) where `Mainloop` was stamped.
     MainloopClock = 8,
@@ -59,4 +59,15 @@ pub enum End {
     Entry = 3,
     /// The CTA's role setup ended (descriptor and arguments copied, barriers initialized).
     Setup = 4,
+}
+
+/// What a timeline record was (`Mark::Tile`'s low bits).
+pub mod tile_kind {
+    /// A peer's partial tile (sent).
+    pub const PEER: u32 = 0;
+    /// An own tile (reduced here).
+    pub const OWN: u32 = 1;
+    /// A stream-K contributor piece (K blocks of a tile another CTA finishes; no epilogue:
+    /// `Waited` = its partial written, `Stored` = its flag raised).
+    pub const PIECE: u32 = 2;
 }

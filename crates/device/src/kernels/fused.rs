@@ -27,7 +27,7 @@ use crate::gemm::scheduler::TileScheduler;
 use crate::gemm::{BLayout, TILE};
 use crate::gemm::scheduler::Tile;
 use crate::gemm::trace;
-use mkernel_config::trace::{End, Mark};
+use mkernel_config::trace::{End, Mark, tile_kind};
 use mkernel_config::fused::{rs_source_row, AgGemmArgs, GemmRsArgs, SK_SLOT_BYTES};
 use mkernel_config::stream_k::StreamK;
 use mkernel_config::GemmTile;
@@ -776,8 +776,6 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
         let it = stream_k().item(idx, w);
         w += 1;
         let tile = setup(idx).2.tile(it.tile);
-        // (A contributor piece is not traced: the timeline holds the tiles' epilogues.)
-        let mark = |i: u32, m: Mark| if it.owner { mark(i, m) };
         mark(traced, Mark::Begin);
         // Read now, used at this tile's epilogue barrier: the load's latency hides under the
         // mainloop instead of stalling both warpgroups there.
@@ -802,8 +800,9 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
             // (A short K leaves boxes over.)
             trickle.flush(&ring, wg - 1);
             mark(traced, Mark::MainloopDone);
-            if first && it.owner {
-                trace::tile(a.trace, idx, traced, tile.m0 / TILE.block_m, tile.n0 / TILE.block_n, tile.m0 / chunk_rows == rank);
+            if first {
+                let kind = if !it.owner { tile_kind::PIECE } else if tile.m0 / chunk_rows == rank { tile_kind::OWN } else { tile_kind::PEER };
+                trace::tile(a.trace, idx, traced, tile.m0 / TILE.block_m, tile.n0 / TILE.block_n, kind);
             }
             let done = if it.owner {
                 // A stream-K tile's earlier K ranges (other CTAs' first pieces) are added
@@ -811,7 +810,7 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
                 (it.from == idx || add_sk_partials(a, epoch, it.from, idx, wg, &mut acc)) && rs_epilogue(a, epoch, &ring, tile, wg, &mut acc, &mut ready, &mut pending, &mut trickle, stop, |m| mark(traced, m))
             } else {
                 // A stream-K contributor piece: to the workspace, for the tile's owner.
-                write_sk_partial(a, epoch, idx, wg, &acc);
+                write_sk_partial(a, epoch, idx, wg, &acc, |m| mark(traced, m));
                 true
             };
             if !done {
@@ -838,7 +837,7 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
             }
         }
         mark(traced, Mark::Stored);
-        traced += it.owner as u32;
+        traced += 1;
     }
     let end = |e: End| if first { unsafe { trace::end(a.trace, idx, e) } };
     let chunk_rows = a.m / unsafe { rank_world(ldesc()) }.1;
@@ -1167,8 +1166,9 @@ fn sk_slot(a: &GemmRsArgs, cta: u32, wg: u32) -> u64 {
 /// `(StreamK, wg - 1, cta)` to the launch epoch (`st.release.gpu` after the warpgroup's
 /// barrier orders every thread's stores before it).
 #[inline(always)]
-unsafe fn write_sk_partial(a: &GemmRsArgs, epoch: u64, cta: u32, wg: u32, acc: &[f32; 128]) {
+unsafe fn write_sk_partial(a: &GemmRsArgs, epoch: u64, cta: u32, wg: u32, acc: &[f32; 128], mark: impl Fn(Mark)) {
     unsafe { store_acc_f32(acc, sk_slot(a, cta, wg)) };
+    mark(Mark::Waited);
     sync::named_barrier_sync(wg, crate::arch::ids::WARPGROUP_THREADS);
     if ids::thread_in_warpgroup() == 0 {
         let c = unsafe { fused_ctx_at(ldesc(), epoch) };
