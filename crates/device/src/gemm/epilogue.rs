@@ -44,17 +44,29 @@ pub unsafe fn store_acc_f32(acc: &[f32; 128], buf: u64) {
 }
 
 /// Adds what [`store_acc_f32`] wrote at `buf` (another SM, ordered before by a flag this
-/// warpgroup acquired) to the accumulators, through L2.
+/// warpgroup acquired) to the accumulators, through L2: four batches of eight 16-byte loads,
+/// each batch issued before any of it is added (one L2 round trip per batch, not per load).
 #[inline(always)]
 pub unsafe fn add_acc_f32(acc: &mut [f32; 128], buf: u64) {
     let at = buf + ids::thread_in_warpgroup() as u64 * 16;
-    unroll_32!(j => {
-        let v = unsafe { memory::ld_cg_v4((at + (j * 128 * 16) as u64) as *const u8) };
-        acc[4 * j] += f32::from_bits(v[0]);
-        acc[4 * j + 1] += f32::from_bits(v[1]);
-        acc[4 * j + 2] += f32::from_bits(v[2]);
-        acc[4 * j + 3] += f32::from_bits(v[3]);
-    });
+    let ld = |j: usize| unsafe { memory::ld_cg_v4((at + (j * 128 * 16) as u64) as *const u8) };
+    // A batch: the loads of pieces j (eight in a row), then their adds.
+    macro_rules! batch {
+        ($($j:literal)*) => {
+            let v = [$(ld($j)),*];
+            $(
+                let x = v[$j % 8];
+                acc[4 * $j] += f32::from_bits(x[0]);
+                acc[4 * $j + 1] += f32::from_bits(x[1]);
+                acc[4 * $j + 2] += f32::from_bits(x[2]);
+                acc[4 * $j + 3] += f32::from_bits(x[3]);
+            )*
+        };
+    }
+    batch!(0 1 2 3 4 5 6 7);
+    batch!(8 9 10 11 12 13 14 15);
+    batch!(16 17 18 19 20 21 22 23);
+    batch!(24 25 26 27 28 29 30 31);
 }
 
 /// Stores warpgroup `wg`'s 64 x 256 accumulators as bf16 through shared memory and TMA: four
