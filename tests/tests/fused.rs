@@ -23,10 +23,10 @@ const AG_CASES: [(usize, usize, usize, u32); 4] = [(1024, 512, 256, 4), (2048, 7
 /// peers read them; [`CONSUMER_IO`]: straight, without stagers).
 /// The last case of each has more tiles than an H100/H200 has SMs (132), so where stagers run
 /// (one node of 2 ranks) its last partial round of tiles is computed stream-K
-/// (`mkernel_config::stream_k`): 256 tiles of 16 K blocks (124 stream-K), and 272 tiles of 9
+/// (`mkernel_config::stream_k`): 208 tiles of 16 K blocks (76 stream-K), and 272 tiles of 9
 /// K blocks, the last one short, N not a multiple of the tile (140 stream-K: the partial round
 /// and one more).
-const RS_CASES: [(usize, usize, usize, u32, u32); 7] = [(1024, 512, 256, 2, RsSplit::AUTO), (2048, 768, 512, 4, RsSplit::NO_COMM_CTAS), (512, 1000, 136, 1, 3), (512, 1000, 136, 1, PULL), (2048, 768, 512, 2, PULL), (1024, 1000, 256, 2, CONSUMER_IO), (4096, 2048, 1024, 1, RsSplit::AUTO)];
+const RS_CASES: [(usize, usize, usize, u32, u32); 7] = [(1024, 512, 256, 2, RsSplit::AUTO), (2048, 768, 512, 4, RsSplit::NO_COMM_CTAS), (512, 1000, 136, 1, 3), (512, 1000, 136, 1, PULL), (2048, 768, 512, 2, PULL), (1024, 1000, 256, 2, CONSUMER_IO), (6656, 1024, 1024, 1, RsSplit::AUTO)];
 /// GEMM + AllReduce cases, as [`RS_CASES`].
 const AR_CASES: [(usize, usize, usize, u32, u32); 5] = [(1024, 512, 256, 2, RsSplit::AUTO), (512, 1000, 136, 1, 4), (1024, 1000, 256, 2, PULL), (1024, 1000, 256, 2, CONSUMER_IO), (8704, 1000, 520, 1, RsSplit::AUTO)];
 /// In a case's comm CTAs: none, and the partials are pulled (`RsSplit::pull`).

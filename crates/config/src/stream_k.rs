@@ -55,16 +55,20 @@ impl StreamK {
     pub const MIN_K_BLOCKS: u32 = 4;
 
     /// The stream-K tail for `tiles` tiles of `k_blocks` K blocks on `grid` CTAs: the last,
-    /// partial round (`tiles % grid` tiles), joined by one full round when that is under half
-    /// a round (so each CTA gets at least half a tile of K: a tile has at most 3 contributors).
-    /// None (0) when the rounds are whole, the tiles fewer than one round, K too short, or the
-    /// partial round small and alone.
+    /// partial round (`tiles % grid` tiles) when it is at most 2/3 full, joined by one full
+    /// round when it is under half full (so each CTA gets at least half a tile of K: a tile
+    /// has at most 3 contributors). None (0) when the rounds are whole, the tiles fewer than
+    /// one round, K too short, the partial round small and alone, or over 2/3 full: a CTA's
+    /// stream-K pieces cost ~10 us more than a whole tile's (the contributor's 64 KiB write
+    /// per warpgroup and its flag, the owner's wait and add, two pipeline refills; 2 x H200),
+    /// which ate the saving at 1024 tiles on 132 SMs (0.76 full: -0.6 to +0.4%; 0.52 full:
+    /// +0.5 to +3.6%, docs/fused.md).
     pub const fn choose(tiles: u32, grid: u32, k_blocks: u32) -> u32 {
         if grid == 0 || tiles < grid || k_blocks < Self::MIN_K_BLOCKS || !Self::fits_u32(grid, 2 * grid, k_blocks) {
             return 0;
         }
         let r = tiles % grid;
-        if r == 0 {
+        if r == 0 || 3 * r > 2 * grid {
             0
         } else if 2 * r >= grid {
             r
@@ -238,9 +242,10 @@ mod tests {
             check(tiles, 132, 16);
         }
         // The benchmark's shapes on 132 SMs (M = 4096 .. 32768, N = 8192, K_local = 4096): the
-        // last CTA finishes 0.24 to 0.97 of a tile earlier than with whole rounds.
-        for (tiles, saved) in [(1024, 15), (2048, 31), (4096, 62), (8192, 60)] {
-            let p = StreamK::new(tiles, 132, 64, StreamK::choose(tiles, 132, 64));
+        // last CTA computes 0.24 to 0.97 of a tile less than with whole rounds (M = 4096, 100
+        // stream-K tiles, is not chosen).
+        for (tiles, sk, saved) in [(1024, 100, 15), (2048, 68, 31), (4096, 136, 62), (8192, 140, 60)] {
+            let p = StreamK::new(tiles, 132, 64, sk);
             let longest = (0..132).map(|c| p.k_before(c, p.items(c))).max().unwrap();
             assert_eq!(tiles.div_ceil(132) * 64 - longest, saved, "{tiles} tiles");
         }
@@ -248,14 +253,15 @@ mod tests {
 
     #[test]
     fn choose_takes_the_partial_round_and_one_more_when_it_is_small() {
-        assert_eq!(StreamK::choose(1024, 132, 64), 100);
+        assert_eq!(StreamK::choose(1024, 132, 64), 0, "0.76 of a round: not worth it");
+        assert_eq!(StreamK::new(1024, 132, 64, 100).sk_tiles, 100, "still a valid plan");
         assert_eq!(StreamK::choose(2048, 132, 64), 68);
         assert_eq!(StreamK::choose(4096, 132, 64), 136);
         assert_eq!(StreamK::choose(8192, 132, 64), 140);
         assert_eq!(StreamK::choose(1056, 132, 64), 0, "whole rounds");
         assert_eq!(StreamK::choose(100, 132, 64), 0, "under one round");
         assert_eq!(StreamK::choose(150, 132, 64), 0, "small partial round alone");
-        assert_eq!(StreamK::choose(1024, 132, 2), 0, "short K");
+        assert_eq!(StreamK::choose(2048, 132, 2), 0, "short K");
         // Invalid splits fall back to none.
         assert_eq!(StreamK::new(1024, 132, 64, 99).sk_tiles, 0);
     }
