@@ -103,7 +103,7 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
     let mut align = || nccl.all_reduce(&stream, psync, psync, 1);
     let blas = CudaBlas::new(stream.clone())?;
     if rank == 0 {
-        println!("# AllGather+GEMM, {world} ranks, bf16; M K N global (A rows sharded, B: N/world x K per rank); interleaved medians of {} runs", args.iters);
+        println!("# AllGather+GEMM, {world} ranks, bf16; M K N global (A rows sharded, B: N/world x K per rank); interleaved ({} order) medians of {} runs", args.order, args.iters);
         println!("{:>6} {:>6} {:>6} | {:>7} {:>9} | {:>10} {:>10} {:>10} | {:>8} {:>8} {:>7}", "M", "K", "N", "n_comm", "ours(us)", "nccl+cublas", "gemm alone", "ag alone", "speedup", "overlap", "#wrong");
     }
     let mut rows = vec![];
@@ -210,7 +210,7 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
     let blas = CudaBlas::new(stream.clone())?;
     if rank == 0 {
         let what = if all_reduce { "GEMM+AllReduce (every rank gets C)" } else { "GEMM+ReduceScatter (rows of C scattered)" };
-        println!("# {what}, {world} ranks, bf16 (f32 sums); M K N global (K split over ranks); interleaved medians of {} runs", args.iters);
+        println!("# {what}, {world} ranks, bf16 (f32 sums); M K N global (K split over ranks); interleaved ({} order) medians of {} runs", args.order, args.iters);
         println!("{:>6} {:>6} {:>6} | {:>8} {:>9} | {:>11} {:>10} {:>10} | {:>8} {:>8} {:>7} | {:>9}", "M", "K", "N", "parts/cc", "ours(us)", "cublas+nccl", "gemm alone", "coll alone", "speedup", "overlap", "#wrong", "our gemm");
     }
     let mut rows = vec![];

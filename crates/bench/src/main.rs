@@ -45,6 +45,10 @@ struct Args {
     /// Untimed warm-up iterations per case.
     #[arg(long, default_value_t = 5)]
     warmup: usize,
+    /// Order of the interleaved competitors in each timed round: `shuffled` (a permutation per
+    /// round, the same on every rank) or `fixed` (as listed; each always follows the same one).
+    #[arg(long, default_value = "shuffled")]
+    order: String,
     /// Where to write the JSON results.
     #[arg(long, default_value = "results/bench.json")]
     json: std::path::PathBuf,
@@ -103,6 +107,11 @@ struct Args {
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    timing::set_shuffled(match args.order.as_str() {
+        "shuffled" => true,
+        "fixed" => false,
+        other => anyhow::bail!("--order: `{other}` is neither `shuffled` nor `fixed`"),
+    });
     let rows = match args.op {
         Op::Gemm => gemm::run(&mkernel::Device::new(0)?, &args)?,
         Op::Allgather => collectives::run(&args, collectives::Coll::AllGather)?,
@@ -115,7 +124,7 @@ fn main() -> Result<()> {
     };
     // Under launch, rank 0 writes the JSON.
     if std::env::var("RANK").map_or(true, |r| r == "0") {
-        report::write_json(&args.json, &format!("{:?}", args.op).to_lowercase(), &rows)?;
+        report::write_json(&args.json, &format!("{:?}", args.op).to_lowercase(), &args.order, &rows)?;
         println!("wrote {}", args.json.display());
     }
     Ok(())
