@@ -47,6 +47,7 @@ fn reduce_paths(args: &Args) -> Result<Vec<u32>> {
 fn selected(args: &Args, shapes: impl IntoIterator<Item = (usize, usize, usize)>) -> Vec<(usize, usize, usize)> {
     shapes
         .into_iter()
+        .map(|(m, k, n)| (m, args.k.unwrap_or(k), n))
         .filter(|(m, k, n)| args.filter.as_ref().is_none_or(|f| format!("{m}x{k}x{n}").contains(f.as_str())))
         .filter(|(m, _, _)| args.ms.is_empty() || args.ms.contains(m))
         .collect()

@@ -59,6 +59,10 @@ struct Args {
     /// Fused ops: only these M (global), e.g. `--ms 4096,8192`.
     #[arg(long, value_delimiter = ',')]
     ms: Vec<usize>,
+    /// Fused benchmarks: every shape with this global K instead of its own (a diagnostic:
+    /// e.g. one rank at the K per rank of two).
+    #[arg(long)]
+    k: Option<usize>,
     /// GEMM only: B layout (nk = N x K weights, kn = K x N).
     #[arg(long, default_value = "nk")]
     b_layout: String,
