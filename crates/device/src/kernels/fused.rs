@@ -29,7 +29,7 @@ use crate::gemm::scheduler::Tile;
 use crate::gemm::trace;
 use mkernel_config::trace::{End, Mark, tile_kind};
 use mkernel_config::fused::{rs_source_row, AgGemmArgs, GemmRsArgs, SK_SLOT_BYTES};
-use mkernel_config::stream_k::{StreamK, Work};
+use mkernel_config::stream_k::StreamK;
 use mkernel_config::GemmTile;
 use mkernel_config::comm::{flag_offset, CommDesc, FlagSlot, RemoteSlot, Role, ABORT_OFFSET, FIFO_HEAD_OFFSET, FUSED_EPOCH_OFFSET, FUSED_EXITS_OFFSET};
 
@@ -650,6 +650,12 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
     // and kept live across it are what ptxas spills. Indices are read again for the same reason.
     // `idx`: this CTA among the compute CTAs.
     let compute_idx = || ids::block_idx_reread() - a.n_comm;
+    let setup = |idx: u32| {
+        let rank = unsafe { (*(ldesc() as *const CommDesc)).rank };
+        let world = unsafe { (*(ldesc() as *const CommDesc)).world };
+        let tiles = TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, a.group_m, idx, ids::grid_dim() - a.n_comm).chunked(world, rank, a.part_tiles_m);
+        (rank, world, tiles, a.k.div_ceil(TILE.block_k))
+    };
     let mut pos = RingPos::START;
     // Every CTA runs the same register split (a comm CTA's thread 128 moves the data, with
     // the consumers' registers): role branches around setmaxnreg cost the consumers their
@@ -715,25 +721,23 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
         if tid == 0 {
             let ring = Ring::new(smem::dynamic_smem_addr(), RS_TILE);
             let (mut w, items) = (0, stream_k().items(idx));
-            // The consumers' work items: whole tiles, then stream-K pieces (K ranges). Each
-            // item's loads start from values worked out while the previous item's loads
-            // waited for slots (its first one issued): worked out between the last load of
-            // one tile and the first of the next, the ~30 integer divisions of the plan and
-            // the scheduler left the ring short at every tile start.
-            let mut cur = if items > 0 { producer_item(idx, 0) } else { ProducerItem::NONE };
+            // The consumers' work items: whole tiles, then stream-K pieces (K ranges). The plan
+            // and the scheduler are rebuilt for each (from the shared-memory copies): kept
+            // live across the loop they do not fit in the producer's registers.
             while w < items {
+                let it = stream_k().item(idx, w);
                 w += 1;
+                let (_, world, tiles, _) = setup(idx);
+                let d = unsafe { &*(ldesc() as *const CommDesc) };
+                let (nodes, node) = (d.global_world / world, d.global_rank / world);
+                let tile = tiles.tile(it.tile);
+                // The scheduler walks node-blocked rows; A is read at the row they stand for.
+                let a_row = rs_source_row(tile.m0, a.m, world, nodes, node);
                 // Gives up once the rank aborted and the consumers stopped taking slots.
                 // Consumers that stop early keep freeing slots: every tile is loaded.
                 // With a stager, its trickle follows the count of free slots ([`Ring::tick`]).
                 let count = stager_runs(a).then(|| ring.tick(0));
-                let load = |pos: &mut RingPos, it: &ProducerItem, k0: u32, n: u32| unsafe {
-                    let _ = load_tile_counted(&ring, pos, TensorMap(a.map_a as *const u8), it.a_row, TensorMap(a.map_b as *const u8), BLayout::Nk, it.tile, k0, n, consumer_stall(ldesc()), count);
-                };
-                load(&mut pos, &cur, cur.k0, 1);
-                let next = if w < items { producer_item(idx, w) } else { cur };
-                load(&mut pos, &cur, cur.k0 + 1, cur.k_len - 1);
-                cur = next;
+                let _ = unsafe { load_tile_counted(&ring, &mut pos, TensorMap(a.map_a as *const u8), a_row, TensorMap(a.map_b as *const u8), BLayout::Nk, tile, it.k0, it.k_len(), consumer_stall(ldesc()), count) };
             }
             // Consumers that stop early may leave fills unconsumed (also after this loop ended
             // normally): the CTA must not exit while they still land. Consumed ones pass at once.
@@ -768,13 +772,10 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
     // accumulators they spill.)
     let items = stream_k().items(idx);
     let mut w = 0u32;
-    // The next item, worked out during the mainloop (the hook, after the first K block's
-    // wgmmas are issued): worked out between tiles, its integer divisions kept the tensor cores
-    // waiting ~1 us per tile.
-    let mut next = if items > 0 { consumer_item(idx, 0) } else { ConsumerItem::NONE };
     while w < items {
-        let (it, tile) = (next.work, next.tile);
+        let it = stream_k().item(idx, w);
         w += 1;
+        let tile = setup(idx).2.tile(it.tile);
         mark(traced, Mark::Begin);
         // Read now, used at this tile's epilogue barrier: the load's latency hides under the
         // mainloop instead of stalling both warpgroups there.
@@ -795,8 +796,7 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
                 prefetch_partials(a, tile, rank, world, staged);
             }
             mark(traced, Mark::Mainloop);
-            let mut hook = NextItem { trickle: &mut trickle, next: &mut next, idx, w, items };
-            mma_tile_hooked(&ring, &mut pos, &mut acc, wg - 1, BLayout::Nk, it.k_len(), consumer_stall(ldesc()), &mut hook);
+            mma_tile_hooked(&ring, &mut pos, &mut acc, wg - 1, BLayout::Nk, it.k_len(), consumer_stall(ldesc()), &mut trickle);
             // (A short K leaves boxes over.)
             trickle.flush(&ring, wg - 1);
             mark(traced, Mark::MainloopDone);
@@ -1153,76 +1153,6 @@ fn stream_k() -> StreamK {
     let on = unsafe { (&raw const (*a).sk_ws).read_volatile() != 0 && stager_runs(&*a) };
     let sk = if on { unsafe { field(&raw const (*a).sk_tiles) } } else { 0 };
     StreamK::new(m.div_ceil(TILE.block_m) * n.div_ceil(TILE.block_n), ids::grid_dim() - n_comm, k.div_ceil(TILE.block_k), sk)
-}
-
-/// What the producer loads for one work item: the tile, the row of A it reads (node-blocked
-/// rows stand for other rows of A: [`rs_source_row`]) and its K blocks.
-#[derive(Clone, Copy)]
-struct ProducerItem {
-    tile: Tile,
-    a_row: u32,
-    k0: u32,
-    k_len: u32,
-}
-
-impl ProducerItem {
-    const NONE: ProducerItem = ProducerItem { tile: Tile { m0: 0, n0: 0 }, a_row: 0, k0: 0, k_len: 0 };
-}
-
-/// The producer's work item `w` of compute CTA `idx` (the plan and the scheduler rebuilt from
-/// the shared-memory copies: kept live across the loop they do not fit in its registers).
-#[inline(always)]
-fn producer_item(idx: u32, w: u32) -> ProducerItem {
-    let a = unsafe { &*(largs() as *const GemmRsArgs) };
-    let it = stream_k().item(idx, w);
-    let d = unsafe { &*(ldesc() as *const CommDesc) };
-    let (rank, world) = unsafe { rank_world(ldesc()) };
-    let (nodes, node) = (d.global_world / world, d.global_rank / world);
-    let grid = ids::grid_dim() - a.n_comm;
-    let tile = TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, a.group_m, idx, grid).chunked(world, rank, a.part_tiles_m).tile(it.tile);
-    ProducerItem { tile, a_row: rs_source_row(tile.m0, a.m, world, nodes, node), k0: it.k0, k_len: it.k_len() }
-}
-
-/// A consumer's work item and its tile ([`StreamK::item`], the scheduler's tile).
-#[derive(Clone, Copy)]
-struct ConsumerItem {
-    work: Work,
-    tile: Tile,
-}
-
-impl ConsumerItem {
-    const NONE: ConsumerItem = ConsumerItem { work: Work { tile: 0, k0: 0, k1: 0, owner: true, from: 0 }, tile: Tile { m0: 0, n0: 0 } };
-}
-
-/// Work item `w` of compute CTA `idx` as the consumers see it.
-#[inline(always)]
-fn consumer_item(idx: u32, w: u32) -> ConsumerItem {
-    let a = unsafe { &*(largs() as *const GemmRsArgs) };
-    let work = stream_k().item(idx, w);
-    let (rank, world) = unsafe { rank_world(ldesc()) };
-    let grid = ids::grid_dim() - a.n_comm;
-    let tile = TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, a.group_m, idx, grid).chunked(world, rank, a.part_tiles_m).tile(work.tile);
-    ConsumerItem { work, tile }
-}
-
-/// The consumers' mainloop hook: the [`Trickle`], and after the first K block the next work
-/// item (item `w` of `items`; the last item leaves it as it is).
-struct NextItem<'a> {
-    trickle: &'a mut Trickle,
-    next: &'a mut ConsumerItem,
-    idx: u32,
-    w: u32,
-    items: u32,
-}
-
-impl KBlockHook for NextItem<'_> {
-    #[inline(always)]
-    fn at(&mut self, kb: u32, k_blocks: u32) {
-        self.trickle.at(kb, k_blocks);
-        if kb == 0 && self.w < self.items {
-            *self.next = consumer_item(self.idx, self.w);
-        }
-    }
 }
 
 /// The workspace slot of consumer warpgroup `wg` of compute CTA `cta` (its stream-K partial).
