@@ -16,13 +16,6 @@ pub unsafe fn prefetch(map: TensorMap) {
     unsafe { asm!("prefetch.tensormap [{0}];", in(reg64) map.0, options(nostack)) };
 }
 
-/// Pulls a 2D tile of the tensor into L2 (no shared memory, no completion):
-/// `cp.async.bulk.prefetch.tensor.2d.L2.global.tile [map, {c0, c1}];`
-#[inline(always)]
-pub unsafe fn prefetch_2d_l2(map: TensorMap, c0: u32, c1: u32) {
-    unsafe { asm!("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [{0}, {{{1}, {2}}}];", in(reg64) map.0, in(reg32) c0, in(reg32) c1, options(nostack)) };
-}
-
 /// 2D tile load into shared memory that completes `bytes` on `bar`:
 /// `cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [dst], [map, {c0, c1}], [bar];`
 /// Elements outside the tensor are filled with zeros.

@@ -650,6 +650,12 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
     // and kept live across it are what ptxas spills. Indices are read again for the same reason.
     // `idx`: this CTA among the compute CTAs.
     let compute_idx = || ids::block_idx_reread() - a.n_comm;
+    let setup = |idx: u32| {
+        let rank = unsafe { (*(ldesc() as *const CommDesc)).rank };
+        let world = unsafe { (*(ldesc() as *const CommDesc)).world };
+        let tiles = TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, a.group_m, idx, ids::grid_dim() - a.n_comm).chunked(world, rank, a.part_tiles_m);
+        (rank, world, tiles, a.k.div_ceil(TILE.block_k))
+    };
     let mut pos = RingPos::START;
     // Every CTA runs the same register split (a comm CTA's thread 128 moves the data, with
     // the consumers' registers): role branches around setmaxnreg cost the consumers their
@@ -715,42 +721,26 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
         if tid == 0 {
             let ring = Ring::new(smem::dynamic_smem_addr(), RS_TILE);
             let (mut w, items) = (0, stream_k().items(idx));
-            // The consumers' work items: whole tiles, then stream-K pieces (K ranges). The next
-            // item is worked out once the current one's first load is issued, and a few K
-            // blocks before the current one ends, its first K blocks are pulled into L2: at
-            // a tile start every CTA asks for new rows of A and columns of B at once, and the
-            // consumers waited ~1-2 us for the first slot.
-            let mut cur = if items > 0 { producer_item(idx, 0) } else { ProducerItem::NONE };
+            // The consumers' work items: whole tiles, then stream-K pieces (K ranges). The plan
+            // and the scheduler are rebuilt for each (from the shared-memory copies): kept
+            // live across the loop they do not fit in the producer's registers.
             while w < items {
+                let it = stream_k().item(idx, w);
                 w += 1;
+                let (_, world, tiles, _) = setup(idx);
+                let d = unsafe { &*(ldesc() as *const CommDesc) };
+                let (nodes, node) = (d.global_world / world, d.global_rank / world);
+                let tile = tiles.tile(it.tile);
+                // The scheduler walks node-blocked rows; A is read at the row they stand for.
+                let a_row = rs_source_row(tile.m0, a.m, world, nodes, node);
                 // Gives up once the rank aborted and the consumers stopped taking slots.
                 // Consumers that stop early keep freeing slots: every tile is loaded.
                 // With a stager, its trickle follows the count of free slots ([`Ring::tick`]).
                 let count = stager_runs(a).then(|| ring.tick(0));
-                let (map_a, map_b) = (TensorMap(a.map_a as *const u8), TensorMap(a.map_b as *const u8));
-                let load = |pos: &mut RingPos, it: &ProducerItem, k0: u32, n: u32| unsafe {
-                    let _ = load_tile_counted(&ring, pos, map_a, it.a_row, map_b, BLayout::Nk, it.tile, k0, n, consumer_stall(ldesc()), count);
-                };
                 // The consumers read the item from its record once its first slot is full
                 // (the slot's arrival releases the record's stores).
-                unsafe { write_item_record(&ring, w - 1, cur.work, cur.tile) };
-                load(&mut pos, &cur, cur.work.k0, 1);
-                let next = if w < items { producer_item(idx, w) } else { cur };
-                let len = cur.work.k_len();
-                let early = len - 1 - (len - 1).min(PREFETCH_AHEAD);
-                load(&mut pos, &cur, cur.work.k0 + 1, early);
-                if w < items {
-                    let mut kb = next.work.k0;
-                    while kb < next.work.k1.min(next.work.k0 + RS_TILE.stages) {
-                        unsafe {
-                            tma::prefetch_2d_l2(map_a, kb * TILE.block_k, next.a_row);
-                            tma::prefetch_2d_l2(map_b, kb * TILE.block_k, next.tile.n0);
-                        }
-                        kb += 1;
-                    }
-                }
-                load(&mut pos, &cur, cur.work.k0 + 1 + early, len - 1 - early);
-                cur = next;
+                unsafe { write_item_record(&ring, w - 1, it, tile) };
+                let _ = unsafe { load_tile_counted(&ring, &mut pos, TensorMap(a.map_a as *const u8), a_row, TensorMap(a.map_b as *const u8), BLayout::Nk, tile, it.k0, it.k_len(), consumer_stall(ldesc()), count) };
             }
             // Consumers that stop early may leave fills unconsumed (also after this loop ended
             // normally): the CTA must not exit while they still land. Consumed ones pass at once.
@@ -1169,37 +1159,6 @@ fn stream_k() -> StreamK {
     let on = unsafe { (&raw const (*a).sk_ws).read_volatile() != 0 && stager_runs(&*a) };
     let sk = if on { unsafe { field(&raw const (*a).sk_tiles) } } else { 0 };
     StreamK::new(m.div_ceil(TILE.block_m) * n.div_ceil(TILE.block_n), ids::grid_dim() - n_comm, k.div_ceil(TILE.block_k), sk)
-}
-
-/// K blocks before the end of an item where the producer pulls the next item's first K blocks
-/// into L2 (the ring then loads them from there).
-const PREFETCH_AHEAD: u32 = 4;
-
-/// What the producer loads for one work item: the item, its tile and the row of A it reads
-/// (node-blocked rows stand for other rows of A: [`rs_source_row`]).
-#[derive(Clone, Copy)]
-struct ProducerItem {
-    work: Work,
-    tile: Tile,
-    a_row: u32,
-}
-
-impl ProducerItem {
-    const NONE: ProducerItem = ProducerItem { work: Work { tile: 0, k0: 0, k1: 1, owner: true, from: 0 }, tile: Tile { m0: 0, n0: 0 }, a_row: 0 };
-}
-
-/// The producer's work item `w` of compute CTA `idx` (the plan and the scheduler rebuilt from
-/// the shared-memory copies: kept live across the loop they do not fit in its registers).
-#[inline(always)]
-fn producer_item(idx: u32, w: u32) -> ProducerItem {
-    let a = unsafe { &*(largs() as *const GemmRsArgs) };
-    let work = stream_k().item(idx, w);
-    let d = unsafe { &*(ldesc() as *const CommDesc) };
-    let (rank, world) = unsafe { rank_world(ldesc()) };
-    let (nodes, node) = (d.global_world / world, d.global_rank / world);
-    let grid = ids::grid_dim() - a.n_comm;
-    let tile = TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, a.group_m, idx, grid).chunked(world, rank, a.part_tiles_m).tile(work.tile);
-    ProducerItem { work, tile, a_row: rs_source_row(tile.m0, a.m, world, nodes, node) }
 }
 
 /// Writes work item `w`'s record ([`Ring::item_record`]): the tile, the K range, the
