@@ -29,7 +29,7 @@ use crate::gemm::scheduler::Tile;
 use crate::gemm::trace;
 use mkernel_config::trace::{End, Mark, tile_kind};
 use mkernel_config::fused::{rs_source_row, AgGemmArgs, GemmRsArgs, SK_SLOT_BYTES};
-use mkernel_config::stream_k::{StreamK, Work};
+use mkernel_config::stream_k::StreamK;
 use mkernel_config::GemmTile;
 use mkernel_config::comm::{flag_offset, CommDesc, FlagSlot, RemoteSlot, Role, ABORT_OFFSET, FIFO_HEAD_OFFSET, FUSED_EPOCH_OFFSET, FUSED_EXITS_OFFSET};
 
@@ -737,9 +737,6 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
                 // Consumers that stop early keep freeing slots: every tile is loaded.
                 // With a stager, its trickle follows the count of free slots ([`Ring::tick`]).
                 let count = stager_runs(a).then(|| ring.tick(0));
-                // The consumers read the item from its record once its first slot is full
-                // (the slot's arrival releases the record's stores).
-                unsafe { write_item_record(&ring, w - 1, it, tile) };
                 let _ = unsafe { load_tile_counted(&ring, &mut pos, TensorMap(a.map_a as *const u8), a_row, TensorMap(a.map_b as *const u8), BLayout::Nk, tile, it.k0, it.k_len(), consumer_stall(ldesc()), count) };
             }
             // Consumers that stop early may leave fills unconsumed (also after this loop ended
@@ -776,13 +773,10 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
     let items = stream_k().items(idx);
     let mut w = 0u32;
     while w < items {
-        mark(traced, Mark::Begin);
-        // The item from the record the producer wrote before filling its first slot (worked
-        // out here, its integer divisions kept the tensor cores idle ~1 us per tile): once
-        // that slot is full, the record is (the mainloop's first wait then passes at once).
-        let _ = unsafe { mbarrier::wait_parity_or(ring.full(pos.stage), pos.phase, consumer_stall(ldesc())) };
-        let (it, tile) = unsafe { read_item_record(&ring, w) };
+        let it = stream_k().item(idx, w);
         w += 1;
+        let tile = setup(idx).2.tile(it.tile);
+        mark(traced, Mark::Begin);
         // Read now, used at this tile's epilogue barrier: the load's latency hides under the
         // mainloop instead of stalling both warpgroups there.
         let stop = ids::thread_in_warpgroup() == 0 && unsafe { aborted(ldesc()) };
@@ -1159,29 +1153,6 @@ fn stream_k() -> StreamK {
     let on = unsafe { (&raw const (*a).sk_ws).read_volatile() != 0 && stager_runs(&*a) };
     let sk = if on { unsafe { field(&raw const (*a).sk_tiles) } } else { 0 };
     StreamK::new(m.div_ceil(TILE.block_m) * n.div_ceil(TILE.block_n), ids::grid_dim() - n_comm, k.div_ceil(TILE.block_k), sk)
-}
-
-/// Writes work item `w`'s record ([`Ring::item_record`]): the tile, the K range, the
-/// stream-K role (the producer, before the item's first load).
-#[inline(always)]
-unsafe fn write_item_record(ring: &Ring, w: u32, it: Work, tile: Tile) {
-    let at = ring.item_record(w);
-    unsafe {
-        smem::st_volatile_shared_u32(at, tile.m0);
-        smem::st_volatile_shared_u32(at.add(4), tile.n0);
-        smem::st_volatile_shared_u32(at.add(8), it.k0 | it.k1 << 16);
-        smem::st_volatile_shared_u32(at.add(12), it.owner as u32 | it.from << 1);
-    }
-}
-
-/// Reads work item `w`'s record (after the item's first slot completed: see
-/// [`write_item_record`]). The linear tile index is not kept (0).
-#[inline(always)]
-unsafe fn read_item_record(ring: &Ring, w: u32) -> (Work, Tile) {
-    let at = ring.item_record(w);
-    let word = |i: u32| unsafe { smem::ld_volatile_shared_u32(at.add(4 * i)) };
-    let (m0, n0, k, role) = (word(0), word(1), word(2), word(3));
-    (Work { tile: 0, k0: k & 0xffff, k1: k >> 16, owner: role & 1 != 0, from: role >> 1 }, Tile { m0, n0 })
 }
 
 /// The workspace slot of consumer warpgroup `wg` of compute CTA `cta` (its stream-K partial).
