@@ -3,7 +3,7 @@ use crate::timing::median_ms_interleaved;
 use crate::Args;
 use anyhow::{bail, Result};
 use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig};
-use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut};
 use half::bf16;
 use mkernel::gemm::{BLayout, GemmPlan, GemmShape};
 use mkernel::Device;
@@ -81,7 +81,7 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
         let (ours_ms, blas_ms, fused_ring_ms) = {
             // Diagnostic competitor (N x K only): our GEMM on GEMM+ReduceScatter's ring.
             let mut c_ring = stream.alloc_zeros::<bf16>(lc)?;
-            let ring_plan = match b_layout {
+            let mut ring_plan = match b_layout {
                 BLayout::NxK => Some(GemmPlan::new(dev, &stream, &a, &b, &mut c_ring, shape, None)?.on_fused_ring(dev)?),
                 BLayout::KxN => None,
             };
@@ -90,7 +90,21 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
             let mut theirs = || cublas_gemm(&blas, shape, &a, &b, &mut c_blas);
             let mut on_ring = || match &ring_plan { Some(p) => Ok(p.launch(&stream)?), None => Ok(()) };
             let t = median_ms_interleaved(&stream, args.warmup, args.iters, &mut [&mut ours, &mut theirs, &mut on_ring])?;
-            (t[0], t[1], ring_plan.is_some().then_some(t[2]))
+            // `--trace`: the fused-ring launch's per-tile timeline, summarized as the fused
+            // kernels' is (their mainloops and epilogues beside a plain GEMM's on the same ring).
+            let ring_ms = ring_plan.is_some().then_some(t[2]);
+            if let (true, Some(p)) = (args.trace, ring_plan.as_mut()) {
+                let mut buf = stream.alloc_zeros::<u64>(mkernel_config::trace::words(p.grid()))?;
+                // SAFETY: `buf` holds words(grid) words and outlives the launches (synchronized below).
+                unsafe { p.set_trace(Some(buf.device_ptr_mut(&stream).0))? };
+                for _ in 0..3 {
+                    p.launch(&stream)?;
+                }
+                stream.synchronize()?;
+                let words = stream.clone_dtoh(&buf)?;
+                crate::trace::summarize(&format!("plain GEMM on the fused ring {m}x{n}x{k}"), &words, p.grid() as usize);
+            }
+            (t[0], t[1], ring_ms)
         };
         let wrong = count_mismatches(&stream.clone_dtoh(&c_ours)?, &stream.clone_dtoh(&c_blas)?, k);
         let tf = |ms: f64| shape.flops() / (ms * 1e-3) / 1e12;

@@ -104,6 +104,8 @@ pub struct GemmPlan<'a> {
     out: OutDtype,
     grid: u32,
     tma_store: bool,
+    /// The fused-ring diagnostic's timeline buffer (0: none).
+    trace: u64,
     _buffers: PhantomData<&'a ()>,
 }
 
@@ -167,7 +169,7 @@ impl<'a> GemmPlan<'a> {
         let tiles = shape.m.div_ceil(t.block_m as usize) * shape.n.div_ceil(t.block_n as usize);
         let sms = sms.unwrap_or(device.sm_count()).clamp(1, device.sm_count());
         let grid = (tiles.min(sms as usize)) as u32;
-        Ok(GemmPlan { func: device.function(spec)?, spec, maps, c, shape, out, grid, tma_store, _buffers: PhantomData })
+        Ok(GemmPlan { func: device.function(spec)?, spec, maps, c, shape, out, grid, tma_store, trace: 0, _buffers: PhantomData })
     }
 
     /// Diagnostic: the same plan on GEMM+ReduceScatter's ring (`GemmTile::FUSED_RS`: 3 stages,
@@ -182,6 +184,20 @@ impl<'a> GemmPlan<'a> {
         Ok(self)
     }
 
+    /// Diagnostic (a plan [`GemmPlan::on_fused_ring`] only): later launches record the fused
+    /// kernels' per-tile timeline (`mkernel_config::trace`, `grid` CTAs) into the device buffer
+    /// at `buf`; `None` stops it.
+    ///
+    /// # Safety
+    /// `buf` must hold `mkernel_config::trace::words(grid)` u64 words while such launches run.
+    pub unsafe fn set_trace(&mut self, buf: Option<u64>) -> Result<()> {
+        if self.spec != &kernels::GEMM_BF16_NK_FUSED_RING {
+            return Err(Error::Unsupported(format!("{OP}: only the fused-ring diagnostic records a timeline")));
+        }
+        self.trace = buf.unwrap_or(0);
+        Ok(())
+    }
+
     /// Enqueues the kernel on `stream`.
     pub fn launch(&self, stream: &Arc<CudaStream>) -> Result<()> {
         let (maps, _r) = self.maps.device_ptr(stream);
@@ -192,7 +208,11 @@ impl<'a> GemmPlan<'a> {
         let f32_out = (self.out == OutDtype::F32) as u32;
         let mut b = stream.launch_builder(&self.func);
         b.arg(&map_a).arg(&map_b).arg(&map_c).arg(&self.c).arg(&m).arg(&n).arg(&k).arg(&ldc).arg(&f32_out);
-        // SAFETY: arguments match mk_gemm_bf16_{nk,kn}; the plan's buffers are borrowed for 'a.
+        if self.spec == &kernels::GEMM_BF16_NK_FUSED_RING {
+            b.arg(&self.trace);
+        }
+        // SAFETY: arguments match mk_gemm_bf16_{nk,kn} (and the fused-ring diagnostic's trace
+        // buffer); the plan's buffers are borrowed for 'a.
         unsafe { b.launch(Device::launch_config(self.spec, self.grid)) }?;
         Ok(())
     }
