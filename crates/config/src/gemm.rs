@@ -142,22 +142,11 @@ impl GemmTile {
     pub const fn args_copy_offset(&self) -> u32 {
         self.desc_copy_offset() + Self::DESC_COPY_BYTES
     }
-    /// Work-item records after the argument copy (GEMM+ReduceScatter/AllReduce): the producer
-    /// writes item `w`'s (tile, K range, stream-K role) into record `w % ITEM_RECORDS` before
-    /// the item's first load, so the consumers read it instead of working it out between
-    /// tiles. The producer runs at most `stages` K blocks (so items) ahead of the consumers.
-    pub const ITEM_RECORDS: u32 = 8;
-    /// Bytes of one item record (four u32 words).
-    pub const ITEM_RECORD_BYTES: u32 = 16;
-    /// Offset of the item records (16-byte aligned).
-    pub const fn item_records_offset(&self) -> u32 {
-        self.args_copy_offset() + Self::ARGS_COPY_BYTES
-    }
     /// Dynamic shared memory to launch with: ring + epilogue staging + 2 mbarriers per stage
-    /// (full, empty) + the auxiliary ones + the descriptor and argument copies + the item
-    /// records, padded so the 1024-byte alignment of the swizzled ring holds.
+    /// (full, empty) + the auxiliary ones + the descriptor and argument copies, padded so the
+    /// 1024-byte alignment of the swizzled ring holds.
     pub const fn smem_bytes(&self) -> u32 {
-        self.item_records_offset() + Self::ITEM_RECORDS * Self::ITEM_RECORD_BYTES + 1024
+        self.args_copy_offset() + Self::ARGS_COPY_BYTES + 1024
     }
     /// Accumulator registers per consumer thread (f32): (rows_per_consumer x block_n) / 128.
     pub const fn accumulators_per_thread(&self) -> u32 {
@@ -188,7 +177,6 @@ impl GemmTile {
         );
         assert!(self.accumulators_per_thread() + 40 <= self.consumer_regs, "accumulators must fit the consumer register budget");
         assert!(self.group_m >= 1, "group_m must be positive");
-        assert!(Self::ITEM_RECORDS > self.stages + 1, "the producer may not overwrite an item record the consumers have yet to read");
     }
 }
 

@@ -464,11 +464,6 @@ fn check_gemm_reduce(op: &'static str, m: usize, n: usize, k_local: usize, world
     if k_local == 0 || k_local % 8 != 0 || n == 0 || n % 8 != 0 {
         return bad(format!("k_local = {k_local} and n = {n} must be positive multiples of 8"));
     }
-    // A work item's K range is kept in 16-bit K-block counts (its shared-memory record).
-    let k_blocks = k_local.div_ceil(GemmTile::DEFAULT.block_k as usize);
-    if k_blocks >= 1 << 16 {
-        return bad(format!("k_local = {k_local} is {k_blocks} K blocks of {}; at most {}", GemmTile::DEFAULT.block_k, (1 << 16) - 1));
-    }
     check_aligned(op, ptrs)
 }
 

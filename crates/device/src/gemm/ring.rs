@@ -83,11 +83,6 @@ impl Ring {
     pub fn tick(&self, i: u32) -> SmemAddr {
         self.base.add(self.tile.tick_offset() + 4 * i)
     }
-    /// Work-item record `w` (of `GemmTile::ITEM_RECORDS`, reused in turn): four u32 words.
-    #[inline(always)]
-    pub fn item_record(&self, w: u32) -> SmemAddr {
-        self.base.add(self.tile.item_records_offset() + (w % GemmTile::ITEM_RECORDS) * GemmTile::ITEM_RECORD_BYTES)
-    }
     /// Initializes every barrier (one thread), then makes them visible
     /// to TMA; zeroes the tick counters.
     #[inline(always)]

@@ -29,7 +29,7 @@ use crate::gemm::scheduler::Tile;
 use crate::gemm::trace;
 use mkernel_config::trace::{End, Mark, tile_kind};
 use mkernel_config::fused::{rs_source_row, AgGemmArgs, GemmRsArgs, SK_SLOT_BYTES};
-use mkernel_config::stream_k::{StreamK, Work};
+use mkernel_config::stream_k::StreamK;
 use mkernel_config::GemmTile;
 use mkernel_config::comm::{flag_offset, CommDesc, FlagSlot, RemoteSlot, Role, ABORT_OFFSET, FIFO_HEAD_OFFSET, FUSED_EPOCH_OFFSET, FUSED_EXITS_OFFSET};
 
@@ -650,6 +650,12 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
     // and kept live across it are what ptxas spills. Indices are read again for the same reason.
     // `idx`: this CTA among the compute CTAs.
     let compute_idx = || ids::block_idx_reread() - a.n_comm;
+    let setup = |idx: u32| {
+        let rank = unsafe { (*(ldesc() as *const CommDesc)).rank };
+        let world = unsafe { (*(ldesc() as *const CommDesc)).world };
+        let tiles = TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, a.group_m, idx, ids::grid_dim() - a.n_comm).chunked(world, rank, a.part_tiles_m);
+        (rank, world, tiles, a.k.div_ceil(TILE.block_k))
+    };
     let mut pos = RingPos::START;
     // Every CTA runs the same register split (a comm CTA's thread 128 moves the data, with
     // the consumers' registers): role branches around setmaxnreg cost the consumers their
@@ -715,28 +721,23 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
         if tid == 0 {
             let ring = Ring::new(smem::dynamic_smem_addr(), RS_TILE);
             let (mut w, items) = (0, stream_k().items(idx));
-            // The consumers' work items: whole tiles, then stream-K pieces (K ranges). Each
-            // item is worked out while the previous one's loads wait for slots (after its
-            // first load): worked out between the last load of one item and the first of the
-            // next, its ~30 integer divisions delayed the next tile's first K block, and the
-            // consumers waited for it.
-            let mut cur = if items > 0 { producer_item(idx, 0) } else { ProducerItem::NONE };
+            // The consumers' work items: whole tiles, then stream-K pieces (K ranges). The plan
+            // and the scheduler are rebuilt for each (from the shared-memory copies): kept
+            // live across the loop they do not fit in the producer's registers.
             while w < items {
+                let it = stream_k().item(idx, w);
                 w += 1;
+                let (_, world, tiles, _) = setup(idx);
+                let d = unsafe { &*(ldesc() as *const CommDesc) };
+                let (nodes, node) = (d.global_world / world, d.global_rank / world);
+                let tile = tiles.tile(it.tile);
+                // The scheduler walks node-blocked rows; A is read at the row they stand for.
+                let a_row = rs_source_row(tile.m0, a.m, world, nodes, node);
                 // Gives up once the rank aborted and the consumers stopped taking slots.
                 // Consumers that stop early keep freeing slots: every tile is loaded.
                 // With a stager, its trickle follows the count of free slots ([`Ring::tick`]).
                 let count = stager_runs(a).then(|| ring.tick(0));
-                let load = |pos: &mut RingPos, it: &ProducerItem, k0: u32, n: u32| unsafe {
-                    let _ = load_tile_counted(&ring, pos, TensorMap(a.map_a as *const u8), it.a_row, TensorMap(a.map_b as *const u8), BLayout::Nk, it.tile, k0, n, consumer_stall(ldesc()), count);
-                };
-                // The consumers read the item from its record once its first slot is full
-                // (the slot's arrival releases the record's stores).
-                unsafe { write_item_record(&ring, w - 1, cur.work, cur.tile) };
-                load(&mut pos, &cur, cur.work.k0, 1);
-                let next = if w < items { producer_item(idx, w) } else { cur };
-                load(&mut pos, &cur, cur.work.k0 + 1, cur.work.k_len() - 1);
-                cur = next;
+                let _ = unsafe { load_tile_counted(&ring, &mut pos, TensorMap(a.map_a as *const u8), a_row, TensorMap(a.map_b as *const u8), BLayout::Nk, tile, it.k0, it.k_len(), consumer_stall(ldesc()), count) };
             }
             // Consumers that stop early may leave fills unconsumed (also after this loop ended
             // normally): the CTA must not exit while they still land. Consumed ones pass at once.
@@ -772,13 +773,10 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
     let items = stream_k().items(idx);
     let mut w = 0u32;
     while w < items {
-        mark(traced, Mark::Begin);
-        // The item from the record the producer wrote before filling its first slot (worked
-        // out here, its integer divisions kept the tensor cores idle ~1 us per tile): once
-        // that slot is full, the record is (the mainloop's first wait then passes at once).
-        let _ = unsafe { mbarrier::wait_parity_or(ring.full(pos.stage), pos.phase, consumer_stall(ldesc())) };
-        let (it, tile) = unsafe { read_item_record(&ring, w) };
+        let it = stream_k().item(idx, w);
         w += 1;
+        let tile = setup(idx).2.tile(it.tile);
+        mark(traced, Mark::Begin);
         // Read now, used at this tile's epilogue barrier: the load's latency hides under the
         // mainloop instead of stalling both warpgroups there.
         let stop = ids::thread_in_warpgroup() == 0 && unsafe { aborted(ldesc()) };
@@ -1155,56 +1153,6 @@ fn stream_k() -> StreamK {
     let on = unsafe { (&raw const (*a).sk_ws).read_volatile() != 0 && stager_runs(&*a) };
     let sk = if on { unsafe { field(&raw const (*a).sk_tiles) } } else { 0 };
     StreamK::new(m.div_ceil(TILE.block_m) * n.div_ceil(TILE.block_n), ids::grid_dim() - n_comm, k.div_ceil(TILE.block_k), sk)
-}
-
-/// What the producer loads for one work item: the item, its tile and the row of A it reads
-/// (node-blocked rows stand for other rows of A: [`rs_source_row`]).
-#[derive(Clone, Copy)]
-struct ProducerItem {
-    work: Work,
-    tile: Tile,
-    a_row: u32,
-}
-
-impl ProducerItem {
-    const NONE: ProducerItem = ProducerItem { work: Work { tile: 0, k0: 0, k1: 1, owner: true, from: 0 }, tile: Tile { m0: 0, n0: 0 }, a_row: 0 };
-}
-
-/// The producer's work item `w` of compute CTA `idx` (the plan and the scheduler rebuilt from
-/// the shared-memory copies: kept live across the loop they do not fit in its registers).
-#[inline(always)]
-fn producer_item(idx: u32, w: u32) -> ProducerItem {
-    let a = unsafe { &*(largs() as *const GemmRsArgs) };
-    let work = stream_k().item(idx, w);
-    let d = unsafe { &*(ldesc() as *const CommDesc) };
-    let (rank, world) = unsafe { rank_world(ldesc()) };
-    let (nodes, node) = (d.global_world / world, d.global_rank / world);
-    let grid = ids::grid_dim() - a.n_comm;
-    let tile = TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, a.group_m, idx, grid).chunked(world, rank, a.part_tiles_m).tile(work.tile);
-    ProducerItem { work, tile, a_row: rs_source_row(tile.m0, a.m, world, nodes, node) }
-}
-
-/// Writes work item `w`'s record ([`Ring::item_record`]): the tile, the K range, the
-/// stream-K role (the producer, before the item's first load).
-#[inline(always)]
-unsafe fn write_item_record(ring: &Ring, w: u32, it: Work, tile: Tile) {
-    let at = ring.item_record(w);
-    unsafe {
-        smem::st_volatile_shared_u32(at, tile.m0);
-        smem::st_volatile_shared_u32(at.add(4), tile.n0);
-        smem::st_volatile_shared_u32(at.add(8), it.k0 | it.k1 << 16);
-        smem::st_volatile_shared_u32(at.add(12), it.owner as u32 | it.from << 1);
-    }
-}
-
-/// Reads work item `w`'s record (after the item's first slot completed: see
-/// [`write_item_record`]). The linear tile index is not kept (0).
-#[inline(always)]
-unsafe fn read_item_record(ring: &Ring, w: u32) -> (Work, Tile) {
-    let at = ring.item_record(w);
-    let word = |i: u32| unsafe { smem::ld_volatile_shared_u32(at.add(4 * i)) };
-    let (m0, n0, k, role) = (word(0), word(1), word(2), word(3));
-    (Work { tile: 0, k0: k & 0xffff, k1: k >> 16, owner: role & 1 != 0, from: role >> 1 }, Tile { m0, n0 })
 }
 
 /// The workspace slot of consumer warpgroup `wg` of compute CTA `cta` (its stream-K partial).
