@@ -43,16 +43,9 @@ unsafe fn launch_epoch(c: &CommCtx) -> u64 {
 /// epilogue barriers.
 #[inline(always)]
 unsafe fn aborted(desc: u64) -> bool {
-    unsafe { abort_word(desc) != 0 }
-}
-
-/// The rank's abort word (nonzero: aborted), as loaded: a caller that compares it later keeps
-/// the load's latency off its path until then.
-#[inline(always)]
-unsafe fn abort_word(desc: u64) -> u32 {
     let d = unsafe { &*(desc as *const CommDesc) };
     let heap = unsafe { *d.heaps.as_ptr().add(d.rank as usize) };
-    unsafe { memory::ld_relaxed_u32(Scope::Gpu, (heap + ABORT_OFFSET) as *const u32) }
+    unsafe { memory::ld_relaxed_u32(Scope::Gpu, (heap + ABORT_OFFSET) as *const u32) != 0 }
 }
 
 /// How long a fused kernel's GEMM ring may stall before the wait is declared hung (a trap): past
@@ -784,10 +777,9 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
         w += 1;
         let tile = setup(idx).2.tile(it.tile);
         mark(traced, Mark::Begin);
-        // Read now by every thread, used at this tile's epilogue barrier: the load's register
-        // is first read there, so its latency hides under the mainloop (read by the leader
-        // alone and turned into a flag at once, the warpgroup waited for it here).
-        let abort_word = unsafe { abort_word(ldesc()) };
+        // Read now, used at this tile's epilogue barrier: the load's latency hides under the
+        // mainloop instead of stalling both warpgroups there.
+        let stop = ids::thread_in_warpgroup() == 0 && unsafe { aborted(ldesc()) };
         let (rank, world) = unsafe { rank_world(ldesc()) };
         let chunk_rows = a.m / world;
         unsafe {
@@ -812,7 +804,6 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
                 let kind = if !it.owner { tile_kind::PIECE } else if tile.m0 / chunk_rows == rank { tile_kind::OWN } else { tile_kind::PEER };
                 trace::tile(a.trace, idx, traced, tile.m0 / TILE.block_m, tile.n0 / TILE.block_n, kind);
             }
-            let stop = ids::thread_in_warpgroup() == 0 && abort_word != 0;
             let done = if it.owner {
                 // A stream-K tile's earlier K ranges (other CTAs' first pieces) are added
                 // first.
