@@ -244,8 +244,7 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
             for &cc in &paths {
                 for group_m in args.groups.iter().copied() {
                     for &no_stager in &no_stagers {
-                        let comm_ctas = if cc == 0 || cc == PULL { RsSplit::NO_COMM_CTAS } else { cc };
-                        let split = RsSplit { parts, comm_ctas, group_m, pull: cc == PULL, no_stager, no_stream_k };
+                        let split = rs_split(parts, cc, group_m, no_stager, no_stream_k);
                         // `on` where no stager can run is the same plan as `off`.
                         if !stager_path(cc) && !no_stager && no_stagers.contains(&true) {
                             continue;
@@ -272,7 +271,7 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
         let sk_tiles = plan.stream_k_tiles();
         // `--stream-k ab`: the chosen plan's twin without the stream-K tail, timed beside it.
         let twin = if sk_ab && sk_tiles > 0 {
-            let split = RsSplit { parts, comm_ctas: if cc == 0 || cc == PULL { RsSplit::NO_COMM_CTAS } else { cc }, group_m, pull, no_stager: !stager, no_stream_k: true };
+            let split = rs_split(parts, cc, group_m, !stager, true);
             // SAFETY: as for the swept plans.
             Some(unsafe { GemmRsPlan::with_split(&mut comm, &stream, pa, pb, (!all_reduce).then_some(po), m, n, kl, split)? })
         } else {
@@ -348,6 +347,13 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
             "speedup": speedup, "overlap_efficiency": overlap, "wrong": wrong, "trace": timeline, "contexts": contexts }));
     }
     Ok(rows)
+}
+
+/// The split of a swept GEMM+RS/AR plan: `cc` is the path (0: no comm CTAs, [`PULL`]: pulled,
+/// else that many comm CTAs).
+fn rs_split(parts: u32, cc: u32, group_m: u32, no_stager: bool, no_stream_k: bool) -> RsSplit {
+    let comm_ctas = if cc == 0 || cc == PULL { RsSplit::NO_COMM_CTAS } else { cc };
+    RsSplit { parts, comm_ctas, group_m, pull: cc == PULL, no_stager, no_stream_k }
 }
 
 /// `--trace`: records the timeline of the plan's next launches (the last of three stays),
