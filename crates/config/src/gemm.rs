@@ -28,6 +28,12 @@ pub struct GemmTile {
     /// Epilogue staging boxes per consumer warpgroup: 2 (double-buffered) or `block_n / 64`
     /// (the whole 64 x block_n half-tile).
     pub epilogue_buffers: u32,
+    /// Work-item records in shared memory after the argument copy (0: none). GEMM+ReduceScatter/
+    /// AllReduce works out each compute CTA's items (tile origin, K range, stream-K owner,
+    /// A's source row) once at the launch's start, and the producer and the consumers read
+    /// item `w` with two shared-memory loads at its start instead of some 30 integer divisions
+    /// each; a CTA with more items works the rest out as it goes.
+    pub item_table_entries: u32,
 }
 
 /// Bytes of one bf16 element.
@@ -48,6 +54,7 @@ impl GemmTile {
         consumer_regs: 232,
         group_m: 8,
         epilogue_buffers: 2,
+        item_table_entries: 0,
     };
 
     /// The GEMM inside fused kernels: the producer thread also waits on communication flags
@@ -60,7 +67,9 @@ impl GemmTile {
     /// whole tile of staging per consumer (4 boxes) the epilogue never waits for its own stores,
     /// only (at its start) for the previous tile's, which had a mainloop to drain; the room comes
     /// from one operand stage fewer.
-    pub const FUSED_RS: GemmTile = GemmTile { stages: 3, epilogue_buffers: 4, ..GemmTile::FUSED };
+    /// Its work items are read from a table ([`GemmTile::item_table_entries`]): 256 cover
+    /// every CTA of the anchor shapes on 132 SMs (M = 32768, N = 28672: 218 tiles per CTA).
+    pub const FUSED_RS: GemmTile = GemmTile { stages: 3, epilogue_buffers: 4, item_table_entries: 256, ..GemmTile::FUSED };
 
     /// Threads per CTA: one producer warpgroup plus the consumers.
     pub const fn threads(&self) -> u32 {
@@ -142,11 +151,18 @@ impl GemmTile {
     pub const fn args_copy_offset(&self) -> u32 {
         self.desc_copy_offset() + Self::DESC_COPY_BYTES
     }
+    /// Bytes of one work-item record: two 16-byte words (`[m0, n0, k0, k1]`,
+    /// `[owner, from, a_row, 0]`).
+    pub const ITEM_RECORD_BYTES: u32 = 32;
+    /// Offset of the work-item table (16-byte aligned), after the argument copy.
+    pub const fn item_table_offset(&self) -> u32 {
+        (self.args_copy_offset() + Self::ARGS_COPY_BYTES).div_ceil(16) * 16
+    }
     /// Dynamic shared memory to launch with: ring + epilogue staging + 2 mbarriers per stage
-    /// (full, empty) + the auxiliary ones + the descriptor and argument copies, padded so the
-    /// 1024-byte alignment of the swizzled ring holds.
+    /// (full, empty) + the auxiliary ones + the descriptor and argument copies + the work-item
+    /// table, padded so the 1024-byte alignment of the swizzled ring holds.
     pub const fn smem_bytes(&self) -> u32 {
-        self.args_copy_offset() + Self::ARGS_COPY_BYTES + 1024
+        self.item_table_offset() + self.item_table_entries * Self::ITEM_RECORD_BYTES + 1024
     }
     /// Accumulator registers per consumer thread (f32): (rows_per_consumer x block_n) / 128.
     pub const fn accumulators_per_thread(&self) -> u32 {

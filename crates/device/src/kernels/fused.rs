@@ -43,9 +43,16 @@ unsafe fn launch_epoch(c: &CommCtx) -> u64 {
 /// epilogue barriers.
 #[inline(always)]
 unsafe fn aborted(desc: u64) -> bool {
+    unsafe { abort_word(desc) != 0 }
+}
+
+/// The rank's abort word (nonzero: aborted), as loaded: a caller that compares it later keeps
+/// the load's latency off its path until then.
+#[inline(always)]
+unsafe fn abort_word(desc: u64) -> u32 {
     let d = unsafe { &*(desc as *const CommDesc) };
     let heap = unsafe { *d.heaps.as_ptr().add(d.rank as usize) };
-    unsafe { memory::ld_relaxed_u32(Scope::Gpu, (heap + ABORT_OFFSET) as *const u32) != 0 }
+    unsafe { memory::ld_relaxed_u32(Scope::Gpu, (heap + ABORT_OFFSET) as *const u32) }
 }
 
 /// How long a fused kernel's GEMM ring may stall before the wait is declared hung (a trap): past
@@ -643,6 +650,11 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
     }
     sync::sync_threads();
     let a = unsafe { &*(largs() as *const GemmRsArgs) };
+    if ids::block_idx_reread() >= a.n_comm {
+        // (Uniform in the CTA: the barrier below is reached by all threads or none.)
+        unsafe { fill_item_table(ids::block_idx_reread() - a.n_comm) };
+        sync::sync_threads();
+    }
     if ids::thread_idx_reread() == 0 && ids::block_idx_reread() >= a.n_comm {
         unsafe { trace::end(a.trace, ids::block_idx_reread() - a.n_comm, End::Setup) };
     }
@@ -650,12 +662,6 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
     // and kept live across it are what ptxas spills. Indices are read again for the same reason.
     // `idx`: this CTA among the compute CTAs.
     let compute_idx = || ids::block_idx_reread() - a.n_comm;
-    let setup = |idx: u32| {
-        let rank = unsafe { (*(ldesc() as *const CommDesc)).rank };
-        let world = unsafe { (*(ldesc() as *const CommDesc)).world };
-        let tiles = TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, a.group_m, idx, ids::grid_dim() - a.n_comm).chunked(world, rank, a.part_tiles_m);
-        (rank, world, tiles, a.k.div_ceil(TILE.block_k))
-    };
     let mut pos = RingPos::START;
     // Every CTA runs the same register split (a comm CTA's thread 128 moves the data, with
     // the consumers' registers): role branches around setmaxnreg cost the consumers their
@@ -725,14 +731,9 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
             // and the scheduler are rebuilt for each (from the shared-memory copies): kept
             // live across the loop they do not fit in the producer's registers.
             while w < items {
-                let it = stream_k().item(idx, w);
+                let it = unsafe { item(idx, w) };
                 w += 1;
-                let (_, world, tiles, _) = setup(idx);
-                let d = unsafe { &*(ldesc() as *const CommDesc) };
-                let (nodes, node) = (d.global_world / world, d.global_rank / world);
-                let tile = tiles.tile(it.tile);
-                // The scheduler walks node-blocked rows; A is read at the row they stand for.
-                let a_row = rs_source_row(tile.m0, a.m, world, nodes, node);
+                let (tile, a_row) = (it.tile, it.a_row);
                 // Gives up once the rank aborted and the consumers stopped taking slots.
                 // Consumers that stop early keep freeing slots: every tile is loaded.
                 // With a stager, its trickle follows the count of free slots ([`Ring::tick`]).
@@ -773,13 +774,14 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
     let items = stream_k().items(idx);
     let mut w = 0u32;
     while w < items {
-        let it = stream_k().item(idx, w);
+        let it = unsafe { item(idx, w) };
         w += 1;
-        let tile = setup(idx).2.tile(it.tile);
+        let tile = it.tile;
         mark(traced, Mark::Begin);
-        // Read now, used at this tile's epilogue barrier: the load's latency hides under the
-        // mainloop instead of stalling both warpgroups there.
-        let stop = ids::thread_in_warpgroup() == 0 && unsafe { aborted(ldesc()) };
+        // Read now by every thread, used at this tile's epilogue barrier: the load's register
+        // is first read there, so its latency hides under the mainloop (read by the leader
+        // alone and turned into a flag at once, the warpgroup waited for it here).
+        let abort_word = unsafe { abort_word(ldesc()) };
         let (rank, world) = unsafe { rank_world(ldesc()) };
         let chunk_rows = a.m / world;
         unsafe {
@@ -804,6 +806,7 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
                 let kind = if !it.owner { tile_kind::PIECE } else if tile.m0 / chunk_rows == rank { tile_kind::OWN } else { tile_kind::PEER };
                 trace::tile(a.trace, idx, traced, tile.m0 / TILE.block_m, tile.n0 / TILE.block_n, kind);
             }
+            let stop = ids::thread_in_warpgroup() == 0 && abort_word != 0;
             let done = if it.owner {
                 // A stream-K tile's earlier K ranges (other CTAs' first pieces) are added
                 // first.
@@ -825,7 +828,7 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
                 // computing): the producer and the other consumer warpgroup, which stops at its
                 // next barrier (the abort word is up), run to the end.
                 while w < items {
-                    drain_tile(&ring, &mut pos, stream_k().item(idx, w).k_len(), consumer_stall(ldesc()));
+                    drain_tile(&ring, &mut pos, item(idx, w).k_len(), consumer_stall(ldesc()));
                     w += 1;
                 }
                 // AllReduce: both warpgroups vote once on barrier 3 before the completion wait
@@ -1153,6 +1156,76 @@ fn stream_k() -> StreamK {
     let on = unsafe { (&raw const (*a).sk_ws).read_volatile() != 0 && stager_runs(&*a) };
     let sk = if on { unsafe { field(&raw const (*a).sk_tiles) } } else { 0 };
     StreamK::new(m.div_ceil(TILE.block_m) * n.div_ceil(TILE.block_n), ids::grid_dim() - n_comm, k.div_ceil(TILE.block_k), sk)
+}
+
+/// A compute CTA's work item as both the producer and the consumers use it: the tile (in the
+/// scheduler's node-blocked rows), its K blocks `k0..k1`, whether this CTA runs its epilogue
+/// (and from which contributor CTA on, [`StreamK`]), and the row of A it reads.
+#[derive(Clone, Copy)]
+struct ItemRec {
+    tile: Tile,
+    k0: u32,
+    k1: u32,
+    owner: bool,
+    from: u32,
+    a_row: u32,
+}
+
+impl ItemRec {
+    #[inline(always)]
+    fn k_len(&self) -> u32 {
+        self.k1 - self.k0
+    }
+}
+
+/// Works out item `w` of compute CTA `idx` (the stream-K plan, the chunked scheduler and A's
+/// source row; some 30 integer divisions), everything re-read from the shared copies.
+#[inline(always)]
+unsafe fn compute_item(idx: u32, w: u32) -> ItemRec {
+    let a = unsafe { &*(largs() as *const GemmRsArgs) };
+    let d = unsafe { &*(ldesc() as *const CommDesc) };
+    let it = stream_k().item(idx, w);
+    let (rank, world) = unsafe { rank_world(ldesc()) };
+    let tiles = TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, a.group_m, idx, ids::grid_dim() - a.n_comm).chunked(world, rank, a.part_tiles_m);
+    let tile = tiles.tile(it.tile);
+    let (nodes, node) = (d.global_world / world, d.global_rank / world);
+    // The scheduler walks node-blocked rows; A is read at the row they stand for.
+    let a_row = rs_source_row(tile.m0, a.m, world, nodes, node);
+    ItemRec { tile, k0: it.k0, k1: it.k1, owner: it.owner, from: it.from, a_row }
+}
+
+/// Record `w` of the work-item table (`GemmTile::item_table_offset`).
+#[inline(always)]
+fn item_slot(w: u32) -> smem::SmemAddr {
+    smem::dynamic_smem_addr().add(RS_TILE.item_table_offset() + w * GemmTile::ITEM_RECORD_BYTES)
+}
+
+/// Fills the work-item table of this compute CTA (every thread of the CTA, before the role
+/// split; a CTA barrier must follow): records `0..min(items, capacity)`.
+#[inline(always)]
+unsafe fn fill_item_table(idx: u32) {
+    let items = stream_k().items(idx).min(RS_TILE.item_table_entries);
+    let mut w = ids::thread_idx_reread();
+    while w < items {
+        let r = unsafe { compute_item(idx, w) };
+        unsafe {
+            smem::st_shared_v4(item_slot(w), [r.tile.m0, r.tile.n0, r.k0, r.k1]);
+            smem::st_shared_v4(item_slot(w).add(16), [r.owner as u32, r.from, r.a_row, 0]);
+        }
+        w += RS_TILE.threads();
+    }
+}
+
+/// Item `w` of compute CTA `idx`: two shared-memory loads from the table, or worked out past
+/// its capacity.
+#[inline(always)]
+unsafe fn item(idx: u32, w: u32) -> ItemRec {
+    if w < RS_TILE.item_table_entries {
+        let (x, y) = unsafe { (smem::ld_shared_v4(item_slot(w)), smem::ld_shared_v4(item_slot(w).add(16))) };
+        ItemRec { tile: Tile { m0: x[0], n0: x[1] }, k0: x[2], k1: x[3], owner: y[0] != 0, from: y[1], a_row: y[2] }
+    } else {
+        unsafe { compute_item(idx, w) }
+    }
 }
 
 /// The workspace slot of consumer warpgroup `wg` of compute CTA `cta` (its stream-K partial).
