@@ -103,6 +103,14 @@ pub struct GemmRsArgs {
     pub sk_ws: u64,
 }
 
+/// Rows of one bulk store issued by a stager (a piece of a 64-row staging box; the host
+/// encodes the receive-buffer and output maps with this box height where stagers run). A bulk
+/// store that crosses NVLink holds the SM's TMA unit while NVLink takes its bytes, and the
+/// mainloop's operand loads queue behind it: smaller pieces, spread over the mainloop, hold it
+/// up for less at a time. A multiple of 8 (the 128-byte swizzle's 1024-byte atom).
+pub const STAGER_STORE_ROWS: u32 = 64;
+const _: () = assert!(crate::GemmTile::EPILOGUE_BOX_ROWS % STAGER_STORE_ROWS == 0 && STAGER_STORE_ROWS % 8 == 0);
+
 /// Bytes of one consumer warpgroup's stream-K partial: 128 threads x 128 f32 accumulators.
 pub const SK_SLOT_BYTES: u64 = 128 * 128 * 4;
 

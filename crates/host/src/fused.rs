@@ -279,6 +279,11 @@ impl GemmRsPlan {
         // local rank's output), the stage, the first peer's slot of our receive buffer (its
         // partials, TMA-loaded by own tiles). Each is 128 bytes in one table.
         let box_map = |ptr: u64, rows: u64| encode_bf16_sw128(Tensor2d { ptr, cols: n64, rows, row_stride_bytes: 2 * n64 }, GemmTile::EPILOGUE_BOX_COLS, GemmTile::EPILOGUE_BOX_ROWS);
+        // Stagers where they can run (one node of 2 ranks, pushed directly), unless declined.
+        let stager = world == 2 && nodes == 1 && n_comm == 0 && !pull && !split.no_stager;
+        // Where a stager stores (the peers' receive buffers, the outputs): its pieces' height.
+        let store_rows = if stager { mkernel_config::fused::STAGER_STORE_ROWS } else { GemmTile::EPILOGUE_BOX_ROWS };
+        let store_map = |ptr: u64, rows: u64| encode_bf16_sw128(Tensor2d { ptr, cols: n64, rows, row_stride_bytes: 2 * n64 }, GemmTile::EPILOGUE_BOX_COLS, store_rows);
         let outs: Vec<u64> = match (out, ar_out) {
             (Some(o), _) => vec![o],
             (None, Some(ar)) => (0..world).map(|p| comm.peer_ptr(p as u32, &ar) + global_rank * block_bytes).collect(),
@@ -296,12 +301,12 @@ impl GemmRsPlan {
         let mut recv_maps = vec![];
         if let (None, Some(recv)) = (outbox, recv) {
             for p in 0..world {
-                recv_maps.push(push(box_map(comm.peer_ptr(p as u32, &recv) + rank * slot_bytes, chunk_rows)?.opaque));
+                recv_maps.push(push(store_map(comm.peer_ptr(p as u32, &recv) + rank * slot_bytes, chunk_rows)?.opaque));
             }
         }
         let mut out_maps = vec![];
         for &o in &outs {
-            out_maps.push(push(box_map(o, block_rows)?.opaque));
+            out_maps.push(push(store_map(o, block_rows)?.opaque));
         }
         let stage_map = match stage {
             Some(st) => Some(push(box_map(comm.ptr(&st), block_rows * (nodes as u64 - 1))?.opaque)),
@@ -351,8 +356,7 @@ impl GemmRsPlan {
             group_m: if split.group_m == 0 { t.group_m } else { split.group_m.min((block_rows as usize / t.block_m as usize / parts as usize) as u32) },
             pull: pull as u32,
             trace: 0,
-            // Stagers where they can run (one node of 2 ranks, pushed directly), unless declined.
-            stager: (world == 2 && nodes == 1 && n_comm == 0 && !pull && !split.no_stager) as u32,
+            stager: stager as u32,
             sk_tiles: 0,
             sk_ws: 0,
         };

@@ -67,6 +67,12 @@ impl CommCtx {
     pub fn global_rank_now(&self) -> u32 {
         unsafe { (&raw const (*self.desc).global_rank).read_volatile() }
     }
+    /// This rank on its node, read from the descriptor now (volatile; as
+    /// [`CommCtx::global_rank_now`]).
+    #[inline(always)]
+    pub fn rank_now(&self) -> u32 {
+        unsafe { (&raw const (*self.desc).rank).read_volatile() }
+    }
     /// Base address of `rank`'s heap (this rank's own heap for `rank == self.rank`).
     #[inline(always)]
     pub fn heap(&self, rank: u32) -> u64 {

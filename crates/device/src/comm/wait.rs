@@ -25,7 +25,15 @@ pub unsafe fn wait_flag_of_cta(c: &CommCtx, slot: FlagSlot, src: u32, cta: u32, 
 /// a microsecond.
 #[inline(always)]
 pub unsafe fn wait_flag_of_cta_sleeping<const SLEEP_NS: u32>(c: &CommCtx, slot: FlagSlot, src: u32, cta: u32, target: u64) -> bool {
-    let flag = c.flag_of_cta(c.rank, slot, src, cta);
+    unsafe { wait_flag_of_cta_from::<SLEEP_NS>(c, slot, move |_| src, cta, target) }
+}
+
+/// As [`wait_flag_of_cta_sleeping`], the source derived from the context where it is used
+/// (the flag's address, the error record): e.g. `|c| c.rank ^ 1`, the other rank of two,
+/// which a caller short of registers need not keep beside the context across the wait.
+#[inline(always)]
+pub unsafe fn wait_flag_of_cta_from<const SLEEP_NS: u32>(c: &CommCtx, slot: FlagSlot, src: impl Fn(&CommCtx) -> u32 + Copy, cta: u32, target: u64) -> bool {
+    let flag = c.flag_of_cta(c.rank, slot, src(c), cta);
     let abort = (c.heap(c.rank) + ABORT_OFFSET) as *const u32;
     let start = time::globaltimer_ns();
     let mut polls = 0u32;
@@ -44,7 +52,7 @@ pub unsafe fn wait_flag_of_cta_sleeping<const SLEEP_NS: u32>(c: &CommCtx, slot: 
             }
             let waited = time::globaltimer_ns().wrapping_sub(start);
             if waited > c.timeout_ns {
-                unsafe { report_timeout(c, slot, src, target, seen, waited) };
+                unsafe { report_timeout(c, slot, src(c), target, seen, waited) };
                 return false;
             }
         }

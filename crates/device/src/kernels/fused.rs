@@ -17,7 +17,7 @@
 //! ended).
 use crate::arch::{ids, mbarrier, memory, memory::Scope, regs, smem, sync, tma, tma::TensorMap};
 use crate::comm::bulk::{BulkRing, Release};
-use crate::comm::wait::{wait_flag_of_cta, wait_flag_of_cta_sleeping};
+use crate::comm::wait::{wait_flag_of_cta, wait_flag_of_cta_from, wait_flag_of_cta_sleeping};
 use crate::comm::{proxy, CommCtx};
 use crate::gemm::consumer::{drain_tile, mma_tile_bounded, mma_tile_hooked, KBlockHook};
 use crate::gemm::epilogue::{add_acc_f32, add_bf16_tile, add_staged_tile, drain_tma_stores, store_acc_f32, store_staged_box, store_tile_tma, store_tile_tma_to, MapTable, StagedOnly};
@@ -28,7 +28,7 @@ use crate::gemm::{BLayout, TILE};
 use crate::gemm::scheduler::Tile;
 use crate::gemm::trace;
 use mkernel_config::trace::{End, Mark, tile_kind};
-use mkernel_config::fused::{rs_source_row, AgGemmArgs, GemmRsArgs, SK_SLOT_BYTES};
+use mkernel_config::fused::{rs_source_row, AgGemmArgs, GemmRsArgs, SK_SLOT_BYTES, STAGER_STORE_ROWS};
 use mkernel_config::stream_k::StreamK;
 use mkernel_config::GemmTile;
 use mkernel_config::comm::{flag_offset, CommDesc, FlagSlot, RemoteSlot, Role, ABORT_OFFSET, FIFO_HEAD_OFFSET, FUSED_EPOCH_OFFSET, FUSED_EXITS_OFFSET};
@@ -1216,13 +1216,19 @@ unsafe fn fill_item_table(idx: u32) {
     }
 }
 
+/// Item `w` (below the table's capacity) from the table.
+#[inline(always)]
+unsafe fn table_item(w: u32) -> ItemRec {
+    let (x, y) = unsafe { (smem::ld_shared_v4(item_slot(w)), smem::ld_shared_v4(item_slot(w).add(16))) };
+    ItemRec { tile: Tile { m0: x[0], n0: x[1] }, k0: x[2], k1: x[3], owner: y[0] != 0, from: y[1], a_row: y[2] }
+}
+
 /// Item `w` of compute CTA `idx`: two shared-memory loads from the table, or worked out past
 /// its capacity.
 #[inline(always)]
 unsafe fn item(idx: u32, w: u32) -> ItemRec {
     if w < RS_TILE.item_table_entries {
-        let (x, y) = unsafe { (smem::ld_shared_v4(item_slot(w)), smem::ld_shared_v4(item_slot(w).add(16))) };
-        ItemRec { tile: Tile { m0: x[0], n0: x[1] }, k0: x[2], k1: x[3], owner: y[0] != 0, from: y[1], a_row: y[2] }
+        unsafe { table_item(w) }
     } else {
         unsafe { compute_item(idx, w) }
     }
@@ -1310,19 +1316,52 @@ unsafe fn stager_epilogue(ring: &Ring, local: Tile, wg: u32, acc: &mut [f32; 128
     true
 }
 
+/// What a stager's staging holds for the tile ahead: nothing in flight, told to its consumers.
+const ARRIVED: u32 = 3;
+
+/// Makes consumer warpgroup `cw`'s staging ready for `tile` (phase `parity` of `aux(1 + cw)`):
+/// an own tile's peer partial is TMA-loaded into it (the caller saw the peer's counter full:
+/// the partial was written by the peer's bulk stores and announced by a generic release, so
+/// the load, through the async proxy, comes after `fence.proxy.async`); for a peer tile it
+/// just arrives. Returns the stager's `loading` state: `parity` (a load in flight) or
+/// [`ARRIVED`].
+#[inline(always)]
+unsafe fn stager_ready(cw: u32, tile: Tile, parity: u32) -> u32 {
+    let a = unsafe { &*(largs() as *const GemmRsArgs) };
+    let (rank, world) = unsafe { rank_world(ldesc()) };
+    let chunk_rows = a.m / world;
+    let ready = Ring::new(smem::dynamic_smem_addr(), RS_TILE).aux(1 + cw);
+    if tile.m0 / chunk_rows != rank {
+        unsafe { mbarrier::arrive(ready) };
+        return ARRIVED;
+    }
+    memory::fence_proxy_async();
+    unsafe { mbarrier::arrive_expect_tx(ready, RS_TILE.epilogue_buffers * RS_TILE.epilogue_box_bytes()) };
+    let map = TensorMap(a.map_in as *const u8);
+    let row0 = (rank + 1) % world * chunk_rows + (tile.m0 - rank * chunk_rows) + cw * TILE.rows_per_consumer();
+    for q in 0..RS_TILE.epilogue_buffers {
+        unsafe { tma::load_2d(Ring::new(smem::dynamic_smem_addr(), RS_TILE).staging(cw, q), map, tile.n0 + GemmTile::EPILOGUE_BOX_COLS * q, row0, ready) };
+    }
+    parity
+}
+
 /// The stager of consumer warpgroup `cw` of compute CTA `idx` (lane 0 of producer warp
 /// `1 + 2 cw`; [`stager_runs`]): the warpgroup's epilogue I/O, so its `wgmma` issue never
 /// waits for NVLink. For each tile of the CTA, in the consumers' order:
-/// 1. makes the staging ready (`aux(1 + cw)`): an own tile's peer partial is TMA-loaded into it
-///    once the peer's counter `(Tile1, peer, mt)` is full (completing the barrier with its
-///    bytes); for a peer tile it just arrives;
+/// 1. makes the staging ready (`aux(1 + cw)`, [`stager_ready`]) unless step 4 of the tile
+///    before did: an own tile's peer partial is TMA-loaded into it once the peer's counter
+///    `(Tile1, peer, mt)` is full (completing the barrier with its bytes); for a peer tile it
+///    just arrives;
 /// 2. waits until the consumers wrote the tile into it (`aux(3 + cw)`);
 /// 3. issues its bulk stores (a peer tile: into this rank's slot of the peer's receive buffer;
-///    an own tile: to the output, AllReduce: to every local rank's output); those that cross
-///    NVLink box by box as the consumers pass the K blocks of their next mainloop where
-///    [`Trickle`] would issue them, the local ones at once;
-/// 4. waits until they are complete and announces the half tile locally (`red.release.gpu`
-///    +1 on `(Outbox, dest, mt)`: a peer partial, or AllReduce's reduced rows) for the relays.
+///    an own tile: to the output, AllReduce: to every local rank's output) in pieces of
+///    [`STAGER_STORE_ROWS`] rows; those that cross NVLink trickle as the consumers pass the K
+///    blocks of their next mainloop, the local ones at once;
+/// 4. once the stores have read the staging, makes it ready for the next tile if that needs
+///    no wait (a peer tile, or an own tile whose peer counter is already full);
+/// 5. waits until the stores are complete and announces the half tile locally
+///    (`red.release.gpu` +1 on `(Outbox, dest, mt)`: a peer partial, or AllReduce's reduced
+///    rows) for the relays.
 ///
 /// Every tile is announced before the wait for a later tile's counter (the deadlock-freedom
 /// rule of [`publish`], met early). Waits are bounded (error record, abort); on an abort it
@@ -1345,12 +1384,11 @@ unsafe fn stager_role(idx: u32, cw: u32) {
         }
         unsafe { aborted(ldesc()) }
     };
-    // The phase of `ready` whose TMA load may still land (NONE: none), waited for before stopping.
+    // The phase of `ready` whose TMA load may still land (NONE: the staging is not made ready
+    // for the tile ahead yet, ARRIVED: it is, no load), waited for before stopping.
     const NONE: u32 = 2;
     let mut loading = NONE;
     let (mut w, mut parity) = (0u32, 0u32);
-    // K blocks of the consumers' items so far (through item `w - 1`).
-    let mut k_done = 0u32;
     // The peer's receive buffer and output are open.
     let mut ok = unsafe {
         let (rank, world) = rank_world(ldesc());
@@ -1360,39 +1398,28 @@ unsafe fn stager_role(idx: u32, cw: u32) {
         // The consumers' work item `w`, and its tile (the scheduler rebuilt: its state would
         // not fit next to this loop's). A stream-K contributor piece has no epilogue.
         let a = unsafe { &*(largs() as *const GemmRsArgs) };
-        let it = stream_k().item(idx, w);
+        let it = unsafe { table_item(w) };
         w += 1;
-        k_done += it.k_len();
         if !it.owner {
             continue;
         }
-        let (rank, world) = unsafe { rank_world(ldesc()) };
-        let grid = ids::grid_dim() - a.n_comm;
-        let tile = TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, a.group_m, idx, grid).chunked(world, rank, a.part_tiles_m).tile(it.tile);
-        let peer = (rank + 1) % world;
-        let chunk_rows = a.m / world;
-        let dest = tile.m0 / chunk_rows;
-        let local = Tile { m0: tile.m0 - dest * chunk_rows, n0: tile.n0 };
-        let mt = local.m0 / TILE.block_m;
-        let (ready, staged) = (ring().aux(1 + cw), ring().aux(3 + cw));
-        // 1. The staging, ready for this tile.
-        if dest == rank {
-            if !unsafe { wait_flag_of_cta_sleeping::<RELAY_SLEEP_NS>(&ctx(), FlagSlot::Tile1, peer, mt, tile1_full(a)) } {
+        // 1. The staging, ready for this tile (unless the previous tile's step 4 did it).
+        if loading == NONE {
+            let (rank, world) = unsafe { rank_world(ldesc()) };
+            let chunk_rows = a.m / world;
+            let dest = it.tile.m0 / chunk_rows;
+            let mt = (it.tile.m0 - dest * chunk_rows) / TILE.block_m;
+            // (The peer is `rank ^ 1`: stagers run on 2 ranks only. Read again where the wait
+            // uses it, the flag's address and the error record: kept across the wait, ptxas
+            // spilled it.)
+            let c = ctx();
+            if dest == rank && !unsafe { wait_flag_of_cta_from::<RELAY_SLEEP_NS>(&c, FlagSlot::Tile1, |c| c.rank_now() ^ 1, mt, tile1_full(a)) } {
                 break;
             }
-            // The partial was written by the peer's bulk stores and announced by a generic
-            // release (acquired above); the load reads it through the async proxy.
-            memory::fence_proxy_async();
-            unsafe { mbarrier::arrive_expect_tx(ready, RS_TILE.epilogue_buffers * RS_TILE.epilogue_box_bytes()) };
-            let map = TensorMap(a.map_in as *const u8);
-            let row0 = peer * chunk_rows + local.m0 + cw * TILE.rows_per_consumer();
-            for q in 0..RS_TILE.epilogue_buffers {
-                unsafe { tma::load_2d(ring().staging(cw, q), map, tile.n0 + GemmTile::EPILOGUE_BOX_COLS * q, row0, ready) };
-            }
-            loading = parity;
-        } else {
-            unsafe { mbarrier::arrive(ready) };
+            // (The tile read again: kept across the wait, ptxas spilled.)
+            loading = unsafe { stager_ready(cw, table_item(w - 1).tile, parity) };
         }
+        let staged = ring().aux(3 + cw);
         // 2. The consumers' tile in the staging.
         // (Sleeping between tests: this thread shares its SM with the tensor cores' issue.)
         ok = unsafe { mbarrier::wait_parity_sleeping_or::<RELAY_SLEEP_NS>(staged, parity, give_up) };
@@ -1401,52 +1428,89 @@ unsafe fn stager_role(idx: u32, cw: u32) {
         }
         loading = NONE;
         parity ^= 1;
-        // 3. Its bulk stores.
-        let dests = if dest != rank { 1 } else if a.all_reduce != 0 { world } else { 1 };
+        // 3. Its bulk stores, piece by piece ([`STAGER_STORE_ROWS`] rows of one staging box).
         // Those that cross NVLink (a peer's partial, AllReduce's reduced rows) trickle when
-        // more work follows: box q once the consumers reach K block (2q + 1) k / 8 of their
-        // next mainloop (k K blocks; a burst of every CTA's tile at once held up the next
+        // more work follows: piece p of P once the consumers reach K block (2p + 1) k / 2P of
+        // their next mainloop (k K blocks; before an own tile, whose peer partial is loaded
+        // into the staging once these stores are complete, over its first half, so the load
+        // lands before its epilogue). A burst of every CTA's tile at once held up the next
         // mainloop's loads; paced by time instead, every mainloop took 5-13% more cycles on
-        // 2 x H200).
-        let sk = stream_k();
-        let trickle = (dest != rank || a.all_reduce != 0) && w < sk.items(idx);
-        // Before an own tile (whose peer partial is loaded into the staging once these stores
-        // are complete), in the first half of the mainloop, so the load lands before its
-        // epilogue.
-        // (Without a trickle, item 0 stands in: `next` is then unused.)
-        let next = sk.item(idx, if trickle { w } else { 0 });
-        let spread = if trickle && {
-            let grid = ids::grid_dim() - a.n_comm;
-            TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, a.group_m, idx, grid).chunked(world, rank, a.part_tiles_m).tile(next.tile).m0 / chunk_rows == rank
-        } { 4 * RS_TILE.epilogue_buffers } else { 2 * RS_TILE.epilogue_buffers };
-        for q in 0..RS_TILE.epilogue_buffers {
-            // The consumers compute K block x of the launch once they released block x - 1,
-            // i.e. once the producer found x + stages slots free (the last loads' slots are
-            // never waited for: capped) - where the consumers' own trickle issued box q.
-            let x = k_done + (2 * q + 1) * next.k_len() / spread;
-            if trickle && !unsafe { wait_tick(ring().tick(0), (x + RS_TILE.stages).min(sk.k_total(idx)), give_up) } {
-                ok = false;
-                break;
+        // 2 x H200.
+        // Everything but the loop's counters is derived again for each piece (from the shared
+        // copies and the item table): kept live across the loop it does not fit in the
+        // stager's 56 registers.
+        const PIECES: u32 = GemmTile::EPILOGUE_BOX_ROWS / STAGER_STORE_ROWS * RS_TILE.epilogue_buffers;
+        let mut p = 0;
+        while p < PIECES {
+            let a = unsafe { &*(largs() as *const GemmRsArgs) };
+            let (rank, world) = unsafe { rank_world(ldesc()) };
+            let chunk_rows = a.m / world;
+            let tile = unsafe { table_item(w - 1) }.tile;
+            let dest = tile.m0 / chunk_rows;
+            let local = Tile { m0: tile.m0 - dest * chunk_rows, n0: tile.n0 };
+            let sk = stream_k();
+            if (dest != rank || a.all_reduce != 0) && w < sk.items(idx) {
+                // The consumers compute K block x of the launch once they released block
+                // x - 1, i.e. once the producer found x + stages slots free (the last loads'
+                // slots are never waited for: capped).
+                let next = unsafe { table_item(w) };
+                let spread = if next.tile.m0 / chunk_rows == rank { 4 * PIECES } else { 2 * PIECES };
+                let x = sk.k_before(idx, w) + (2 * p + 1) * next.k_len() / spread;
+                if !unsafe { wait_tick(ring().tick(0), (x + RS_TILE.stages).min(sk.k_total(idx)), give_up) } {
+                    ok = false;
+                    break;
+                }
             }
+            let dests = if dest != rank { 1 } else if a.all_reduce != 0 { world } else { 1 };
+            let (q, r) = (p / (PIECES / RS_TILE.epilogue_buffers), p % (PIECES / RS_TILE.epilogue_buffers));
             for d in 0..dests {
                 let map = unsafe { if dest != rank { *a.map_recv.as_ptr().add(dest as usize) } else { *a.map_out.as_ptr().add(d as usize) } };
-                unsafe { tma::store_2d(TensorMap(map as *const u8), local.n0 + GemmTile::EPILOGUE_BOX_COLS * q, local.m0 + cw * TILE.rows_per_consumer(), ring().staging(cw, q)) };
+                let src = ring().staging(cw, q).add(r * STAGER_STORE_ROWS * GemmTile::EPILOGUE_BOX_COLS * 2);
+                unsafe { tma::store_2d(TensorMap(map as *const u8), local.n0 + GemmTile::EPILOGUE_BOX_COLS * q, local.m0 + cw * TILE.rows_per_consumer() + r * STAGER_STORE_ROWS, src) };
             }
             tma::store_commit();
+            p += 1;
         }
         if !ok {
             break;
         }
-        // 4. Complete: announced.
+        // 4. The next tile's staging, as soon as these stores have read it (their
+        // completion, which the announcement waits for, comes later: NVLink takes the
+        // bytes): a peer tile is told at once, an own tile's partial loaded if its peer's
+        // counter is already full - checked, not waited for (a wait on another rank before
+        // this tile's announcement could close a cycle between ranks); else step 1 does it.
+        tma::store_wait_read::<0>();
+        if w < stream_k().items(idx) && unsafe { table_item(w) }.owner {
+            let a = unsafe { &*(largs() as *const GemmRsArgs) };
+            let (rank, world) = unsafe { rank_world(ldesc()) };
+            let next = unsafe { table_item(w) }.tile;
+            let chunk_rows = a.m / world;
+            let own = next.m0 / chunk_rows == rank;
+            let full = || {
+                let mt = (next.m0 - rank * chunk_rows) / TILE.block_m;
+                let c = ctx();
+                unsafe { memory::ld_acquire_u64(Scope::Sys, c.flag_of_cta(rank, FlagSlot::Tile1, (rank + 1) % world, mt)) >= tile1_full(a) }
+            };
+            if !own || full() {
+                loading = unsafe { stager_ready(cw, next, parity) };
+            }
+        }
+        // 5. Complete: announced (the tile derived again, as above).
         tma::store_wait::<0>();
         memory::fence_proxy_async();
+        let a = unsafe { &*(largs() as *const GemmRsArgs) };
+        let (rank, world) = unsafe { rank_world(ldesc()) };
+        let chunk_rows = a.m / world;
+        let tile = unsafe { table_item(w - 1) }.tile;
+        let dest = tile.m0 / chunk_rows;
         if dest != rank || a.all_reduce != 0 {
+            let mt = (tile.m0 - dest * chunk_rows) / TILE.block_m;
             unsafe { memory::red_release_add_u64(Scope::Gpu, ctx().flag_of_cta(rank, FlagSlot::Outbox, dest, mt), 1) };
         }
     }
     // Stopping early: nothing may still read or fill the staging when the CTA exits.
     tma::store_wait::<0>();
-    if loading != NONE {
+    if loading < NONE {
         unsafe { mbarrier::wait_parity(ring().aux(1 + cw), loading) };
     }
 }
