@@ -1348,18 +1348,15 @@ unsafe fn stager_ready(cw: u32, tile: Tile, parity: u32) -> u32 {
 /// The stager of consumer warpgroup `cw` of compute CTA `idx` (lane 0 of producer warp
 /// `1 + 2 cw`; [`stager_runs`]): the warpgroup's epilogue I/O, so its `wgmma` issue never
 /// waits for NVLink. For each tile of the CTA, in the consumers' order:
-/// 1. makes the staging ready (`aux(1 + cw)`, [`stager_ready`]) unless step 4 of the tile
-///    before did: an own tile's peer partial is TMA-loaded into it once the peer's counter
-///    `(Tile1, peer, mt)` is full (completing the barrier with its bytes); for a peer tile it
-///    just arrives;
+/// 1. makes the staging ready (`aux(1 + cw)`, [`stager_ready`]): an own tile's peer partial
+///    is TMA-loaded into it once the peer's counter `(Tile1, peer, mt)` is full (completing
+///    the barrier with its bytes); for a peer tile it just arrives;
 /// 2. waits until the consumers wrote the tile into it (`aux(3 + cw)`);
 /// 3. issues its bulk stores (a peer tile: into this rank's slot of the peer's receive buffer;
 ///    an own tile: to the output, AllReduce: to every local rank's output) in pieces of
 ///    [`STAGER_STORE_ROWS`] rows; those that cross NVLink trickle as the consumers pass the K
 ///    blocks of their next mainloop, the local ones at once;
-/// 4. once the stores have read the staging, makes it ready for the next tile if that needs
-///    no wait (a peer tile, or an own tile whose peer counter is already full);
-/// 5. waits until the stores are complete and announces the half tile locally
+/// 4. waits until the stores are complete and announces the half tile locally
 ///    (`red.release.gpu` +1 on `(Outbox, dest, mt)`: a peer partial, or AllReduce's reduced
 ///    rows) for the relays.
 ///
@@ -1384,8 +1381,8 @@ unsafe fn stager_role(idx: u32, cw: u32) {
         }
         unsafe { aborted(ldesc()) }
     };
-    // The phase of `ready` whose TMA load may still land (NONE: the staging is not made ready
-    // for the tile ahead yet, ARRIVED: it is, no load), waited for before stopping.
+    // The phase of `ready` whose TMA load may still land (NONE, ARRIVED: none), waited for
+    // before stopping.
     const NONE: u32 = 2;
     let mut loading = NONE;
     let (mut w, mut parity) = (0u32, 0u32);
@@ -1403,8 +1400,8 @@ unsafe fn stager_role(idx: u32, cw: u32) {
         if !it.owner {
             continue;
         }
-        // 1. The staging, ready for this tile (unless the previous tile's step 4 did it).
-        if loading == NONE {
+        // 1. The staging, ready for this tile.
+        {
             let (rank, world) = unsafe { rank_world(ldesc()) };
             let chunk_rows = a.m / world;
             let dest = it.tile.m0 / chunk_rows;
@@ -1474,28 +1471,7 @@ unsafe fn stager_role(idx: u32, cw: u32) {
         if !ok {
             break;
         }
-        // 4. The next tile's staging, as soon as these stores have read it (their
-        // completion, which the announcement waits for, comes later: NVLink takes the
-        // bytes): a peer tile is told at once, an own tile's partial loaded if its peer's
-        // counter is already full - checked, not waited for (a wait on another rank before
-        // this tile's announcement could close a cycle between ranks); else step 1 does it.
-        tma::store_wait_read::<0>();
-        if w < stream_k().items(idx) && unsafe { table_item(w) }.owner {
-            let a = unsafe { &*(largs() as *const GemmRsArgs) };
-            let (rank, world) = unsafe { rank_world(ldesc()) };
-            let next = unsafe { table_item(w) }.tile;
-            let chunk_rows = a.m / world;
-            let own = next.m0 / chunk_rows == rank;
-            let full = || {
-                let mt = (next.m0 - rank * chunk_rows) / TILE.block_m;
-                let c = ctx();
-                unsafe { memory::ld_acquire_u64(Scope::Sys, c.flag_of_cta(rank, FlagSlot::Tile1, (rank + 1) % world, mt)) >= tile1_full(a) }
-            };
-            if !own || full() {
-                loading = unsafe { stager_ready(cw, next, parity) };
-            }
-        }
-        // 5. Complete: announced (the tile derived again, as above).
+        // 4. Complete: announced (the tile derived again, as above).
         tma::store_wait::<0>();
         memory::fence_proxy_async();
         let a = unsafe { &*(largs() as *const GemmRsArgs) };
