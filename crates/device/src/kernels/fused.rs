@@ -798,7 +798,7 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
                 prefetch_partials(a, tile, rank, world, staged);
             }
             mark(traced, Mark::Mainloop);
-            mma_tile_hooked(&ring, &mut pos, &mut acc, wg - 1, BLayout::Nk, it.k_len(), consumer_stall(ldesc()), &mut trickle);
+            mma_tile_hooked::<true>(&ring, &mut pos, &mut acc, wg - 1, BLayout::Nk, it.k_len(), consumer_stall(ldesc()), &mut trickle);
             // (A short K leaves boxes over.)
             trickle.flush(&ring, wg - 1);
             mark(traced, Mark::MainloopDone);
