@@ -152,7 +152,7 @@ impl GemmTile {
         self.desc_copy_offset() + Self::DESC_COPY_BYTES
     }
     /// Bytes of one work-item record: two 16-byte words (`[m0, n0, k0, k1]`,
-    /// `[owner, from, a_row, 0]`).
+    /// `[flags: owner, own tile, stagers; from; a_row; the row inside its chunk]`).
     pub const ITEM_RECORD_BYTES: u32 = 32;
     /// Offset of the work-item table (16-byte aligned), after the argument copy.
     pub const fn item_table_offset(&self) -> u32 {

@@ -782,10 +782,9 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
         // is first read there, so its latency hides under the mainloop (read by the leader
         // alone and turned into a flag at once, the warpgroup waited for it here).
         let abort_word = unsafe { abort_word(ldesc()) };
-        let (rank, world) = unsafe { rank_world(ldesc()) };
-        let chunk_rows = a.m / world;
         unsafe {
-            if tile.m0 / chunk_rows == rank && world > 1 && !stager_runs(a) {
+            let (rank, world) = rank_world(ldesc());
+            if it.own && !it.stager && world > 1 {
                 // The staging still holds the previous peer tile while its boxes trickle out
                 // (uniform in the warpgroup): this tile then adds its first partial from global
                 // memory too, rather than wait here for those NVLink stores.
@@ -803,14 +802,20 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
             trickle.flush(&ring, wg - 1);
             mark(traced, Mark::MainloopDone);
             if first {
-                let kind = if !it.owner { tile_kind::PIECE } else if tile.m0 / chunk_rows == rank { tile_kind::OWN } else { tile_kind::PEER };
+                let kind = if !it.owner { tile_kind::PIECE } else if it.own { tile_kind::OWN } else { tile_kind::PEER };
                 trace::tile(a.trace, idx, traced, tile.m0 / TILE.block_m, tile.n0 / TILE.block_n, kind);
             }
             let stop = ids::thread_in_warpgroup() == 0 && abort_word != 0;
             let done = if it.owner {
                 // A stream-K tile's earlier K ranges (other CTAs' first pieces) are added
                 // first.
-                (it.from == idx || add_sk_partials(a, epoch, it.from, idx, wg, &mut acc)) && rs_epilogue(a, epoch, &ring, tile, wg, &mut acc, &mut ready, &mut pending, &mut trickle, stop, |m| mark(traced, m))
+                // With stagers the epilogue is theirs: the tile's place comes from its record.
+                (it.from == idx || add_sk_partials(a, epoch, it.from, idx, wg, &mut acc))
+                    && if it.stager {
+                        stager_epilogue(&ring, Tile { m0: it.local_m0, n0: tile.n0 }, wg, &mut acc, &mut ready, it.own, stop, |m| mark(traced, m))
+                    } else {
+                        rs_epilogue(a, epoch, &ring, tile, wg, &mut acc, &mut ready, &mut pending, &mut trickle, stop, |m| mark(traced, m))
+                    }
             } else {
                 // A stream-K contributor piece: to the workspace, for the tile's owner.
                 write_sk_partial(a, epoch, idx, wg, &acc, |m| mark(traced, m));
@@ -993,10 +998,11 @@ unsafe fn wait_staged(ring: &Ring, wg: u32, ready: &mut u32) {
     *ready ^= STAGE_PARITY;
 }
 
-/// The epilogue of one tile of GEMM+ReduceScatter/AllReduce (both consumer warpgroups): announce
-/// the previous tile, then store this one to its peer, or add the peers' partials (and, in the
-/// own node's block, the other nodes' sums) and store the sum. False when a wait gave up (the
-/// error record is written).
+/// The epilogue of one tile of GEMM+ReduceScatter/AllReduce without stagers (both consumer
+/// warpgroups; with stagers the tile loop calls [`stager_epilogue`]): announce the previous
+/// tile, then store this one to its peer, or add the peers' partials (and, in the own node's
+/// block, the other nodes' sums) and store the sum. False when a wait gave up (the error
+/// record is written).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 #[allow(clippy::too_many_arguments)]
@@ -1009,9 +1015,6 @@ unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u
     let dest = tile.m0 / chunk_rows;
     let local = Tile { m0: tile.m0 - dest * chunk_rows, n0: tile.n0 };
     let mt = local.m0 / TILE.block_m;
-    if stager_runs(a) {
-        return unsafe { stager_epilogue(ring, local, wg, acc, ready, dest == c.rank, stop, mark) };
-    }
     unsafe {
         // The tile two back (its stores had two mainloops to complete); an own tile, which
         // waits below, first also the one before if another rank waits for it during the loop
@@ -1169,6 +1172,12 @@ struct ItemRec {
     owner: bool,
     from: u32,
     a_row: u32,
+    /// The tile's rows are this rank's chunk (an own tile).
+    own: bool,
+    /// Stagers do this launch's epilogue I/O ([`stager_runs`]).
+    stager: bool,
+    /// The tile's first row inside its chunk (the destination rank's rows).
+    local_m0: u32,
 }
 
 impl ItemRec {
@@ -1191,8 +1200,15 @@ unsafe fn compute_item(idx: u32, w: u32) -> ItemRec {
     let (nodes, node) = (d.global_world / world, d.global_rank / world);
     // The scheduler walks node-blocked rows; A is read at the row they stand for.
     let a_row = rs_source_row(tile.m0, a.m, world, nodes, node);
-    ItemRec { tile, k0: it.k0, k1: it.k1, owner: it.owner, from: it.from, a_row }
+    let chunk_rows = a.m / world;
+    let dest = tile.m0 / chunk_rows;
+    ItemRec { tile, k0: it.k0, k1: it.k1, owner: it.owner, from: it.from, a_row, own: dest == rank, stager: stager_runs(a), local_m0: tile.m0 - dest * chunk_rows }
 }
+
+/// Flag bits of a work-item record's word 4.
+const REC_OWNER: u32 = 1;
+const REC_OWN: u32 = 2;
+const REC_STAGER: u32 = 4;
 
 /// Record `w` of the work-item table (`GemmTile::item_table_offset`).
 #[inline(always)]
@@ -1210,7 +1226,8 @@ unsafe fn fill_item_table(idx: u32) {
         let r = unsafe { compute_item(idx, w) };
         unsafe {
             smem::st_shared_v4(item_slot(w), [r.tile.m0, r.tile.n0, r.k0, r.k1]);
-            smem::st_shared_v4(item_slot(w).add(16), [r.owner as u32, r.from, r.a_row, 0]);
+            let flags = if r.owner { REC_OWNER } else { 0 } | if r.own { REC_OWN } else { 0 } | if r.stager { REC_STAGER } else { 0 };
+            smem::st_shared_v4(item_slot(w).add(16), [flags, r.from, r.a_row, r.local_m0]);
         }
         w += RS_TILE.threads();
     }
@@ -1220,7 +1237,7 @@ unsafe fn fill_item_table(idx: u32) {
 #[inline(always)]
 unsafe fn table_item(w: u32) -> ItemRec {
     let (x, y) = unsafe { (smem::ld_shared_v4(item_slot(w)), smem::ld_shared_v4(item_slot(w).add(16))) };
-    ItemRec { tile: Tile { m0: x[0], n0: x[1] }, k0: x[2], k1: x[3], owner: y[0] != 0, from: y[1], a_row: y[2] }
+    ItemRec { tile: Tile { m0: x[0], n0: x[1] }, k0: x[2], k1: x[3], owner: y[0] & REC_OWNER != 0, from: y[1], a_row: y[2], own: y[0] & REC_OWN != 0, stager: y[0] & REC_STAGER != 0, local_m0: y[3] }
 }
 
 /// Item `w` of compute CTA `idx`: two shared-memory loads from the table, or worked out past
