@@ -154,9 +154,36 @@ const _: () = assert!(BULK_STAGES * (BULK_STAGE_BYTES + 8) <= crate::GemmTile::F
 // mbarriers, which every CTA initializes.
 const _: () = assert!(BULK_STAGES * (BULK_STAGE_BYTES + 8) <= crate::GemmTile::FUSED_RS.barrier_offset());
 
+/// Whether every work item of every compute CTA fits GEMM+ReduceScatter/AllReduce's item table
+/// (`GemmTile::item_table_entries`): the stagers read their items from it alone (no fallback
+/// that works them out), so the host runs stagers only then. A CTA has at most
+/// `ceil(tiles / grid)` whole tiles and, with a stream-K tail, at most 3 pieces (its range is
+/// at most 1.5 tiles of K long: [`crate::stream_k::StreamK::choose`]).
+pub const fn stager_items_fit(tiles: u32, grid: u32) -> bool {
+    grid > 0 && tiles.div_ceil(grid) + 3 <= crate::GemmTile::FUSED_RS.item_table_entries
+}
+
 #[cfg(test)]
 mod tests {
     use super::rs_source_row;
+    #[test]
+    fn stager_items_fit_bounds_every_plan_and_the_anchor_shapes_fit() {
+        use crate::stream_k::StreamK;
+        // M = 32768, N = 28672 (ANCHORS.md) on 132 SMs fits; one CTA past the table does not.
+        assert!(super::stager_items_fit(256 * 112, 132));
+        let cap = crate::GemmTile::FUSED_RS.item_table_entries;
+        assert!(!super::stager_items_fit((cap - 2) * 10, 10));
+        // The bound holds for every plan `choose` makes.
+        for grid in [1u32, 7, 64, 132] {
+            for tiles in 1..(cap * grid).min(6000) {
+                for kb in [4u32, 9, 64] {
+                    let sk = StreamK::new(tiles, grid, kb, StreamK::choose(tiles, grid, kb));
+                    let most = (0..grid).map(|c| sk.items(c)).max().unwrap();
+                    assert!(most <= tiles.div_ceil(grid) + 3, "tiles {tiles} grid {grid} kb {kb}: {most} items");
+                }
+            }
+        }
+    }
     #[test]
     fn node_blocked_rows_are_a_permutation_with_the_own_node_last() {
         for (world, nodes) in [(1, 1), (4, 1), (1, 2), (2, 2), (4, 2), (2, 3), (8, 4)] {

@@ -280,7 +280,10 @@ impl GemmRsPlan {
         // partials, TMA-loaded by own tiles). Each is 128 bytes in one table.
         let box_map = |ptr: u64, rows: u64| encode_bf16_sw128(Tensor2d { ptr, cols: n64, rows, row_stride_bytes: 2 * n64 }, GemmTile::EPILOGUE_BOX_COLS, GemmTile::EPILOGUE_BOX_ROWS);
         // Stagers where they can run (one node of 2 ranks, pushed directly), unless declined.
-        let stager = world == 2 && nodes == 1 && n_comm == 0 && !pull && !split.no_stager;
+        // (And where every compute CTA's work items fit the kernel's item table, which the
+        // stagers read their items from: every anchor shape.)
+        let tiles_all = (m.div_ceil(t.block_m as usize) * n.div_ceil(t.block_n as usize)) as u32;
+        let stager = world == 2 && nodes == 1 && n_comm == 0 && !pull && !split.no_stager && mkernel_config::fused::stager_items_fit(tiles_all, sms - n_comm);
         // Where a stager stores (the peers' receive buffers, the outputs): its pieces' height.
         let store_rows = if stager { mkernel_config::fused::STAGER_STORE_ROWS } else { GemmTile::EPILOGUE_BOX_ROWS };
         let store_map = |ptr: u64, rows: u64| encode_bf16_sw128(Tensor2d { ptr, cols: n64, rows, row_stride_bytes: 2 * n64 }, GemmTile::EPILOGUE_BOX_COLS, store_rows);
