@@ -41,7 +41,8 @@ impl KBlockHook for NoHook {
     fn at(&mut self, _: u32, _: u32) {}
 }
 
-/// As [`mma_tile_bounded`], calling `hook` once per K block. `EARLY_DESC` (B stored N x K only):
+/// As [`mma_tile_bounded`], calling `hook` once per K block. `EARLY_DESC` (B stored N x K; with
+/// K x N it has no effect):
 /// each slot's wgmma descriptors are worked out before the wait for its data, so only the
 /// wgmma issue follows the data's arrival - for a kernel whose mainloop state lives in vector
 /// registers (GEMM+ReduceScatter/AllReduce: ~15 instructions from the wait to the first wgmma
@@ -53,7 +54,9 @@ pub unsafe fn mma_tile_hooked<const EARLY_DESC: bool>(ring: &Ring, pos: &mut Rin
     let mut prev = 0u32;
     for kb in 0..k_blocks {
         let s = pos.stage;
-        if EARLY_DESC {
+        // (Early descriptors are written for B stored N x K; any other layout takes the path
+        // below.)
+        if EARLY_DESC && matches!(b_layout, BLayout::Nk) {
             // The high words are constants (stride, swizzle): only the low words (start
             // address, leading offset) are computed, and the K steps add to them (the 14-bit
             // start address field never carries: the ring lies below 256 KiB). `before_wait`

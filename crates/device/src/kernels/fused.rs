@@ -727,9 +727,8 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
         if tid == 0 {
             let ring = Ring::new(smem::dynamic_smem_addr(), RS_TILE);
             let (mut w, items) = (0, stream_k().items(idx));
-            // The consumers' work items: whole tiles, then stream-K pieces (K ranges). The plan
-            // and the scheduler are rebuilt for each (from the shared-memory copies): kept
-            // live across the loop they do not fit in the producer's registers.
+            // The consumers' work items: whole tiles, then stream-K pieces (K ranges), each read
+            // from the work-item table ([`item`]).
             while w < items {
                 let it = unsafe { item(idx, w) };
                 w += 1;
@@ -769,8 +768,7 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
     let mark = |i: u32, m: Mark| if first { unsafe { trace::mark(a.trace, idx, i, m) } };
     // Work items: whole tiles, then (stream-K) K ranges of the last tiles, the first of which
     // may be a contributor piece (no epilogue: its partial goes to the workspace).
-    // (The plan and the scheduler are rebuilt for each item: kept live next to the
-    // accumulators they spill.)
+    // (Each read from the work-item table, [`item`].)
     let items = stream_k().items(idx);
     let mut w = 0u32;
     while w < items {
@@ -1004,7 +1002,6 @@ unsafe fn wait_staged(ring: &Ring, wg: u32, ready: &mut u32) {
 /// block, the other nodes' sums) and store the sum. False when a wait gave up (the error
 /// record is written).
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u32, acc: &mut [f32; 128], ready: &mut u32, pending: &mut Pendings, trickle: &mut Trickle, stop: bool, mark: impl Fn(Mark)) -> bool {
     let c = unsafe { fused_ctx_at(ldesc(), epoch) };
@@ -1409,8 +1406,8 @@ unsafe fn stager_role(idx: u32, cw: u32) {
         wait_flag_of_cta(&ctx(), FlagSlot::FusedReady, (rank + 1) % world, 0, epoch)
     };
     while ok && w < stream_k().items(idx) {
-        // The consumers' work item `w`, and its tile (the scheduler rebuilt: its state would
-        // not fit next to this loop's). A stream-K contributor piece has no epilogue.
+        // The consumers' work item `w` (from the work-item table: the host runs stagers only
+        // where every item fits it). A stream-K contributor piece has no epilogue.
         let a = unsafe { &*(largs() as *const GemmRsArgs) };
         let it = unsafe { table_item(w) };
         w += 1;
