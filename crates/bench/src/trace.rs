@@ -47,7 +47,7 @@ pub fn summarize(label: &str, words: &[u64], ctas: usize) -> Value {
             .map(|w| TileRec { w: w.try_into().expect("record length") })
             .take_while(|r| r.at(Mark::Begin) != 0).collect();
         let end = &base[TILES_PER_CTA as usize * WORDS_PER_TILE as usize..];
-        ends.push([end[End::LoopDone as usize], end[End::Drained as usize], end[End::Done as usize], end[End::Entry as usize], end[End::Setup as usize]]);
+        ends.push([end[End::LoopDone as usize], end[End::Drained as usize], end[End::Done as usize], end[End::Entry as usize], end[End::Setup as usize], end[End::Stager0Done as usize].max(end[End::Stager1Done as usize]), end[End::RelayDone as usize], end[End::Exit as usize]]);
         tiles.push(recs);
     }
     let t0 = tiles.iter().filter_map(|r| r.first().map(|t| t.at(Mark::Begin))).min().unwrap_or(0);
@@ -105,6 +105,21 @@ pub fn summarize(label: &str, words: &[u64], ctas: usize) -> Value {
     println!("#   tiles per CTA {}-{}; gap between tiles mean {:.2}; CTA start max {:.1}; loop end min/median/max {:.1}/{:.1}/{:.1}; launch end min/median/max {:.1}/{:.1}/{:.1}",
         mn(&counts), mx(&counts), mean(&gaps), mx(&starts), mn(&loop_done), median(loop_done.clone()), mx(&loop_done), mn(&done), median(done.clone()), mx(&done));
     println!("#   CTA entry min/max {:.1}/{:.1}, setup done min/max {:.1}/{:.1} (us from the first tile)", mn(&entry), mx(&entry), mn(&setup), mx(&setup));
+    // Where stagers and relays run: when their last stores completed and their last flag rose.
+    let stager_done: Vec<f64> = ends.iter().filter(|e| e[5] != 0).map(|e| us(e[5])).collect();
+    let relay_done: Vec<f64> = ends.iter().filter(|e| e[6] != 0).map(|e| us(e[6])).collect();
+    // The launch's last warp (its end-of-launch work done), from the first CTA's entry.
+    if let Some(exit) = ends.iter().map(|e| e[7]).filter(|&t| t != 0).max() {
+        let first_entry = ends.iter().map(|e| e[3]).filter(|&t| t != 0).min().unwrap_or(exit);
+        let span = exit.saturating_sub(first_entry) as f64 / 1e3;
+        println!("#   the launch's last warp finished {:.1} us after the first CTA's entry", span);
+        out.insert("stamped_span_us".into(), json!(span));
+    }
+    if !stager_done.is_empty() || !relay_done.is_empty() {
+        println!("#   stagers' last stores done min/median/max {:.1}/{:.1}/{:.1}; relays' last flag max {:.1}", mn(&stager_done), median(stager_done.clone()), mx(&stager_done), mx(&relay_done));
+        out.insert("stager_done_us".into(), json!([mn(&stager_done), median(stager_done.clone()), mx(&stager_done)]));
+        out.insert("relay_done_us".into(), json!(mx(&relay_done)));
+    }
     out.insert("entry_us".into(), json!([mn(&entry), mx(&entry)]));
     out.insert("setup_us".into(), json!([mn(&setup), mx(&setup)]));
     out.insert("gap_mean_us".into(), json!(mean(&gaps)));

@@ -142,6 +142,12 @@ impl GemmTile {
     pub const fn desc_copy_offset(&self) -> u32 {
         self.tick_offset() + 8
     }
+    /// Offset of the launch epoch's copy: the last 8 bytes of the descriptor copy's room
+    /// (written once per CTA at setup, so no role and no exit reads the epoch from global
+    /// memory).
+    pub const fn epoch_copy_offset(&self) -> u32 {
+        self.desc_copy_offset() + Self::DESC_COPY_BYTES - 8
+    }
     /// Bytes after the descriptor copy for a copy of the launch's argument block
     /// (GEMM+ReduceScatter/AllReduce's `GemmRsArgs`, read there for the same reason: its tensor
     /// map addresses, read right before the epilogue's bulk stores, cost ~1-2 us per tile

@@ -59,6 +59,14 @@ pub enum End {
     Entry = 3,
     /// The CTA's role setup ended (descriptor and arguments copied, barriers initialized).
     Setup = 4,
+    /// The stager of consumer warpgroup 0 finished its last tile's stores (with stagers).
+    Stager0Done = 5,
+    /// The stager of consumer warpgroup 1 finished its last tile's stores.
+    Stager1Done = 6,
+    /// The CTA's relay raised its last flag (where relays run).
+    RelayDone = 7,
+    /// The launch's last warp finished (its end-of-launch work done): in that warp's CTA only.
+    Exit = 8,
 }
 
 /// What a timeline record was (`Mark::Tile`'s low bits).

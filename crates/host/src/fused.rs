@@ -169,6 +169,9 @@ pub struct GemmRsPlan {
     /// The stream-K contributors' partials (local; `None` without a stream-K tail).
     _sk_ws: Option<CudaSlice<u8>>,
     args_addr: u64,
+    /// The communicator's descriptor, the kernel's second parameter (also `GemmRsArgs::desc`):
+    /// its loads and the arguments' then issue together at the launch's start.
+    desc_addr: u64,
     grid: u32,
     parts: u32,
     n_comm: u32,
@@ -383,14 +386,15 @@ impl GemmRsPlan {
         let bytes = unsafe { std::slice::from_raw_parts(&args as *const GemmRsArgs as *const u8, std::mem::size_of::<GemmRsArgs>()) };
         let args_dev = stream.clone_htod(bytes)?;
         let args_addr = args_dev.device_ptr(stream).0;
-        Ok(GemmRsPlan { func: device.function(&kernels::GEMM_RS_NK)?, _maps: maps, _args: args_dev, _sk_ws: sk_ws, args_addr, grid: sms, parts, n_comm, ar_out, stager: args.stager != 0, sk_tiles: args.sk_tiles })
+        Ok(GemmRsPlan { func: device.function(&kernels::GEMM_RS_NK)?, _maps: maps, _args: args_dev, _sk_ws: sk_ws, args_addr, desc_addr: args.desc, grid: sms, parts, n_comm, ar_out, stager: args.stager != 0, sk_tiles: args.sk_tiles })
     }
 
     /// Enqueues the fused kernel.
     pub fn launch(&self, stream: &Arc<CudaStream>) -> Result<()> {
         let mut b = stream.launch_builder(&self.func);
         b.arg(&self.args_addr);
-        // SAFETY: mk_gemm_rs_bf16_nk(args); buffers outlive launches (new's contract).
+        b.arg(&self.desc_addr);
+        // SAFETY: mk_gemm_rs_bf16_nk(args, desc); buffers outlive launches (new's contract).
         unsafe { b.launch(Device::launch_config(&kernels::GEMM_RS_NK, self.grid)) }?;
         Ok(())
     }

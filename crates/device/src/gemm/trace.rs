@@ -39,5 +39,11 @@ pub unsafe fn tile(buf: u64, cta: u32, i: u32, row_tile: u32, col_tile: u32, kin
 /// Stamps `end` in this CTA's end-of-launch record.
 #[inline(always)]
 pub unsafe fn end(buf: u64, cta: u32, end: End) {
-    unsafe { put(buf, cta, TILES_PER_CTA, end as u32, globaltimer_ns()) };
+    unsafe { end_at(buf, cta, end, globaltimer_ns()) };
+}
+
+/// Writes time `t` (`%globaltimer`, read earlier) as `end` in this CTA's end-of-launch record.
+#[inline(always)]
+pub unsafe fn end_at(buf: u64, cta: u32, end: End, t: u64) {
+    unsafe { put(buf, cta, TILES_PER_CTA, end as u32, t) };
 }

@@ -123,15 +123,32 @@ unsafe fn count_exit(c: &CommCtx, epoch: u64, exits: u32, last: impl FnOnce()) {
 /// before the CTA's first barrier; `atom.acq_rel.cta`), and the CTA's last warp adds 1 to the
 /// launch's exit counter - one global atomic per CTA instead of one per warp, which all land at
 /// the end of the launch. The acquire/release chain (CTA scope, then GPU scope) still orders
-/// every warp's work before the launch's last warp runs `last`.
+/// every warp's work before the launch's last warp runs `last(lane, 32)` - in all its lanes
+/// (ordered after lane 0's acquire by the warp barrier, and before lane 0's release of the
+/// next epoch by another), which share its end-of-launch stores.
 #[inline(always)]
-unsafe fn exit_launch_by_cta_then(c: &CommCtx, epoch: u64, last: impl FnOnce()) {
+unsafe fn exit_launch_by_cta_then(c: &CommCtx, epoch: u64, last: impl FnOnce(u32, u32)) {
     sync::sync_warp();
+    let mut is_last = 0u32;
     if ids::lane_id() == 0 {
         let word = (smem::dynamic_smem() as u64 + RS_TILE.tick_offset() as u64 + 4) as *mut u32;
         let warps = ids::block_dim() / 32;
         if unsafe { memory::atom_acq_rel_add_u32(Scope::Cta, word, 1) } + 1 == warps {
-            unsafe { count_exit(c, epoch, ids::grid_dim(), last) };
+            let local = c.heap(c.rank);
+            let exited = unsafe { memory::atom_acq_rel_add_u32(Scope::Gpu, (local + FUSED_EXITS_OFFSET) as *mut u32, 1) };
+            is_last = (exited + 1 == ids::grid_dim()) as u32;
+        }
+    }
+    if crate::arch::shuffle::shfl_idx(is_last, 0) != 0 {
+        sync::sync_warp();
+        last(ids::lane_id(), 32);
+        sync::sync_warp();
+        if ids::lane_id() == 0 {
+            let local = c.heap(c.rank);
+            unsafe {
+                memory::st_relaxed_u32(Scope::Gpu, (local + FUSED_EXITS_OFFSET) as *mut u32, 0);
+                memory::st_release_u64(Scope::Gpu, (local + FUSED_EPOCH_OFFSET) as *mut u64, epoch);
+            }
         }
     }
 }
@@ -367,18 +384,22 @@ unsafe fn compute_role(a: &AgGemmArgs, idx: u32) {
 /// zeroes the counters again (so no CTA of the next launch can meet a full counter before CTA 0
 /// ran) and, across nodes, waits until the proxy has read every PUT source.
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn mk_gemm_rs_bf16_nk(args: *const GemmRsArgs) {
-    let a = unsafe { &*args };
-    if ids::thread_idx() == 0 && ids::block_idx() >= a.n_comm {
-        unsafe { trace::end(a.trace, ids::block_idx() - a.n_comm, End::Entry) };
-    }
-    if ids::block_idx() == 0 {
-        let c = unsafe { fused_ctx(a.desc, Role::Compute) };
-        unsafe { open_receive_buffers(&c, a) };
-    }
-    unsafe { rs_roles(a) };
-    let c = unsafe { fused_ctx(a.desc, Role::Compute) };
-    unsafe { exit_launch_by_cta_then(&c, c.epoch, || finish_reduce_launch(&c, a)) };
+pub unsafe extern "ptx-kernel" fn mk_gemm_rs_bf16_nk(args: *const GemmRsArgs, desc: *const CommDesc) {
+    // (The clock read before the arguments: their load is part of the entry.)
+    let entered = crate::arch::time::globaltimer_ns();
+    unsafe { rs_roles(args, desc, entered) };
+    // Everything from the shared copies: the launch's end reads nothing from global memory
+    // before its exit count.
+    let c = unsafe { fused_ctx_at(ldesc(), lepoch()) };
+    unsafe {
+        exit_launch_by_cta_then(&c, c.epoch, |lane, lanes| {
+            let a = &*(largs() as *const GemmRsArgs);
+            finish_reduce_launch(&c, a, lane, lanes);
+            if lane == 0 && ids::block_idx_reread() >= a.n_comm {
+                trace::end(a.trace, ids::block_idx_reread() - a.n_comm, End::Exit);
+            }
+        })
+    };
 }
 
 /// A comm CTA of GEMM+ReduceScatter/AllReduce (thread 128; [`BulkRing`]): copies its slice of
@@ -394,7 +415,8 @@ pub unsafe extern "ptx-kernel" fn mk_gemm_rs_bf16_nk(args: *const GemmRsArgs) {
 #[inline(always)]
 unsafe fn rs_comm_role(a: &GemmRsArgs) {
     let idx = ids::block_idx_reread();
-    let mut c = unsafe { fused_ctx(ldesc(), Role::IntraComm) };
+    let mut c = unsafe { fused_ctx_at(ldesc(), lepoch()) };
+    c.role = Role::IntraComm;
     c.cta = idx;
     let c = &c;
     let mut ring = unsafe { BulkRing::new(smem::dynamic_smem_addr()) };
@@ -454,7 +476,7 @@ unsafe fn rs_comm_role(a: &GemmRsArgs) {
 #[inline(always)]
 unsafe fn open_receive_buffers(c: &CommCtx, a: &GemmRsArgs) {
     let t = ids::thread_idx();
-    unsafe { zero_counters(c, a, t, ids::block_dim()) };
+    unsafe { zero_counters(c, a, t, ids::block_dim(), false) };
     sync::sync_threads();
     if t < c.world && t != c.rank {
         unsafe { memory::st_release_u64(Scope::Sys, (c.heap(t) + flag_offset(FlagSlot::FusedReady, c.rank, 0)) as *mut u64, c.epoch) };
@@ -466,38 +488,42 @@ unsafe fn open_receive_buffers(c: &CommCtx, a: &GemmRsArgs) {
 }
 
 /// Zeroes this rank's incoming `Tile1` and `Tile2` counters of this shape's row tiles (thread `t`
-/// of `nt` sharing the work). Done twice per launch: by CTA 0 before it raises `FusedReady`, and
-/// by the launch's last warp once every counter was seen full - so a launch starts with zeros
-/// and no CTA can read the previous launch's full counters before CTA 0 got to its prologue.
+/// of `nt` sharing the work; with `outbox`, the local `Outbox` ones too). Done twice per
+/// launch: by CTA 0 before it raises `FusedReady`, and by the launch's last warp once every
+/// counter was seen full - so a launch starts with zeros and no CTA can read the previous
+/// launch's full counters before CTA 0 got to its prologue. (The heap base is read once and
+/// nothing is divided: at the launch's end, one lane rereading the base behind each store
+/// and dividing per counter took ~5 us.)
 #[inline(always)]
-unsafe fn zero_counters(c: &CommCtx, a: &GemmRsArgs, t: u32, nt: u32) {
+unsafe fn zero_counters(c: &CommCtx, a: &GemmRsArgs, t: u32, nt: u32, outbox: bool) {
     let row_tiles = a.m / c.world / TILE.block_m;
-    let mut i = t;
-    while i < c.world * row_tiles {
-        let (src, mt) = (i / row_tiles, i % row_tiles);
-        unsafe {
-            memory::st_relaxed_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::Tile1, src, mt), 0);
-            memory::st_relaxed_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::Tile2, src, mt), 0);
+    let base = c.heap(c.rank);
+    let zero = |slot: FlagSlot, src: u32, mt: u32| unsafe { memory::st_relaxed_u64(Scope::Gpu, (base + flag_offset(slot, src, mt)) as *mut u64, 0) };
+    let mut src = 0;
+    while src < c.world {
+        let mut mt = t;
+        while mt < row_tiles {
+            zero(FlagSlot::Tile1, src, mt);
+            zero(FlagSlot::Tile2, src, mt);
+            if outbox {
+                zero(FlagSlot::Outbox, src, mt);
+            }
+            mt += nt;
         }
-        i += nt;
+        src += 1;
     }
 }
 
-/// The launch's last warp (lane 0): zero the counters (also the `Outbox` and `NodeSum` ones,
-/// which only this zeroing may touch) and, across nodes, wait until the proxy completed every command
-/// posted so far: the next launch rewrites the stage and the output the PUTs read.
+/// The launch's last warp (lane `lane` of `lanes`): zero the counters (also the `Outbox` and
+/// `NodeSum` ones, which only this zeroing may touch) and, across nodes, wait until the proxy
+/// completed every command posted so far (lane 0): the next launch rewrites the stage and the
+/// output the PUTs read.
 #[inline(always)]
-unsafe fn finish_reduce_launch(c: &CommCtx, a: &GemmRsArgs) {
+unsafe fn finish_reduce_launch(c: &CommCtx, a: &GemmRsArgs, lane: u32, lanes: u32) {
     unsafe {
-        zero_counters(c, a, 0, 1);
-        let row_tiles = a.m / c.world / TILE.block_m;
-        for d in 0..c.world {
-            for mt in 0..row_tiles {
-                memory::st_relaxed_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::Outbox, d, mt), 0);
-            }
-        }
+        zero_counters(c, a, lane, lanes, true);
         let nodes = c.global_world / c.world;
-        if nodes > 1 {
+        if nodes > 1 && lane == 0 {
             for j in 0..nodes {
                 memory::st_relaxed_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::NodeSum, c.rank, j), 0);
             }
@@ -624,39 +650,51 @@ fn node_blocks(c: &CommCtx, m: u32) -> (u32, u32, u32) {
 }
 
 #[inline(always)]
-unsafe fn rs_roles(a: &GemmRsArgs) {
+unsafe fn rs_roles(args: *const GemmRsArgs, desc: *const CommDesc, entered: u64) {
     let ring = Ring::new(smem::dynamic_smem_addr(), RS_TILE);
-    let (map_a, map_b) = (TensorMap(a.map_a as *const u8), TensorMap(a.map_b as *const u8));
     if ids::thread_idx_reread() == 0 {
         unsafe {
-            tma::prefetch(map_a);
-            tma::prefetch(map_b);
-            ring.init();
             // Every role below reads the descriptor and the arguments from these copies
-            // ([`ldesc`], [`largs`]).
-            // All loads first, then the stores (interleaved, each load waited behind the
-            // previous volatile store).
+            // ([`ldesc`], [`largs`]). Both come as kernel parameters, so all their loads are in
+            // flight at once (one round trip; through `args.desc` it took two). All loads
+            // first, then the stores (interleaved, each load waited behind the previous
+            // volatile store).
             const D: usize = core::mem::size_of::<CommDesc>() / 8;
             const G: usize = core::mem::size_of::<GemmRsArgs>() / 8;
-            let desc: [u64; D] = core::array::from_fn(|i| (a.desc as *const u64).add(i).read());
-            let args: [u64; G] = core::array::from_fn(|i| (a as *const GemmRsArgs as *const u64).add(i).read());
-            for (i, w) in desc.iter().enumerate() {
+            let dw: [u64; D] = core::array::from_fn(|i| (desc as *const u64).add(i).read());
+            let aw: [u64; G] = core::array::from_fn(|i| (args as *const u64).add(i).read());
+            ring.init();
+            for (i, w) in dw.iter().enumerate() {
                 (ldesc() as *mut u64).add(i).write_volatile(*w);
             }
-            for (i, w) in args.iter().enumerate() {
+            for (i, w) in aw.iter().enumerate() {
                 (largs() as *mut u64).add(i).write_volatile(*w);
             }
+            let a = &*(largs() as *const GemmRsArgs);
+            tma::prefetch(TensorMap(a.map_a as *const u8));
+            tma::prefetch(TensorMap(a.map_b as *const u8));
         }
     }
     sync::sync_threads();
     let a = unsafe { &*(largs() as *const GemmRsArgs) };
+    // Thread 0 reads the launch epoch while the CTA fills its item table and keeps it in
+    // shared memory ([`lepoch`]) for every role and the exit.
+    let epoch = if ids::thread_idx_reread() == 0 { unsafe { launch_epoch(&fused_ctx_at(ldesc(), 0)) } } else { 0 };
     if ids::block_idx_reread() >= a.n_comm {
-        // (Uniform in the CTA: the barrier below is reached by all threads or none.)
         unsafe { fill_item_table(ids::block_idx_reread() - a.n_comm) };
-        sync::sync_threads();
+    }
+    if ids::thread_idx_reread() == 0 {
+        unsafe { ((smem::dynamic_smem() as u64 + RS_TILE.epoch_copy_offset() as u64) as *mut u64).write_volatile(epoch) };
+    }
+    sync::sync_threads();
+    if ids::block_idx_reread() == 0 {
+        // (All of CTA 0's threads: it has a CTA barrier.)
+        unsafe { open_receive_buffers(&fused_ctx_at(ldesc(), lepoch()), a) };
     }
     if ids::thread_idx_reread() == 0 && ids::block_idx_reread() >= a.n_comm {
-        unsafe { trace::end(a.trace, ids::block_idx_reread() - a.n_comm, End::Setup) };
+        let cta = ids::block_idx_reread() - a.n_comm;
+        unsafe { trace::end_at(a.trace, cta, End::Entry, entered) };
+        unsafe { trace::end(a.trace, cta, End::Setup) };
     }
     // Each role derives its loop state after its setmaxnreg: values computed before the split
     // and kept live across it are what ptxas spills. Indices are read again for the same reason.
@@ -675,6 +713,7 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
         if tid == 64 && relays_run(a) {
             // Warp 2 (otherwise idle): raises the peers' flags of finished row tiles.
             unsafe { relay_role(a, idx) };
+            unsafe { trace::end(a.trace, idx, End::RelayDone) };
         }
         if (tid == 32 || tid == 96) && stager_runs(a) {
             // Lane 0 of warps 1 and 3 (idle on one node): the stagers of consumer warpgroups
@@ -694,7 +733,8 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
             // inter-node flags and raises `(FusedReady, own rank, 1)` locally for the others;
             // for AllReduce it then waits until every remote rank's reduced rows are in our
             // output (the launch ends after that).
-            let c = unsafe { fused_ctx(ldesc(), Role::InterReduce) };
+            let mut c = unsafe { fused_ctx_at(ldesc(), lepoch()) };
+            c.role = Role::InterReduce;
             let (nodes, node) = (c.global_world / c.world, c.global_rank / c.world);
             if idx == 0 {
                 let mut all = true;
@@ -757,7 +797,7 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
     // Only the tile loop's own state lives across the mainloop (next to 128 accumulators):
     // the context is re-read from the descriptor in each tile (volatile reads, so nothing
     // derived from it is hoisted out of the loop and kept live, which ptxas spills).
-    let epoch = unsafe { fused_ctx(ldesc(), Role::Compute) }.epoch;
+    let epoch = lepoch();
     let mut ready: u32 = 1 << unsafe { rank_world(ldesc()) }.0; // local ranks whose buffers we may write
     let mut acc = [0f32; 128];
     let mut pending = Pendings { older: None, newer: None };
@@ -848,7 +888,7 @@ unsafe fn rs_roles(a: &GemmRsArgs) {
     let end = |e: End| if first { unsafe { trace::end(a.trace, idx, e) } };
     let chunk_rows = a.m / unsafe { rank_world(ldesc()) }.1;
     end(End::LoopDone);
-    let c = unsafe { fused_ctx(ldesc(), Role::Compute) };
+    let c = unsafe { fused_ctx_at(ldesc(), lepoch()) };
     let ct = ids::thread_idx_reread() - crate::arch::ids::WARPGROUP_THREADS;
     let stop = ids::thread_in_warpgroup() == 0 && unsafe { aborted(ldesc()) };
     unsafe { trickle.flush(&ring, wg - 1) };
@@ -1381,7 +1421,7 @@ unsafe fn stager_ready(cw: u32, tile: Tile, parity: u32) -> u32 {
 unsafe fn stager_role(idx: u32, cw: u32) {
     // Only the loop's own state lives across it (56 registers): the context is rebuilt where
     // a wait needs it, the ring's addresses recomputed.
-    let epoch = unsafe { fused_ctx(ldesc(), Role::Stager) }.epoch;
+    let epoch = lepoch();
     let ctx = || {
         let mut c = unsafe { fused_ctx_at(ldesc(), epoch) };
         c.role = Role::Stager;
@@ -1503,6 +1543,8 @@ unsafe fn stager_role(idx: u32, cw: u32) {
     if loading < NONE {
         unsafe { mbarrier::wait_parity(ring().aux(1 + cw), loading) };
     }
+    let a = unsafe { &*(largs() as *const GemmRsArgs) };
+    unsafe { trace::end(a.trace, idx, if cw == 0 { End::Stager0Done } else { End::Stager1Done }) };
 }
 
 /// Waits (sleeping between polls) until a tick counter ([`Ring::tick`]) reached `target`;
@@ -1542,6 +1584,13 @@ fn ldesc() -> u64 {
 #[inline(always)]
 fn largs() -> u64 {
     smem::dynamic_smem() as u64 + RS_TILE.args_copy_offset() as u64
+}
+
+/// The launch epoch, from its shared-memory copy (written at setup by thread 0; volatile:
+/// re-read wherever called).
+#[inline(always)]
+fn lepoch() -> u64 {
+    unsafe { ((smem::dynamic_smem() as u64 + RS_TILE.epoch_copy_offset() as u64) as *const u64).read_volatile() }
 }
 
 /// `(rank, world)` read from the descriptor (volatile: re-read wherever called).
@@ -1635,7 +1684,8 @@ fn relays_run(a: &GemmRsArgs) -> bool {
 /// relay stops on abort).
 #[inline(always)]
 unsafe fn relay_role(a: &GemmRsArgs, idx: u32) {
-    let mut c = unsafe { fused_ctx(ldesc(), Role::Relay) };
+    let mut c = unsafe { fused_ctx_at(ldesc(), lepoch()) };
+    c.role = Role::Relay;
     c.cta = idx;
     let c = &c;
     let relays = ids::grid_dim() - a.n_comm;
@@ -1716,7 +1766,8 @@ fn node_blocks_to_send(a: &GemmRsArgs) -> u32 {
 /// failed wait or post leaves the error record; the receivers' waits then end too.
 #[inline(always)]
 unsafe fn send_node_block(a: &GemmRsArgs, j: u32) {
-    let mut c = unsafe { fused_ctx(ldesc(), Role::InterSend) };
+    let mut c = unsafe { fused_ctx_at(ldesc(), lepoch()) };
+    c.role = Role::InterSend;
     c.cta = j;
     // The counter fills as this rank computes the block, which waits (bounded) on its peers: twice
     // the timeout for it, so a stalled peer is reported by the wait that names it.
