@@ -90,6 +90,24 @@ pub fn summarize(label: &str, words: &[u64], ctas: usize) -> Value {
         println!("{line}");
         out.insert(name.into(), Value::Object(obj));
     }
+    // Per round (the i-th tile of every CTA): when it began, its mainloops' cycles and clock,
+    // and the longest wait at its epilogue - where a launch loses time round by round.
+    let rounds = tiles.iter().map(|r| r.len()).max().unwrap_or(0);
+    let mut per_round = vec![];
+    for i in 0..rounds {
+        let sel: Vec<&TileRec> = tiles.iter().filter_map(|r| r.get(i)).collect();
+        let timed: Vec<&&TileRec> = sel.iter().filter(|t| t.at(Mark::MainloopDoneClock) > t.at(Mark::MainloopClock) && t.at(Mark::MainloopClock) != 0).collect();
+        let cyc: f64 = timed.iter().map(|t| (t.at(Mark::MainloopDoneClock) - t.at(Mark::MainloopClock)) as f64).sum();
+        let ns: f64 = timed.iter().map(|t| t.span(Mark::Mainloop, Mark::MainloopDone)).sum();
+        let begin = sel.iter().map(|t| us(t.at(Mark::Begin))).fold(f64::NAN, f64::min);
+        let wait = sel.iter().map(|t| t.span(Mark::Published, Mark::Waited) / 1e3).fold(0.0, f64::max);
+        let kcycles = if timed.is_empty() { 0.0 } else { cyc / timed.len() as f64 / 1e3 };
+        let mhz = if ns > 0.0 { cyc / ns * 1e3 } else { 0.0 };
+        per_round.push(json!({ "tiles": sel.len(), "begin_us": begin, "mainloop_kcycles": kcycles, "mainloop_mhz": mhz, "max_wait_us": wait }));
+    }
+    println!("#   per round (begin us / mainloop k cycles @ MHz / longest epilogue wait us): {}",
+        per_round.iter().map(|r| format!("{:.0}/{:.1}@{:.0}/{:.1}", r["begin_us"].as_f64().unwrap_or(0.0), r["mainloop_kcycles"].as_f64().unwrap_or(0.0), r["mainloop_mhz"].as_f64().unwrap_or(0.0), r["max_wait_us"].as_f64().unwrap_or(0.0))).collect::<Vec<_>>().join(" "));
+    out.insert("rounds".into(), json!(per_round));
     // Gaps between a tile's end and the next tile's begin (should be ~0).
     let gaps: Vec<f64> = tiles.iter().flat_map(|r| r.windows(2).map(|p| p[1].at(Mark::Begin).saturating_sub(p[0].at(Mark::Stored)) as f64 / 1e3)).collect();
     let starts: Vec<f64> = tiles.iter().filter_map(|r| r.first().map(|t| us(t.at(Mark::Begin)))).collect();
@@ -126,4 +144,46 @@ pub fn summarize(label: &str, words: &[u64], ctas: usize) -> Value {
     out.insert("loop_end_us".into(), json!([mn(&loop_done), median(loop_done.clone()), mx(&loop_done)]));
     out.insert("launch_end_us".into(), json!([mn(&done), median(done.clone()), mx(&done)]));
     Value::Object(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two CTAs of two tiles each, 50 us apart, mainloops of 40 us at 1.5 GHz: the summary's
+    /// per-round entries and the launch end come out of the raw words.
+    #[test]
+    fn summary_reads_rounds_and_ends() {
+        let ctas = 2;
+        let per_cta = (TILES_PER_CTA + 1) as usize * WORDS_PER_TILE as usize;
+        let mut w = vec![0u64; ctas * per_cta];
+        let base = 1_000_000u64;
+        for c in 0..ctas {
+            for i in 0..2u64 {
+                let t = base + i * 50_000 + c as u64 * 100;
+                let rec = &mut w[c * per_cta + i as usize * WORDS_PER_TILE as usize..][..WORDS_PER_TILE as usize];
+                rec[Mark::Begin as usize] = t;
+                rec[Mark::Mainloop as usize] = t + 500;
+                rec[Mark::MainloopDone as usize] = t + 40_500;
+                rec[Mark::Published as usize] = t + 40_600;
+                rec[Mark::Waited as usize] = t + 41_600 + i * 1_000;
+                rec[Mark::Added as usize] = t + 41_700 + i * 1_000;
+                rec[Mark::Stored as usize] = t + 43_000 + i * 1_000;
+                rec[Mark::Tile as usize] = tile_kind::OWN as u64;
+                rec[Mark::MainloopClock as usize] = 1_000;
+                rec[Mark::MainloopDoneClock as usize] = 1_000 + 60_000;
+            }
+            let end = &mut w[c * per_cta + TILES_PER_CTA as usize * WORDS_PER_TILE as usize..][..WORDS_PER_TILE as usize];
+            end[End::LoopDone as usize] = base + 95_000;
+            end[End::Done as usize] = base + 96_000 + c as u64 * 1_000;
+        }
+        let s = summarize("test", &w, ctas);
+        let rounds = s["rounds"].as_array().expect("per-round entries");
+        assert_eq!(rounds.len(), 2);
+        assert!((rounds[1]["begin_us"].as_f64().unwrap() - 50.0).abs() < 1e-9);
+        assert!((rounds[0]["mainloop_kcycles"].as_f64().unwrap() - 60.0).abs() < 1e-9);
+        assert!((rounds[0]["mainloop_mhz"].as_f64().unwrap() - 1500.0).abs() < 1e-6);
+        assert!((rounds[1]["max_wait_us"].as_f64().unwrap() - 2.0).abs() < 1e-9);
+        assert_eq!(s["launch_end_us"][2].as_f64().unwrap(), 97.0);
+    }
 }
