@@ -313,15 +313,29 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
             let after_gemm = median_ms_aligned(&stream, 2, args.iters, &mut align, &mut [&mut gemm_alone, &mut ours])?[1];
             let after_coll = median_ms_aligned(&stream, 2, args.iters, &mut align, &mut [&mut rs_alone, &mut ours])?[1];
             let after_our_gemm = median_ms_aligned(&stream, 2, args.iters, &mut align, &mut [&mut our_gemm_alone, &mut ours])?[1];
+            // The same for cuBLAS alone: is the predecessor's effect ours alone?
+            let blas_alone = median_ms_aligned(&stream, 2, args.iters, &mut align, &mut [&mut gemm_alone])?[0];
+            let blas_after_coll = median_ms_aligned(&stream, 2, args.iters, &mut align, &mut [&mut rs_alone, &mut gemm_alone])?[1];
+            let blas_after_ours = median_ms_aligned(&stream, 2, args.iters, &mut align, &mut [&mut ours, &mut gemm_alone])?[1];
             comm.check()?;
             if rank == 0 {
                 println!("#   ours (us) back to back {:.1}; after cuBLAS+NCCL {:.1}; after cuBLAS {:.1}; after NCCL {:.1}; after our GEMM {:.1}", alone * 1e3, after_baseline * 1e3, after_gemm * 1e3, after_coll * 1e3, after_our_gemm * 1e3);
+                println!("#   cuBLAS alone (us) back to back {:.1}; after NCCL {:.1}; after ours {:.1}", blas_alone * 1e3, blas_after_coll * 1e3, blas_after_ours * 1e3);
             }
-            Some(json!({ "back_to_back_ms": alone, "after_baseline_ms": after_baseline, "after_gemm_ms": after_gemm, "after_coll_ms": after_coll, "after_our_gemm_ms": after_our_gemm }))
+            Some(json!({ "back_to_back_ms": alone, "after_baseline_ms": after_baseline, "after_gemm_ms": after_gemm, "after_coll_ms": after_coll, "after_our_gemm_ms": after_our_gemm,
+                "cublas_back_to_back_ms": blas_alone, "cublas_after_coll_ms": blas_after_coll, "cublas_after_ours_ms": blas_after_ours }))
         } else {
             None
         };
-        let timeline = if args.trace { Some(trace_launch(args, &stream, &plan, rank, m, all_reduce)?) } else { None };
+        let timeline = if args.trace {
+            // Also recorded right after each other kind of kernel (ranks lined up before both):
+            // what the predecessor changes in the timeline (`--contexts` times it).
+            let coll_name = if all_reduce { "after the AllReduce alone" } else { "after the ReduceScatter alone" };
+            let mut after: [(&str, &mut dyn FnMut() -> Result<()>); 2] = [(coll_name, &mut rs_alone), ("after cuBLAS alone", &mut gemm_alone)];
+            Some(trace_launch(args, &stream, &plan, rank, m, all_reduce, &mut align, &mut after)?)
+        } else {
+            None
+        };
         write_ternary(&stream, &mut a, &mut b, rank)?;
         ours()?;
         baseline(&a, &b)?;
@@ -358,7 +372,8 @@ fn rs_split(parts: u32, cc: u32, group_m: u32, no_stager: bool, no_stream_k: boo
 
 /// `--trace`: records the timeline of the plan's next launches (the last of three stays),
 /// summarizes it (printed by every rank) and writes the raw words next to the JSON.
-fn trace_launch(args: &Args, stream: &Arc<CudaStream>, plan: &GemmRsPlan, rank: usize, m: usize, all_reduce: bool) -> Result<Value> {
+#[allow(clippy::too_many_arguments)]
+fn trace_launch(args: &Args, stream: &Arc<CudaStream>, plan: &GemmRsPlan, rank: usize, m: usize, all_reduce: bool, align: &mut dyn FnMut() -> Result<()>, after: &mut [(&str, &mut dyn FnMut() -> Result<()>)]) -> Result<Value> {
     let ctas = plan.split().1;
     let mut buf = stream.alloc_zeros::<u64>(mkernel_config::trace::words(ctas))?;
     let ptr = buf.device_ptr_mut(stream).0;
@@ -377,10 +392,27 @@ fn trace_launch(args: &Args, stream: &Arc<CudaStream>, plan: &GemmRsPlan, rank: 
     stop.record(stream)?;
     stream.synchronize()?;
     let event_us = start.elapsed_ms(&stop)? as f64 * 1e3;
-    // SAFETY: no launch after this reads the field.
-    unsafe { plan.set_trace(stream, None)? };
     let words = stream.clone_dtoh(&buf)?;
     let op = if all_reduce { "gemm-ar" } else { "gemm-rs" };
+    // The same launch recorded right after each other kernel (lined up before both, as timed).
+    let mut contexts = serde_json::Map::new();
+    for (name, before) in after.iter_mut() {
+        align()?;
+        before()?;
+        align()?;
+        start.record(stream)?;
+        plan.launch(stream)?;
+        stop.record(stream)?;
+        stream.synchronize()?;
+        let us = start.elapsed_ms(&stop)? as f64 * 1e3;
+        let w = stream.clone_dtoh(&buf)?;
+        let mut s = crate::trace::summarize(&format!("{op} M={m} rank {rank}, {name}"), &w, ctas as usize);
+        println!("#   the recorded launch between its events: {us:.1} us");
+        s["event_us"] = serde_json::json!(us);
+        contexts.insert(name.to_string(), s);
+    }
+    // SAFETY: no launch after this reads the field.
+    unsafe { plan.set_trace(stream, None)? };
     let raw: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
     let path = args.json.with_extension(format!("trace-{op}-{m}-r{rank}.bin"));
     if let Some(dir) = path.parent() {
@@ -390,5 +422,6 @@ fn trace_launch(args: &Args, stream: &Arc<CudaStream>, plan: &GemmRsPlan, rank: 
     let mut summary = crate::trace::summarize(&format!("{op} M={m} rank {rank}"), &words, ctas as usize);
     println!("#   the recorded launch between its events: {event_us:.1} us");
     summary["event_us"] = serde_json::json!(event_us);
+    summary["after"] = Value::Object(contexts);
     Ok(summary)
 }

@@ -29,6 +29,18 @@ pub unsafe fn load_2d(dst: SmemAddr, map: TensorMap, c0: u32, c1: u32, bar: Smem
     };
 }
 
+/// As [`load_2d`], with an L2 cache policy ([`evict_first_policy`]):
+/// `cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [dst], [map, {c0, c1}], [bar], policy;`
+#[inline(always)]
+pub unsafe fn load_2d_hinted(dst: SmemAddr, map: TensorMap, c0: u32, c1: u32, bar: SmemAddr, policy: u64) {
+    unsafe {
+        asm!(
+            "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [{0}], [{1}, {{{2}, {3}}}], [{4}], {5};",
+            in(reg32) dst.0, in(reg64) map.0, in(reg32) c0, in(reg32) c1, in(reg32) bar.0, in(reg64) policy, options(nostack)
+        )
+    };
+}
+
 /// 2D tile store from shared memory; elements outside the tensor are not written:
 /// `cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [map, {c0, c1}], [src];`
 #[inline(always)]
@@ -40,6 +52,27 @@ pub unsafe fn store_2d(map: TensorMap, c0: u32, c1: u32, src: SmemAddr) {
         )
     };
 }
+/// As [`store_2d`], with an L2 cache policy ([`evict_first_policy`]):
+/// `cp.async.bulk.tensor.2d.global.shared::cta.bulk_group.L2::cache_hint [map, {c0, c1}], [src], policy;`
+#[inline(always)]
+pub unsafe fn store_2d_hinted(map: TensorMap, c0: u32, c1: u32, src: SmemAddr, policy: u64) {
+    unsafe {
+        asm!(
+            "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group.L2::cache_hint [{0}, {{{1}, {2}}}], [{3}], {4};",
+            in(reg64) map.0, in(reg32) c0, in(reg32) c1, in(reg32) src.0, in(reg64) policy, options(nostack)
+        )
+    };
+}
+
+/// An L2 policy under which the lines an access brings in are the first to go:
+/// `createpolicy.fractional.L2::evict_first.b64 policy, 1.0;`
+#[inline(always)]
+pub fn evict_first_policy() -> u64 {
+    let p: u64;
+    unsafe { asm!("createpolicy.fractional.L2::evict_first.b64 {0}, 1.0;", out(reg64) p, options(nostack, nomem, pure)) };
+    p
+}
+
 /// `cp.async.bulk.commit_group;`
 #[inline(always)]
 pub fn store_commit() {

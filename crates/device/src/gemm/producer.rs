@@ -18,16 +18,19 @@ const B_KN_BOX_BYTES: u32 = 64 * 64 * 2;
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn load_tile(ring: &Ring, pos: &mut RingPos, a: TensorMap, a_row: u32, b: TensorMap, b_layout: BLayout, tile: Tile, k_blocks: u32, give_up: impl Fn(u64) -> bool + Copy) -> bool {
-    unsafe { load_tile_counted(ring, pos, a, a_row, b, b_layout, tile, 0, k_blocks, give_up, None) }
+    unsafe { load_tile_counted::<false>(ring, pos, a, a_row, b, b_layout, tile, 0, k_blocks, give_up, None) }
 }
 
 /// As [`load_tile`], for K blocks `k_first..k_first + k_blocks` of the tile (a stream-K
 /// piece; 0 and all of them otherwise); with `count`, adds 1 to that shared-memory word each
 /// time a slot was free (the consumers' progress as the producer sees it: after `stages` free
-/// slots at the start, one per K block both consumer warpgroups released).
+/// slots at the start, one per K block both consumer warpgroups released). `B_EVICT_FIRST`:
+/// B's boxes (N x K) load under an evict-first L2 policy - a B tile is read by the row tiles of
+/// a rasterization group at about the same time and not again soon, while A's row tiles are
+/// read by every column tile of the group and stay (GEMM+ReduceScatter/AllReduce).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn load_tile_counted(ring: &Ring, pos: &mut RingPos, a: TensorMap, a_row: u32, b: TensorMap, b_layout: BLayout, tile: Tile, k_first: u32, k_blocks: u32, give_up: impl Fn(u64) -> bool + Copy, count: Option<SmemAddr>) -> bool {
+pub unsafe fn load_tile_counted<const B_EVICT_FIRST: bool>(ring: &Ring, pos: &mut RingPos, a: TensorMap, a_row: u32, b: TensorMap, b_layout: BLayout, tile: Tile, k_first: u32, k_blocks: u32, give_up: impl Fn(u64) -> bool + Copy, count: Option<SmemAddr>) -> bool {
     for kb in k_first..k_first + k_blocks {
         let s = pos.stage;
         let k0 = kb * TILE.block_k;
@@ -41,6 +44,7 @@ pub unsafe fn load_tile_counted(ring: &Ring, pos: &mut RingPos, a: TensorMap, a_
             mbarrier::arrive_expect_tx(ring.full(s), TILE.stage_tx_bytes());
             tma::load_2d(ring.a(s), a, k0, a_row, ring.full(s));
             match b_layout {
+                BLayout::Nk if B_EVICT_FIRST => tma::load_2d_hinted(ring.b(s), b, k0, tile.n0, ring.full(s), tma::evict_first_policy()),
                 BLayout::Nk => tma::load_2d(ring.b(s), b, k0, tile.n0, ring.full(s)),
                 BLayout::Kn => {
                     for c in 0..TILE.block_n / 64 {

@@ -777,7 +777,7 @@ unsafe fn rs_roles(args: *const GemmRsArgs, desc: *const CommDesc, entered: u64)
                 // Consumers that stop early keep freeing slots: every tile is loaded.
                 // With a stager, its trickle follows the count of free slots ([`Ring::tick`]).
                 let count = stager_runs(a).then(|| ring.tick(0));
-                let _ = unsafe { load_tile_counted(&ring, &mut pos, TensorMap(a.map_a as *const u8), a_row, TensorMap(a.map_b as *const u8), BLayout::Nk, tile, it.k0, it.k_len(), consumer_stall(ldesc()), count) };
+                let _ = unsafe { load_tile_counted::<true>(&ring, &mut pos, TensorMap(a.map_a as *const u8), a_row, TensorMap(a.map_b as *const u8), BLayout::Nk, tile, it.k0, it.k_len(), consumer_stall(ldesc()), count) };
             }
             // Consumers that stop early may leave fills unconsumed (also after this loop ended
             // normally): the CTA must not exit while they still land. Consumed ones pass at once.
@@ -1394,7 +1394,9 @@ unsafe fn stager_ready(cw: u32, tile: Tile, parity: u32) -> u32 {
     let map = TensorMap(a.map_in as *const u8);
     let row0 = (rank + 1) % world * chunk_rows + (tile.m0 - rank * chunk_rows) + cw * TILE.rows_per_consumer();
     for q in 0..RS_TILE.epilogue_buffers {
-        unsafe { tma::load_2d(Ring::new(smem::dynamic_smem_addr(), RS_TILE).staging(cw, q), map, tile.n0 + GemmTile::EPILOGUE_BOX_COLS * q, row0, ready) };
+        let dst = Ring::new(smem::dynamic_smem_addr(), RS_TILE).staging(cw, q);
+        // Read once: first to leave L2.
+        unsafe { tma::load_2d_hinted(dst, map, tile.n0 + GemmTile::EPILOGUE_BOX_COLS * q, row0, ready, tma::evict_first_policy()) };
     }
     parity
 }
@@ -1491,6 +1493,27 @@ unsafe fn stager_role(idx: u32, cw: u32) {
         // copies and the item table): kept live across the loop it does not fit in the
         // stager's 56 registers.
         const PIECES: u32 = GemmTile::EPILOGUE_BOX_ROWS / STAGER_STORE_ROWS * RS_TILE.epilogue_buffers;
+        // An own AllReduce tile's copy into this rank's output crosses no NVLink: issued at
+        // once, one group (trickled with the peers' copies, -0.8% at M = 4096 on 2 x H200);
+        // only the copies for the peers trickle.
+        let local_at_once = {
+            let a = unsafe { &*(largs() as *const GemmRsArgs) };
+            let (rank, world) = unsafe { rank_world(ldesc()) };
+            a.all_reduce != 0 && unsafe { table_item(w - 1) }.tile.m0 / (a.m / world) == rank
+        };
+        if local_at_once {
+            let a = unsafe { &*(largs() as *const GemmRsArgs) };
+            let (rank, world) = unsafe { rank_world(ldesc()) };
+            let tile = unsafe { table_item(w - 1) }.tile;
+            let local = Tile { m0: tile.m0 - rank * (a.m / world), n0: tile.n0 };
+            let map = unsafe { *a.map_out.as_ptr().add(rank as usize) };
+            for q in 0..PIECES {
+                let (b, r) = (q / (PIECES / RS_TILE.epilogue_buffers), q % (PIECES / RS_TILE.epilogue_buffers));
+                let src = ring().staging(cw, b).add(r * STAGER_STORE_ROWS * GemmTile::EPILOGUE_BOX_COLS * 2);
+                unsafe { stager_store(TensorMap(map as *const u8), local.n0 + GemmTile::EPILOGUE_BOX_COLS * b, local.m0 + cw * TILE.rows_per_consumer() + r * STAGER_STORE_ROWS, src) };
+            }
+            tma::store_commit();
+        }
         let mut p = 0;
         while p < PIECES {
             let a = unsafe { &*(largs() as *const GemmRsArgs) };
@@ -1515,9 +1538,12 @@ unsafe fn stager_role(idx: u32, cw: u32) {
             let dests = if dest != rank { 1 } else if a.all_reduce != 0 { world } else { 1 };
             let (q, r) = (p / (PIECES / RS_TILE.epilogue_buffers), p % (PIECES / RS_TILE.epilogue_buffers));
             for d in 0..dests {
+                if local_at_once && d == rank {
+                    continue;
+                }
                 let map = unsafe { if dest != rank { *a.map_recv.as_ptr().add(dest as usize) } else { *a.map_out.as_ptr().add(d as usize) } };
                 let src = ring().staging(cw, q).add(r * STAGER_STORE_ROWS * GemmTile::EPILOGUE_BOX_COLS * 2);
-                unsafe { tma::store_2d(TensorMap(map as *const u8), local.n0 + GemmTile::EPILOGUE_BOX_COLS * q, local.m0 + cw * TILE.rows_per_consumer() + r * STAGER_STORE_ROWS, src) };
+                unsafe { stager_store(TensorMap(map as *const u8), local.n0 + GemmTile::EPILOGUE_BOX_COLS * q, local.m0 + cw * TILE.rows_per_consumer() + r * STAGER_STORE_ROWS, src) };
             }
             tma::store_commit();
             p += 1;
@@ -1545,6 +1571,15 @@ unsafe fn stager_role(idx: u32, cw: u32) {
     }
     let a = unsafe { &*(largs() as *const GemmRsArgs) };
     unsafe { trace::end(a.trace, idx, if cw == 0 { End::Stager0Done } else { End::Stager1Done }) };
+}
+
+/// A stager's bulk store (a peer's partial, an output tile): nothing reads it again soon (a
+/// partial only rounds later, at its owner), so its lines are the first to leave L2, ahead of
+/// the operands the mainloops still read (AllReduce at M = 4096 on 2 x H200: -1.7% with the
+/// partial loads' and B's policies, docs/fused.md).
+#[inline(always)]
+unsafe fn stager_store(map: TensorMap, c0: u32, c1: u32, src: smem::SmemAddr) {
+    unsafe { tma::store_2d_hinted(map, c0, c1, src, tma::evict_first_policy()) };
 }
 
 /// Waits (sleeping between polls) until a tick counter ([`Ring::tick`]) reached `target`;
