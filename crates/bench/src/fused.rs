@@ -370,8 +370,10 @@ fn rs_split(parts: u32, cc: u32, group_m: u32, no_stager: bool, no_stream_k: boo
     RsSplit { parts, comm_ctas, group_m, pull: cc == PULL, no_stager, no_stream_k }
 }
 
-/// `--trace`: records the timeline of the plan's next launches (the last of three stays),
-/// summarizes it (printed by every rank) and writes the raw words next to the JSON.
+/// `--trace`: records the timeline of the plan's next launches (the last of three back to back
+/// stays), summarizes it (printed by every rank) and writes the raw words next to the JSON;
+/// then records and summarizes one launch right after each of `after` (ranks lined up by
+/// `align` before both, as in the timed runs), kept in the summary's `after` map.
 #[allow(clippy::too_many_arguments)]
 fn trace_launch(args: &Args, stream: &Arc<CudaStream>, plan: &GemmRsPlan, rank: usize, m: usize, all_reduce: bool, align: &mut dyn FnMut() -> Result<()>, after: &mut [(&str, &mut dyn FnMut() -> Result<()>)]) -> Result<Value> {
     let ctas = plan.split().1;

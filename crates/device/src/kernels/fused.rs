@@ -1494,7 +1494,7 @@ unsafe fn stager_role(idx: u32, cw: u32) {
         // stager's 56 registers.
         const PIECES: u32 = GemmTile::EPILOGUE_BOX_ROWS / STAGER_STORE_ROWS * RS_TILE.epilogue_buffers;
         // An own AllReduce tile's copy into this rank's output crosses no NVLink: issued at
-        // once, one group (trickled with the peers' copies, -0.8% at M = 4096 on 2 x H200);
+        // once, one group (than trickled with the peers' copies: -0.7% at M = 4096 on 2 x H200);
         // only the copies for the peers trickle.
         let local_at_once = {
             let a = unsafe { &*(largs() as *const GemmRsArgs) };
