@@ -389,30 +389,30 @@ fn trace_launch(args: &Args, stream: &Arc<CudaStream>, plan: &GemmRsPlan, rank: 
     let ctx = stream.context();
     let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
     let (start, stop) = (ctx.new_event(flags)?, ctx.new_event(flags)?);
-    start.record(stream)?;
-    plan.launch(stream)?;
-    stop.record(stream)?;
-    stream.synchronize()?;
-    let event_us = start.elapsed_ms(&stop)? as f64 * 1e3;
-    let words = stream.clone_dtoh(&buf)?;
     let op = if all_reduce { "gemm-ar" } else { "gemm-rs" };
+    // One recorded launch: its timeline's words and summary (printed), with its event time.
+    let record = |label: String| -> Result<(Vec<u64>, Value)> {
+        start.record(stream)?;
+        plan.launch(stream)?;
+        stop.record(stream)?;
+        stream.synchronize()?;
+        let us = start.elapsed_ms(&stop)? as f64 * 1e3;
+        let words = stream.clone_dtoh(&buf)?;
+        let mut summary = crate::trace::summarize(&label, &words, ctas as usize);
+        println!("#   the recorded launch between its events: {us:.1} us");
+        summary["event_us"] = serde_json::json!(us);
+        Ok((words, summary))
+    };
+    let (words, mut summary) = record(format!("{op} M={m} rank {rank}"))?;
     // The same launch recorded right after each other kernel (lined up before both, as timed).
     let mut contexts = serde_json::Map::new();
     for (name, before) in after.iter_mut() {
         align()?;
         before()?;
         align()?;
-        start.record(stream)?;
-        plan.launch(stream)?;
-        stop.record(stream)?;
-        stream.synchronize()?;
-        let us = start.elapsed_ms(&stop)? as f64 * 1e3;
-        let w = stream.clone_dtoh(&buf)?;
-        let mut s = crate::trace::summarize(&format!("{op} M={m} rank {rank}, {name}"), &w, ctas as usize);
-        println!("#   the recorded launch between its events: {us:.1} us");
-        s["event_us"] = serde_json::json!(us);
-        contexts.insert(name.to_string(), s);
+        contexts.insert(name.to_string(), record(format!("{op} M={m} rank {rank}, {name}"))?.1);
     }
+    summary["after"] = Value::Object(contexts);
     // SAFETY: no launch after this reads the field.
     unsafe { plan.set_trace(stream, None)? };
     let raw: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
@@ -421,9 +421,5 @@ fn trace_launch(args: &Args, stream: &Arc<CudaStream>, plan: &GemmRsPlan, rank: 
         std::fs::create_dir_all(dir)?;
     }
     std::fs::write(&path, raw)?;
-    let mut summary = crate::trace::summarize(&format!("{op} M={m} rank {rank}"), &words, ctas as usize);
-    println!("#   the recorded launch between its events: {event_us:.1} us");
-    summary["event_us"] = serde_json::json!(event_us);
-    summary["after"] = Value::Object(contexts);
     Ok(summary)
 }
