@@ -68,6 +68,44 @@ pub fn run(exclude: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// `cargo xtask bundle --variant NAME`: the benchmark and xtask on the kernels built with
+/// `--cfg mk_variant="NAME"` ([`crate::ptx::variant_ptx`]) into bundle/NAME/. The variant's PTX
+/// stands in for the committed one only while the two binaries build; the committed file is
+/// restored (also when the build fails), so the next plain build embeds it again.
+pub fn variant(name: &str) -> Result<()> {
+    anyhow::ensure!(variant_name_ok(name), "--variant {name:?}: a name of letters, digits, '-' and '_' (it names a folder and a cfg value)");
+    let root = root();
+    let ptx = crate::ptx::variant_ptx(name)?;
+    let committed = crate::ptx::committed_path();
+    let keep = std::fs::read_to_string(&committed).context("reading the committed PTX")?;
+    std::fs::write(&committed, &ptx)?;
+    let built = util::run(util::cargo().current_dir(&root).args(["build", "--quiet", "--release", "-p", "mkernel-bench", "-p", "xtask"]));
+    std::fs::write(&committed, &keep).context("restoring the committed PTX")?;
+    built?;
+    let dir = root.join("bundle").join(name);
+    std::fs::create_dir_all(&dir)?;
+    for bin in ["mkernel-bench", "xtask"] {
+        std::fs::copy(root.join("target/release").join(bin), dir.join(bin)).with_context(|| format!("copying {bin}"))?;
+    }
+    let same = ptx == keep;
+    println!("bundle/{name}/: mkernel-bench + xtask on kernels built with --cfg mk_variant=\"{name}\"{}", if same { " (PTX identical to the committed one: nothing switches on this variant)" } else { "" });
+    Ok(())
+}
+
+/// A variant's name becomes a folder of bundle/ and a `cfg` string: letters, digits, `-`, `_`.
+fn variant_name_ok(name: &str) -> bool {
+    !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+#[cfg(test)]
+#[test]
+fn variant_names_are_plain() {
+    assert!(variant_name_ok("evict-first_2"));
+    for bad in ["", "../x", "a b", "a\"b", "x/y"] {
+        assert!(!variant_name_ok(bad), "{bad:?}");
+    }
+}
+
 /// `path+file:///.../tests#mkernel-tests@0.1.0` -> `mkernel-tests`;
 /// `path+file:///.../xtask#0.1.0` (name = folder) -> `xtask`.
 fn crate_name(id: &str) -> Option<&str> {

@@ -38,6 +38,11 @@ enum Task {
         /// Leave these workspace packages' tests out (e.g. one that is mid-change).
         #[arg(long)]
         exclude: Vec<String>,
+        /// Build only the benchmark and xtask, on kernels compiled with
+        /// `--cfg mk_variant="NAME"`, into bundle/NAME/ (the rest of bundle/ stays), for an A/B
+        /// run beside the plain build: `bundle/NAME/xtask bench ...`.
+        #[arg(long, value_name = "NAME")]
+        variant: Option<String>,
     },
     /// Run a benchmark: ours beside cuBLAS/NCCL in the same run; prints a table, writes JSON.
     Bench {
@@ -73,7 +78,8 @@ fn main() -> Result<()> {
     match Cli::parse().task {
         Task::Ptx { check } => ptx::run(check),
         Task::Test { gpu } => test(gpu),
-        Task::Bundle { exclude } => bundle::run(&exclude),
+        Task::Bundle { exclude, variant: None } => bundle::run(&exclude),
+        Task::Bundle { variant: Some(name), .. } => bundle::variant(&name),
         Task::Bench { op, nproc, rest } => bench(&op, nproc, &rest),
         Task::Launch(args) => launch::run(args),
         Task::Tune { op, nproc, rest } => {

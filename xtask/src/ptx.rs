@@ -53,13 +53,44 @@ pub fn run(check: bool) -> Result<()> {
     Ok(())
 }
 
+/// A variant of the kernels for an A/B run (`cargo xtask bundle --variant NAME`): crates/device
+/// built with `--cfg mk_variant="NAME"` (device code may switch on `cfg!(mk_variant = "NAME")`),
+/// its ptxas report printed. Returns the PTX; the committed one is not touched.
+pub fn variant_ptx(name: &str) -> Result<String> {
+    let root = root();
+    build_device_with(&root, Some(name))?;
+    let ptx = std::fs::read_to_string(root.join(BUILT)).with_context(|| format!("reading {BUILT}"))?;
+    let path = root.join("target/ptxas").join(format!("mkernel-{name}.ptx"));
+    std::fs::create_dir_all(path.parent().unwrap())?;
+    std::fs::write(&path, &ptx)?;
+    let problems = print_report(&ptxas_report(&root, &path)?);
+    if !problems.is_empty() {
+        println!("variant {name}: {}", problems.join("; "));
+    }
+    Ok(ptx)
+}
+
+/// The PTX the host crate embeds (`crates/host/ptx/mkernel.ptx`).
+pub fn committed_path() -> PathBuf {
+    root().join(COMMITTED)
+}
+
 fn build_device(root: &Path) -> Result<()> {
+    build_device_with(root, None)
+}
+
+fn build_device_with(root: &Path, variant: Option<&str>) -> Result<()> {
     if !device_toolchain_installed() {
         bail!("the device toolchain is missing: `rustup toolchain install {DEVICE_TOOLCHAIN} --profile minimal --component rust-src,llvm-tools`");
     }
     util::run(util::cargo().current_dir(root).args(["build", "--quiet", "--release", "-p", "mkernel-ptx-linker"]))?;
     let mut cmd = Command::new("rustup");
-    cmd.current_dir(root.join("crates/device")).args(["run", DEVICE_TOOLCHAIN, "cargo", "build", "--quiet", "--release"]);
+    cmd.current_dir(root.join("crates/device"));
+    match variant {
+        // `cargo rustc`: the flag reaches the device crate alone (not core, not mkernel-config).
+        Some(name) => cmd.args(["run", DEVICE_TOOLCHAIN, "cargo", "rustc", "--quiet", "--release", "--", "--cfg"]).arg(format!("mk_variant=\"{name}\"")),
+        None => cmd.args(["run", DEVICE_TOOLCHAIN, "cargo", "build", "--quiet", "--release"]),
+    };
     for (k, _) in std::env::vars() {
         let outer = k.starts_with("CARGO") || k.starts_with("RUSTC") || k.starts_with("RUSTUP_TOOLCHAIN")
             || matches!(k.as_str(), "RUSTFLAGS" | "RUSTDOCFLAGS" | "TARGET" | "HOST" | "OPT_LEVEL" | "PROFILE" | "DEBUG" | "OUT_DIR");
