@@ -1,0 +1,269 @@
+//! The stagers: each consumer warpgroup's epilogue I/O (partial loads, bulk stores, trickled
+//! where they cross NVLink, announcements) on a producer-warpgroup thread.
+use super::*;
+
+/// Whether each consumer warpgroup's epilogue I/O is handed to a stager thread
+/// ([`stager_role`]; the host sets it on one node of 2 ranks, partials pushed by the compute
+/// CTAs: no comm CTAs, not pulled). Elsewhere the consumers issue their bulk stores and
+/// partial loads themselves.
+#[inline(always)]
+pub(super) fn stager_runs(a: &GemmRsArgs) -> bool {
+    // The host's choice, checked against what the stager assumes (one peer, one node, pushed).
+    let d = ldesc() as *const CommDesc;
+    let (world, global_world) = unsafe { ((&raw const (*d).world).read_volatile(), (&raw const (*d).global_world).read_volatile()) };
+    a.stager != 0 && world == 2 && global_world == 2 && a.n_comm == 0 && a.pull == 0
+}
+
+/// The epilogue of a tile with a stager ([`stager_role`]): wait until the warpgroup's staging
+/// is ready (`aux(wg)`: free, or holding the peer's partial of an own tile), write the tile
+/// into it (an own tile: the partial added, `ldmatrix`), and tell the stager (`aux(wg + 2)`),
+/// which stores and announces it. No bulk store or flag is touched here: the warpgroup goes
+/// back to its tensor cores at once. False when the rank aborted.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn stager_epilogue(ring: &Ring, local: Tile, wg: u32, acc: &mut [f32; 128], ready: &mut u32, own: bool, stop: bool, mark: impl Fn(Mark)) -> bool {
+    mark(Mark::Published);
+    let parity = (*ready & STAGE_PARITY != 0) as u32;
+    *ready ^= STAGE_PARITY;
+    let desc = ldesc();
+    // Bounded by the stager's own bounded waits: a failed one aborts the rank.
+    let ok = unsafe {
+        mbarrier::wait_parity_or(ring.aux(wg), parity, |stalled| {
+            if stalled > fused_hung_ns(desc) {
+                crate::arch::trap();
+            }
+            aborted(desc)
+        })
+    };
+    if named_barrier_or(wg, crate::arch::ids::WARPGROUP_THREADS, !ok || stop) {
+        return false;
+    }
+    mark(Mark::Waited);
+    mark(Mark::Added);
+    // The staging's reads (an own tile's partial) and writes below are this warpgroup's; the
+    // stager's earlier bulk stores had finished reading it before it arrived on `aux(wg)`.
+    unsafe { store_tile_tma_to(ring, StagedOnly, local, wg - 1, acc, own) };
+    if ids::thread_in_warpgroup() == 0 {
+        unsafe { mbarrier::arrive(ring.aux(wg + 2)) };
+    }
+    true
+}
+
+/// What a stager's staging holds for the tile ahead: nothing in flight, told to its consumers.
+pub(super) const ARRIVED: u32 = 3;
+
+/// Makes consumer warpgroup `cw`'s staging ready for `tile` (phase `parity` of `aux(1 + cw)`):
+/// an own tile's peer partial is TMA-loaded into it (the caller saw the peer's counter full:
+/// the partial was written by the peer's bulk stores and announced by a generic release, so
+/// the load, through the async proxy, comes after `fence.proxy.async`); for a peer tile it
+/// just arrives. Returns the stager's `loading` state: `parity` (a load in flight) or
+/// [`ARRIVED`].
+#[inline(always)]
+pub(super) unsafe fn stager_ready(cw: u32, tile: Tile, parity: u32) -> u32 {
+    let a = unsafe { &*(largs() as *const GemmRsArgs) };
+    let (rank, world) = unsafe { rank_world(ldesc()) };
+    let chunk_rows = a.m / world;
+    let ready = Ring::new(smem::dynamic_smem_addr(), RS_TILE).aux(1 + cw);
+    if tile.m0 / chunk_rows != rank {
+        unsafe { mbarrier::arrive(ready) };
+        return ARRIVED;
+    }
+    memory::fence_proxy_async();
+    unsafe { mbarrier::arrive_expect_tx(ready, RS_TILE.epilogue_buffers * RS_TILE.epilogue_box_bytes()) };
+    let map = TensorMap(a.map_in as *const u8);
+    let row0 = (rank + 1) % world * chunk_rows + (tile.m0 - rank * chunk_rows) + cw * TILE.rows_per_consumer();
+    for q in 0..RS_TILE.epilogue_buffers {
+        let dst = Ring::new(smem::dynamic_smem_addr(), RS_TILE).staging(cw, q);
+        // Read once: first to leave L2.
+        unsafe { tma::load_2d_hinted(dst, map, tile.n0 + GemmTile::EPILOGUE_BOX_COLS * q, row0, ready, tma::evict_first_policy()) };
+    }
+    parity
+}
+
+/// The stager of consumer warpgroup `cw` of compute CTA `idx` (lane 0 of producer warp
+/// `1 + 2 cw`; [`stager_runs`]): the warpgroup's epilogue I/O, so its `wgmma` issue never
+/// waits for NVLink. For each tile of the CTA, in the consumers' order:
+/// 1. makes the staging ready (`aux(1 + cw)`, [`stager_ready`]): an own tile's peer partial
+///    is TMA-loaded into it once the peer's counter `(Tile1, peer, mt)` is full (completing
+///    the barrier with its bytes); for a peer tile it just arrives;
+/// 2. waits until the consumers wrote the tile into it (`aux(3 + cw)`);
+/// 3. issues its bulk stores (a peer tile: into this rank's slot of the peer's receive buffer;
+///    an own tile: to the output, AllReduce: to every local rank's output) in pieces of
+///    [`STAGER_STORE_ROWS`] rows; those that cross NVLink trickle as the consumers pass the K
+///    blocks of their next mainloop, the local ones at once;
+/// 4. waits until the stores are complete and announces the half tile locally
+///    (`red.release.gpu` +1 on `(Outbox, dest, mt)`: a peer partial, or AllReduce's reduced
+///    rows) for the relays.
+///
+/// Every tile is announced before the wait for a later tile's counter (the deadlock-freedom
+/// rule of [`publish`], met early). Waits are bounded (error record, abort); on an abort it
+/// stops once its stores and loads are done with the staging.
+#[inline(always)]
+pub(super) unsafe fn stager_role(idx: u32, cw: u32) {
+    // Only the loop's own state lives across it (56 registers): the context is rebuilt where
+    // a wait needs it, the ring's addresses recomputed.
+    let epoch = lepoch();
+    let ctx = || {
+        let mut c = unsafe { fused_ctx_at(ldesc(), epoch) };
+        c.role = Role::Stager;
+        c.cta = idx;
+        c
+    };
+    let ring = || Ring::new(smem::dynamic_smem_addr(), RS_TILE);
+    let give_up = |stalled: u64| {
+        if stalled > unsafe { fused_hung_ns(ldesc()) } {
+            crate::arch::trap();
+        }
+        unsafe { aborted(ldesc()) }
+    };
+    // The phase of `ready` whose TMA load may still land (NONE, ARRIVED: none), waited for
+    // before stopping.
+    pub(super) const NONE: u32 = 2;
+    let mut loading = NONE;
+    let (mut w, mut parity) = (0u32, 0u32);
+    // The peer's receive buffer and output are open.
+    let mut ok = unsafe {
+        let (rank, world) = rank_world(ldesc());
+        wait_flag_of_cta(&ctx(), FlagSlot::FusedReady, (rank + 1) % world, 0, epoch)
+    };
+    while ok && w < stream_k().items(idx) {
+        // The consumers' work item `w` (from the work-item table: the host runs stagers only
+        // where every item fits it). A stream-K contributor piece has no epilogue.
+        let a = unsafe { &*(largs() as *const GemmRsArgs) };
+        let it = unsafe { table_item(w) };
+        w += 1;
+        if !it.owner {
+            continue;
+        }
+        // 1. The staging, ready for this tile.
+        {
+            let (rank, world) = unsafe { rank_world(ldesc()) };
+            let chunk_rows = a.m / world;
+            let dest = it.tile.m0 / chunk_rows;
+            let mt = (it.tile.m0 - dest * chunk_rows) / TILE.block_m;
+            // (The peer is `rank ^ 1`: stagers run on 2 ranks only. Read again where the wait
+            // uses it, the flag's address and the error record: kept across the wait, ptxas
+            // spilled it.)
+            let c = ctx();
+            if dest == rank && !unsafe { wait_flag_of_cta_from::<RELAY_SLEEP_NS>(&c, FlagSlot::Tile1, |c| c.rank_now() ^ 1, mt, tile1_full(a)) } {
+                break;
+            }
+            // (The tile read again: kept across the wait, ptxas spilled.)
+            loading = unsafe { stager_ready(cw, table_item(w - 1).tile, parity) };
+        }
+        let staged = ring().aux(3 + cw);
+        // 2. The consumers' tile in the staging.
+        // (Sleeping between tests: this thread shares its SM with the tensor cores' issue.)
+        ok = unsafe { mbarrier::wait_parity_sleeping_or::<RELAY_SLEEP_NS>(staged, parity, give_up) };
+        if !ok {
+            break;
+        }
+        loading = NONE;
+        parity ^= 1;
+        // 3. Its bulk stores, piece by piece ([`STAGER_STORE_ROWS`] rows of one staging box).
+        // Those that cross NVLink (a peer's partial, AllReduce's reduced rows) trickle when
+        // more work follows: piece p of P once the consumers reach K block (2p + 1) k / 2P of
+        // their next mainloop (k K blocks; before an own tile, whose peer partial is loaded
+        // into the staging once these stores are complete, over its first half, so the load
+        // lands before its epilogue). A burst of every CTA's tile at once held up the next
+        // mainloop's loads; paced by time instead, every mainloop took 5-13% more cycles on
+        // 2 x H200.
+        // Everything but the loop's counters is derived again for each piece (from the shared
+        // copies and the item table): kept live across the loop it does not fit in the
+        // stager's 56 registers.
+        const PIECES: u32 = GemmTile::EPILOGUE_BOX_ROWS / STAGER_STORE_ROWS * RS_TILE.epilogue_buffers;
+        // An own AllReduce tile's copy into this rank's output crosses no NVLink: issued at
+        // once, one group (than trickled with the peers' copies: -0.7% at M = 4096 on 2 x H200);
+        // only the copies for the peers trickle.
+        let local_at_once = {
+            let a = unsafe { &*(largs() as *const GemmRsArgs) };
+            let (rank, world) = unsafe { rank_world(ldesc()) };
+            a.all_reduce != 0 && unsafe { table_item(w - 1) }.tile.m0 / (a.m / world) == rank
+        };
+        if local_at_once {
+            let a = unsafe { &*(largs() as *const GemmRsArgs) };
+            let (rank, world) = unsafe { rank_world(ldesc()) };
+            let tile = unsafe { table_item(w - 1) }.tile;
+            let local = Tile { m0: tile.m0 - rank * (a.m / world), n0: tile.n0 };
+            let map = unsafe { *a.map_out.as_ptr().add(rank as usize) };
+            for q in 0..PIECES {
+                let (b, r) = (q / (PIECES / RS_TILE.epilogue_buffers), q % (PIECES / RS_TILE.epilogue_buffers));
+                let src = ring().staging(cw, b).add(r * STAGER_STORE_ROWS * GemmTile::EPILOGUE_BOX_COLS * 2);
+                unsafe { stager_store(TensorMap(map as *const u8), local.n0 + GemmTile::EPILOGUE_BOX_COLS * b, local.m0 + cw * TILE.rows_per_consumer() + r * STAGER_STORE_ROWS, src) };
+            }
+            tma::store_commit();
+        }
+        let mut p = 0;
+        while p < PIECES {
+            let a = unsafe { &*(largs() as *const GemmRsArgs) };
+            let (rank, world) = unsafe { rank_world(ldesc()) };
+            let chunk_rows = a.m / world;
+            let tile = unsafe { table_item(w - 1) }.tile;
+            let dest = tile.m0 / chunk_rows;
+            let local = Tile { m0: tile.m0 - dest * chunk_rows, n0: tile.n0 };
+            let sk = stream_k();
+            if (dest != rank || a.all_reduce != 0) && w < sk.items(idx) {
+                // The consumers compute K block x of the launch once they released block
+                // x - 1, i.e. once the producer found x + stages slots free (the last loads'
+                // slots are never waited for: capped).
+                let next = unsafe { table_item(w) };
+                let spread = if next.tile.m0 / chunk_rows == rank { 4 * PIECES } else { 2 * PIECES };
+                let x = sk.k_before(idx, w) + (2 * p + 1) * next.k_len() / spread;
+                if !unsafe { wait_tick(ring().tick(0), (x + RS_TILE.stages).min(sk.k_total(idx)), give_up) } {
+                    ok = false;
+                    break;
+                }
+            }
+            let dests = if dest != rank { 1 } else if a.all_reduce != 0 { world } else { 1 };
+            let (q, r) = (p / (PIECES / RS_TILE.epilogue_buffers), p % (PIECES / RS_TILE.epilogue_buffers));
+            for d in 0..dests {
+                if local_at_once && d == rank {
+                    continue;
+                }
+                let map = unsafe { if dest != rank { *a.map_recv.as_ptr().add(dest as usize) } else { *a.map_out.as_ptr().add(d as usize) } };
+                let src = ring().staging(cw, q).add(r * STAGER_STORE_ROWS * GemmTile::EPILOGUE_BOX_COLS * 2);
+                unsafe { stager_store(TensorMap(map as *const u8), local.n0 + GemmTile::EPILOGUE_BOX_COLS * q, local.m0 + cw * TILE.rows_per_consumer() + r * STAGER_STORE_ROWS, src) };
+            }
+            tma::store_commit();
+            p += 1;
+        }
+        if !ok {
+            break;
+        }
+        // 4. Complete: announced (the tile derived again, as above).
+        tma::store_wait::<0>();
+        memory::fence_proxy_async();
+        let a = unsafe { &*(largs() as *const GemmRsArgs) };
+        let (rank, world) = unsafe { rank_world(ldesc()) };
+        let chunk_rows = a.m / world;
+        let tile = unsafe { table_item(w - 1) }.tile;
+        let dest = tile.m0 / chunk_rows;
+        if dest != rank || a.all_reduce != 0 {
+            let mt = (tile.m0 - dest * chunk_rows) / TILE.block_m;
+            unsafe { memory::red_release_add_u64(Scope::Gpu, ctx().flag_of_cta(rank, FlagSlot::Outbox, dest, mt), 1) };
+        }
+    }
+    // Stopping early: nothing may still read or fill the staging when the CTA exits.
+    tma::store_wait::<0>();
+    if loading < NONE {
+        unsafe { mbarrier::wait_parity(ring().aux(1 + cw), loading) };
+    }
+    let a = unsafe { &*(largs() as *const GemmRsArgs) };
+    unsafe { trace::end(a.trace, idx, if cw == 0 { End::Stager0Done } else { End::Stager1Done }) };
+}
+
+/// A stager's bulk store (a peer's partial, an output tile): nothing reads it again soon (a
+/// partial only rounds later, at its owner), so its lines are the first to leave L2, ahead of
+/// the operands the mainloops still read (AllReduce at M = 4096 on 2 x H200: -1.7% with the
+/// partial loads' and B's policies, docs/fused.md).
+#[inline(always)]
+pub(super) unsafe fn stager_store(map: TensorMap, c0: u32, c1: u32, src: smem::SmemAddr) {
+    unsafe { tma::store_2d_hinted(map, c0, c1, src, tma::evict_first_policy()) };
+}
+
+/// Waits (sleeping between polls) until a tick counter ([`Ring::tick`]) reached `target`;
+/// false when `give_up` says so.
+#[inline(always)]
+pub(super) unsafe fn wait_tick(tick: smem::SmemAddr, target: u32, give_up: impl Fn(u64) -> bool) -> bool {
+    crate::arch::time::poll_until::<RELAY_SLEEP_NS>(1024, || unsafe { smem::ld_volatile_shared_u32(tick) } >= target, give_up)
+}
