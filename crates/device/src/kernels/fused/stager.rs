@@ -187,9 +187,7 @@ pub(super) unsafe fn stager_role(idx: u32, cw: u32) {
             let local = Tile { m0: tile.m0 - rank * (a.m / world), n0: tile.n0 };
             let map = unsafe { *a.map_out.as_ptr().add(rank as usize) };
             for q in 0..PIECES {
-                let (b, r) = (q / (PIECES / RS_TILE.epilogue_buffers), q % (PIECES / RS_TILE.epilogue_buffers));
-                let src = ring().staging(cw, b).add(r * STAGER_STORE_ROWS * GemmTile::EPILOGUE_BOX_COLS * 2);
-                unsafe { stager_store(TensorMap(map as *const u8), local.n0 + GemmTile::EPILOGUE_BOX_COLS * b, local.m0 + cw * TILE.rows_per_consumer() + r * STAGER_STORE_ROWS, src) };
+                unsafe { stager_store(map, local, cw, q) };
             }
             tma::store_commit();
         }
@@ -215,14 +213,12 @@ pub(super) unsafe fn stager_role(idx: u32, cw: u32) {
                 }
             }
             let dests = if dest != rank { 1 } else if a.all_reduce != 0 { world } else { 1 };
-            let (q, r) = (p / (PIECES / RS_TILE.epilogue_buffers), p % (PIECES / RS_TILE.epilogue_buffers));
             for d in 0..dests {
                 if local_at_once && d == rank {
                     continue;
                 }
                 let map = unsafe { if dest != rank { *a.map_recv.as_ptr().add(dest as usize) } else { *a.map_out.as_ptr().add(d as usize) } };
-                let src = ring().staging(cw, q).add(r * STAGER_STORE_ROWS * GemmTile::EPILOGUE_BOX_COLS * 2);
-                unsafe { stager_store(TensorMap(map as *const u8), local.n0 + GemmTile::EPILOGUE_BOX_COLS * q, local.m0 + cw * TILE.rows_per_consumer() + r * STAGER_STORE_ROWS, src) };
+                unsafe { stager_store(map, local, cw, p) };
             }
             tma::store_commit();
             p += 1;
@@ -252,13 +248,19 @@ pub(super) unsafe fn stager_role(idx: u32, cw: u32) {
     unsafe { trace::end(a.trace, idx, if cw == 0 { End::Stager0Done } else { End::Stager1Done }) };
 }
 
-/// A stager's bulk store (a peer's partial, an output tile): nothing reads it again soon (a
-/// partial only rounds later, at its owner), so its lines are the first to leave L2, ahead of
+/// Piece `p` of consumer warpgroup `cw`'s staged half of tile `local` (rows inside the
+/// destination's chunk) as one bulk store through `map` ([`STAGER_STORE_ROWS`] rows of a
+/// staging box). Nothing reads it again soon (a peer's partial only rounds later, at its
+/// owner; an output tile not in this launch), so its lines are the first to leave L2, ahead of
 /// the operands the mainloops still read (AllReduce at M = 4096 on 2 x H200: -1.7% with the
 /// partial loads' and B's policies, docs/fused.md).
 #[inline(always)]
-pub(super) unsafe fn stager_store(map: TensorMap, c0: u32, c1: u32, src: smem::SmemAddr) {
-    unsafe { tma::store_2d_hinted(map, c0, c1, src, tma::evict_first_policy()) };
+pub(super) unsafe fn stager_store(map: u64, local: Tile, cw: u32, p: u32) {
+    const PER_BOX: u32 = GemmTile::EPILOGUE_BOX_ROWS / STAGER_STORE_ROWS;
+    let (q, r) = (p / PER_BOX, p % PER_BOX);
+    let src = Ring::new(smem::dynamic_smem_addr(), RS_TILE).staging(cw, q).add(r * STAGER_STORE_ROWS * GemmTile::EPILOGUE_BOX_COLS * 2);
+    let (c0, c1) = (local.n0 + GemmTile::EPILOGUE_BOX_COLS * q, local.m0 + cw * TILE.rows_per_consumer() + r * STAGER_STORE_ROWS);
+    unsafe { tma::store_2d_hinted(TensorMap(map as *const u8), c0, c1, src, tma::evict_first_policy()) };
 }
 
 /// Waits (sleeping between polls) until a tick counter ([`Ring::tick`]) reached `target`;
