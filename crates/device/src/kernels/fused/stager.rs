@@ -162,8 +162,9 @@ pub(super) unsafe fn stager_role(idx: u32, cw: u32) {
         parity ^= 1;
         // 3. Its bulk stores, piece by piece ([`STAGER_STORE_ROWS`] rows of one staging box).
         // Those that cross NVLink (a peer's partial, AllReduce's reduced rows) trickle when
-        // more work follows: piece p of P once the consumers reach K block (2p + 1) k / 2P of
-        // their next mainloop (k K blocks; before an own tile, whose peer partial is loaded
+        // more work follows: piece p of P once the consumers reach a K block in
+        // [p + 1/4, p + 3/4) k / P of their next mainloop, staggered over the stagers
+        // ([`trickle_point`]; k K blocks; before an own tile, whose peer partial is loaded
         // into the staging once these stores are complete, over its first half, so the load
         // lands before its epilogue). A burst of every CTA's tile at once held up the next
         // mainloop's loads; paced by time instead, every mainloop took 5-13% more cycles on
@@ -206,7 +207,7 @@ pub(super) unsafe fn stager_role(idx: u32, cw: u32) {
                 // slots are never waited for: capped).
                 let next = unsafe { table_item(w) };
                 let spread = if next.tile.m0 / chunk_rows == rank { 4 * PIECES } else { 2 * PIECES };
-                let x = sk.k_before(idx, w) + (2 * p + 1) * next.k_len() / spread;
+                let x = sk.k_before(idx, w) + trickle_point(p, next.k_len(), spread, idx, cw);
                 if !unsafe { wait_tick(ring().tick(0), (x + RS_TILE.stages).min(sk.k_total(idx)), give_up) } {
                     ok = false;
                     break;
@@ -268,4 +269,18 @@ pub(super) unsafe fn stager_store(map: u64, local: Tile, cw: u32, p: u32) {
 #[inline(always)]
 pub(super) unsafe fn wait_tick(tick: smem::SmemAddr, target: u32, give_up: impl Fn(u64) -> bool) -> bool {
     crate::arch::time::poll_until::<RELAY_SLEEP_NS>(1024, || unsafe { smem::ld_volatile_shared_u32(tick) } >= target, give_up)
+}
+
+/// The K block of the next item (of `k_len` K blocks) after which piece `p` of a trickled
+/// store goes out (the caller's `spread` is twice the pieces per item, or four times before an
+/// own tile: piece `p`'s span is K blocks `[p, p + 1) 2 k_len / spread`). Each stager takes
+/// one of 8 points in the middle half of the span (by CTA and warpgroup): the CTAs finish their
+/// tiles nearly together, and when every stager issued its pieces at the span's middle, the
+/// first round with NVLink stores ran its mainloops at 72-76 k cycles against 68 k in later
+/// rounds (the bursts held up the SMs' operand loads); staggered, 68 k. On 2 x H200 at M = 4096
+/// (A/B, three rounds): GEMM+AllReduce -0.9%, GEMM+ReduceScatter -1.6% (docs/fused.md).
+#[inline(always)]
+pub(super) fn trickle_point(p: u32, k_len: u32, spread: u32, idx: u32, cw: u32) -> u32 {
+    let phase = ((2 * idx + cw) * 3) & 7;
+    (16 * p + 4 + phase) * k_len / (8 * spread)
 }
