@@ -89,8 +89,10 @@ pub(super) unsafe fn stager_ready(cw: u32, tile: Tile, parity: u32) -> u32 {
 /// 2. waits until the consumers wrote the tile into it (`aux(3 + cw)`);
 /// 3. issues its bulk stores (a peer tile: into this rank's slot of the peer's receive buffer;
 ///    an own tile: to the output, AllReduce: to every local rank's output) in pieces of
-///    [`STAGER_STORE_ROWS`] rows; those that cross NVLink trickle as the consumers pass the K
-///    blocks of their next mainloop, the local ones at once;
+///    [`STAGER_STORE_ROWS`] rows; an AllReduce tile's or a peer partial's trickle as the
+///    consumers pass the K blocks of their next mainloop (each stager at its own points,
+///    [`trickle_point`]; AllReduce's local copy beside the NVLink ones), ReduceScatter's own
+///    output at once;
 /// 4. waits until the stores are complete and announces the half tile locally
 ///    (`red.release.gpu` +1 on `(Outbox, dest, mt)`: a peer partial, or AllReduce's reduced
 ///    rows) for the relays.
