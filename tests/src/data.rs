@@ -64,14 +64,26 @@ mod tests {
         // Density 1/4 and balanced signs, within ~6 standard deviations.
         let density = (pos + neg) as f64 / n as f64;
         assert!((density - 0.25).abs() < 0.003, "density {density}");
-        assert!((pos as f64 - neg as f64).abs() < 6.0 * ((pos + neg) as f64).sqrt(), "+1: {pos}, -1: {neg}");
+        assert!(
+            (pos as f64 - neg as f64).abs() < 6.0 * ((pos + neg) as f64).sqrt(),
+            "+1: {pos}, -1: {neg}"
+        );
         // Deterministic per seed, different across seeds.
         assert_eq!(v, ternary_bf16(n, 3));
         assert_ne!(v[..1024], ternary_bf16(1024, 4)[..]);
         // A K = 8192 dot product of two such rows (K / 16 nonzero terms expected) stays far
         // below 256 in magnitude, where bf16 stops holding every integer.
         let (a, b) = (ternary_bf16(64 * 8192, 5), ternary_bf16(8192, 6));
-        let max = a.chunks(8192).map(|row| row.iter().zip(&b).map(|(x, y)| x.to_f32() * y.to_f32()).sum::<f32>().abs()).fold(0.0f32, f32::max);
+        let max = a
+            .chunks(8192)
+            .map(|row| {
+                row.iter()
+                    .zip(&b)
+                    .map(|(x, y)| x.to_f32() * y.to_f32())
+                    .sum::<f32>()
+                    .abs()
+            })
+            .fold(0.0f32, f32::max);
         assert!(max < 128.0, "max |dot| {max}");
     }
 }

@@ -17,7 +17,9 @@ pub fn gpu_tests_enabled() -> bool {
 /// Panics with the runtime's error when they are on but no usable GPU is present.
 pub fn device_or_skip(test: &str) -> Option<Device> {
     if !gpu_tests_enabled() {
-        eprintln!("SKIPPED (no GPU requested): {test}; run `cargo xtask test --gpu` or set {GPU_TESTS_VAR}=1 on a GPU host");
+        eprintln!(
+            "SKIPPED (no GPU requested): {test}; run `cargo xtask test --gpu` or set {GPU_TESTS_VAR}=1 on a GPU host"
+        );
         return None;
     }
     match Device::new(0) {
@@ -38,7 +40,8 @@ pub fn launched_rank_or_skip(test: &str) -> Option<(Device, mkernel::bootstrap::
         eprintln!("SKIPPED (no GPU requested): {test}; set {GPU_TESTS_VAR}=1");
         return None;
     }
-    let boot = mkernel::bootstrap::Bootstrap::from_env(std::time::Duration::from_secs(60)).unwrap_or_else(|e| panic!("bootstrap: {e}"));
+    let boot = mkernel::bootstrap::Bootstrap::from_env(std::time::Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("bootstrap: {e}"));
     let dev = Device::new(boot.info().device()).unwrap_or_else(|e| panic!("rank {}: {e}", boot.info().rank()));
     Some((dev, boot))
 }

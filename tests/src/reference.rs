@@ -28,20 +28,23 @@ pub fn gemm(a: &[bf16], b: &[bf16], m: usize, n: usize, k: usize, order: BOrder)
     };
     let mut c = vec![0.0; m * n];
     let mut s = vec![0.0; m * n];
-    c.par_chunks_mut(n).zip(s.par_chunks_mut(n)).enumerate().for_each(|(i, (crow, srow))| {
-        let arow = &a[i * k..(i + 1) * k];
-        for j in 0..n {
-            let brow = &bt[j * k..(j + 1) * k];
-            let (mut acc, mut abs) = (0.0, 0.0);
-            for kk in 0..k {
-                let p = arow[kk] * brow[kk];
-                acc += p;
-                abs += p.abs();
+    c.par_chunks_mut(n)
+        .zip(s.par_chunks_mut(n))
+        .enumerate()
+        .for_each(|(i, (crow, srow))| {
+            let arow = &a[i * k..(i + 1) * k];
+            for j in 0..n {
+                let brow = &bt[j * k..(j + 1) * k];
+                let (mut acc, mut abs) = (0.0, 0.0);
+                for kk in 0..k {
+                    let p = arow[kk] * brow[kk];
+                    acc += p;
+                    abs += p.abs();
+                }
+                crow[j] = acc;
+                srow[j] = abs;
             }
-            crow[j] = acc;
-            srow[j] = abs;
-        }
-    });
+        });
     (c, s)
 }
 
@@ -56,7 +59,11 @@ pub struct Comparison {
 /// Element `i` is right when `|got - want| <= rel * |want| + acc * scale[i]`: `rel` covers the
 /// rounding of the output type, `acc` the f32 accumulation over the reduction.
 pub fn compare(got: &[f64], want: &[f64], scale: &[f64], rel: f64, acc: f64) -> Comparison {
-    let mut c = Comparison { wrong: 0, max_abs_err: 0.0, first_wrong: None };
+    let mut c = Comparison {
+        wrong: 0,
+        max_abs_err: 0.0,
+        first_wrong: None,
+    };
     for i in 0..want.len() {
         let err = (got[i] - want[i]).abs();
         c.max_abs_err = c.max_abs_err.max(err);

@@ -51,14 +51,29 @@ fn relay_walk(world: usize, rank: usize, row_tiles: usize, part: usize, own_from
     v
 }
 
-fn simulate_ar(nodes: usize, world: usize, grid: usize, block_row_tiles: usize, n: u32, parts: &[usize]) -> Result<(), String> {
+fn simulate_ar(
+    nodes: usize,
+    world: usize,
+    grid: usize,
+    block_row_tiles: usize,
+    n: u32,
+    parts: &[usize],
+) -> Result<(), String> {
     simulate_ar_rule(nodes, world, grid, block_row_tiles, n, parts, true)
 }
 
 /// `flush_awaited`: the kernel's rule (false: always two tiles late, also before an own tile's
 /// wait - the negative control).
 #[allow(clippy::too_many_arguments)]
-fn simulate_ar_rule(nodes: usize, world: usize, grid: usize, block_row_tiles: usize, n: u32, parts: &[usize], flush_awaited: bool) -> Result<(), String> {
+fn simulate_ar_rule(
+    nodes: usize,
+    world: usize,
+    grid: usize,
+    block_row_tiles: usize,
+    n: u32,
+    parts: &[usize],
+    flush_awaited: bool,
+) -> Result<(), String> {
     let (nn, w) = (nodes, world);
     let gw = nn * w;
     let m = (gw * block_row_tiles * 128) as u32;
@@ -68,7 +83,13 @@ fn simulate_ar_rule(nodes: usize, world: usize, grid: usize, block_row_tiles: us
     let tiles_n = n.div_ceil(256);
     let block_tiles = block_row_tiles as u32 * tiles_n;
     let own_from = (nn - 1) * block_row_tiles;
-    let split = |m0: u32| ((m0 / chunk_rows) as usize, ((m0 % chunk_rows) / 128) as usize, ((m0 % chunk_rows) / block_rows) as usize);
+    let split = |m0: u32| {
+        (
+            (m0 / chunk_rows) as usize,
+            ((m0 % chunk_rows) / 128) as usize,
+            ((m0 % chunk_rows) / block_rows) as usize,
+        )
+    };
     // Per global rank g = nd * w + r.
     let mut tile1 = vec![vec![vec![0u32; row_tiles]; w]; gw]; // [g][src local][mt]
     let mut tile2 = vec![vec![vec![0u32; row_tiles]; w]; gw];
@@ -79,7 +100,9 @@ fn simulate_ar_rule(nodes: usize, world: usize, grid: usize, block_row_tiles: us
     let mut sums_in = vec![false; gw]; // warp 3 of CTA 0 passed FusedData: aux barrier open
     let mut recv_done = vec![false; gw];
     let mut sent = vec![vec![false; nn]; gw];
-    let walks: Vec<Vec<(usize, usize)>> = (0..gw).map(|g| relay_walk(w, g % w, row_tiles, block_row_tiles / parts[g], own_from)).collect();
+    let walks: Vec<Vec<(usize, usize)>> = (0..gw)
+        .map(|g| relay_walk(w, g % w, row_tiles, block_row_tiles / parts[g], own_from))
+        .collect();
     let relays_run = w > 1;
     let mut heads = vec![vec![0usize; grid]; gw];
     let mut ctas: Vec<Vec<Cta>> = (0..gw)
@@ -87,11 +110,18 @@ fn simulate_ar_rule(nodes: usize, world: usize, grid: usize, block_row_tiles: us
             let (r, part) = (g % w, block_row_tiles / parts[g]);
             (0..grid)
                 .map(|c| Cta {
-                    tiles: TileScheduler::new(m, n, 128, 256, 8, c as u32, grid as u32).chunked(w as u32, r as u32, part as u32).map(|t| (t.m0, t.n0)).collect(),
+                    tiles: TileScheduler::new(m, n, 128, 256, 8, c as u32, grid as u32)
+                        .chunked(w as u32, r as u32, part as u32)
+                        .map(|t| (t.m0, t.n0))
+                        .collect(),
                     next: 0,
                     older: None,
                     newer: None,
-                    tail: if w > 1 { (own_from + c..row_tiles).step_by(grid).collect() } else { vec![] },
+                    tail: if w > 1 {
+                        (own_from + c..row_tiles).step_by(grid).collect()
+                    } else {
+                        vec![]
+                    },
                     loop_done: false,
                 })
                 .collect()
@@ -229,9 +259,14 @@ fn simulate_ar_rule(nodes: usize, world: usize, grid: usize, block_row_tiles: us
             // Describe the stuck state.
             let mut s = String::new();
             for g in 0..gw {
-                let stuck_relays = (0..grid).filter(|&k| walks[g].get(k + heads[g][k] * grid).is_some()).count();
+                let stuck_relays = (0..grid)
+                    .filter(|&k| walks[g].get(k + heads[g][k] * grid).is_some())
+                    .count();
                 let stuck_ctas = ctas[g].iter().filter(|c| !c.loop_done || !c.tail.is_empty()).count();
-                s += &format!("rank {g}: {stuck_ctas} CTAs, {stuck_relays} relays stuck, sent {:?}, sums_in {}, recv_done {}; ", sent[g], sums_in[g], recv_done[g]);
+                s += &format!(
+                    "rank {g}: {stuck_ctas} CTAs, {stuck_relays} relays stuck, sent {:?}, sums_in {}, recv_done {}; ",
+                    sent[g], sums_in[g], recv_done[g]
+                );
             }
             return Err(s);
         }
@@ -276,7 +311,12 @@ fn allreduce_2x2_bench_shapes_cannot_deadlock() {
             }
             for grid in [132usize, 131, 128] {
                 let r = simulate_ar(2, 2, grid, block_row_tiles, 8192, &[parts; 4]);
-                assert!(r.is_ok(), "M = {}: parts {parts} grid {grid}: {}", block_row_tiles * 128 * 4, r.unwrap_err());
+                assert!(
+                    r.is_ok(),
+                    "M = {}: parts {parts} grid {grid}: {}",
+                    block_row_tiles * 128 * 4,
+                    r.unwrap_err()
+                );
             }
         }
     }
@@ -286,17 +326,29 @@ fn allreduce_2x2_bench_shapes_cannot_deadlock() {
 /// (the order the tiles complete), as `relay_role` documents.
 #[test]
 fn relay_walk_own_items_follow_the_next_parts_peer_items() {
-    for (nodes, world, brt, parts) in [(2usize, 2usize, 16usize, 1usize), (2, 2, 16, 2), (3, 2, 4, 2), (2, 4, 8, 4)] {
+    for (nodes, world, brt, parts) in [
+        (2usize, 2usize, 16usize, 1usize),
+        (2, 2, 16, 2),
+        (3, 2, 4, 2),
+        (2, 4, 8, 4),
+    ] {
         let (row_tiles, part) = (nodes * brt, brt / parts);
         let own_from = (nodes - 1) * brt;
         for rank in 0..world {
             let w = relay_walk(world, rank, row_tiles, part, own_from);
-            assert_eq!(w.len(), (world - 1) * row_tiles + brt, "every peer row tile once, every own row tile of the own block once");
+            assert_eq!(
+                w.len(),
+                (world - 1) * row_tiles + brt,
+                "every peer row tile once, every own row tile of the own block once"
+            );
             for (i, &(d, mt)) in w.iter().enumerate() {
                 if d == rank {
                     let g = mt / part + 1;
                     let last_peer_of_g = w.iter().rposition(|&(d2, t)| d2 != rank && t / part == g);
-                    assert!(last_peer_of_g.is_none_or(|p| p < i), "{nodes}x{world} rank {rank}: own mt {mt} before the peers of part {g}");
+                    assert!(
+                        last_peer_of_g.is_none_or(|p| p < i),
+                        "{nodes}x{world} rank {rank}: own mt {mt} before the peers of part {g}"
+                    );
                 }
             }
         }

@@ -7,15 +7,24 @@ use std::time::{Duration, Instant};
 
 #[test]
 fn missing_rank_is_named_by_the_timeout() {
-    let Some((dev, boot)) = launched_rank_or_skip("missing_rank_is_named_by_the_timeout") else { return };
-    let cfg = CommConfig { heap_bytes: 16 << 20, timeout: Duration::from_secs(2), ..Default::default() };
+    let Some((dev, boot)) = launched_rank_or_skip("missing_rank_is_named_by_the_timeout") else {
+        return;
+    };
+    let cfg = CommConfig {
+        heap_bytes: 16 << 20,
+        timeout: Duration::from_secs(2),
+        ..Default::default()
+    };
     let mut comm = Communicator::new(&dev, boot, cfg).unwrap();
     let (rank, world) = (comm.rank(), comm.world());
     let absent = world - 1;
     let stream = dev.default_stream();
     let dst = comm.alloc(4096 * world as u64).unwrap();
     let mut src = stream.alloc_zeros::<u8>(4096).unwrap();
-    let src_ptr = { let (p, _g) = src.device_ptr_mut(&stream); p };
+    let src_ptr = {
+        let (p, _g) = src.device_ptr_mut(&stream);
+        p
+    };
     // One good round first: epochs are in step.
     comm.all_gather(&stream, src_ptr, &dst, 4096, 4).unwrap();
     stream.synchronize().unwrap();
@@ -36,6 +45,9 @@ fn missing_rank_is_named_by_the_timeout() {
         }
         other => panic!("expected CommTimeout, got {other}"),
     }
-    assert!(elapsed < Duration::from_secs(10), "gave up after {elapsed:?}, the timeout is 2 s");
+    assert!(
+        elapsed < Duration::from_secs(10),
+        "gave up after {elapsed:?}, the timeout is 2 s"
+    );
     println!("rank {rank}: {err} (returned after {:.2} s)", elapsed.as_secs_f64());
 }

@@ -17,11 +17,17 @@ fn inputs(world: u32, len: usize, dtype: ReduceDtype, case: u64, rep: u64) -> (V
         .map(|r| match dtype {
             ReduceDtype::Bf16 => {
                 let v = random_bf16(len, seed(r, case, rep));
-                (v.iter().map(|x| x.to_f64()).collect(), v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect())
+                (
+                    v.iter().map(|x| x.to_f64()).collect(),
+                    v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
+                )
             }
             ReduceDtype::F32 => {
                 let v = random_f32(len, seed(r, case, rep));
-                (v.iter().map(|&x| x as f64).collect(), v.iter().flat_map(|x| x.to_le_bytes()).collect())
+                (
+                    v.iter().map(|&x| x as f64).collect(),
+                    v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                )
             }
         })
         .unzip()
@@ -29,8 +35,14 @@ fn inputs(world: u32, len: usize, dtype: ReduceDtype, case: u64, rep: u64) -> (V
 
 fn decode(bytes: &[u8], dtype: ReduceDtype) -> Vec<f64> {
     match dtype {
-        ReduceDtype::Bf16 => bytes.chunks(2).map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f64()).collect(),
-        ReduceDtype::F32 => bytes.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64).collect(),
+        ReduceDtype::Bf16 => bytes
+            .chunks(2)
+            .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f64())
+            .collect(),
+        ReduceDtype::F32 => bytes
+            .chunks(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
+            .collect(),
     }
 }
 
@@ -47,14 +59,27 @@ fn dtoh(addr: u64, len: usize) -> Vec<u8> {
 
 #[test]
 fn collectives_match_cpu_reference() {
-    let Some((dev, boot)) = launched_rank_or_skip("collectives_match_cpu_reference") else { return };
-    let mut comm = Communicator::new(&dev, boot, CommConfig { heap_bytes: 1 << 30, ..Default::default() }).unwrap();
+    let Some((dev, boot)) = launched_rank_or_skip("collectives_match_cpu_reference") else {
+        return;
+    };
+    let mut comm = Communicator::new(
+        &dev,
+        boot,
+        CommConfig {
+            heap_bytes: 1 << 30,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let (rank, world) = (comm.rank(), comm.world());
     let stream = dev.default_stream();
     let big = comm.alloc(256 << 20).unwrap();
     let big2 = comm.alloc(256 << 20).unwrap();
     let mut local = stream.alloc_zeros::<u8>(64 << 20).unwrap();
-    let local_ptr = { let (p, _g) = local.device_ptr_mut(&stream); p };
+    let local_ptr = {
+        let (p, _g) = local.device_ptr_mut(&stream);
+        p
+    };
     let mut case = 0u64;
     let mut lines = vec![];
 
@@ -71,9 +96,14 @@ fn collectives_match_cpu_reference() {
                 comm.check().unwrap();
                 let got = dtoh(comm.ptr(&big), (bytes * world as u64) as usize);
                 let want: Vec<u8> = all.concat();
-                assert!(got == want, "rank {rank}: all_gather {bytes} B x {ctas} CTAs rep {rep} differs");
+                assert!(
+                    got == want,
+                    "rank {rank}: all_gather {bytes} B x {ctas} CTAs rep {rep} differs"
+                );
             }
-            lines.push(format!("all_gather {bytes:>8} B/rank, {ctas:>2} CTAs, 3 launches: exact"));
+            lines.push(format!(
+                "all_gather {bytes:>8} B/rank, {ctas:>2} CTAs, 3 launches: exact"
+            ));
         }
     }
 
@@ -87,18 +117,28 @@ fn collectives_match_cpu_reference() {
                 for rep in 0..2 {
                     let (vals, raw) = inputs(world, count * world as usize, dtype, case, rep);
                     htod(comm.ptr(&big), &raw[rank as usize]);
-                    comm.reduce_scatter(&stream, &big, local_ptr, count as u64, dtype, ctas).unwrap();
+                    comm.reduce_scatter(&stream, &big, local_ptr, count as u64, dtype, ctas)
+                        .unwrap();
                     stream.synchronize().unwrap();
                     comm.check().unwrap();
                     let got = decode(&dtoh(local_ptr, count * esize), dtype);
                     let lo = rank as usize * count;
                     let want: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[lo + i]).sum()).collect();
                     let scale: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[lo + i].abs()).sum()).collect();
-                    let rel = if dtype == ReduceDtype::Bf16 { BF16_OUT_REL } else { F32_OUT_REL };
+                    let rel = if dtype == ReduceDtype::Bf16 {
+                        BF16_OUT_REL
+                    } else {
+                        F32_OUT_REL
+                    };
                     let c = compare(&got, &want, &scale, rel, F32_ACC);
-                    assert_eq!(c.wrong, 0, "rank {rank}: reduce_scatter {dtype:?} count {count} ctas {ctas}: {c:?}");
+                    assert_eq!(
+                        c.wrong, 0,
+                        "rank {rank}: reduce_scatter {dtype:?} count {count} ctas {ctas}: {c:?}"
+                    );
                 }
-                lines.push(format!("reduce_scatter {dtype:?} {count:>8}/rank, {ctas:>2} CTAs: all elements within tolerance"));
+                lines.push(format!(
+                    "reduce_scatter {dtype:?} {count:>8}/rank, {ctas:>2} CTAs: all elements within tolerance"
+                ));
             }
         }
         for &count in &[8usize, 1000, 123_456, 4 << 20] {
@@ -114,10 +154,19 @@ fn collectives_match_cpu_reference() {
                 let got = decode(&dtoh(comm.ptr(&dst), count * esize), dtype);
                 let want: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[i]).sum()).collect();
                 let scale: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[i].abs()).sum()).collect();
-                let rel = if dtype == ReduceDtype::Bf16 { BF16_OUT_REL } else { F32_OUT_REL };
+                let rel = if dtype == ReduceDtype::Bf16 {
+                    BF16_OUT_REL
+                } else {
+                    F32_OUT_REL
+                };
                 let c = compare(&got, &want, &scale, rel, F32_ACC);
-                assert_eq!(c.wrong, 0, "rank {rank}: all_reduce {dtype:?} count {count} in_place {in_place}: {c:?}");
-                lines.push(format!("all_reduce {dtype:?} {count:>8}, in place {in_place}, {ctas} CTAs: all elements within tolerance"));
+                assert_eq!(
+                    c.wrong, 0,
+                    "rank {rank}: all_reduce {dtype:?} count {count} in_place {in_place}: {c:?}"
+                );
+                lines.push(format!(
+                    "all_reduce {dtype:?} {count:>8}, in place {in_place}, {ctas} CTAs: all elements within tolerance"
+                ));
             }
         }
     }
@@ -136,7 +185,8 @@ fn collectives_match_cpu_reference() {
         let (_, gathered) = inputs(world, big_bytes as usize / 4, ReduceDtype::F32, case + 1, 0);
         htod(local_ptr, &gathered[rank as usize]);
         for _ in 0..50 {
-            comm.all_reduce(&stream, &small_in, &small_out, small as u64, ReduceDtype::Bf16, 2).unwrap();
+            comm.all_reduce(&stream, &small_in, &small_out, small as u64, ReduceDtype::Bf16, 2)
+                .unwrap();
             comm.all_gather(&stream, local_ptr, &gather_out, big_bytes, 16).unwrap();
         }
         stream.synchronize().unwrap();
@@ -144,8 +194,15 @@ fn collectives_match_cpu_reference() {
         let got = decode(&dtoh(comm.ptr(&small_out), small * 2), ReduceDtype::Bf16);
         let want: Vec<f64> = (0..small).map(|i| vals.iter().map(|v| v[i]).sum()).collect();
         let scale: Vec<f64> = (0..small).map(|i| vals.iter().map(|v| v[i].abs()).sum()).collect();
-        assert_eq!(compare(&got, &want, &scale, BF16_OUT_REL, F32_ACC).wrong, 0, "rank {rank}: back-to-back all_reduce");
-        assert!(dtoh(comm.ptr(&gather_out), (big_bytes * world as u64) as usize) == gathered.concat(), "rank {rank}: back-to-back all_gather");
+        assert_eq!(
+            compare(&got, &want, &scale, BF16_OUT_REL, F32_ACC).wrong,
+            0,
+            "rank {rank}: back-to-back all_reduce"
+        );
+        assert!(
+            dtoh(comm.ptr(&gather_out), (big_bytes * world as u64) as usize) == gathered.concat(),
+            "rank {rank}: back-to-back all_gather"
+        );
         lines.push("50 x (staged all_reduce + direct all_gather) back to back without host sync: correct".into());
     }
 
@@ -154,14 +211,23 @@ fn collectives_match_cpu_reference() {
         use mkernel::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
         let gstream = dev.context().new_stream().unwrap();
         let count = 65536usize;
-        gstream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
-        comm.all_reduce(&gstream, &big, &big2, count as u64, ReduceDtype::Bf16, 8).unwrap();
-        let graph = gstream.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("graph");
+        gstream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .unwrap();
+        comm.all_reduce(&gstream, &big, &big2, count as u64, ReduceDtype::Bf16, 8)
+            .unwrap();
+        let graph = gstream
+            .end_capture(CUgraphInstantiate_flags(0))
+            .unwrap()
+            .expect("graph");
         for rep in 0..3 {
             case += 1;
             let (vals, raw) = inputs(world, count, ReduceDtype::Bf16, case, rep);
             htod(comm.ptr(&big), &raw[rank as usize]);
-            comm.bootstrap().store().barrier(&format!("graph-input-{rep}"), std::time::Duration::from_secs(30)).unwrap();
+            comm.bootstrap()
+                .store()
+                .barrier(&format!("graph-input-{rep}"), std::time::Duration::from_secs(30))
+                .unwrap();
             graph.launch().unwrap();
             gstream.synchronize().unwrap();
             comm.check().unwrap();
@@ -170,7 +236,10 @@ fn collectives_match_cpu_reference() {
             let scale: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[i].abs()).sum()).collect();
             let c = compare(&got, &want, &scale, BF16_OUT_REL, F32_ACC);
             assert_eq!(c.wrong, 0, "rank {rank}: graph replay {rep}: {c:?}");
-            comm.bootstrap().store().barrier(&format!("graph-output-{rep}"), std::time::Duration::from_secs(30)).unwrap();
+            comm.bootstrap()
+                .store()
+                .barrier(&format!("graph-output-{rep}"), std::time::Duration::from_secs(30))
+                .unwrap();
         }
         lines.push("all_reduce captured in a CUDA graph, replayed 3 times with new inputs: correct".into());
     }

@@ -16,7 +16,12 @@ use std::time::Duration;
 /// Launches of every case, each on new inputs.
 const REPS: u64 = 3;
 /// AllGather + GEMM cases: M, N, K (global M; A sharded by rows), comm CTAs.
-const AG_CASES: [(usize, usize, usize, u32); 4] = [(1024, 512, 256, 4), (2048, 768, 1024, 8), (4096, 256, 512, 16), (1024, 1000, 136, 1)];
+const AG_CASES: [(usize, usize, usize, u32); 4] = [
+    (1024, 512, 256, 4),
+    (2048, 768, 1024, 8),
+    (4096, 256, 512, 16),
+    (1024, 1000, 136, 1),
+];
 /// GEMM + ReduceScatter cases: M, N, K per rank, parts per row chunk (1 where it does not
 /// divide the chunk's row tiles at this world size), comm CTAs (`RsSplit::AUTO`, none, or a
 /// count: the partials go through comm CTAs or straight from the epilogues; [`PULL`]: the
@@ -26,9 +31,23 @@ const AG_CASES: [(usize, usize, usize, u32); 4] = [(1024, 512, 256, 4), (2048, 7
 /// (`mkernel_config::stream_k`): 208 tiles of 16 K blocks (76 stream-K), and 272 tiles of 9
 /// K blocks, the last one short, N not a multiple of the tile (140 stream-K: the partial round
 /// and one more).
-const RS_CASES: [(usize, usize, usize, u32, u32); 7] = [(1024, 512, 256, 2, RsSplit::AUTO), (2048, 768, 512, 4, RsSplit::NO_COMM_CTAS), (512, 1000, 136, 1, 3), (512, 1000, 136, 1, PULL), (2048, 768, 512, 2, PULL), (1024, 1000, 256, 2, CONSUMER_IO), (6656, 1024, 1024, 1, RsSplit::AUTO)];
+const RS_CASES: [(usize, usize, usize, u32, u32); 7] = [
+    (1024, 512, 256, 2, RsSplit::AUTO),
+    (2048, 768, 512, 4, RsSplit::NO_COMM_CTAS),
+    (512, 1000, 136, 1, 3),
+    (512, 1000, 136, 1, PULL),
+    (2048, 768, 512, 2, PULL),
+    (1024, 1000, 256, 2, CONSUMER_IO),
+    (6656, 1024, 1024, 1, RsSplit::AUTO),
+];
 /// GEMM + AllReduce cases, as [`RS_CASES`].
-const AR_CASES: [(usize, usize, usize, u32, u32); 5] = [(1024, 512, 256, 2, RsSplit::AUTO), (512, 1000, 136, 1, 4), (1024, 1000, 256, 2, PULL), (1024, 1000, 256, 2, CONSUMER_IO), (8704, 1000, 520, 1, RsSplit::AUTO)];
+const AR_CASES: [(usize, usize, usize, u32, u32); 5] = [
+    (1024, 512, 256, 2, RsSplit::AUTO),
+    (512, 1000, 136, 1, 4),
+    (1024, 1000, 256, 2, PULL),
+    (1024, 1000, 256, 2, CONSUMER_IO),
+    (8704, 1000, 520, 1, RsSplit::AUTO),
+];
 /// In a case's comm CTAs: none, and the partials are pulled (`RsSplit::pull`).
 const PULL: u32 = u32::MAX - 1;
 /// In the comm CTA column: none, and no stager (`RsSplit::no_stager`): the consumer
@@ -38,8 +57,18 @@ const CONSUMER_IO: u32 = u32::MAX - 2;
 
 #[test]
 fn fused_collectives_ag_gemm_matches_cpu_reference() {
-    let Some((dev, boot)) = launched_rank_or_skip("fused_collectives_ag_gemm_matches_cpu_reference") else { return };
-    let mut comm = Communicator::new(&dev, boot, CommConfig { heap_bytes: 512 << 20, ..Default::default() }).unwrap();
+    let Some((dev, boot)) = launched_rank_or_skip("fused_collectives_ag_gemm_matches_cpu_reference") else {
+        return;
+    };
+    let mut comm = Communicator::new(
+        &dev,
+        boot,
+        CommConfig {
+            heap_bytes: 512 << 20,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let stream = dev.default_stream();
     let mut lines = vec![];
     for (case, &shape) in AG_CASES.iter().enumerate() {
@@ -57,10 +86,38 @@ fn fused_collectives_ag_gemm_matches_cpu_reference() {
     for (case, &shape) in AR_CASES.iter().enumerate() {
         lines.push(reduce_case(&mut comm, &stream, case, shape, true, &Launch::Direct));
     }
-    lines.push(reduce_case(&mut comm, &stream, RS_CASES.len(), RS_CASES[0], false, &graph));
-    lines.push(reduce_case(&mut comm, &stream, RS_CASES.len() + 1, RS_CASES[3], false, &graph));
-    lines.push(reduce_case(&mut comm, &stream, AR_CASES.len(), AR_CASES[0], true, &graph));
-    lines.push(reduce_case(&mut comm, &stream, AR_CASES.len() + 1, AR_CASES[AR_CASES.len() - 1], true, &graph));
+    lines.push(reduce_case(
+        &mut comm,
+        &stream,
+        RS_CASES.len(),
+        RS_CASES[0],
+        false,
+        &graph,
+    ));
+    lines.push(reduce_case(
+        &mut comm,
+        &stream,
+        RS_CASES.len() + 1,
+        RS_CASES[3],
+        false,
+        &graph,
+    ));
+    lines.push(reduce_case(
+        &mut comm,
+        &stream,
+        AR_CASES.len(),
+        AR_CASES[0],
+        true,
+        &graph,
+    ));
+    lines.push(reduce_case(
+        &mut comm,
+        &stream,
+        AR_CASES.len() + 1,
+        AR_CASES[AR_CASES.len() - 1],
+        true,
+        &graph,
+    ));
     if comm.global_rank() == 0 {
         for l in lines {
             println!("[{} nodes x {} GPUs] {l}", comm.nnodes(), comm.world());
@@ -97,17 +154,36 @@ struct Reference {
 /// `write(rep)` uploads them on `stream` and returns their reference; after it `read()` gives
 /// the output, which must match. Replays sit between store barriers so that no rank writes
 /// inputs or reads outputs while its peers' replays may still use them.
-fn run_reps(comm: &Communicator, stream: &Arc<CudaStream>, how: &Launch, what: &str, launch: impl Fn(&Arc<CudaStream>) -> mkernel::Result<()>, mut write: impl FnMut(u64) -> Reference, read: impl Fn() -> Vec<f64>) {
+fn run_reps(
+    comm: &Communicator,
+    stream: &Arc<CudaStream>,
+    how: &Launch,
+    what: &str,
+    launch: impl Fn(&Arc<CudaStream>) -> mkernel::Result<()>,
+    mut write: impl FnMut(u64) -> Reference,
+    read: impl Fn() -> Vec<f64>,
+) {
     let rank = comm.rank();
     let graph = match how {
         Launch::Direct => None,
         Launch::Graph(g) => {
-            g.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+            g.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .unwrap();
             launch(g).unwrap();
-            Some((g, g.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("captured graph")))
+            Some((
+                g,
+                g.end_capture(CUgraphInstantiate_flags(0))
+                    .unwrap()
+                    .expect("captured graph"),
+            ))
         }
     };
-    let barrier = |name: String| comm.bootstrap().store().barrier(&name, Duration::from_secs(30)).unwrap();
+    let barrier = |name: String| {
+        comm.bootstrap()
+            .store()
+            .barrier(&name, Duration::from_secs(30))
+            .unwrap()
+    };
     for rep in 0..REPS {
         let r = write(rep);
         stream.synchronize().unwrap();
@@ -132,7 +208,13 @@ fn run_reps(comm: &Communicator, stream: &Arc<CudaStream>, how: &Launch, what: &
 }
 
 /// AllGather + GEMM, `m` x `n` x `k` with `n_comm` comm CTAs, run and checked `REPS` times.
-fn ag_gemm_case(comm: &mut Communicator, stream: &Arc<CudaStream>, case: usize, (m, n, k, n_comm): (usize, usize, usize, u32), how: &Launch) -> String {
+fn ag_gemm_case(
+    comm: &mut Communicator,
+    stream: &Arc<CudaStream>,
+    case: usize,
+    (m, n, k, n_comm): (usize, usize, usize, u32),
+    how: &Launch,
+) -> String {
     // Shards by global rank: across nodes every rank of every node holds one.
     let (rank, world) = (comm.global_rank() as usize, (comm.world() * comm.nnodes()) as usize);
     let ms = m / world;
@@ -140,40 +222,115 @@ fn ag_gemm_case(comm: &mut Communicator, stream: &Arc<CudaStream>, case: usize, 
     let db = stream.clone_htod(&b).unwrap();
     let mut da = stream.alloc_zeros::<bf16>(ms * k).unwrap();
     let mut dc = stream.alloc_zeros::<bf16>(m * n).unwrap();
-    let (pa, pb, pc) = ({ let (p, _g) = da.device_ptr_mut(stream); p }, { let (p, _g) = db.device_ptr(stream); p }, { let (p, _g) = dc.device_ptr_mut(stream); p });
+    let (pa, pb, pc) = (
+        {
+            let (p, _g) = da.device_ptr_mut(stream);
+            p
+        },
+        {
+            let (p, _g) = db.device_ptr(stream);
+            p
+        },
+        {
+            let (p, _g) = dc.device_ptr_mut(stream);
+            p
+        },
+    );
     // SAFETY: buffers sized for the shape, alive until the end of the case.
     let plan = unsafe { AgGemmPlan::new(comm, stream, pa, pb, pc, m, n, k, n_comm) }.unwrap();
     let write = |rep: u64| {
         let a_full = random_bf16(m * k, 9_000 + 100 * case as u64 + rep);
-        stream.memcpy_htod(&a_full[rank * ms * k..(rank + 1) * ms * k], &mut da).unwrap();
+        stream
+            .memcpy_htod(&a_full[rank * ms * k..(rank + 1) * ms * k], &mut da)
+            .unwrap();
         let (want, scale) = cpu_gemm(&a_full, &b, m, n, k, BOrder::NxK);
-        Reference { want, scale, rel: BF16_OUT_REL, acc: F32_ACC }
+        Reference {
+            want,
+            scale,
+            rel: BF16_OUT_REL,
+            acc: F32_ACC,
+        }
     };
     let read = || to_f64(&stream.clone_dtoh(&dc).unwrap());
-    run_reps(comm, stream, how, &format!("ag_gemm m {m} n {n} k {k} n_comm {n_comm}"), |s| plan.launch(s), write, read);
-    format!("ag_gemm M {m} N {n} K {k}, {n_comm} comm CTAs of {}, {}: every element within tolerance", plan.split().1, how.describe())
+    run_reps(
+        comm,
+        stream,
+        how,
+        &format!("ag_gemm m {m} n {n} k {k} n_comm {n_comm}"),
+        |s| plan.launch(s),
+        write,
+        read,
+    );
+    format!(
+        "ag_gemm M {m} N {n} K {k}, {n_comm} comm CTAs of {}, {}: every element within tolerance",
+        plan.split().1,
+        how.describe()
+    )
 }
 
 /// GEMM + ReduceScatter (or, with `all_reduce`, GEMM + AllReduce), `m` x `n` x `kl` per rank
 /// with `parts` parts per row chunk (1 where they do not divide the chunk), run and checked `REPS` times.
-fn reduce_case(comm: &mut Communicator, stream: &Arc<CudaStream>, case: usize, (m, n, kl, parts, comm_ctas): (usize, usize, usize, u32, u32), all_reduce: bool, how: &Launch) -> String {
+fn reduce_case(
+    comm: &mut Communicator,
+    stream: &Arc<CudaStream>,
+    case: usize,
+    (m, n, kl, parts, comm_ctas): (usize, usize, usize, u32, u32),
+    all_reduce: bool,
+    how: &Launch,
+) -> String {
     // Chunks by global rank: across nodes every rank of every node reduces one.
     let (rank, world) = (comm.global_rank() as usize, (comm.world() * comm.nnodes()) as usize);
-    let parts = if (m / world / 128) % parts as usize == 0 { parts } else { 1 };
+    let parts = if (m / world / 128) % parts as usize == 0 {
+        parts
+    } else {
+        1
+    };
     let ms = m / world;
     let mut da = stream.alloc_zeros::<bf16>(m * kl).unwrap();
     let mut db = stream.alloc_zeros::<bf16>(n * kl).unwrap();
     let mut dout = stream.alloc_zeros::<bf16>(ms * n).unwrap(); // ReduceScatter only
-    let (pa, pb, po) = ({ let (p, _g) = da.device_ptr_mut(stream); p }, { let (p, _g) = db.device_ptr_mut(stream); p }, { let (p, _g) = dout.device_ptr_mut(stream); p });
+    let (pa, pb, po) = (
+        {
+            let (p, _g) = da.device_ptr_mut(stream);
+            p
+        },
+        {
+            let (p, _g) = db.device_ptr_mut(stream);
+            p
+        },
+        {
+            let (p, _g) = dout.device_ptr_mut(stream);
+            p
+        },
+    );
     // SAFETY: buffers sized for the shape, alive until the end of the case.
     let split = match comm_ctas {
-        PULL => RsSplit { parts, comm_ctas: RsSplit::AUTO, pull: true, ..RsSplit::default() },
-        CONSUMER_IO => RsSplit { parts, comm_ctas: RsSplit::NO_COMM_CTAS, no_stager: true, ..RsSplit::default() },
-        _ => RsSplit { parts, comm_ctas, ..RsSplit::default() },
+        PULL => RsSplit {
+            parts,
+            comm_ctas: RsSplit::AUTO,
+            pull: true,
+            ..RsSplit::default()
+        },
+        CONSUMER_IO => RsSplit {
+            parts,
+            comm_ctas: RsSplit::NO_COMM_CTAS,
+            no_stager: true,
+            ..RsSplit::default()
+        },
+        _ => RsSplit {
+            parts,
+            comm_ctas,
+            ..RsSplit::default()
+        },
     };
-    let plan = unsafe { GemmRsPlan::with_split(comm, stream, pa, pb, (!all_reduce).then_some(po), m, n, kl, split) }.unwrap();
+    let plan =
+        unsafe { GemmRsPlan::with_split(comm, stream, pa, pb, (!all_reduce).then_some(po), m, n, kl, split) }.unwrap();
     let comm: &Communicator = comm;
-    let (op, seed_base, rows) = if all_reduce { ("gemm_ar", 40_000, 0..m) } else { ("gemm_rs", 20_000, rank * ms..(rank + 1) * ms) };
+    let (op, seed_base, rows) = if all_reduce {
+        ("gemm_ar", 40_000, 0..m)
+    } else {
+        ("gemm_rs", 20_000, rank * ms..(rank + 1) * ms)
+    };
     let write = |rep: u64| {
         let seed = seed_base + 100 * case as u64 + 10 * rep;
         let a_all: Vec<Vec<bf16>> = (0..world).map(|r| random_bf16(m * kl, seed + r as u64)).collect();
@@ -184,20 +341,41 @@ fn reduce_case(comm: &mut Communicator, stream: &Arc<CudaStream>, case: usize, (
         // Partials are rounded to bf16 before the f32 sum: two bf16 roundings; across nodes
         // each node's sum is rounded once more before it crosses.
         let roundings = if comm.nnodes() > 1 { 3.0 } else { 2.0 };
-        Reference { want, scale, rel: roundings * BF16_OUT_REL, acc: roundings * BF16_OUT_REL }
+        Reference {
+            want,
+            scale,
+            rel: roundings * BF16_OUT_REL,
+            acc: roundings * BF16_OUT_REL,
+        }
     };
     let read = || match plan.all_reduce_output() {
         Some(out) => {
             let mut raw = vec![0u8; m * n * 2];
             // SAFETY: the plan's output holds m x n bf16 in this rank's heap.
             unsafe { mkernel::cudarc::driver::result::memcpy_dtoh_sync(&mut raw, comm.ptr(&out)) }.unwrap();
-            raw.chunks(2).map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f64()).collect()
+            raw.chunks(2)
+                .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f64())
+                .collect()
         }
         None => to_f64(&stream.clone_dtoh(&dout).unwrap()),
     };
-    run_reps(comm, stream, how, &format!("{op} m {m} n {n} k_local {kl} parts {parts}"), |s| plan.launch(s), write, read);
+    run_reps(
+        comm,
+        stream,
+        how,
+        &format!("{op} m {m} n {n} k_local {kl} parts {parts}"),
+        |s| plan.launch(s),
+        write,
+        read,
+    );
     let whole = if all_reduce { "whole sum on every rank, " } else { "" };
-    let path = if split.pull { ", partials pulled".to_string() } else if plan.stager() { format!(", stagers, {} tiles stream-K", plan.stream_k_tiles()) } else { String::new() };
+    let path = if split.pull {
+        ", partials pulled".to_string()
+    } else if plan.stager() {
+        format!(", stagers, {} tiles stream-K", plan.stream_k_tiles())
+    } else {
+        String::new()
+    };
     format!("{op} M {m} N {n} K_local {kl}, {parts} parts per chunk, {} CTAs ({} comm{path}), {}: {whole}every element within tolerance", plan.split().1, plan.comm_ctas(), how.describe())
 }
 
@@ -207,7 +385,13 @@ fn to_f64(v: &[bf16]) -> Vec<f64> {
 
 /// CPU reference of `sum_r a_r[rows] * b_r^T` (every rank's partial product, rows of A given),
 /// with the per-element scale of `compare`.
-fn sum_of_partials(a_all: &[Vec<bf16>], b_all: &[Vec<bf16>], rows: std::ops::Range<usize>, n: usize, kl: usize) -> (Vec<f64>, Vec<f64>) {
+fn sum_of_partials(
+    a_all: &[Vec<bf16>],
+    b_all: &[Vec<bf16>],
+    rows: std::ops::Range<usize>,
+    n: usize,
+    kl: usize,
+) -> (Vec<f64>, Vec<f64>) {
     let m = rows.len();
     let (mut want, mut scale) = (vec![0.0; m * n], vec![0.0; m * n]);
     for (a, b) in a_all.iter().zip(b_all) {

@@ -5,5 +5,8 @@ mod fused_timeout;
 
 #[test]
 fn missing_rank_ends_the_ag_gemm_launch_with_a_timeout() {
-    fused_timeout::missing_rank_ends_the_launch_with_a_timeout("missing_rank_ends_the_ag_gemm_launch_with_a_timeout", fused_timeout::Op::AgGemm);
+    fused_timeout::missing_rank_ends_the_launch_with_a_timeout(
+        "missing_rank_ends_the_ag_gemm_launch_with_a_timeout",
+        fused_timeout::Op::AgGemm,
+    );
 }

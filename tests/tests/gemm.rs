@@ -35,16 +35,29 @@ fn check_shape(dev: &Device, shape: GemmShape, out: OutDtype, seed: u64) -> Stri
         }
     };
     let (want, scale) = cpu_gemm(&a, &b, shape.m, shape.n, shape.k, order(shape.b_layout));
-    let rel = if out == OutDtype::F32 { F32_OUT_REL } else { BF16_OUT_REL };
+    let rel = if out == OutDtype::F32 {
+        F32_OUT_REL
+    } else {
+        BF16_OUT_REL
+    };
     let c = compare(&got, &want, &scale, rel, F32_ACC);
-    let line = format!("gemm {:>5} x {:>5} x {:>5} B={:?} out={:?}: wrong {} / {}, max |err| {:.3e}", shape.m, shape.n, shape.k, shape.b_layout, out, c.wrong, lc, c.max_abs_err);
-    assert_eq!(c.wrong, 0, "{line}; first wrong (index, got, want) = {:?}", c.first_wrong);
+    let line = format!(
+        "gemm {:>5} x {:>5} x {:>5} B={:?} out={:?}: wrong {} / {}, max |err| {:.3e}",
+        shape.m, shape.n, shape.k, shape.b_layout, out, c.wrong, lc, c.max_abs_err
+    );
+    assert_eq!(
+        c.wrong, 0,
+        "{line}; first wrong (index, got, want) = {:?}",
+        c.first_wrong
+    );
     line
 }
 
 #[test]
 fn gemm_matches_cpu_reference_on_many_shapes() {
-    let Some(dev) = device_or_skip("gemm_matches_cpu_reference_on_many_shapes") else { return };
+    let Some(dev) = device_or_skip("gemm_matches_cpu_reference_on_many_shapes") else {
+        return;
+    };
     use BLayout::*;
     let shapes: &[(usize, usize, usize, BLayout)] = &[
         (128, 256, 64, NxK),     // one tile, one K block
@@ -62,22 +75,60 @@ fn gemm_matches_cpu_reference_on_many_shapes() {
         (16, 4096, 4096, KxN),   // decode-like M = 16
     ];
     for (i, &(m, n, k, b_layout)) in shapes.iter().enumerate() {
-        println!("{}", check_shape(&dev, GemmShape { m, n, k, b_layout }, OutDtype::Bf16, 10 + i as u64));
+        println!(
+            "{}",
+            check_shape(&dev, GemmShape { m, n, k, b_layout }, OutDtype::Bf16, 10 + i as u64)
+        );
     }
 }
 
 #[test]
 fn gemm_f32_output() {
-    let Some(dev) = device_or_skip("gemm_f32_output") else { return };
-    println!("{}", check_shape(&dev, GemmShape { m: 300, n: 520, k: 128, b_layout: BLayout::NxK }, OutDtype::F32, 99));
-    println!("{}", check_shape(&dev, GemmShape { m: 129, n: 264, k: 1024, b_layout: BLayout::KxN }, OutDtype::F32, 98));
+    let Some(dev) = device_or_skip("gemm_f32_output") else {
+        return;
+    };
+    println!(
+        "{}",
+        check_shape(
+            &dev,
+            GemmShape {
+                m: 300,
+                n: 520,
+                k: 128,
+                b_layout: BLayout::NxK
+            },
+            OutDtype::F32,
+            99
+        )
+    );
+    println!(
+        "{}",
+        check_shape(
+            &dev,
+            GemmShape {
+                m: 129,
+                n: 264,
+                k: 1024,
+                b_layout: BLayout::KxN
+            },
+            OutDtype::F32,
+            98
+        )
+    );
 }
 
 #[test]
 fn gemm_repeated_launches_of_one_plan_agree() {
-    let Some(dev) = device_or_skip("gemm_repeated_launches_of_one_plan_agree") else { return };
+    let Some(dev) = device_or_skip("gemm_repeated_launches_of_one_plan_agree") else {
+        return;
+    };
     let stream = dev.default_stream();
-    let shape = GemmShape { m: 512, n: 1024, k: 512, b_layout: BLayout::NxK };
+    let shape = GemmShape {
+        m: 512,
+        n: 1024,
+        k: 512,
+        b_layout: BLayout::NxK,
+    };
     let (la, lb, lc) = shape.lens();
     let da = stream.clone_htod(&random_bf16(la, 1)).unwrap();
     let db = stream.clone_htod(&random_bf16(lb, 2)).unwrap();
@@ -95,36 +146,78 @@ fn gemm_repeated_launches_of_one_plan_agree() {
     let again = stream.clone_dtoh(&dc).unwrap();
     let mut dc2 = stream.alloc_zeros::<bf16>(lc).unwrap();
     gemm_bf16(&dev, &stream, &da, &db, &mut dc2, shape).unwrap();
-    assert_eq!(again, stream.clone_dtoh(&dc2).unwrap(), "7-CTA and full-grid results must be bitwise equal");
+    assert_eq!(
+        again,
+        stream.clone_dtoh(&dc2).unwrap(),
+        "7-CTA and full-grid results must be bitwise equal"
+    );
 }
 
 #[test]
 fn gemm_rejects_bad_input() {
-    let Some(dev) = device_or_skip("gemm_rejects_bad_input") else { return };
+    let Some(dev) = device_or_skip("gemm_rejects_bad_input") else {
+        return;
+    };
     let stream = dev.default_stream();
     let a = stream.alloc_zeros::<bf16>(256 * 100).unwrap();
     let b = stream.alloc_zeros::<bf16>(256 * 100).unwrap();
     let mut c = stream.alloc_zeros::<bf16>(128 * 256).unwrap();
-    let bad_k = GemmShape { m: 128, n: 256, k: 100, b_layout: BLayout::NxK };
-    assert!(matches!(gemm_bf16(&dev, &stream, &a, &b, &mut c, bad_k), Err(Error::Shape { .. })));
-    let too_big = GemmShape { m: 256, n: 256, k: 96, b_layout: BLayout::NxK };
+    let bad_k = GemmShape {
+        m: 128,
+        n: 256,
+        k: 100,
+        b_layout: BLayout::NxK,
+    };
+    assert!(matches!(
+        gemm_bf16(&dev, &stream, &a, &b, &mut c, bad_k),
+        Err(Error::Shape { .. })
+    ));
+    let too_big = GemmShape {
+        m: 256,
+        n: 256,
+        k: 96,
+        b_layout: BLayout::NxK,
+    };
     let e = gemm_bf16(&dev, &stream, &a, &b, &mut c, too_big).unwrap_err();
     assert!(matches!(e, Error::BufferTooSmall { what: "C", .. }), "{e}");
     // SAFETY: rejected before any use of the pointers.
-    let misaligned = unsafe { GemmPlan::new_raw(&dev, &stream, 0x1002, 0x2000, 0x3000, GemmShape { m: 8, n: 8, k: 8, b_layout: BLayout::NxK }, OutDtype::Bf16, None) };
+    let misaligned = unsafe {
+        GemmPlan::new_raw(
+            &dev,
+            &stream,
+            0x1002,
+            0x2000,
+            0x3000,
+            GemmShape {
+                m: 8,
+                n: 8,
+                k: 8,
+                b_layout: BLayout::NxK,
+            },
+            OutDtype::Bf16,
+            None,
+        )
+    };
     assert!(matches!(misaligned, Err(Error::Alignment { what: "A", .. })));
 }
 
 #[test]
 fn gemm_plan_replays_in_a_cuda_graph() {
-    let Some(dev) = device_or_skip("gemm_plan_replays_in_a_cuda_graph") else { return };
+    let Some(dev) = device_or_skip("gemm_plan_replays_in_a_cuda_graph") else {
+        return;
+    };
     use mkernel::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
     let ctx = dev.context().clone();
     // One stream only: no cross-stream event tracking inside the capture.
     // SAFETY: this test's buffers are used on `stream` alone.
     unsafe { ctx.disable_event_tracking() };
     let stream = ctx.new_stream().unwrap();
-    let shape = GemmShape { m: 300, n: 512, k: 256, b_layout: BLayout::KxN };
+    let shape = GemmShape {
+        m: 300,
+        n: 512,
+        k: 256,
+        b_layout: BLayout::KxN,
+    };
     let (la, lb, lc) = shape.lens();
     let (a, b) = (random_bf16(la, 5), random_bf16(lb, 6));
     let da = stream.clone_htod(&a).unwrap();
@@ -132,9 +225,14 @@ fn gemm_plan_replays_in_a_cuda_graph() {
     let mut dc = stream.alloc_zeros::<bf16>(lc).unwrap();
     let got = {
         let plan = GemmPlan::new(&dev, &stream, &da, &db, &mut dc, shape, None).unwrap();
-        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .unwrap();
         plan.launch(&stream).unwrap();
-        let graph = stream.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("captured graph");
+        let graph = stream
+            .end_capture(CUgraphInstantiate_flags(0))
+            .unwrap()
+            .expect("captured graph");
         for _ in 0..3 {
             graph.launch().unwrap();
         }
@@ -149,5 +247,8 @@ fn gemm_plan_replays_in_a_cuda_graph() {
     assert_eq!(c.wrong, 0, "graph replay: {c:?}");
     // SAFETY: restores the default for the other tests.
     unsafe { ctx.enable_event_tracking() };
-    println!("gemm {}x{}x{} replayed 3 times from a CUDA graph: correct", shape.m, shape.n, shape.k);
+    println!(
+        "gemm {}x{}x{} replayed 3 times from a CUDA graph: correct",
+        shape.m, shape.n, shape.k
+    );
 }

@@ -25,49 +25,82 @@ fn rank_data(rank: u32, len: usize, dtype: ReduceDtype, seed: u64) -> (Vec<f64>,
     match dtype {
         ReduceDtype::Bf16 => {
             let v = random_bf16(len, s);
-            (v.iter().map(|x| x.to_f64()).collect(), v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect())
+            (
+                v.iter().map(|x| x.to_f64()).collect(),
+                v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
+            )
         }
         ReduceDtype::F32 => {
             let v = random_f32(len, s);
-            (v.iter().map(|&x| x as f64).collect(), v.iter().flat_map(|x| x.to_le_bytes()).collect())
+            (
+                v.iter().map(|&x| x as f64).collect(),
+                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            )
         }
     }
 }
 
 fn decode(bytes: &[u8], dtype: ReduceDtype) -> Vec<f64> {
     match dtype {
-        ReduceDtype::Bf16 => bytes.chunks(2).map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f64()).collect(),
-        ReduceDtype::F32 => bytes.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64).collect(),
+        ReduceDtype::Bf16 => bytes
+            .chunks(2)
+            .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f64())
+            .collect(),
+        ReduceDtype::F32 => bytes
+            .chunks(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
+            .collect(),
     }
 }
 
 #[test]
 fn internode_collectives_match_cpu_reference() {
-    let Some((dev, boot)) = launched_rank_or_skip("internode_collectives_match_cpu_reference") else { return };
+    let Some((dev, boot)) = launched_rank_or_skip("internode_collectives_match_cpu_reference") else {
+        return;
+    };
     if boot.info().nnodes() < 2 {
         eprintln!("SKIPPED: launch with --nodes 2 (or more) to test the inter-node path");
         return;
     }
-    let mut comm = Communicator::new(&dev, boot, CommConfig { heap_bytes: 256 << 20, ..Default::default() }).unwrap();
+    let mut comm = Communicator::new(
+        &dev,
+        boot,
+        CommConfig {
+            heap_bytes: 256 << 20,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let (g, nglobal) = (comm.global_rank(), comm.world() * comm.nnodes());
     let stream = dev.default_stream();
     let out = comm.alloc(128 << 20).unwrap();
     let inp = comm.alloc(32 << 20).unwrap();
     let mut local = stream.alloc_zeros::<u8>(32 << 20).unwrap();
-    let local_ptr = { let (p, _g) = local.device_ptr_mut(&stream); p };
+    let local_ptr = {
+        let (p, _g) = local.device_ptr_mut(&stream);
+        p
+    };
     let mut lines = vec![];
     let mut seed = 1u64;
     for &bytes in &[16u64, 4096, 1 << 20, 8 << 20] {
         for rep in 0..3 {
             seed += 1;
-            let all: Vec<Vec<u8>> = (0..nglobal).map(|r| rank_data(r, bytes as usize, ReduceDtype::Bf16, seed).1[..bytes as usize].to_vec()).collect();
+            let all: Vec<Vec<u8>> = (0..nglobal)
+                .map(|r| rank_data(r, bytes as usize, ReduceDtype::Bf16, seed).1[..bytes as usize].to_vec())
+                .collect();
             htod(local_ptr, &all[g as usize]);
             comm.all_gather(&stream, local_ptr, &out, bytes, 8).unwrap();
             stream.synchronize().unwrap();
             comm.check().unwrap();
-            assert!(dtoh(comm.ptr(&out), (bytes * nglobal as u64) as usize) == all.concat(), "rank {g}: all_gather {bytes} B rep {rep}");
+            assert!(
+                dtoh(comm.ptr(&out), (bytes * nglobal as u64) as usize) == all.concat(),
+                "rank {g}: all_gather {bytes} B rep {rep}"
+            );
         }
-        lines.push(format!("all_gather {bytes:>8} B/rank over {} nodes, 3 launches: exact", comm.nnodes()));
+        lines.push(format!(
+            "all_gather {bytes:>8} B/rank over {} nodes, 3 launches: exact",
+            comm.nnodes()
+        ));
     }
     for dtype in [ReduceDtype::Bf16, ReduceDtype::F32] {
         for &count in &[1024usize, 100_000, 2 << 20] {
@@ -87,15 +120,35 @@ fn internode_collectives_match_cpu_reference() {
                 let allowance: Vec<f64> = (0..count)
                     .map(|i| {
                         let acc = F32_ACC * vals.iter().map(|v| v.0[i].abs()).sum::<f64>();
-                        let node_sums = (0..comm.nnodes() as usize).map(|n| vals[n * world..(n + 1) * world].iter().map(|v| v.0[i]).sum::<f64>().abs());
-                        acc + if dtype == ReduceDtype::Bf16 { BF16_OUT_REL * node_sums.sum::<f64>() } else { 0.0 }
+                        let node_sums = (0..comm.nnodes() as usize).map(|n| {
+                            vals[n * world..(n + 1) * world]
+                                .iter()
+                                .map(|v| v.0[i])
+                                .sum::<f64>()
+                                .abs()
+                        });
+                        acc + if dtype == ReduceDtype::Bf16 {
+                            BF16_OUT_REL * node_sums.sum::<f64>()
+                        } else {
+                            0.0
+                        }
                     })
                     .collect();
-                let rel = if dtype == ReduceDtype::Bf16 { BF16_OUT_REL } else { F32_OUT_REL };
+                let rel = if dtype == ReduceDtype::Bf16 {
+                    BF16_OUT_REL
+                } else {
+                    F32_OUT_REL
+                };
                 let c = compare(&got, &want, &allowance, rel, 1.0);
-                assert_eq!(c.wrong, 0, "rank {g}: all_reduce {dtype:?} count {count} rep {rep}: {c:?}");
+                assert_eq!(
+                    c.wrong, 0,
+                    "rank {g}: all_reduce {dtype:?} count {count} rep {rep}: {c:?}"
+                );
             }
-            lines.push(format!("all_reduce {dtype:?} {count:>8} over {} nodes, 3 launches: within tolerance", comm.nnodes()));
+            lines.push(format!(
+                "all_reduce {dtype:?} {count:>8} over {} nodes, 3 launches: within tolerance",
+                comm.nnodes()
+            ));
         }
     }
     // Back to back without host synchronization.
@@ -104,7 +157,8 @@ fn internode_collectives_match_cpu_reference() {
     let _ = vals;
     htod(comm.ptr(&inp), &raw);
     for _ in 0..30 {
-        comm.all_reduce(&stream, &inp, &out, 65536, ReduceDtype::Bf16, 4).unwrap();
+        comm.all_reduce(&stream, &inp, &out, 65536, ReduceDtype::Bf16, 4)
+            .unwrap();
         comm.all_gather(&stream, local_ptr, &out, 4096, 4).unwrap();
     }
     stream.synchronize().unwrap();

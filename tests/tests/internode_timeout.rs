@@ -7,19 +7,29 @@ use std::time::{Duration, Instant};
 
 #[test]
 fn missing_remote_rank_is_named_by_the_timeout() {
-    let Some((dev, boot)) = launched_rank_or_skip("missing_remote_rank_is_named_by_the_timeout") else { return };
+    let Some((dev, boot)) = launched_rank_or_skip("missing_remote_rank_is_named_by_the_timeout") else {
+        return;
+    };
     if boot.info().nnodes() < 2 {
         eprintln!("SKIPPED: launch with --nodes 2 to test the inter-node path");
         return;
     }
-    let cfg = CommConfig { heap_bytes: 16 << 20, timeout: Duration::from_secs(2), internode_scratch_bytes: 16 << 20, ..Default::default() };
+    let cfg = CommConfig {
+        heap_bytes: 16 << 20,
+        timeout: Duration::from_secs(2),
+        internode_scratch_bytes: 16 << 20,
+        ..Default::default()
+    };
     let mut comm = Communicator::new(&dev, boot, cfg).unwrap();
     let (g, nglobal) = (comm.global_rank(), comm.world() * comm.nnodes());
     let absent = nglobal - 1;
     let stream = dev.default_stream();
     let out = comm.alloc(4096 * nglobal as u64).unwrap();
     let mut src = stream.alloc_zeros::<u8>(4096).unwrap();
-    let src_ptr = { let (p, _g) = src.device_ptr_mut(&stream); p };
+    let src_ptr = {
+        let (p, _g) = src.device_ptr_mut(&stream);
+        p
+    };
     comm.all_gather(&stream, src_ptr, &out, 4096, 4).unwrap();
     stream.synchronize().unwrap();
     comm.check().unwrap();
@@ -41,6 +51,9 @@ fn missing_remote_rank_is_named_by_the_timeout() {
         let absent_node = absent / comm.world();
         assert!(*peer == absent || *peer / comm.world() == absent_node, "{err}");
     }
-    assert!(elapsed < Duration::from_secs(10), "gave up after {elapsed:?}, the timeout is 2 s");
+    assert!(
+        elapsed < Duration::from_secs(10),
+        "gave up after {elapsed:?}, the timeout is 2 s"
+    );
     println!("rank {g}: {err} (returned after {:.2} s)", elapsed.as_secs_f64());
 }

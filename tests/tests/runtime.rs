@@ -16,7 +16,9 @@ fn no_driver_is_an_error_not_a_panic() {
 
 #[test]
 fn iota_kernel_runs() {
-    let Some(dev) = device_or_skip("iota_kernel_runs") else { return };
+    let Some(dev) = device_or_skip("iota_kernel_runs") else {
+        return;
+    };
     let stream = dev.default_stream();
     let mut out = stream.alloc_zeros::<u32>(1000).unwrap();
     dev.iota(&stream, &mut out, 7).unwrap();
@@ -27,7 +29,9 @@ fn iota_kernel_runs() {
 
 #[test]
 fn missing_device_is_reported() {
-    let Some(_dev) = device_or_skip("missing_device_is_reported") else { return };
+    let Some(_dev) = device_or_skip("missing_device_is_reported") else {
+        return;
+    };
     let e = Device::new(1000).err().expect("device 1000 does not exist");
     assert!(matches!(e, Error::NoDevice { ordinal: 1000, .. }), "{e}");
 }

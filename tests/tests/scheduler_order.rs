@@ -9,19 +9,40 @@ mod scheduler;
 use scheduler::TileScheduler;
 
 /// Linear position of each tile (by (m0, n0)) in rank `rank`'s order on a grid of `grid` CTAs.
-fn order(m: u32, n: u32, world: u32, rank: u32, part_tiles_m: u32, grid: u32) -> std::collections::HashMap<(u32, u32), u32> {
+fn order(
+    m: u32,
+    n: u32,
+    world: u32,
+    rank: u32,
+    part_tiles_m: u32,
+    grid: u32,
+) -> std::collections::HashMap<(u32, u32), u32> {
     let s = TileScheduler::new(m, n, 128, 256, 8, 0, grid).chunked(world, rank, part_tiles_m);
     let mut pos = std::collections::HashMap::new();
     for i in 0..s.total() {
         let t = s.tile(i);
-        assert!(pos.insert((t.m0, t.n0), i).is_none(), "tile ({}, {}) visited twice", t.m0, t.n0);
+        assert!(
+            pos.insert((t.m0, t.n0), i).is_none(),
+            "tile ({}, {}) visited twice",
+            t.m0,
+            t.n0
+        );
     }
     pos
 }
 
 #[test]
 fn chunked_order_is_a_permutation_with_own_tiles_after_the_peers() {
-    let cases = [(2u32, 2048u32, 1024u32, 1u32), (2, 2048, 1000, 2), (4, 4096, 2048, 2), (4, 4096, 512, 4), (8, 8192, 768, 2), (4, 2048, 256, 1), (2, 16384, 8192, 4), (4, 16384, 8192, 2)];
+    let cases = [
+        (2u32, 2048u32, 1024u32, 1u32),
+        (2, 2048, 1000, 2),
+        (4, 4096, 2048, 2),
+        (4, 4096, 512, 4),
+        (8, 8192, 768, 2),
+        (4, 2048, 256, 1),
+        (2, 16384, 8192, 4),
+        (4, 16384, 8192, 2),
+    ];
     for ((world, m, n, parts), grid) in cases.iter().flat_map(|&c| [1u32, 7, 132].map(move |g| (c, g))) {
         let chunk_tiles = m / 128 / world;
         let pm = chunk_tiles / parts;
@@ -37,7 +58,10 @@ fn chunked_order_is_a_permutation_with_own_tiles_after_the_peers() {
                 }
             }
             let (lo, hi) = (own_per_cta.iter().min().unwrap(), own_per_cta.iter().max().unwrap());
-            assert!(hi - lo <= parts + 1, "world {world} parts {parts} grid {grid}: own tiles per CTA from {lo} to {hi}");
+            assert!(
+                hi - lo <= parts + 1,
+                "world {world} parts {parts} grid {grid}: own tiles per CTA from {lo} to {hi}"
+            );
             for (&(m0, n0), &p) in o {
                 let owner = m0 / 128 / chunk_tiles;
                 if owner != r as u32 {
@@ -57,7 +81,12 @@ fn chunked_order_is_a_permutation_with_own_tiles_after_the_peers() {
 
 #[test]
 fn node_major_order_visits_every_tile_own_node_first() {
-    for &(nodes, local, m, n) in &[(1u32, 2u32, 2048u32, 512u32), (2, 1, 1024, 256), (2, 2, 4096, 1000), (4, 2, 8192, 256)] {
+    for &(nodes, local, m, n) in &[
+        (1u32, 2u32, 2048u32, 512u32),
+        (2, 1, 1024, 256),
+        (2, 2, 4096, 1000),
+        (4, 2, 8192, 256),
+    ] {
         let world = nodes * local;
         let shard_tiles = m / 128 / world;
         for g in 0..world {
@@ -69,11 +98,18 @@ fn node_major_order_visits_every_tile_own_node_first() {
             assert_eq!(tiles.len() as u32, (m / 128) * n.div_ceil(256));
             // The first tiles are this rank's own shard; then the own node's rows come before
             // any other node's.
-            assert_eq!(tiles[0].m0 / 128 / shard_tiles, g, "nodes {nodes} x {local}: rank {g} starts with its shard");
+            assert_eq!(
+                tiles[0].m0 / 128 / shard_tiles,
+                g,
+                "nodes {nodes} x {local}: rank {g} starts with its shard"
+            );
             let node_of = |t: &scheduler::Tile| t.m0 / 128 / shard_tiles / local;
             let last_own_node = tiles.iter().rposition(|t| node_of(t) == node).unwrap();
             let first_other = tiles.iter().position(|t| node_of(t) != node).unwrap_or(tiles.len());
-            assert!(nodes == 1 || last_own_node < first_other, "nodes {nodes} x {local}: rank {g} visits another node's rows before its own node's");
+            assert!(
+                nodes == 1 || last_own_node < first_other,
+                "nodes {nodes} x {local}: rank {g} visits another node's rows before its own node's"
+            );
         }
     }
 }
@@ -167,7 +203,16 @@ enum Rule {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn simulate_protocol(nodes: u32, world: u32, grid: u32, m: u32, n: u32, parts: &[u32], carry: Carry, rule: Rule) -> bool {
+fn simulate_protocol(
+    nodes: u32,
+    world: u32,
+    grid: u32,
+    m: u32,
+    n: u32,
+    parts: &[u32],
+    carry: Carry,
+    rule: Rule,
+) -> bool {
     let chunk_rows = m / world;
     let block_rows = chunk_rows / nodes;
     let row_tiles = (chunk_rows / 128) as usize;
@@ -208,15 +253,27 @@ fn simulate_protocol(nodes: u32, world: u32, grid: u32, m: u32, n: u32, parts: &
                     let p = parts[(nd * world + r) as usize];
                     (0..grid)
                         .map(|c| {
-                            let s = TileScheduler::new(m, n, 128, 256, 8, c, grid).chunked(world, r, block_rows / 128 / p);
-                            SimCta { tiles: s.map(|t| (t.m0, t.n0)).collect(), next: 0, older: None, newer: None }
+                            let s =
+                                TileScheduler::new(m, n, 128, 256, 8, c, grid).chunked(world, r, block_rows / 128 / p);
+                            SimCta {
+                                tiles: s.map(|t| (t.m0, t.n0)).collect(),
+                                next: 0,
+                                older: None,
+                                newer: None,
+                            }
                         })
                         .collect()
                 })
                 .collect()
         })
         .collect();
-    let split = |m0: u32| (m0 / chunk_rows, ((m0 % chunk_rows) / 128) as usize, (m0 % chunk_rows) / block_rows);
+    let split = |m0: u32| {
+        (
+            m0 / chunk_rows,
+            ((m0 % chunk_rows) / 128) as usize,
+            (m0 % chunk_rows) / block_rows,
+        )
+    };
     // Another rank waits for this tile's announcement during its loop.
     let awaited = |r: usize, m0: u32| {
         let (dest, _, j) = split(m0);
@@ -245,7 +302,9 @@ fn simulate_protocol(nodes: u32, world: u32, grid: u32, m: u32, n: u32, parts: &
                 for c in 0..grid as usize {
                     // Whether the next tile (an own one) still waits for its inputs.
                     let blocked = |cta: &SimCta, counters: &[Vec<Vec<Vec<u32>>>], node_sums: &[Vec<Vec<u32>>]| {
-                        let Some(&(m0, _)) = cta.tiles.get(cta.next) else { return false };
+                        let Some(&(m0, _)) = cta.tiles.get(cta.next) else {
+                            return false;
+                        };
                         let (dest, mt, j) = split(m0);
                         if dest as usize != r {
                             return false;
@@ -253,7 +312,8 @@ fn simulate_protocol(nodes: u32, world: u32, grid: u32, m: u32, n: u32, parts: &
                         // The own node's block also needs every other node's rail peer to have
                         // finished its block for this node (block (nd - other - 1) mod nodes there).
                         let sums_in = |o: usize| node_sums[o][r][(nd + nn - o - 1) % nn] >= block_tiles;
-                        !(0..w).all(|p| p == r || counters[nd][r][p][mt] >= tiles_n) || (j + 1 == nodes && !(0..nn).all(|o| o == nd || sums_in(o)))
+                        !(0..w).all(|p| p == r || counters[nd][r][p][mt] >= tiles_n)
+                            || (j + 1 == nodes && !(0..nn).all(|o| o == nd || sums_in(o)))
                     };
                     if rule == Rule::WaitFirst && blocked(&ctas[nd][r][c], &counters, &node_sums) {
                         done = false;
@@ -281,7 +341,10 @@ fn simulate_protocol(nodes: u32, world: u32, grid: u32, m: u32, n: u32, parts: &
                     }
                     let own_next = next.is_some_and(|(m0, _)| split(m0).0 as usize == r);
                     if let Some((m0, _)) = cta.newer {
-                        if next.is_none() || rule == Rule::Stager || (rule == Rule::Kernel && own_next && awaited(r, m0)) {
+                        if next.is_none()
+                            || rule == Rule::Stager
+                            || (rule == Rule::Kernel && own_next && awaited(r, m0))
+                        {
                             announce(m0);
                             cta.newer = None;
                             progress = true;
@@ -292,7 +355,9 @@ fn simulate_protocol(nodes: u32, world: u32, grid: u32, m: u32, n: u32, parts: &
                         continue;
                     }
                     let cta = &mut ctas[nd][r][c];
-                    let Some(&(m0, n0)) = cta.tiles.get(cta.next) else { continue };
+                    let Some(&(m0, n0)) = cta.tiles.get(cta.next) else {
+                        continue;
+                    };
                     done = false;
                     cta.older = cta.newer.take();
                     cta.newer = Some((m0, n0));
@@ -373,14 +438,21 @@ fn other_announcement_orders_can_deadlock() {
                 for block_tiles in [1u32, 2, 4] {
                     let m = nodes * world * block_tiles * 128;
                     let parts = vec![1; (nodes * world) as usize];
-                    assert!(simulate_protocol(nodes, world, grid, m, 1000, &parts, Carry::Direct, Rule::Kernel), "the kernel's order deadlocked");
+                    assert!(
+                        simulate_protocol(nodes, world, grid, m, 1000, &parts, Carry::Direct, Rule::Kernel),
+                        "the kernel's order deadlocked"
+                    );
                     if !simulate_protocol(nodes, world, grid, m, 1000, &parts, Carry::Direct, rule) {
                         deadlocks += 1;
                     }
                 }
             }
         }
-        let name = if rule == Rule::WaitFirst { "wait before announcing" } else { "always two tiles late" };
+        let name = if rule == Rule::WaitFirst {
+            "wait before announcing"
+        } else {
+            "always two tiles late"
+        };
         assert!(deadlocks > 0, "no configuration deadlocked with {name}");
         println!("{name}: {deadlocks} of 48 configurations deadlock");
     }

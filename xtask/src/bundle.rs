@@ -15,9 +15,18 @@ pub fn run(exclude: &[String]) -> Result<()> {
     let dir = root.join("bundle");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("tests"))?;
-    util::run(util::cargo().current_dir(&root).args(["build", "--quiet", "--release", "-p", "mkernel-bench", "-p", "xtask"]))?;
+    util::run(util::cargo().current_dir(&root).args([
+        "build",
+        "--quiet",
+        "--release",
+        "-p",
+        "mkernel-bench",
+        "-p",
+        "xtask",
+    ]))?;
     for bin in ["mkernel-bench", "xtask"] {
-        std::fs::copy(root.join("target/release").join(bin), dir.join(bin)).with_context(|| format!("copying {bin}"))?;
+        std::fs::copy(root.join("target/release").join(bin), dir.join(bin))
+            .with_context(|| format!("copying {bin}"))?;
     }
     let mut child = util::cargo()
         .current_dir(&root)
@@ -36,7 +45,11 @@ pub fn run(exclude: &[String]) -> Result<()> {
         if let (true, Some(exe)) = (is_test, v["executable"].as_str()) {
             let krate = v["package_id"].as_str().and_then(crate_name).unwrap_or("crate");
             let target = v["target"]["name"].as_str().unwrap_or("t");
-            let name = if target.replace('-', "_") == krate.replace('-', "_") { krate.to_string() } else { format!("{krate}-{target}") };
+            let name = if target.replace('-', "_") == krate.replace('-', "_") {
+                krate.to_string()
+            } else {
+                format!("{krate}-{target}")
+            };
             std::fs::copy(exe, dir.join("tests").join(&name))?;
             copied += 1;
         }
@@ -64,7 +77,10 @@ pub fn run(exclude: &[String]) -> Result<()> {
     )?;
     Command::new("chmod").arg("+x").arg(&script).status()?;
     let size: u64 = walk_size(&dir)?;
-    println!("bundle/: {copied} test binaries + mkernel-bench + xtask, {:.1} MiB (the device tool carries up to 64 MiB)", size as f64 / (1 << 20) as f64);
+    println!(
+        "bundle/: {copied} test binaries + mkernel-bench + xtask, {:.1} MiB (the device tool carries up to 64 MiB)",
+        size as f64 / (1 << 20) as f64
+    );
     Ok(())
 }
 
@@ -73,22 +89,41 @@ pub fn run(exclude: &[String]) -> Result<()> {
 /// stands in for the committed one only while the two binaries build; the committed file is
 /// restored (also when the build fails), so the next plain build embeds it again.
 pub fn variant(name: &str) -> Result<()> {
-    anyhow::ensure!(variant_name_ok(name), "--variant {name:?}: a name of letters, digits, '-' and '_' (it names a folder and a cfg value)");
+    anyhow::ensure!(
+        variant_name_ok(name),
+        "--variant {name:?}: a name of letters, digits, '-' and '_' (it names a folder and a cfg value)"
+    );
     let root = root();
     let ptx = crate::ptx::variant_ptx(name)?;
     let committed = crate::ptx::committed_path();
     let keep = std::fs::read_to_string(&committed).context("reading the committed PTX")?;
     std::fs::write(&committed, &ptx)?;
-    let built = util::run(util::cargo().current_dir(&root).args(["build", "--quiet", "--release", "-p", "mkernel-bench", "-p", "xtask"]));
+    let built = util::run(util::cargo().current_dir(&root).args([
+        "build",
+        "--quiet",
+        "--release",
+        "-p",
+        "mkernel-bench",
+        "-p",
+        "xtask",
+    ]));
     std::fs::write(&committed, &keep).context("restoring the committed PTX")?;
     built?;
     let dir = root.join("bundle").join(name);
     std::fs::create_dir_all(&dir)?;
     for bin in ["mkernel-bench", "xtask"] {
-        std::fs::copy(root.join("target/release").join(bin), dir.join(bin)).with_context(|| format!("copying {bin}"))?;
+        std::fs::copy(root.join("target/release").join(bin), dir.join(bin))
+            .with_context(|| format!("copying {bin}"))?;
     }
     let same = ptx == keep;
-    println!("bundle/{name}/: mkernel-bench + xtask on kernels built with --cfg mk_variant=\"{name}\"{}", if same { " (PTX identical to the committed one: nothing switches on this variant)" } else { "" });
+    println!(
+        "bundle/{name}/: mkernel-bench + xtask on kernels built with --cfg mk_variant=\"{name}\"{}",
+        if same {
+            " (PTX identical to the committed one: nothing switches on this variant)"
+        } else {
+            ""
+        }
+    );
     Ok(())
 }
 
@@ -119,7 +154,10 @@ fn crate_name(id: &str) -> Option<&str> {
 #[cfg(test)]
 #[test]
 fn crate_names_from_package_ids() {
-    assert_eq!(crate_name("path+file:///w/tests#mkernel-tests@0.1.0"), Some("mkernel-tests"));
+    assert_eq!(
+        crate_name("path+file:///w/tests#mkernel-tests@0.1.0"),
+        Some("mkernel-tests")
+    );
     assert_eq!(crate_name("path+file:///w/xtask#0.1.0"), Some("xtask"));
 }
 
@@ -127,7 +165,11 @@ fn walk_size(dir: &std::path::Path) -> Result<u64> {
     let mut total = 0;
     for e in std::fs::read_dir(dir)? {
         let e = e?;
-        total += if e.file_type()?.is_dir() { walk_size(&e.path())? } else { e.metadata()?.len() };
+        total += if e.file_type()?.is_dir() {
+            walk_size(&e.path())?
+        } else {
+            e.metadata()?.len()
+        };
     }
     Ok(total)
 }

@@ -50,7 +50,17 @@ pub struct LaunchArgs {
 impl LaunchArgs {
     /// `n` processes on this host running `cmd`.
     pub fn single_host(n: usize, cmd: Vec<String>) -> LaunchArgs {
-        LaunchArgs { nproc: n, nodes: 1, nnodes: None, node_rank: 0, master_addr: "127.0.0.1".into(), master_port: None, job_key: None, timeout_s: None, cmd }
+        LaunchArgs {
+            nproc: n,
+            nodes: 1,
+            nnodes: None,
+            node_rank: 0,
+            master_addr: "127.0.0.1".into(),
+            master_port: None,
+            job_key: None,
+            timeout_s: None,
+            cmd,
+        }
     }
 }
 
@@ -79,15 +89,35 @@ pub fn layout(args: &LaunchArgs) -> Result<Vec<RankEnv>> {
             bail!("--node-rank {} must be below --nnodes {}", args.node_rank, nnodes);
         }
         return Ok((0..args.nproc)
-            .map(|i| RankEnv { rank: args.node_rank * args.nproc + i, local_rank: i, world_size: nnodes * args.nproc, local_world_size: args.nproc, node_rank: args.node_rank, nnodes, device: i })
+            .map(|i| RankEnv {
+                rank: args.node_rank * args.nproc + i,
+                local_rank: i,
+                world_size: nnodes * args.nproc,
+                local_world_size: args.nproc,
+                node_rank: args.node_rank,
+                nnodes,
+                device: i,
+            })
             .collect());
     }
     if args.nodes == 0 || args.nproc % args.nodes != 0 {
-        bail!("-n {} does not split into --nodes {} equal nodes", args.nproc, args.nodes);
+        bail!(
+            "-n {} does not split into --nodes {} equal nodes",
+            args.nproc,
+            args.nodes
+        );
     }
     let local = args.nproc / args.nodes;
     Ok((0..args.nproc)
-        .map(|r| RankEnv { rank: r, local_rank: r % local, world_size: args.nproc, local_world_size: local, node_rank: r / local, nnodes: args.nodes, device: r })
+        .map(|r| RankEnv {
+            rank: r,
+            local_rank: r % local,
+            world_size: args.nproc,
+            local_world_size: local,
+            node_rank: r / local,
+            nnodes: args.nodes,
+            device: r,
+        })
         .collect())
 }
 
@@ -148,8 +178,22 @@ pub fn run(args: LaunchArgs) -> Result<()> {
                 cmd.env("CUDA_MODULE_LOADING", "EAGER");
             }
         }
-        let mut child = cmd.spawn().with_context(|| format!("starting rank {}: {:?}", r.rank, args.cmd))?;
-        for stream in [child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>), child.stderr.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>)].into_iter().flatten() {
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("starting rank {}: {:?}", r.rank, args.cmd))?;
+        for stream in [
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+            child
+                .stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+        ]
+        .into_iter()
+        .flatten()
+        {
             let rank = r.rank;
             printers.push(std::thread::spawn(move || {
                 for line in BufReader::new(stream).lines().map_while(Result::ok) {
@@ -175,7 +219,12 @@ pub fn run(args: LaunchArgs) -> Result<()> {
         }
         if let Some(t) = args.timeout_s {
             if failed.is_none() && start.elapsed() > Duration::from_secs(t) {
-                let stuck: Vec<usize> = children.iter().zip(&running).filter(|(_, r)| **r).map(|((rank, _), _)| *rank).collect();
+                let stuck: Vec<usize> = children
+                    .iter()
+                    .zip(&running)
+                    .filter(|(_, r)| **r)
+                    .map(|((rank, _), _)| *rank)
+                    .collect();
                 failed = Some(format!("timeout after {t} s; ranks still running: {stuck:?}"));
             }
         }
@@ -185,7 +234,9 @@ pub fn run(args: LaunchArgs) -> Result<()> {
         if running[i] {
             // `kill -s KILL -- -PGID`: procps-ng parses `kill -KILL -PGID` differently (it returned 0
             // without signalling the group here, and took down unrelated processes).
-            let _ = Command::new("kill").args(["-s", "KILL", "--", &format!("-{}", child.id())]).status();
+            let _ = Command::new("kill")
+                .args(["-s", "KILL", "--", &format!("-{}", child.id())])
+                .status();
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -206,12 +257,33 @@ pub fn run(args: LaunchArgs) -> Result<()> {
 mod tests {
     use super::*;
     fn args(n: usize, nodes: usize, nnodes: Option<usize>, node_rank: usize) -> LaunchArgs {
-        LaunchArgs { nproc: n, nodes, nnodes, node_rank, master_addr: "127.0.0.1".into(), master_port: None, job_key: None, timeout_s: None, cmd: vec!["true".into()] }
+        LaunchArgs {
+            nproc: n,
+            nodes,
+            nnodes,
+            node_rank,
+            master_addr: "127.0.0.1".into(),
+            master_port: None,
+            job_key: None,
+            timeout_s: None,
+            cmd: vec!["true".into()],
+        }
     }
     #[test]
     fn emulated_nodes_split_one_host() {
         let l = layout(&args(4, 2, None, 0)).unwrap();
-        assert_eq!(l[3], RankEnv { rank: 3, local_rank: 1, world_size: 4, local_world_size: 2, node_rank: 1, nnodes: 2, device: 3 });
+        assert_eq!(
+            l[3],
+            RankEnv {
+                rank: 3,
+                local_rank: 1,
+                world_size: 4,
+                local_world_size: 2,
+                node_rank: 1,
+                nnodes: 2,
+                device: 3
+            }
+        );
         assert!(layout(&args(3, 2, None, 0)).is_err());
     }
     #[test]
@@ -225,7 +297,11 @@ mod tests {
     #[test]
     fn a_failing_rank_is_named_and_others_stopped() {
         let mut a = args(2, 1, None, 0);
-        a.cmd = vec!["sh".into(), "-c".into(), "if [ $RANK = 1 ]; then exit 3; fi; sleep 30".into()];
+        a.cmd = vec![
+            "sh".into(),
+            "-c".into(),
+            "if [ $RANK = 1 ]; then exit 3; fi; sleep 30".into(),
+        ];
         let e = run(a).unwrap_err().to_string();
         assert!(e.contains("rank 1"), "{e}");
     }

@@ -9,7 +9,11 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "cargo xtask", about = "mkernel tasks: ptx, test, bundle, bench, launch", arg_required_else_help = true)]
+#[command(
+    name = "cargo xtask",
+    about = "mkernel tasks: ptx, test, bundle, bench, launch",
+    arg_required_else_help = true
+)]
 struct Cli {
     #[command(subcommand)]
     task: Task,
@@ -79,11 +83,16 @@ fn main() -> Result<()> {
         Task::Ptx { check } => ptx::run(check),
         Task::Test { gpu } => test(gpu),
         Task::Bundle { exclude, variant: None } => bundle::run(&exclude),
-        Task::Bundle { variant: Some(name), .. } => bundle::variant(&name),
+        Task::Bundle {
+            variant: Some(name), ..
+        } => bundle::variant(&name),
         Task::Bench { op, nproc, rest } => bench(&op, nproc, &rest),
         Task::Launch(args) => launch::run(args),
         Task::Tune { op, nproc, rest } => {
-            anyhow::ensure!(matches!(op.as_str(), "ag-gemm" | "gemm-rs" | "gemm-ar"), "tune --op must be ag-gemm, gemm-rs or gemm-ar");
+            anyhow::ensure!(
+                matches!(op.as_str(), "ag-gemm" | "gemm-rs" | "gemm-ar"),
+                "tune --op must be ag-gemm, gemm-rs or gemm-ar"
+            );
             let file = std::env::var("MKERNEL_TUNE_FILE").unwrap_or_else(|_| "mkernel-tune.txt".into());
             let file = std::path::absolute(&file)?.display().to_string();
             let mut rest = rest;
@@ -98,11 +107,15 @@ fn test(gpu: bool) -> Result<()> {
     if ptx::device_toolchain_installed() {
         ptx::run(true)?;
     } else {
-        println!("SKIPPED: PTX freshness check (device toolchain {} not installed; .ci/run installs it)", ptx::DEVICE_TOOLCHAIN);
+        println!(
+            "SKIPPED: PTX freshness check (device toolchain {} not installed; .ci/run installs it)",
+            ptx::DEVICE_TOOLCHAIN
+        );
     }
     let mut cmd = util::cargo();
     // --nocapture: GPU tests print SKIPPED (or their measured lines) visibly.
-    cmd.current_dir(&root).args(["test", "--workspace", "--release", "--", "--nocapture"]);
+    cmd.current_dir(&root)
+        .args(["test", "--workspace", "--release", "--", "--nocapture"]);
     if gpu {
         cmd.env("MKERNEL_GPU_TESTS", "1");
         util::add_cuda_libs(&mut cmd);
@@ -121,7 +134,13 @@ fn bench(op: &str, nproc: Option<usize>, rest: &[String]) -> Result<()> {
     let bin = if sibling.exists() {
         sibling
     } else {
-        util::run(util::cargo().current_dir(util::root()).args(["build", "--quiet", "--release", "-p", "mkernel-bench"]))?;
+        util::run(util::cargo().current_dir(util::root()).args([
+            "build",
+            "--quiet",
+            "--release",
+            "-p",
+            "mkernel-bench",
+        ]))?;
         util::root().join("target/release/mkernel-bench")
     };
     let mut argv: Vec<String> = vec![bin.display().to_string(), "--op".into(), op.into()];
@@ -129,7 +148,10 @@ fn bench(op: &str, nproc: Option<usize>, rest: &[String]) -> Result<()> {
         argv.extend(["--json".into(), format!("results/{op}.json")]);
     }
     argv.extend(rest.iter().cloned());
-    let multi_rank = matches!(op, "allgather" | "reducescatter" | "allreduce" | "proxy" | "ag-gemm" | "gemm-rs" | "gemm-ar");
+    let multi_rank = matches!(
+        op,
+        "allgather" | "reducescatter" | "allreduce" | "proxy" | "ag-gemm" | "gemm-rs" | "gemm-ar"
+    );
     if multi_rank && std::env::var("RANK").is_err() {
         let n = match nproc {
             Some(n) => n,

@@ -22,12 +22,20 @@ const BUILT: &str = "crates/device/target/nvptx64-nvidia-cuda/release/mkernel_de
 
 /// Whether the device toolchain with rust-src and llvm-tools is installed.
 pub fn device_toolchain_installed() -> bool {
-    let Ok(out) = Command::new("rustup").args(["run", DEVICE_TOOLCHAIN, "rustc", "--print", "sysroot"]).output() else { return false };
+    let Ok(out) = Command::new("rustup")
+        .args(["run", DEVICE_TOOLCHAIN, "rustc", "--print", "sysroot"])
+        .output()
+    else {
+        return false;
+    };
     if !out.status.success() {
         return false;
     }
     let sysroot = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    sysroot.join("lib/rustlib/src/rust/library/core").exists() && sysroot.join("lib/rustlib/x86_64-unknown-linux-gnu/bin/llvm-link").exists()
+    sysroot.join("lib/rustlib/src/rust/library/core").exists()
+        && sysroot
+            .join("lib/rustlib/x86_64-unknown-linux-gnu/bin/llvm-link")
+            .exists()
 }
 
 pub fn run(check: bool) -> Result<()> {
@@ -83,17 +91,37 @@ fn build_device_with(root: &Path, variant: Option<&str>) -> Result<()> {
     if !device_toolchain_installed() {
         bail!("the device toolchain is missing: `rustup toolchain install {DEVICE_TOOLCHAIN} --profile minimal --component rust-src,llvm-tools`");
     }
-    util::run(util::cargo().current_dir(root).args(["build", "--quiet", "--release", "-p", "mkernel-ptx-linker"]))?;
+    util::run(
+        util::cargo()
+            .current_dir(root)
+            .args(["build", "--quiet", "--release", "-p", "mkernel-ptx-linker"]),
+    )?;
     let mut cmd = Command::new("rustup");
     cmd.current_dir(root.join("crates/device"));
     match variant {
         // `cargo rustc`: the flag reaches the device crate alone (not core, not mkernel-config).
-        Some(name) => cmd.args(["run", DEVICE_TOOLCHAIN, "cargo", "rustc", "--quiet", "--release", "--", "--cfg"]).arg(format!("mk_variant=\"{name}\"")),
+        Some(name) => cmd
+            .args([
+                "run",
+                DEVICE_TOOLCHAIN,
+                "cargo",
+                "rustc",
+                "--quiet",
+                "--release",
+                "--",
+                "--cfg",
+            ])
+            .arg(format!("mk_variant=\"{name}\"")),
         None => cmd.args(["run", DEVICE_TOOLCHAIN, "cargo", "build", "--quiet", "--release"]),
     };
     for (k, _) in std::env::vars() {
-        let outer = k.starts_with("CARGO") || k.starts_with("RUSTC") || k.starts_with("RUSTUP_TOOLCHAIN")
-            || matches!(k.as_str(), "RUSTFLAGS" | "RUSTDOCFLAGS" | "TARGET" | "HOST" | "OPT_LEVEL" | "PROFILE" | "DEBUG" | "OUT_DIR");
+        let outer = k.starts_with("CARGO")
+            || k.starts_with("RUSTC")
+            || k.starts_with("RUSTUP_TOOLCHAIN")
+            || matches!(
+                k.as_str(),
+                "RUSTFLAGS" | "RUSTDOCFLAGS" | "TARGET" | "HOST" | "OPT_LEVEL" | "PROFILE" | "DEBUG" | "OUT_DIR"
+            );
         if outer && k != "CARGO_HOME" {
             cmd.env_remove(&k);
         }
@@ -109,7 +137,12 @@ pub fn ptxas(root: &Path) -> Result<PathBuf> {
     let local = root.join(".tools/nvcc/nvidia/cu13/bin/ptxas");
     if !local.exists() {
         println!("installing ptxas ({PTXAS_WHEEL}) into .tools/nvcc");
-        util::run(Command::new("python3").args(["-m", "pip", "install", "--quiet", "--no-deps", "--target"]).arg(root.join(".tools/nvcc")).arg(PTXAS_WHEEL))?;
+        util::run(
+            Command::new("python3")
+                .args(["-m", "pip", "install", "--quiet", "--no-deps", "--target"])
+                .arg(root.join(".tools/nvcc"))
+                .arg(PTXAS_WHEEL),
+        )?;
     }
     Ok(local)
 }
@@ -150,20 +183,31 @@ fn ptxas_report(root: &Path, ptx: &Path) -> Result<Report> {
 /// Parses `ptxas -v` output.
 pub fn parse_ptxas(text: &str) -> Report {
     let num_before = |line: &str, unit: &str| -> u32 {
-        line.split(',').find(|p| p.contains(unit)).and_then(|p| p.split_whitespace().find_map(|w| w.parse().ok())).unwrap_or(0)
+        line.split(',')
+            .find(|p| p.contains(unit))
+            .and_then(|p| p.split_whitespace().find_map(|w| w.parse().ok()))
+            .unwrap_or(0)
     };
     let mut entries: Vec<EntryReport> = vec![];
     let mut warnings = vec![];
     for line in text.lines() {
         if let Some(rest) = line.split("Compiling entry function '").nth(1) {
-            entries.push(EntryReport { name: rest.split('\'').next().unwrap_or("").to_string(), ..Default::default() });
+            entries.push(EntryReport {
+                name: rest.split('\'').next().unwrap_or("").to_string(),
+                ..Default::default()
+            });
         } else if let Some(e) = entries.last_mut() {
             if line.contains("bytes stack frame") {
                 e.stack = num_before(line, "stack frame");
                 e.spill_stores = num_before(line, "spill stores");
                 e.spill_loads = num_before(line, "spill loads");
             } else if line.contains("Used") && line.contains("registers") {
-                e.registers = line.split("Used ").nth(1).and_then(|r| r.split_whitespace().next()).and_then(|n| n.parse().ok()).unwrap_or(0);
+                e.registers = line
+                    .split("Used ")
+                    .nth(1)
+                    .and_then(|r| r.split_whitespace().next())
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0);
                 e.static_smem = num_before(line, "bytes smem");
             }
         }
@@ -176,16 +220,27 @@ pub fn parse_ptxas(text: &str) -> Report {
 
 /// Prints the table; returns what should fail a check.
 fn print_report(r: &Report) -> Vec<String> {
-    println!("{:<20} {:>7} {:>5} {:>6} {:>12} {:>11} {:>11} {:>12}", "kernel", "threads", "regs", "stack", "spill st/ld", "static smem", "dyn smem", "min CTAs/SM");
+    println!(
+        "{:<20} {:>7} {:>5} {:>6} {:>12} {:>11} {:>11} {:>12}",
+        "kernel", "threads", "regs", "stack", "spill st/ld", "static smem", "dyn smem", "min CTAs/SM"
+    );
     let mut problems = vec![];
     for e in &r.entries {
         let spec = KERNELS.iter().find(|k| k.name == e.name);
-        let (threads, dyn_smem, min) = spec.map(|s| (s.max_threads, s.dynamic_smem, s.min_blocks_per_sm)).unwrap_or((0, 0, 0));
-        println!("{:<20} {:>7} {:>5} {:>6} {:>5}/{:<6} {:>11} {:>11} {:>12}", e.name, threads, e.registers, e.stack, e.spill_stores, e.spill_loads, e.static_smem, dyn_smem, min);
+        let (threads, dyn_smem, min) = spec
+            .map(|s| (s.max_threads, s.dynamic_smem, s.min_blocks_per_sm))
+            .unwrap_or((0, 0, 0));
+        println!(
+            "{:<20} {:>7} {:>5} {:>6} {:>5}/{:<6} {:>11} {:>11} {:>12}",
+            e.name, threads, e.registers, e.stack, e.spill_stores, e.spill_loads, e.static_smem, dyn_smem, min
+        );
         if e.spill_stores + e.spill_loads > 0 {
             match mkernel_config::kernels::EXPERIMENTAL.iter().find(|(k, _)| *k == e.name) {
                 Some((_, why)) => println!("  (known spills, accepted: {why})"),
-                None => problems.push(format!("{} spills {} / {} bytes", e.name, e.spill_stores, e.spill_loads)),
+                None => problems.push(format!(
+                    "{} spills {} / {} bytes",
+                    e.name, e.spill_stores, e.spill_loads
+                )),
             }
         }
     }
@@ -208,7 +263,10 @@ mod tests {
         let r = parse_ptxas(text);
         assert_eq!(r.entries.len(), 1);
         let e = &r.entries[0];
-        assert_eq!((e.registers, e.spill_stores, e.spill_loads, e.static_smem), (168, 8, 4, 16));
+        assert_eq!(
+            (e.registers, e.spill_stores, e.spill_loads, e.static_smem),
+            (168, 8, 4, 16)
+        );
         assert_eq!(r.warnings.len(), 1);
     }
 }

@@ -46,8 +46,14 @@ pub fn cuda_lib_path() -> String {
 
 /// GPUs on this host, from `nvidia-smi -L`.
 pub fn gpu_count() -> Result<usize> {
-    let out = Command::new("nvidia-smi").arg("-L").output().context("running nvidia-smi -L (pass --nproc on hosts without it)")?;
-    let n = String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.starts_with("GPU ")).count();
+    let out = Command::new("nvidia-smi")
+        .arg("-L")
+        .output()
+        .context("running nvidia-smi -L (pass --nproc on hosts without it)")?;
+    let n = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with("GPU "))
+        .count();
     if n == 0 {
         bail!("nvidia-smi lists no GPU");
     }

@@ -31,23 +31,52 @@ pub fn run(args: &Args, coll: Coll) -> Result<Vec<Value>> {
     let (rank, world) = (info.rank(), info.world_size());
     let max_bytes: u64 = args.max_bytes;
     let nccl = Nccl::new(&boot, rank, world)?;
-    let mut comm = Communicator::new(&dev, boot, CommConfig { heap_bytes: 2 * max_bytes + (64 << 20), ..Default::default() })?;
+    let mut comm = Communicator::new(
+        &dev,
+        boot,
+        CommConfig {
+            heap_bytes: 2 * max_bytes + (64 << 20),
+            ..Default::default()
+        },
+    )?;
     let stream = dev.default_stream();
     let a = comm.alloc(max_bytes)?;
     let b = comm.alloc(max_bytes)?;
     let (pa, pb) = (comm.ptr(&a), comm.ptr(&b));
     // Deterministic small values so sums stay exact in bf16 and #wrong can compare with NCCL.
-    let init: Vec<u8> = (0..max_bytes / 2).flat_map(|i| half::bf16::from_f32(((i % 7) as f32 - 3.0) / 4.0).to_bits().to_le_bytes()).collect();
+    let init: Vec<u8> = (0..max_bytes / 2)
+        .flat_map(|i| {
+            half::bf16::from_f32(((i % 7) as f32 - 3.0) / 4.0)
+                .to_bits()
+                .to_le_bytes()
+        })
+        .collect();
     // SAFETY: pa is this rank's heap buffer of max_bytes.
     unsafe { cudarc::driver::result::memcpy_htod_sync(pa, &init)? };
     let scratch = stream.alloc_zeros::<u8>(max_bytes as usize)?;
-    let ps = { use cudarc::driver::DevicePtr; scratch.device_ptr(&stream).0 };
+    let ps = {
+        use cudarc::driver::DevicePtr;
+        scratch.device_ptr(&stream).0
+    };
     let n = world as u64;
     if rank == 0 {
         println!("# {coll:?}: {world} ranks ({} per node), bf16, ours vs NCCL {} (NCCL_NVLS_ENABLE={}), interleaved, median of {} after {} warm-up",
             info.local_world_size(), "2.x", std::env::var("NCCL_NVLS_ENABLE").unwrap_or_default(), args.iters, args.warmup);
-        println!("{:>12} {:>12} {:>6} {:>5} | {:>10} {:>8} {:>8} | {:>10} {:>8} {:>8} | {:>6} {:>6}",
-            "size(B)", "count", "type", "ctas", "ours(us)", "algbw", "busbw", "nccl(us)", "algbw", "busbw", "speedup", "#wrong");
+        println!(
+            "{:>12} {:>12} {:>6} {:>5} | {:>10} {:>8} {:>8} | {:>10} {:>8} {:>8} | {:>6} {:>6}",
+            "size(B)",
+            "count",
+            "type",
+            "ctas",
+            "ours(us)",
+            "algbw",
+            "busbw",
+            "nccl(us)",
+            "algbw",
+            "busbw",
+            "speedup",
+            "#wrong"
+        );
     }
     let mut rows = vec![];
     let mut size = args.min_bytes.max(16 * n * n);
@@ -89,12 +118,29 @@ pub fn run(args: &Args, coll: Coll) -> Result<Vec<Value>> {
             cudarc::driver::result::memcpy_dtoh_sync(&mut ours_out, pb)?;
             cudarc::driver::result::memcpy_dtoh_sync(&mut nccl_out, ps)?;
         }
-        let wrong = ours_out.chunks(2).zip(nccl_out.chunks(2)).filter(|(x, y)| x != y).count();
+        let wrong = ours_out
+            .chunks(2)
+            .zip(nccl_out.chunks(2))
+            .filter(|(x, y)| x != y)
+            .count();
         let (ours_us, nccl_us) = (t[0] * 1e3, t[1] * 1e3);
         let algbw = |us: f64| size as f64 / (us * 1e-6) / 1e9;
         if rank == 0 {
-            println!("{:>12} {:>12} {:>6} {:>5} | {:>10.1} {:>8.2} {:>8.2} | {:>10.1} {:>8.2} {:>8.2} | {:>6.2} {:>6}",
-                size, count, "bf16", ctas, ours_us, algbw(ours_us), algbw(ours_us) * bus_factor, nccl_us, algbw(nccl_us), algbw(nccl_us) * bus_factor, nccl_us / ours_us, wrong);
+            println!(
+                "{:>12} {:>12} {:>6} {:>5} | {:>10.1} {:>8.2} {:>8.2} | {:>10.1} {:>8.2} {:>8.2} | {:>6.2} {:>6}",
+                size,
+                count,
+                "bf16",
+                ctas,
+                ours_us,
+                algbw(ours_us),
+                algbw(ours_us) * bus_factor,
+                nccl_us,
+                algbw(nccl_us),
+                algbw(nccl_us) * bus_factor,
+                nccl_us / ours_us,
+                wrong
+            );
         }
         rows.push(json!({ "op": format!("{coll:?}"), "size": size, "count": count, "type": "bf16", "ctas": ctas, "world": world, "rank": rank,
             "ours_us": ours_us, "ours_algbw": algbw(ours_us), "ours_busbw": algbw(ours_us) * bus_factor,

@@ -13,19 +13,29 @@ use half::bf16;
 use mkernel::bootstrap::Bootstrap;
 use mkernel::fused::{AgGemmPlan, GemmRsPlan, RsSplit};
 use mkernel::gemm::{BLayout, GemmPlan, GemmShape};
+use mkernel::tune::{parse, render, TuneKey};
 use mkernel::{CommConfig, Communicator, Device};
 use mkernel_tests::data::{random_bf16, ternary_bf16};
-use mkernel::tune::{parse, render, TuneKey};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
 
 /// Appends `key -> split` to the tune cache (rank 0 only; later lines win when read).
 fn record_split(args: &Args, rank: usize, key: TuneKey, split: u32) -> Result<()> {
-    let (Some(path), 0) = (&args.tune_out, rank) else { return Ok(()) };
+    let (Some(path), 0) = (&args.tune_out, rank) else {
+        return Ok(());
+    };
     let mut entries = std::fs::read_to_string(path).map(|t| parse(&t)).unwrap_or_default();
     entries.retain(|(k, _)| *k != key);
-    println!("# tune: {} world {} m {} n {} k {} -> split {split} (written to {})", key.op, key.world, key.m, key.n, key.k, path.display());
+    println!(
+        "# tune: {} world {} m {} n {} k {} -> split {split} (written to {})",
+        key.op,
+        key.world,
+        key.m,
+        key.n,
+        key.k,
+        path.display()
+    );
     entries.push((key, split));
     std::fs::write(path, render(&entries))?;
     Ok(())
@@ -37,10 +47,17 @@ const PULL: u32 = 0xff;
 
 /// `--paths` as comm CTA counts (`PULL` for `pull`).
 fn reduce_paths(args: &Args) -> Result<Vec<u32>> {
-    args.paths.iter().map(|p| match p.as_str() {
-        "pull" => Ok(PULL),
-        n => n.parse::<u32>().ok().filter(|&c| c < PULL).ok_or_else(|| anyhow::anyhow!("--paths: `{n}` is neither a comm CTA count nor `pull`")),
-    }).collect()
+    args.paths
+        .iter()
+        .map(|p| match p.as_str() {
+            "pull" => Ok(PULL),
+            n => n
+                .parse::<u32>()
+                .ok()
+                .filter(|&c| c < PULL)
+                .ok_or_else(|| anyhow::anyhow!("--paths: `{n}` is neither a comm CTA count nor `pull`")),
+        })
+        .collect()
 }
 
 /// `shapes` (M, K, N) less those that `--filter` (a substring of `MxKxN`) or `--ms` leave out.
@@ -48,7 +65,11 @@ fn selected(args: &Args, shapes: impl IntoIterator<Item = (usize, usize, usize)>
     shapes
         .into_iter()
         .map(|(m, k, n)| (m, args.k.unwrap_or(k), n))
-        .filter(|(m, k, n)| args.filter.as_ref().is_none_or(|f| format!("{m}x{k}x{n}").contains(f.as_str())))
+        .filter(|(m, k, n)| {
+            args.filter
+                .as_ref()
+                .is_none_or(|f| format!("{m}x{k}x{n}").contains(f.as_str()))
+        })
         .filter(|(m, _, _)| args.ms.is_empty() || args.ms.contains(m))
         .collect()
 }
@@ -56,9 +77,16 @@ fn selected(args: &Args, shapes: impl IntoIterator<Item = (usize, usize, usize)>
 /// Symmetric heap for `per_plan` bytes per plan, `splits` plans per shape: `Communicator::alloc`
 /// is a bump allocator (a dropped plan keeps its heap), so the heap holds every plan of the
 /// sweeps. With every shape: ~4.7 GB per rank for ag-gemm, ~4.2 GB gemm-rs, ~8.3 GB gemm-ar.
-fn heap_config(shapes: &[(usize, usize, usize)], splits: usize, per_plan: impl Fn(usize, usize, usize) -> usize) -> CommConfig {
+fn heap_config(
+    shapes: &[(usize, usize, usize)],
+    splits: usize,
+    per_plan: impl Fn(usize, usize, usize) -> usize,
+) -> CommConfig {
     let heap: usize = shapes.iter().map(|&(m, k, n)| splits * per_plan(m, k, n)).sum();
-    CommConfig { heap_bytes: heap as u64 + (64 << 20), ..Default::default() }
+    CommConfig {
+        heap_bytes: heap as u64 + (64 << 20),
+        ..Default::default()
+    }
 }
 
 /// The sweep's choice, the same on every rank (ranks must launch the same plan: each plan has
@@ -66,9 +94,18 @@ fn heap_config(shapes: &[(usize, usize, usize)], splits: usize, per_plan: impl F
 /// `sweep`: (split, this rank's ms, plan) per split, in the same order on every rank.
 fn agreed_best<P>(comm: &Communicator, sweep: Vec<(u32, f64, P)>) -> Result<(u32, P)> {
     let mine: Vec<u8> = sweep.iter().flat_map(|s| s.1.to_le_bytes()).collect();
-    let all = comm.bootstrap().store().all_gather("fused-split-sweep", &mine, Duration::from_secs(60))?;
-    let slowest = |i: usize| all.iter().map(|r| f64::from_le_bytes(r[8 * i..8 * i + 8].try_into().expect("8 bytes"))).fold(0.0, f64::max);
-    let best = (0..sweep.len()).min_by(|&i, &j| slowest(i).total_cmp(&slowest(j))).expect("a split");
+    let all = comm
+        .bootstrap()
+        .store()
+        .all_gather("fused-split-sweep", &mine, Duration::from_secs(60))?;
+    let slowest = |i: usize| {
+        all.iter()
+            .map(|r| f64::from_le_bytes(r[8 * i..8 * i + 8].try_into().expect("8 bytes")))
+            .fold(0.0, f64::max)
+    };
+    let best = (0..sweep.len())
+        .min_by(|&i, &j| slowest(i).total_cmp(&slowest(j)))
+        .expect("a split");
     let (split, _, plan) = sweep.into_iter().nth(best).expect("a split");
     Ok((split, plan))
 }
@@ -82,7 +119,12 @@ fn exact_mismatches(ours: &[bf16], theirs: &[bf16]) -> usize {
 
 /// After timing: overwrites this rank's A and B with ternary data (seeds as for the timed data).
 /// Exact check: products are 0/±1, so every sum in any order is an integer, exact in f32 and, being far below 256 (~K/16 random signs), in bf16 (partials, NCCL's ring steps): ours must match bit for bit.
-fn write_ternary(stream: &Arc<CudaStream>, a: &mut CudaSlice<bf16>, b: &mut CudaSlice<bf16>, rank: usize) -> Result<()> {
+fn write_ternary(
+    stream: &Arc<CudaStream>,
+    a: &mut CudaSlice<bf16>,
+    b: &mut CudaSlice<bf16>,
+    rank: usize,
+) -> Result<()> {
     stream.memcpy_htod(&ternary_bf16(a.len(), 1 + rank as u64), a)?;
     stream.memcpy_htod(&ternary_bf16(b.len(), 100 + rank as u64), b)?;
     Ok(())
@@ -94,9 +136,19 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
     let dev = Device::new(info.device())?;
     let (rank, world) = (info.rank(), info.world_size());
     let nccl = Nccl::new(&boot, rank, world)?;
-    let shapes = selected(args, [2048usize, 4096, 8192, 16384, 32768].map(|m| (m, 8192, 8192)).into_iter().chain([(8192, 8192, 28672)]));
+    let shapes = selected(
+        args,
+        [2048usize, 4096, 8192, 16384, 32768]
+            .map(|m| (m, 8192, 8192))
+            .into_iter()
+            .chain([(8192, 8192, 28672)]),
+    );
     // Every plan reserves its gathered A (M x K bf16) in the heap.
-    let mut comm = Communicator::new(&dev, boot, heap_config(&shapes, args.ag_splits.len(), |m, k, _| m * k * 2))?;
+    let mut comm = Communicator::new(
+        &dev,
+        boot,
+        heap_config(&shapes, args.ag_splits.len(), |m, k, _| m * k * 2),
+    )?;
     let stream = dev.default_stream();
     // Lines the ranks up before each timed run (see median_ms_aligned).
     let mut sync_word = stream.alloc_zeros::<bf16>(8)?;
@@ -105,7 +157,20 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
     let blas = CudaBlas::new(stream.clone())?;
     if rank == 0 {
         println!("# AllGather+GEMM, {world} ranks, bf16; M K N global (A rows sharded, B: N/world x K per rank); interleaved ({} order) medians of {} runs", args.order, args.iters);
-        println!("{:>6} {:>6} {:>6} | {:>7} {:>9} | {:>10} {:>10} {:>10} | {:>8} {:>8} {:>7}", "M", "K", "N", "n_comm", "ours(us)", "nccl+cublas", "gemm alone", "ag alone", "speedup", "overlap", "#wrong");
+        println!(
+            "{:>6} {:>6} {:>6} | {:>7} {:>9} | {:>10} {:>10} {:>10} | {:>8} {:>8} {:>7}",
+            "M",
+            "K",
+            "N",
+            "n_comm",
+            "ours(us)",
+            "nccl+cublas",
+            "gemm alone",
+            "ag alone",
+            "speedup",
+            "overlap",
+            "#wrong"
+        );
     }
     let mut rows = vec![];
     for (m, k, n) in shapes {
@@ -116,11 +181,26 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
         let mut c_ref = stream.alloc_zeros::<bf16>(m * nl)?;
         let mut c_alone = stream.alloc_zeros::<bf16>(m * nl)?;
         let mut a_full = stream.alloc_zeros::<bf16>(m * k)?;
-        let (pa, pb, pc) = (a_shard.device_ptr(&stream).0, b.device_ptr(&stream).0, c_ours.device_ptr_mut(&stream).0);
+        let (pa, pb, pc) = (
+            a_shard.device_ptr(&stream).0,
+            b.device_ptr(&stream).0,
+            c_ours.device_ptr_mut(&stream).0,
+        );
         let pa_full = a_full.device_ptr_mut(&stream).0;
         // The baselines' library calls once before any fused launch (see `ruparts`).
         nccl.all_gather(&stream, pa, pa_full, ms * k * 2)?;
-        cublas_gemm(&blas, GemmShape { m, n: nl, k, b_layout: BLayout::NxK }, &a_full, &b, &mut c_ref)?;
+        cublas_gemm(
+            &blas,
+            GemmShape {
+                m,
+                n: nl,
+                k,
+                b_layout: BLayout::NxK,
+            },
+            &a_full,
+            &b,
+            &mut c_ref,
+        )?;
         stream.synchronize()?;
         // The SM split: a short sweep, the best one measured below.
         let (mut plans, mut sweep) = (vec![], vec![]);
@@ -134,8 +214,24 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
             plans.push((n_comm, t, plan));
         }
         let (n_comm, plan) = agreed_best(&comm, plans)?;
-        record_split(args, rank, TuneKey { op: "ag-gemm".into(), world: world as u32, m, n: nl, k }, n_comm)?;
-        let shape = GemmShape { m, n: nl, k, b_layout: BLayout::NxK };
+        record_split(
+            args,
+            rank,
+            TuneKey {
+                op: "ag-gemm".into(),
+                world: world as u32,
+                m,
+                n: nl,
+                k,
+            },
+            n_comm,
+        )?;
+        let shape = GemmShape {
+            m,
+            n: nl,
+            k,
+            b_layout: BLayout::NxK,
+        };
         let mut ours = || Ok(plan.launch(&stream)?);
         let ag = || nccl.all_gather(&stream, pa, pa_full, ms * k * 2);
         let mut baseline = |b: &CudaSlice<bf16>| -> Result<()> {
@@ -145,7 +241,13 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
         let mut baseline_timed = || baseline(&b);
         let mut gemm_alone = || cublas_gemm(&blas, shape, &a_full, &b, &mut c_alone);
         let mut ag_alone = || ag();
-        let t = median_ms_aligned(&stream, args.warmup, args.iters, &mut align, &mut [&mut ours, &mut baseline_timed, &mut gemm_alone, &mut ag_alone])?;
+        let t = median_ms_aligned(
+            &stream,
+            args.warmup,
+            args.iters,
+            &mut align,
+            &mut [&mut ours, &mut baseline_timed, &mut gemm_alone, &mut ag_alone],
+        )?;
         comm.check()?;
         write_ternary(&stream, &mut a_shard, &mut b, rank)?;
         ours()?;
@@ -158,9 +260,11 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
         if rank == 0 {
             println!("{m:>6} {k:>6} {n:>6} | {n_comm:>7} {:>9.1} | {:>10.1} {:>10.1} {:>10.1} | {speedup:>8.3} {overlap:>8.3} {wrong:>7}", t[0] * 1e3, t[1] * 1e3, t[2] * 1e3, t[3] * 1e3);
         }
-        rows.push(json!({ "m": m, "k": k, "n": n, "world": world, "rank": rank, "n_comm": n_comm, "sweep": sweep,
+        rows.push(
+            json!({ "m": m, "k": k, "n": n, "world": world, "rank": rank, "n_comm": n_comm, "sweep": sweep,
             "ours_ms": t[0], "nccl_cublas_ms": t[1], "gemm_alone_ms": t[2], "ag_alone_ms": t[3],
-            "speedup": speedup, "overlap_efficiency": overlap, "ours_tflops_per_gpu": tflops, "wrong": wrong }));
+            "speedup": speedup, "overlap_efficiency": overlap, "ours_tflops_per_gpu": tflops, "wrong": wrong }),
+        );
     }
     Ok(rows)
 }
@@ -188,11 +292,15 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
     // M x N output; across nodes the node-sum stage and remote receive blocks (< 2 M x N).
     let across = 2 * (info.nnodes() > 1) as usize;
     let paths = if world > 1 { reduce_paths(args)? } else { vec![0] };
-    let no_stagers: Vec<bool> = args.stagers.iter().map(|s| match s.as_str() {
-        "on" => Ok(false),
-        "off" => Ok(true),
-        other => Err(anyhow::anyhow!("--stagers: `{other}` is neither `on` nor `off`")),
-    }).collect::<Result<_>>()?;
+    let no_stagers: Vec<bool> = args
+        .stagers
+        .iter()
+        .map(|s| match s.as_str() {
+            "on" => Ok(false),
+            "off" => Ok(true),
+            other => Err(anyhow::anyhow!("--stagers: `{other}` is neither `on` nor `off`")),
+        })
+        .collect::<Result<_>>()?;
     let (no_stream_k, sk_ab) = match args.stream_k.as_str() {
         "on" => (false, false),
         "off" => (true, false),
@@ -201,8 +309,19 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
     };
     // Where a stager can run (GemmRsPlan::stager): one node of 2 ranks, pushed directly.
     let stager_path = |cc: u32| world == 2 && info.nnodes() == 1 && cc == 0;
-    let variants: usize = paths.iter().map(|&cc| if stager_path(cc) { no_stagers.len() } else { 1 }).sum();
-    let mut comm = Communicator::new(&dev, boot, heap_config(&shapes, args.parts.len() * variants * args.groups.len() + sk_ab as usize, |m, _, n| m * n * 2 * (2 + all_reduce as usize + across)))?;
+    let variants: usize = paths
+        .iter()
+        .map(|&cc| if stager_path(cc) { no_stagers.len() } else { 1 })
+        .sum();
+    let mut comm = Communicator::new(
+        &dev,
+        boot,
+        heap_config(
+            &shapes,
+            args.parts.len() * variants * args.groups.len() + sk_ab as usize,
+            |m, _, n| m * n * 2 * (2 + all_reduce as usize + across),
+        ),
+    )?;
     let stream = dev.default_stream();
     // Lines the ranks up before each timed run (see median_ms_aligned).
     let mut sync_word = stream.alloc_zeros::<bf16>(8)?;
@@ -210,9 +329,27 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
     let mut align = || nccl.all_reduce(&stream, psync, psync, 1);
     let blas = CudaBlas::new(stream.clone())?;
     if rank == 0 {
-        let what = if all_reduce { "GEMM+AllReduce (every rank gets C)" } else { "GEMM+ReduceScatter (rows of C scattered)" };
+        let what = if all_reduce {
+            "GEMM+AllReduce (every rank gets C)"
+        } else {
+            "GEMM+ReduceScatter (rows of C scattered)"
+        };
         println!("# {what}, {world} ranks, bf16 (f32 sums); M K N global (K split over ranks); interleaved ({} order) medians of {} runs", args.order, args.iters);
-        println!("{:>6} {:>6} {:>6} | {:>8} {:>9} | {:>11} {:>10} {:>10} | {:>8} {:>8} {:>7} | {:>9}", "M", "K", "N", "parts/cc", "ours(us)", "cublas+nccl", "gemm alone", "coll alone", "speedup", "overlap", "#wrong", "our gemm");
+        println!(
+            "{:>6} {:>6} {:>6} | {:>8} {:>9} | {:>11} {:>10} {:>10} | {:>8} {:>8} {:>7} | {:>9}",
+            "M",
+            "K",
+            "N",
+            "parts/cc",
+            "ours(us)",
+            "cublas+nccl",
+            "gemm alone",
+            "coll alone",
+            "speedup",
+            "overlap",
+            "#wrong",
+            "our gemm"
+        );
     }
     let mut rows = vec![];
     for (m, k, n) in shapes {
@@ -223,14 +360,23 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
         let mut partial = stream.alloc_zeros::<bf16>(m * n)?;
         let mut partial_alone = stream.alloc_zeros::<bf16>(m * n)?;
         let mut out_ref = stream.alloc_zeros::<bf16>(ms * n)?;
-        let (pa, pb, po) = (a.device_ptr(&stream).0, b.device_ptr(&stream).0, out.device_ptr_mut(&stream).0);
+        let (pa, pb, po) = (
+            a.device_ptr(&stream).0,
+            b.device_ptr(&stream).0,
+            out.device_ptr_mut(&stream).0,
+        );
         let (pp, pr) = (partial.device_ptr_mut(&stream).0, out_ref.device_ptr_mut(&stream).0);
         // Every library call of this shape (cuBLAS, NCCL) once before any fused launch: a
         // first call that loads a module synchronizes the context while a fused kernel runs,
         // and across emulated nodes that kernel waits for the proxy's CUDA calls in the same
         // context (docs/internode.md).
         {
-            let shape = GemmShape { m, n, k: kl, b_layout: BLayout::NxK };
+            let shape = GemmShape {
+                m,
+                n,
+                k: kl,
+                b_layout: BLayout::NxK,
+            };
             cublas_gemm(&blas, shape, &a, &b, &mut partial)?;
             if all_reduce {
                 nccl.all_reduce(&stream, pp, pp, m * n)?;
@@ -240,7 +386,12 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
             stream.synchronize()?;
         }
         let (mut plans, mut sweep) = (vec![], vec![]);
-        for parts in args.parts.iter().copied().filter(|&p| p > 0 && (m / world / 128) % p as usize == 0) {
+        for parts in args
+            .parts
+            .iter()
+            .copied()
+            .filter(|&p| p > 0 && (m / world / 128) % p as usize == 0)
+        {
             for &cc in &paths {
                 for group_m in args.groups.iter().copied() {
                     for &no_stager in &no_stagers {
@@ -250,7 +401,19 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
                             continue;
                         }
                         // SAFETY: buffers sized for the shape and alive for the whole case.
-                        let plan = unsafe { GemmRsPlan::with_split(&mut comm, &stream, pa, pb, (!all_reduce).then_some(po), m, n, kl, split)? };
+                        let plan = unsafe {
+                            GemmRsPlan::with_split(
+                                &mut comm,
+                                &stream,
+                                pa,
+                                pb,
+                                (!all_reduce).then_some(po),
+                                m,
+                                n,
+                                kl,
+                                split,
+                            )?
+                        };
                         let mut f = || Ok(plan.launch(&stream)?);
                         let t = median_ms_aligned(&stream, 2, 5, &mut align, &mut [&mut f])?[0];
                         comm.check()?;
@@ -261,29 +424,63 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
             }
         }
         if plans.is_empty() {
-            anyhow::bail!("M = {m}: none of --parts {:?} divides a chunk's {} row tiles", args.parts, m / world / 128);
+            anyhow::bail!(
+                "M = {m}: none of --parts {:?} divides a chunk's {} row tiles",
+                args.parts,
+                m / world / 128
+            );
         }
         let (code, plan) = agreed_best(&comm, plans)?;
         let (parts, cc, group_m) = ((code >> 16) & 0xff, (code >> 8) & 0xff, code & 0xff);
         let stager = plan.stager();
         let (comm_ctas, pull) = (cc % PULL, cc == PULL);
-        let path = if pull { "pull".to_string() } else if stager { format!("{comm_ctas}s") } else { comm_ctas.to_string() };
+        let path = if pull {
+            "pull".to_string()
+        } else if stager {
+            format!("{comm_ctas}s")
+        } else {
+            comm_ctas.to_string()
+        };
         let sk_tiles = plan.stream_k_tiles();
         // `--stream-k ab`: the chosen plan's twin without the stream-K tail, timed beside it.
         let twin = if sk_ab && sk_tiles > 0 {
             let split = rs_split(parts, cc, group_m, !stager, true);
             // SAFETY: as for the swept plans.
-            Some(unsafe { GemmRsPlan::with_split(&mut comm, &stream, pa, pb, (!all_reduce).then_some(po), m, n, kl, split)? })
+            Some(unsafe {
+                GemmRsPlan::with_split(&mut comm, &stream, pa, pb, (!all_reduce).then_some(po), m, n, kl, split)?
+            })
         } else {
             None
         };
         let op = if all_reduce { "gemm-ar" } else { "gemm-rs" };
-        record_split(args, rank, TuneKey { op: op.into(), world: world as u32, m, n, k }, parts)?;
-        let shape = GemmShape { m, n, k: kl, b_layout: BLayout::NxK };
+        record_split(
+            args,
+            rank,
+            TuneKey {
+                op: op.into(),
+                world: world as u32,
+                m,
+                n,
+                k,
+            },
+            parts,
+        )?;
+        let shape = GemmShape {
+            m,
+            n,
+            k: kl,
+            b_layout: BLayout::NxK,
+        };
         let mut ours = || Ok(plan.launch(&stream)?);
         let mut ar_ref = stream.alloc_zeros::<bf16>(if all_reduce { m * n } else { 1 })?;
         let par = ar_ref.device_ptr_mut(&stream).0;
-        let coll = || if all_reduce { nccl.all_reduce(&stream, pp, par, m * n) } else { nccl.reduce_scatter(&stream, pp, pr, ms * n) };
+        let coll = || {
+            if all_reduce {
+                nccl.all_reduce(&stream, pp, par, m * n)
+            } else {
+                nccl.reduce_scatter(&stream, pp, pr, ms * n)
+            }
+        };
         let mut baseline = |a: &CudaSlice<bf16>, b: &CudaSlice<bf16>| -> Result<()> {
             cublas_gemm(&blas, shape, a, b, &mut partial)?;
             coll()
@@ -297,42 +494,106 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
         let mut our_gemm_alone = || Ok(our_plan.launch(&stream)?);
         let mut twin_launch = || twin.as_ref().map_or(Ok(()), |p| Ok(p.launch(&stream)?));
         let t = if twin.is_some() {
-            median_ms_aligned(&stream, args.warmup, args.iters, &mut align, &mut [&mut ours, &mut baseline_timed, &mut gemm_alone, &mut rs_alone, &mut our_gemm_alone, &mut twin_launch])?
+            median_ms_aligned(
+                &stream,
+                args.warmup,
+                args.iters,
+                &mut align,
+                &mut [
+                    &mut ours,
+                    &mut baseline_timed,
+                    &mut gemm_alone,
+                    &mut rs_alone,
+                    &mut our_gemm_alone,
+                    &mut twin_launch,
+                ],
+            )?
         } else {
-            median_ms_aligned(&stream, args.warmup, args.iters, &mut align, &mut [&mut ours, &mut baseline_timed, &mut gemm_alone, &mut rs_alone, &mut our_gemm_alone])?
+            median_ms_aligned(
+                &stream,
+                args.warmup,
+                args.iters,
+                &mut align,
+                &mut [
+                    &mut ours,
+                    &mut baseline_timed,
+                    &mut gemm_alone,
+                    &mut rs_alone,
+                    &mut our_gemm_alone,
+                ],
+            )?
         };
         comm.check()?;
         let no_sk_ms = t.get(5).copied();
         if let (0, Some(x)) = (rank, no_sk_ms) {
-            println!("#   stream-K A/B: {sk_tiles} tiles stream-K {:.1} us, without {:.1} us ({:+.1}%)", t[0] * 1e3, x * 1e3, (x / t[0] - 1.0) * 100.0);
+            println!(
+                "#   stream-K A/B: {sk_tiles} tiles stream-K {:.1} us, without {:.1} us ({:+.1}%)",
+                t[0] * 1e3,
+                x * 1e3,
+                (x / t[0] - 1.0) * 100.0
+            );
         }
         // Diagnostic: ours after each predecessor (index 1 of each pair), and back to back.
         let contexts = if args.contexts {
             let alone = median_ms_aligned(&stream, 2, args.iters, &mut align, &mut [&mut ours])?[0];
-            let after_baseline = median_ms_aligned(&stream, 2, args.iters, &mut align, &mut [&mut baseline_timed, &mut ours])?[1];
-            let after_gemm = median_ms_aligned(&stream, 2, args.iters, &mut align, &mut [&mut gemm_alone, &mut ours])?[1];
+            let after_baseline = median_ms_aligned(
+                &stream,
+                2,
+                args.iters,
+                &mut align,
+                &mut [&mut baseline_timed, &mut ours],
+            )?[1];
+            let after_gemm =
+                median_ms_aligned(&stream, 2, args.iters, &mut align, &mut [&mut gemm_alone, &mut ours])?[1];
             let after_coll = median_ms_aligned(&stream, 2, args.iters, &mut align, &mut [&mut rs_alone, &mut ours])?[1];
-            let after_our_gemm = median_ms_aligned(&stream, 2, args.iters, &mut align, &mut [&mut our_gemm_alone, &mut ours])?[1];
+            let after_our_gemm = median_ms_aligned(
+                &stream,
+                2,
+                args.iters,
+                &mut align,
+                &mut [&mut our_gemm_alone, &mut ours],
+            )?[1];
             // The same for cuBLAS alone: is the predecessor's effect ours alone?
             let blas_alone = median_ms_aligned(&stream, 2, args.iters, &mut align, &mut [&mut gemm_alone])?[0];
-            let blas_after_coll = median_ms_aligned(&stream, 2, args.iters, &mut align, &mut [&mut rs_alone, &mut gemm_alone])?[1];
-            let blas_after_ours = median_ms_aligned(&stream, 2, args.iters, &mut align, &mut [&mut ours, &mut gemm_alone])?[1];
+            let blas_after_coll = median_ms_aligned(
+                &stream,
+                2,
+                args.iters,
+                &mut align,
+                &mut [&mut rs_alone, &mut gemm_alone],
+            )?[1];
+            let blas_after_ours =
+                median_ms_aligned(&stream, 2, args.iters, &mut align, &mut [&mut ours, &mut gemm_alone])?[1];
             comm.check()?;
             if rank == 0 {
                 println!("#   ours (us) back to back {:.1}; after cuBLAS+NCCL {:.1}; after cuBLAS {:.1}; after NCCL {:.1}; after our GEMM {:.1}", alone * 1e3, after_baseline * 1e3, after_gemm * 1e3, after_coll * 1e3, after_our_gemm * 1e3);
-                println!("#   cuBLAS alone (us) back to back {:.1}; after NCCL {:.1}; after ours {:.1}", blas_alone * 1e3, blas_after_coll * 1e3, blas_after_ours * 1e3);
+                println!(
+                    "#   cuBLAS alone (us) back to back {:.1}; after NCCL {:.1}; after ours {:.1}",
+                    blas_alone * 1e3,
+                    blas_after_coll * 1e3,
+                    blas_after_ours * 1e3
+                );
             }
-            Some(json!({ "back_to_back_ms": alone, "after_baseline_ms": after_baseline, "after_gemm_ms": after_gemm, "after_coll_ms": after_coll, "after_our_gemm_ms": after_our_gemm,
-                "cublas_back_to_back_ms": blas_alone, "cublas_after_coll_ms": blas_after_coll, "cublas_after_ours_ms": blas_after_ours }))
+            Some(
+                json!({ "back_to_back_ms": alone, "after_baseline_ms": after_baseline, "after_gemm_ms": after_gemm, "after_coll_ms": after_coll, "after_our_gemm_ms": after_our_gemm,
+                "cublas_back_to_back_ms": blas_alone, "cublas_after_coll_ms": blas_after_coll, "cublas_after_ours_ms": blas_after_ours }),
+            )
         } else {
             None
         };
         let timeline = if args.trace {
             // Also recorded right after each other kind of kernel (ranks lined up before both):
             // what the predecessor changes in the timeline (`--contexts` times it).
-            let coll_name = if all_reduce { "after the AllReduce alone" } else { "after the ReduceScatter alone" };
-            let mut after: [(&str, &mut dyn FnMut() -> Result<()>); 2] = [(coll_name, &mut rs_alone), ("after cuBLAS alone", &mut gemm_alone)];
-            Some(trace_launch(args, &stream, &plan, rank, m, all_reduce, &mut align, &mut after)?)
+            let coll_name = if all_reduce {
+                "after the AllReduce alone"
+            } else {
+                "after the ReduceScatter alone"
+            };
+            let mut after: [(&str, &mut dyn FnMut() -> Result<()>); 2] =
+                [(coll_name, &mut rs_alone), ("after cuBLAS alone", &mut gemm_alone)];
+            Some(trace_launch(
+                args, &stream, &plan, rank, m, all_reduce, &mut align, &mut after,
+            )?)
         } else {
             None
         };
@@ -346,7 +607,12 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
             let ours_out = plan.all_reduce_output().expect("an AllReduce plan");
             // SAFETY: the plan's output holds m x n bf16 in this rank's heap.
             unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut raw, comm.ptr(&ours_out))? };
-            (raw.chunks(2).map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]]))).collect::<Vec<_>>(), stream.clone_dtoh(&ar_ref)?)
+            (
+                raw.chunks(2)
+                    .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])))
+                    .collect::<Vec<_>>(),
+                stream.clone_dtoh(&ar_ref)?,
+            )
         } else {
             (stream.clone_dtoh(&out)?, stream.clone_dtoh(&out_ref)?)
         };
@@ -366,8 +632,19 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
 /// The split of a swept GEMM+RS/AR plan: `cc` is the path (0: no comm CTAs, [`PULL`]: pulled,
 /// else that many comm CTAs).
 fn rs_split(parts: u32, cc: u32, group_m: u32, no_stager: bool, no_stream_k: bool) -> RsSplit {
-    let comm_ctas = if cc == 0 || cc == PULL { RsSplit::NO_COMM_CTAS } else { cc };
-    RsSplit { parts, comm_ctas, group_m, pull: cc == PULL, no_stager, no_stream_k }
+    let comm_ctas = if cc == 0 || cc == PULL {
+        RsSplit::NO_COMM_CTAS
+    } else {
+        cc
+    };
+    RsSplit {
+        parts,
+        comm_ctas,
+        group_m,
+        pull: cc == PULL,
+        no_stager,
+        no_stream_k,
+    }
 }
 
 /// `--trace`: records the timeline of the plan's next launches (the last of three back to back
@@ -375,7 +652,16 @@ fn rs_split(parts: u32, cc: u32, group_m: u32, no_stager: bool, no_stream_k: boo
 /// then records and summarizes one launch right after each of `after` (ranks lined up by
 /// `align` before both, as in the timed runs), kept in the summary's `after` map.
 #[allow(clippy::too_many_arguments)]
-fn trace_launch(args: &Args, stream: &Arc<CudaStream>, plan: &GemmRsPlan, rank: usize, m: usize, all_reduce: bool, align: &mut dyn FnMut() -> Result<()>, after: &mut [(&str, &mut dyn FnMut() -> Result<()>)]) -> Result<Value> {
+fn trace_launch(
+    args: &Args,
+    stream: &Arc<CudaStream>,
+    plan: &GemmRsPlan,
+    rank: usize,
+    m: usize,
+    all_reduce: bool,
+    align: &mut dyn FnMut() -> Result<()>,
+    after: &mut [(&str, &mut dyn FnMut() -> Result<()>)],
+) -> Result<Value> {
     let ctas = plan.split().1;
     let mut buf = stream.alloc_zeros::<u64>(mkernel_config::trace::words(ctas))?;
     let ptr = buf.device_ptr_mut(stream).0;

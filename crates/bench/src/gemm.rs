@@ -31,13 +31,30 @@ fn shapes() -> Vec<(usize, usize, usize)> {
 }
 
 /// cuBLAS computing the same row-major product (column-major C^T = op(B)^T A^T).
-pub(crate) fn cublas_gemm(blas: &CudaBlas, s: GemmShape, a: &CudaSlice<bf16>, b: &CudaSlice<bf16>, c: &mut CudaSlice<bf16>) -> Result<()> {
+pub(crate) fn cublas_gemm(
+    blas: &CudaBlas,
+    s: GemmShape,
+    a: &CudaSlice<bf16>,
+    b: &CudaSlice<bf16>,
+    c: &mut CudaSlice<bf16>,
+) -> Result<()> {
     let (m, n, k) = (s.m as i32, s.n as i32, s.k as i32);
     let (transa, lda) = match s.b_layout {
         BLayout::KxN => (cublasOperation_t::CUBLAS_OP_N, n),
         BLayout::NxK => (cublasOperation_t::CUBLAS_OP_T, k),
     };
-    let cfg = GemmConfig { transa, transb: cublasOperation_t::CUBLAS_OP_N, m: n, n: m, k, alpha: bf16::ONE, lda, ldb: k, beta: bf16::ZERO, ldc: n };
+    let cfg = GemmConfig {
+        transa,
+        transb: cublasOperation_t::CUBLAS_OP_N,
+        m: n,
+        n: m,
+        k,
+        alpha: bf16::ONE,
+        lda,
+        ldb: k,
+        beta: bf16::ZERO,
+        ldc: n,
+    };
     // SAFETY: buffers hold the shape's elements.
     unsafe { blas.gemm(cfg, b, a, c) }?;
     Ok(())
@@ -46,10 +63,13 @@ pub(crate) fn cublas_gemm(blas: &CudaBlas, s: GemmShape, a: &CudaSlice<bf16>, b:
 /// Elements where ours and cuBLAS differ by more than two bf16 ulps plus accumulation slack.
 fn count_mismatches(ours: &[bf16], theirs: &[bf16], k: usize) -> usize {
     let slack = (k as f32).sqrt() * 1e-3;
-    ours.iter().zip(theirs).filter(|(x, y)| {
-        let (x, y) = (x.to_f32(), y.to_f32());
-        !((x - y).abs() <= x.abs().max(y.abs()) / 64.0 + slack)
-    }).count()
+    ours.iter()
+        .zip(theirs)
+        .filter(|(x, y)| {
+            let (x, y) = (x.to_f32(), y.to_f32());
+            !((x - y).abs() <= x.abs().max(y.abs()) / 64.0 + slack)
+        })
+        .count()
 }
 
 pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
@@ -64,7 +84,10 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
     println!("# ours: persistent TMA + wgmma GEMM, tile {}x{}x{}, {} stages, {} consumer warpgroups + 1 producer, {} threads, {} B smem, grid = {} SMs",
         t.block_m, t.block_n, t.block_k, t.stages, t.consumer_warpgroups, t.threads(), t.smem_bytes(), dev.sm_count());
     println!("# B layout {:?}; ours and cuBLAS interleaved run by run, median of {} after {} warm-up each; TFLOP/s = 2MNK / time", b_layout, args.iters, args.warmup);
-    println!("{:>6} {:>6} {:>6} {:>10} {:>9} {:>10} {:>9} {:>7} {:>7} {:>13}", "M", "N", "K", "ours_us", "TFLOP/s", "cublas_us", "TFLOP/s", "ratio", "#wrong", "fused_ring_us");
+    println!(
+        "{:>6} {:>6} {:>6} {:>10} {:>9} {:>10} {:>9} {:>7} {:>7} {:>13}",
+        "M", "N", "K", "ours_us", "TFLOP/s", "cublas_us", "TFLOP/s", "ratio", "#wrong", "fused_ring_us"
+    );
     let mut rows = vec![];
     let mut ratios = vec![];
     for (m, n, k) in shapes() {
@@ -82,14 +105,24 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
             // Diagnostic competitor (N x K only): our GEMM on GEMM+ReduceScatter's ring.
             let mut c_ring = stream.alloc_zeros::<bf16>(lc)?;
             let mut ring_plan = match b_layout {
-                BLayout::NxK => Some(GemmPlan::new(dev, &stream, &a, &b, &mut c_ring, shape, None)?.on_fused_ring(dev)?),
+                BLayout::NxK => {
+                    Some(GemmPlan::new(dev, &stream, &a, &b, &mut c_ring, shape, None)?.on_fused_ring(dev)?)
+                }
                 BLayout::KxN => None,
             };
             let plan = GemmPlan::new(dev, &stream, &a, &b, &mut c_ours, shape, None)?;
             let mut ours = || Ok(plan.launch(&stream)?);
             let mut theirs = || cublas_gemm(&blas, shape, &a, &b, &mut c_blas);
-            let mut on_ring = || match &ring_plan { Some(p) => Ok(p.launch(&stream)?), None => Ok(()) };
-            let t = median_ms_interleaved(&stream, args.warmup, args.iters, &mut [&mut ours, &mut theirs, &mut on_ring])?;
+            let mut on_ring = || match &ring_plan {
+                Some(p) => Ok(p.launch(&stream)?),
+                None => Ok(()),
+            };
+            let t = median_ms_interleaved(
+                &stream,
+                args.warmup,
+                args.iters,
+                &mut [&mut ours, &mut theirs, &mut on_ring],
+            )?;
             // `--trace`: the fused-ring launch's per-tile timeline, summarized as the fused
             // kernels' is (their mainloops and epilogues beside a plain GEMM's on the same ring).
             let ring_ms = ring_plan.is_some().then_some(t[2]);
@@ -102,7 +135,11 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
                 }
                 stream.synchronize()?;
                 let words = stream.clone_dtoh(&buf)?;
-                crate::trace::summarize(&format!("plain GEMM on the fused ring {m}x{n}x{k}"), &words, p.grid() as usize);
+                crate::trace::summarize(
+                    &format!("plain GEMM on the fused ring {m}x{n}x{k}"),
+                    &words,
+                    p.grid() as usize,
+                );
             }
             (t[0], t[1], ring_ms)
         };
@@ -110,8 +147,16 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
         let tf = |ms: f64| shape.flops() / (ms * 1e-3) / 1e12;
         let ratio = blas_ms / ours_ms;
         ratios.push(ratio);
-        println!("{m:>6} {n:>6} {k:>6} {:>10.1} {:>9.1} {:>10.1} {:>9.1} {:>7.3} {:>7} {:>13}", ours_ms * 1e3, tf(ours_ms), blas_ms * 1e3, tf(blas_ms), ratio, wrong,
-            fused_ring_ms.map_or("-".into(), |t| format!("{:.1}", t * 1e3)));
+        println!(
+            "{m:>6} {n:>6} {k:>6} {:>10.1} {:>9.1} {:>10.1} {:>9.1} {:>7.3} {:>7} {:>13}",
+            ours_ms * 1e3,
+            tf(ours_ms),
+            blas_ms * 1e3,
+            tf(blas_ms),
+            ratio,
+            wrong,
+            fused_ring_ms.map_or("-".into(), |t| format!("{:.1}", t * 1e3))
+        );
         rows.push(json!({ "m": m, "n": n, "k": k, "b_layout": format!("{b_layout:?}"), "ours_ms": ours_ms, "ours_tflops": tf(ours_ms),
             "cublas_ms": blas_ms, "cublas_tflops": tf(blas_ms), "ours_over_cublas": ratio, "wrong": wrong, "ours_on_fused_ring_ms": fused_ring_ms }));
     }

@@ -36,20 +36,61 @@ impl Nccl {
         }
         let mut comm: sys::ncclComm_t = std::ptr::null_mut();
         // SAFETY: out-pointer; id shared by all ranks.
-        ok(unsafe { sys::ncclCommInitRank(&mut comm, world as i32, id, rank as i32) }, "comm init")?;
+        ok(
+            unsafe { sys::ncclCommInitRank(&mut comm, world as i32, id, rank as i32) },
+            "comm init",
+        )?;
         Ok(Nccl { comm })
     }
     pub fn all_gather(&self, stream: &CudaStream, src: u64, dst: u64, bytes_per_rank: usize) -> Result<()> {
         // SAFETY: device buffers of the given sizes.
-        ok(unsafe { sys::ncclAllGather(src as _, dst as _, bytes_per_rank, sys::ncclDataType_t::ncclUint8, self.comm, stream.cu_stream() as _) }, "all_gather")
+        ok(
+            unsafe {
+                sys::ncclAllGather(
+                    src as _,
+                    dst as _,
+                    bytes_per_rank,
+                    sys::ncclDataType_t::ncclUint8,
+                    self.comm,
+                    stream.cu_stream() as _,
+                )
+            },
+            "all_gather",
+        )
     }
     pub fn reduce_scatter(&self, stream: &CudaStream, src: u64, dst: u64, count_per_rank: usize) -> Result<()> {
         // SAFETY: device buffers of the given sizes.
-        ok(unsafe { sys::ncclReduceScatter(src as _, dst as _, count_per_rank, sys::ncclDataType_t::ncclBfloat16, sys::ncclRedOp_t::ncclSum, self.comm, stream.cu_stream() as _) }, "reduce_scatter")
+        ok(
+            unsafe {
+                sys::ncclReduceScatter(
+                    src as _,
+                    dst as _,
+                    count_per_rank,
+                    sys::ncclDataType_t::ncclBfloat16,
+                    sys::ncclRedOp_t::ncclSum,
+                    self.comm,
+                    stream.cu_stream() as _,
+                )
+            },
+            "reduce_scatter",
+        )
     }
     pub fn all_reduce(&self, stream: &CudaStream, src: u64, dst: u64, count: usize) -> Result<()> {
         // SAFETY: device buffers of the given sizes.
-        ok(unsafe { sys::ncclAllReduce(src as _, dst as _, count, sys::ncclDataType_t::ncclBfloat16, sys::ncclRedOp_t::ncclSum, self.comm, stream.cu_stream() as _) }, "all_reduce")
+        ok(
+            unsafe {
+                sys::ncclAllReduce(
+                    src as _,
+                    dst as _,
+                    count,
+                    sys::ncclDataType_t::ncclBfloat16,
+                    sys::ncclRedOp_t::ncclSum,
+                    self.comm,
+                    stream.cu_stream() as _,
+                )
+            },
+            "all_reduce",
+        )
     }
 }
 

@@ -22,16 +22,38 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
         bail!("--op proxy needs two (emulated) nodes: `xtask bench --op proxy` launches them, or `xtask launch -n 2 --nodes 2 -- mkernel-bench --op proxy`");
     }
     let dev = Device::new(info.device())?;
-    let comm = Communicator::new(&dev, boot, CommConfig { heap_bytes: 16 << 20, ..Default::default() })?;
+    let comm = Communicator::new(
+        &dev,
+        boot,
+        CommConfig {
+            heap_bytes: 16 << 20,
+            ..Default::default()
+        },
+    )?;
     let stream = dev.default_stream();
-    let (g, local, world) = (info.rank() as u32, info.local_world_size() as u32, info.world_size() as u32);
+    let (g, local, world) = (
+        info.rank() as u32,
+        info.local_world_size() as u32,
+        info.world_size() as u32,
+    );
     let node = g / local;
     let initiator = node % 2 == 0;
-    let peer = if initiator { (g + local) % world } else { (g + world - local) % world };
+    let peer = if initiator {
+        (g + local) % world
+    } else {
+        (g + world - local) % world
+    };
     if g == 0 {
-        println!("# proxy path over the emulated wire ({}), rank {g} <-> rank {peer}; one-way = GPU-timed round trip / 2",
-            std::env::var("MKERNEL_EMU_GBPS").map(|v| format!("{v} Gb/s")).unwrap_or_else(|_| "400 Gb/s + 2 us model".into()));
-        println!("{:>10} {:>6} | {:>12} {:>12} {:>12} | {:>10}", "bytes", "iters", "p50 (us)", "p99 (us)", "min (us)", "GB/s (p50)");
+        println!(
+            "# proxy path over the emulated wire ({}), rank {g} <-> rank {peer}; one-way = GPU-timed round trip / 2",
+            std::env::var("MKERNEL_EMU_GBPS")
+                .map(|v| format!("{v} Gb/s"))
+                .unwrap_or_else(|_| "400 Gb/s + 2 us model".into())
+        );
+        println!(
+            "{:>10} {:>6} | {:>12} {:>12} {:>12} | {:>10}",
+            "bytes", "iters", "p50 (us)", "p99 (us)", "min (us)", "GB/s (p50)"
+        );
     }
     let mut rows = vec![];
     let mut bytes = 8u64;
@@ -41,7 +63,11 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
         if initiator {
             let mut one_way: Vec<u64> = rtt.iter().map(|r| r / 2).collect();
             one_way.sort_unstable();
-            let (p50, p99, min) = (percentile(&one_way, 0.5) / 1e3, percentile(&one_way, 0.99) / 1e3, one_way[0] as f64 / 1e3);
+            let (p50, p99, min) = (
+                percentile(&one_way, 0.5) / 1e3,
+                percentile(&one_way, 0.99) / 1e3,
+                one_way[0] as f64 / 1e3,
+            );
             let gbps = bytes as f64 / (p50 * 1e-6) / 1e9;
             if g == 0 {
                 println!("{bytes:>10} {iters:>6} | {p50:>12.2} {p99:>12.2} {min:>12.2} | {gbps:>10.2}");

@@ -6,7 +6,12 @@ use std::sync::Arc;
 
 /// Median milliseconds of each of several competitors, timed interleaved (A B A B ...) so
 /// that clocks and temperature drift affect them alike.
-pub fn median_ms_interleaved(stream: &Arc<CudaStream>, warmup: usize, iters: usize, fs: &mut [&mut dyn FnMut() -> Result<()>]) -> Result<Vec<f64>> {
+pub fn median_ms_interleaved(
+    stream: &Arc<CudaStream>,
+    warmup: usize,
+    iters: usize,
+    fs: &mut [&mut dyn FnMut() -> Result<()>],
+) -> Result<Vec<f64>> {
     median_ms_aligned(stream, warmup, iters, &mut || Ok(()), fs)
 }
 
@@ -41,7 +46,13 @@ fn round_order(round: usize, n: usize) -> Vec<usize> {
 /// kernel, and what runs before a kernel changes its time (a GEMM right before another leaves
 /// the GPU at its power limit: up to 7% slower on 2 x H200, `mkernel-bench --contexts`), so a
 /// fixed order favors whoever follows the lightest predecessor.
-pub fn median_ms_aligned(stream: &Arc<CudaStream>, warmup: usize, iters: usize, align: &mut dyn FnMut() -> Result<()>, fs: &mut [&mut dyn FnMut() -> Result<()>]) -> Result<Vec<f64>> {
+pub fn median_ms_aligned(
+    stream: &Arc<CudaStream>,
+    warmup: usize,
+    iters: usize,
+    align: &mut dyn FnMut() -> Result<()>,
+    fs: &mut [&mut dyn FnMut() -> Result<()>],
+) -> Result<Vec<f64>> {
     for round in 0..warmup {
         for i in round_order(round, fs.len()) {
             align()?;
@@ -66,7 +77,10 @@ pub fn median_ms_aligned(stream: &Arc<CudaStream>, warmup: usize, iters: usize, 
     events
         .iter()
         .map(|pairs| {
-            let mut ms: Vec<f64> = pairs.iter().map(|(s, e)| s.elapsed_ms(e).map(|x| x as f64)).collect::<Result<_, _>>()?;
+            let mut ms: Vec<f64> = pairs
+                .iter()
+                .map(|(s, e)| s.elapsed_ms(e).map(|x| x as f64))
+                .collect::<Result<_, _>>()?;
             Ok(median(&mut ms))
         })
         .collect()
@@ -76,7 +90,11 @@ pub fn median_ms_aligned(stream: &Arc<CudaStream>, warmup: usize, iters: usize, 
 pub fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
-    if n % 2 == 1 { v[n / 2] } else { 0.5 * (v[n / 2 - 1] + v[n / 2]) }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        0.5 * (v[n / 2 - 1] + v[n / 2])
+    }
 }
 
 #[cfg(test)]

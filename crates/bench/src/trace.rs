@@ -1,6 +1,6 @@
 //! `--trace`: the per-tile timeline of one fused GEMM+ReduceScatter/AllReduce launch
 //! ([`mkernel_config::trace`]), summarized: where a compute CTA's time goes.
-use mkernel_config::trace::{End, Mark, tile_kind, TILES_PER_CTA, WORDS_PER_TILE};
+use mkernel_config::trace::{tile_kind, End, Mark, TILES_PER_CTA, WORDS_PER_TILE};
 use serde_json::{json, Value};
 
 /// One recorded tile.
@@ -18,12 +18,20 @@ impl TileRec {
     /// Nanoseconds from `a` to `b` (0 when either was not stamped).
     fn span(&self, a: Mark, b: Mark) -> f64 {
         let (x, y) = (self.at(a), self.at(b));
-        if x == 0 || y < x { 0.0 } else { (y - x) as f64 }
+        if x == 0 || y < x {
+            0.0
+        } else {
+            (y - x) as f64
+        }
     }
 }
 
 fn mean(v: &[f64]) -> f64 {
-    if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 }
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -43,14 +51,32 @@ pub fn summarize(label: &str, words: &[u64], ctas: usize) -> Value {
     let mut ends = vec![];
     for c in 0..ctas {
         let base = &words[c * per_cta..(c + 1) * per_cta];
-        let recs: Vec<TileRec> = base.chunks(WORDS_PER_TILE as usize).take(TILES_PER_CTA as usize)
-            .map(|w| TileRec { w: w.try_into().expect("record length") })
-            .take_while(|r| r.at(Mark::Begin) != 0).collect();
+        let recs: Vec<TileRec> = base
+            .chunks(WORDS_PER_TILE as usize)
+            .take(TILES_PER_CTA as usize)
+            .map(|w| TileRec {
+                w: w.try_into().expect("record length"),
+            })
+            .take_while(|r| r.at(Mark::Begin) != 0)
+            .collect();
         let end = &base[TILES_PER_CTA as usize * WORDS_PER_TILE as usize..];
-        ends.push([end[End::LoopDone as usize], end[End::Drained as usize], end[End::Done as usize], end[End::Entry as usize], end[End::Setup as usize], end[End::Stager0Done as usize].max(end[End::Stager1Done as usize]), end[End::RelayDone as usize], end[End::Exit as usize]]);
+        ends.push([
+            end[End::LoopDone as usize],
+            end[End::Drained as usize],
+            end[End::Done as usize],
+            end[End::Entry as usize],
+            end[End::Setup as usize],
+            end[End::Stager0Done as usize].max(end[End::Stager1Done as usize]),
+            end[End::RelayDone as usize],
+            end[End::Exit as usize],
+        ]);
         tiles.push(recs);
     }
-    let t0 = tiles.iter().filter_map(|r| r.first().map(|t| t.at(Mark::Begin))).min().unwrap_or(0);
+    let t0 = tiles
+        .iter()
+        .filter_map(|r| r.first().map(|t| t.at(Mark::Begin)))
+        .min()
+        .unwrap_or(0);
     let us = |t: u64| if t == 0 { f64::NAN } else { (t - t0) as f64 / 1e3 };
     let phases = [
         ("prologue", Mark::Begin, Mark::Mainloop),
@@ -61,7 +87,11 @@ pub fn summarize(label: &str, words: &[u64], ctas: usize) -> Value {
     ];
     let mut out = serde_json::Map::new();
     println!("# trace {label}: {ctas} CTAs, mean us per tile (peer / own tiles)");
-    for (kind, name) in [(tile_kind::PEER, "peer"), (tile_kind::OWN, "own"), (tile_kind::PIECE, "piece")] {
+    for (kind, name) in [
+        (tile_kind::PEER, "peer"),
+        (tile_kind::OWN, "own"),
+        (tile_kind::PIECE, "piece"),
+    ] {
         let own = kind == tile_kind::OWN;
         let sel: Vec<&TileRec> = tiles.iter().flatten().filter(|t| t.kind() == kind).collect();
         if sel.is_empty() && kind == tile_kind::PIECE {
@@ -75,13 +105,32 @@ pub fn summarize(label: &str, words: &[u64], ctas: usize) -> Value {
             obj.insert(name.into(), json!(v));
         }
         // The store: from the last stamp before it to the tile's end.
-        let store = mean(&sel.iter().map(|t| t.span(if own { Mark::Added } else { Mark::Waited }, Mark::Stored) / 1e3).collect::<Vec<_>>());
-        let total = mean(&sel.iter().map(|t| t.span(Mark::Begin, Mark::Stored) / 1e3).collect::<Vec<_>>());
+        let store = mean(
+            &sel.iter()
+                .map(|t| t.span(if own { Mark::Added } else { Mark::Waited }, Mark::Stored) / 1e3)
+                .collect::<Vec<_>>(),
+        );
+        let total = mean(
+            &sel.iter()
+                .map(|t| t.span(Mark::Begin, Mark::Stored) / 1e3)
+                .collect::<Vec<_>>(),
+        );
         // The SM clock during the mainloops: their cycles over their nanoseconds.
-        let (cyc, ns) = sel.iter().filter(|t| t.at(Mark::MainloopClock) != 0 && t.at(Mark::MainloopDoneClock) > t.at(Mark::MainloopClock))
-            .fold((0f64, 0f64), |(c, n), t| (c + (t.at(Mark::MainloopDoneClock) - t.at(Mark::MainloopClock)) as f64, n + t.span(Mark::Mainloop, Mark::MainloopDone)));
+        let (cyc, ns) = sel
+            .iter()
+            .filter(|t| t.at(Mark::MainloopClock) != 0 && t.at(Mark::MainloopDoneClock) > t.at(Mark::MainloopClock))
+            .fold((0f64, 0f64), |(c, n), t| {
+                (
+                    c + (t.at(Mark::MainloopDoneClock) - t.at(Mark::MainloopClock)) as f64,
+                    n + t.span(Mark::Mainloop, Mark::MainloopDone),
+                )
+            });
         let mhz = if ns > 0.0 { cyc / ns * 1e3 } else { 0.0 };
-        let kcycles = if sel.is_empty() { 0.0 } else { cyc / sel.len() as f64 / 1e3 };
+        let kcycles = if sel.is_empty() {
+            0.0
+        } else {
+            cyc / sel.len() as f64 / 1e3
+        };
         line += &format!(" store {store:.2} | tile {total:.2} | mainloop {kcycles:.1} kcycles at {mhz:.0} MHz");
         obj.insert("mainloop_mhz".into(), json!(mhz));
         obj.insert("mainloop_kcycles".into(), json!(kcycles));
@@ -96,21 +145,55 @@ pub fn summarize(label: &str, words: &[u64], ctas: usize) -> Value {
     let mut per_round = vec![];
     for i in 0..rounds {
         let sel: Vec<&TileRec> = tiles.iter().filter_map(|r| r.get(i)).collect();
-        let timed: Vec<&&TileRec> = sel.iter().filter(|t| t.at(Mark::MainloopDoneClock) > t.at(Mark::MainloopClock) && t.at(Mark::MainloopClock) != 0).collect();
-        let cyc: f64 = timed.iter().map(|t| (t.at(Mark::MainloopDoneClock) - t.at(Mark::MainloopClock)) as f64).sum();
+        let timed: Vec<&&TileRec> = sel
+            .iter()
+            .filter(|t| t.at(Mark::MainloopDoneClock) > t.at(Mark::MainloopClock) && t.at(Mark::MainloopClock) != 0)
+            .collect();
+        let cyc: f64 = timed
+            .iter()
+            .map(|t| (t.at(Mark::MainloopDoneClock) - t.at(Mark::MainloopClock)) as f64)
+            .sum();
         let ns: f64 = timed.iter().map(|t| t.span(Mark::Mainloop, Mark::MainloopDone)).sum();
         let begin = sel.iter().map(|t| us(t.at(Mark::Begin))).fold(f64::NAN, f64::min);
-        let wait = sel.iter().map(|t| t.span(Mark::Published, Mark::Waited) / 1e3).fold(0.0, f64::max);
-        let kcycles = if timed.is_empty() { 0.0 } else { cyc / timed.len() as f64 / 1e3 };
+        let wait = sel
+            .iter()
+            .map(|t| t.span(Mark::Published, Mark::Waited) / 1e3)
+            .fold(0.0, f64::max);
+        let kcycles = if timed.is_empty() {
+            0.0
+        } else {
+            cyc / timed.len() as f64 / 1e3
+        };
         let mhz = if ns > 0.0 { cyc / ns * 1e3 } else { 0.0 };
         per_round.push(json!({ "tiles": sel.len(), "begin_us": begin, "mainloop_kcycles": kcycles, "mainloop_mhz": mhz, "max_wait_us": wait }));
     }
-    println!("#   per round (begin us / mainloop k cycles @ MHz / longest epilogue wait us): {}",
-        per_round.iter().map(|r| format!("{:.0}/{:.1}@{:.0}/{:.1}", r["begin_us"].as_f64().unwrap_or(0.0), r["mainloop_kcycles"].as_f64().unwrap_or(0.0), r["mainloop_mhz"].as_f64().unwrap_or(0.0), r["max_wait_us"].as_f64().unwrap_or(0.0))).collect::<Vec<_>>().join(" "));
+    println!(
+        "#   per round (begin us / mainloop k cycles @ MHz / longest epilogue wait us): {}",
+        per_round
+            .iter()
+            .map(|r| format!(
+                "{:.0}/{:.1}@{:.0}/{:.1}",
+                r["begin_us"].as_f64().unwrap_or(0.0),
+                r["mainloop_kcycles"].as_f64().unwrap_or(0.0),
+                r["mainloop_mhz"].as_f64().unwrap_or(0.0),
+                r["max_wait_us"].as_f64().unwrap_or(0.0)
+            ))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
     out.insert("rounds".into(), json!(per_round));
     // Gaps between a tile's end and the next tile's begin (should be ~0).
-    let gaps: Vec<f64> = tiles.iter().flat_map(|r| r.windows(2).map(|p| p[1].at(Mark::Begin).saturating_sub(p[0].at(Mark::Stored)) as f64 / 1e3)).collect();
-    let starts: Vec<f64> = tiles.iter().filter_map(|r| r.first().map(|t| us(t.at(Mark::Begin)))).collect();
+    let gaps: Vec<f64> = tiles
+        .iter()
+        .flat_map(|r| {
+            r.windows(2)
+                .map(|p| p[1].at(Mark::Begin).saturating_sub(p[0].at(Mark::Stored)) as f64 / 1e3)
+        })
+        .collect();
+    let starts: Vec<f64> = tiles
+        .iter()
+        .filter_map(|r| r.first().map(|t| us(t.at(Mark::Begin))))
+        .collect();
     let loop_done: Vec<f64> = ends.iter().map(|e| us(e[0])).collect();
     let done: Vec<f64> = ends.iter().map(|e| us(e[2])).collect();
     let counts: Vec<f64> = tiles.iter().map(|r| r.len() as f64).collect();
@@ -122,7 +205,13 @@ pub fn summarize(label: &str, words: &[u64], ctas: usize) -> Value {
     let mn = |v: &[f64]| v.iter().cloned().fold(f64::NAN, f64::min);
     println!("#   tiles per CTA {}-{}; gap between tiles mean {:.2}; CTA start max {:.1}; loop end min/median/max {:.1}/{:.1}/{:.1}; launch end min/median/max {:.1}/{:.1}/{:.1}",
         mn(&counts), mx(&counts), mean(&gaps), mx(&starts), mn(&loop_done), median(loop_done.clone()), mx(&loop_done), mn(&done), median(done.clone()), mx(&done));
-    println!("#   CTA entry min/max {:.1}/{:.1}, setup done min/max {:.1}/{:.1} (us from the first tile)", mn(&entry), mx(&entry), mn(&setup), mx(&setup));
+    println!(
+        "#   CTA entry min/max {:.1}/{:.1}, setup done min/max {:.1}/{:.1} (us from the first tile)",
+        mn(&entry),
+        mx(&entry),
+        mn(&setup),
+        mx(&setup)
+    );
     // Where stagers and relays run: when their last stores completed and their last flag rose.
     let stager_done: Vec<f64> = ends.iter().filter(|e| e[5] != 0).map(|e| us(e[5])).collect();
     let relay_done: Vec<f64> = ends.iter().filter(|e| e[6] != 0).map(|e| us(e[6])).collect();
@@ -130,19 +219,37 @@ pub fn summarize(label: &str, words: &[u64], ctas: usize) -> Value {
     if let Some(exit) = ends.iter().map(|e| e[7]).filter(|&t| t != 0).max() {
         let first_entry = ends.iter().map(|e| e[3]).filter(|&t| t != 0).min().unwrap_or(exit);
         let span = exit.saturating_sub(first_entry) as f64 / 1e3;
-        println!("#   the launch's last warp finished {:.1} us after the first CTA's entry", span);
+        println!(
+            "#   the launch's last warp finished {:.1} us after the first CTA's entry",
+            span
+        );
         out.insert("stamped_span_us".into(), json!(span));
     }
     if !stager_done.is_empty() || !relay_done.is_empty() {
-        println!("#   stagers' last stores done min/median/max {:.1}/{:.1}/{:.1}; relays' last flag max {:.1}", mn(&stager_done), median(stager_done.clone()), mx(&stager_done), mx(&relay_done));
-        out.insert("stager_done_us".into(), json!([mn(&stager_done), median(stager_done.clone()), mx(&stager_done)]));
+        println!(
+            "#   stagers' last stores done min/median/max {:.1}/{:.1}/{:.1}; relays' last flag max {:.1}",
+            mn(&stager_done),
+            median(stager_done.clone()),
+            mx(&stager_done),
+            mx(&relay_done)
+        );
+        out.insert(
+            "stager_done_us".into(),
+            json!([mn(&stager_done), median(stager_done.clone()), mx(&stager_done)]),
+        );
         out.insert("relay_done_us".into(), json!(mx(&relay_done)));
     }
     out.insert("entry_us".into(), json!([mn(&entry), mx(&entry)]));
     out.insert("setup_us".into(), json!([mn(&setup), mx(&setup)]));
     out.insert("gap_mean_us".into(), json!(mean(&gaps)));
-    out.insert("loop_end_us".into(), json!([mn(&loop_done), median(loop_done.clone()), mx(&loop_done)]));
-    out.insert("launch_end_us".into(), json!([mn(&done), median(done.clone()), mx(&done)]));
+    out.insert(
+        "loop_end_us".into(),
+        json!([mn(&loop_done), median(loop_done.clone()), mx(&loop_done)]),
+    );
+    out.insert(
+        "launch_end_us".into(),
+        json!([mn(&done), median(done.clone()), mx(&done)]),
+    );
     Value::Object(out)
 }
 
@@ -173,7 +280,8 @@ mod tests {
                 rec[Mark::MainloopClock as usize] = 1_000;
                 rec[Mark::MainloopDoneClock as usize] = 1_000 + 60_000;
             }
-            let end = &mut w[c * per_cta + TILES_PER_CTA as usize * WORDS_PER_TILE as usize..][..WORDS_PER_TILE as usize];
+            let end =
+                &mut w[c * per_cta + TILES_PER_CTA as usize * WORDS_PER_TILE as usize..][..WORDS_PER_TILE as usize];
             end[End::LoopDone as usize] = base + 95_000;
             end[End::Done as usize] = base + 96_000 + c as u64 * 1_000;
         }

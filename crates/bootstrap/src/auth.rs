@@ -145,11 +145,7 @@ impl Handshake {
         tag(
             key,
             label::SERVER,
-            &[
-                &self.client_nonce,
-                &self.server_nonce,
-                &self.rank.to_le_bytes(),
-            ],
+            &[&self.client_nonce, &self.server_nonce, &self.rank.to_le_bytes()],
         )
     }
 
@@ -158,11 +154,7 @@ impl Handshake {
         verify(
             key,
             label::SERVER,
-            &[
-                &self.client_nonce,
-                &self.server_nonce,
-                &self.rank.to_le_bytes(),
-            ],
+            &[&self.client_nonce, &self.server_nonce, &self.rank.to_le_bytes()],
             proof,
         )
     }
@@ -177,12 +169,7 @@ mod tests {
         let k = JobKey::new("key").unwrap();
         let t = tag(&k, label::CLIENT, &[b"a", b"b"]);
         assert!(verify(&k, label::CLIENT, &[b"a", b"b"], &t));
-        assert!(!verify(
-            &JobKey::new("kez").unwrap(),
-            label::CLIENT,
-            &[b"a", b"b"],
-            &t
-        ));
+        assert!(!verify(&JobKey::new("kez").unwrap(), label::CLIENT, &[b"a", b"b"], &t));
         assert!(!verify(&k, label::SERVER, &[b"a", b"b"], &t));
         assert!(!verify(&k, label::CLIENT, &[b"ab", b""], &t));
         assert!(!verify(&k, label::CLIENT, &[b"a", b"b"], &t[..31]));

@@ -49,11 +49,7 @@ impl Bootstrap {
     }
 
     /// [`LocalPeers::exchange_fds`]: every local rank's descriptors, indexed by local rank.
-    pub fn exchange_fds(
-        &mut self,
-        my_fds: &[BorrowedFd<'_>],
-        timeout: Duration,
-    ) -> Result<Vec<Vec<OwnedFd>>> {
+    pub fn exchange_fds(&mut self, my_fds: &[BorrowedFd<'_>], timeout: Duration) -> Result<Vec<Vec<OwnedFd>>> {
         self.local.exchange_fds(my_fds, timeout)
     }
 }

@@ -82,9 +82,7 @@ impl EnvError {
     /// The variable this error is about.
     pub fn var(&self) -> &'static str {
         match self {
-            EnvError::Missing { var, .. }
-            | EnvError::Invalid { var, .. }
-            | EnvError::Inconsistent { var, .. } => var,
+            EnvError::Missing { var, .. } | EnvError::Invalid { var, .. } | EnvError::Inconsistent { var, .. } => var,
         }
     }
 
@@ -189,12 +187,7 @@ impl RankInfo {
         master_port: u16,
         job_key: JobKey,
     ) -> Result<Self, EnvError> {
-        check_sizes(
-            rank,
-            world_size,
-            rank % local_world_size.max(1),
-            local_world_size,
-        )?;
+        check_sizes(rank, world_size, rank % local_world_size.max(1), local_world_size)?;
         let info = RankInfo {
             rank,
             local_rank: rank % local_world_size,
@@ -226,12 +219,7 @@ impl RankInfo {
     }
 
     fn validate(&self) -> Result<(), EnvError> {
-        check_sizes(
-            self.rank,
-            self.world_size,
-            self.local_rank,
-            self.local_world_size,
-        )?;
+        check_sizes(self.rank, self.world_size, self.local_rank, self.local_world_size)?;
         let expected_nodes = self.world_size / self.local_world_size;
         if self.nnodes != expected_nodes {
             return Err(EnvError::inconsistent(
@@ -245,10 +233,7 @@ impl RankInfo {
         if self.node_rank >= self.nnodes {
             return Err(EnvError::inconsistent(
                 NODE_RANK,
-                format!(
-                    "NODE_RANK {} is not below NNODES {}",
-                    self.node_rank, self.nnodes
-                ),
+                format!("NODE_RANK {} is not below NNODES {}", self.node_rank, self.nnodes),
             ));
         }
         let expected_rank = self.node_rank * self.local_world_size + self.local_rank;
@@ -373,12 +358,7 @@ impl RankInfo {
     }
 }
 
-fn check_sizes(
-    rank: usize,
-    world_size: usize,
-    local_rank: usize,
-    local_world_size: usize,
-) -> Result<(), EnvError> {
+fn check_sizes(rank: usize, world_size: usize, local_rank: usize, local_world_size: usize) -> Result<(), EnvError> {
     if world_size == 0 {
         return Err(EnvError::Invalid {
             var: WORLD_SIZE,
@@ -402,9 +382,7 @@ fn check_sizes(
     if world_size % local_world_size != 0 {
         return Err(EnvError::inconsistent(
             LOCAL_WORLD_SIZE,
-            format!(
-                "WORLD_SIZE {world_size} is not a multiple of LOCAL_WORLD_SIZE {local_world_size}"
-            ),
+            format!("WORLD_SIZE {world_size} is not a multiple of LOCAL_WORLD_SIZE {local_world_size}"),
         ));
     }
     if local_rank >= local_world_size {
@@ -472,12 +450,7 @@ mod tests {
     fn defaults_follow_from_the_rank() {
         let info = parse(&[]).unwrap();
         assert_eq!(
-            (
-                info.rank(),
-                info.local_rank(),
-                info.node_rank(),
-                info.nnodes()
-            ),
+            (info.rank(), info.local_rank(), info.node_rank(), info.nnodes()),
             (5, 1, 1, 2)
         );
         assert_eq!(info.device(), 1);
@@ -503,12 +476,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            (
-                info.node_rank(),
-                info.nnodes(),
-                info.device(),
-                info.emulated_nodes()
-            ),
+            (info.node_rank(), info.nnodes(), info.device(), info.emulated_nodes()),
             (1, 2, 3, Some(2))
         );
     }
@@ -556,36 +524,18 @@ mod tests {
         let key = JobKey::new("k").unwrap();
         let info = RankInfo::new(3, 4, 2, "127.0.0.1", 1234, key.clone()).unwrap();
         assert_eq!(
-            (
-                info.local_rank(),
-                info.node_rank(),
-                info.nnodes(),
-                info.device()
-            ),
+            (info.local_rank(), info.node_rank(), info.nnodes(), info.device()),
             (1, 1, 2, 1)
         );
         assert_eq!(info.clone().with_device(3).device(), 3);
         assert!(info.clone().with_emulated_nodes(2).is_ok());
+        assert_eq!(info.with_emulated_nodes(3).unwrap_err().var(), MKERNEL_EMULATED_NODES);
+        assert_eq!(RankInfo::new(4, 4, 2, "h", 1, key.clone()).unwrap_err().var(), RANK);
         assert_eq!(
-            info.with_emulated_nodes(3).unwrap_err().var(),
-            MKERNEL_EMULATED_NODES
-        );
-        assert_eq!(
-            RankInfo::new(4, 4, 2, "h", 1, key.clone())
-                .unwrap_err()
-                .var(),
-            RANK
-        );
-        assert_eq!(
-            RankInfo::new(0, 4, 3, "h", 1, key.clone())
-                .unwrap_err()
-                .var(),
+            RankInfo::new(0, 4, 3, "h", 1, key.clone()).unwrap_err().var(),
             LOCAL_WORLD_SIZE
         );
-        assert_eq!(
-            RankInfo::new(0, 4, 0, "h", 1, key).unwrap_err().var(),
-            LOCAL_WORLD_SIZE
-        );
+        assert_eq!(RankInfo::new(0, 4, 0, "h", 1, key).unwrap_err().var(), LOCAL_WORLD_SIZE);
         let v6 = RankInfo::new(0, 1, 1, "::1", 9, JobKey::new("k").unwrap()).unwrap();
         assert_eq!(v6.store_addr(), "[::1]:9");
     }

@@ -50,10 +50,7 @@ impl fmt::Display for Refusal {
                 write!(f, "RANK {rank} is out of range for WORLD_SIZE {world_size}")
             }
             Refusal::WorldSizeMismatch { client, store } => {
-                write!(
-                    f,
-                    "this client's WORLD_SIZE {client} differs from the store's {store}"
-                )
+                write!(f, "this client's WORLD_SIZE {client} differs from the store's {store}")
             }
         }
     }
@@ -203,12 +200,7 @@ pub(crate) fn secs(d: Duration) -> String {
     format!("{} s", d.as_secs_f64())
 }
 
-fn timeout_message(
-    op: &str,
-    after: Duration,
-    missing: &[usize],
-    never_connected: &[usize],
-) -> String {
+fn timeout_message(op: &str, after: Duration, missing: &[usize], never_connected: &[usize]) -> String {
     let mut m = format!("{op} timed out after {}: ", secs(after));
     if missing.is_empty() {
         m.push_str("the key was never set");
@@ -216,9 +208,7 @@ fn timeout_message(
         m.push_str(&format!("ranks {missing:?} did not arrive"));
     }
     if !never_connected.is_empty() {
-        m.push_str(&format!(
-            " (never connected to the store: {never_connected:?})"
-        ));
+        m.push_str(&format!(" (never connected to the store: {never_connected:?})"));
     }
     m
 }

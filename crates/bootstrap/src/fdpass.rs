@@ -138,11 +138,7 @@ pub(crate) fn recv(stream: &UnixStream) -> io::Result<Option<Received>> {
     if fds.len() != header.nfds as usize {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            format!(
-                "fd message announced {} fds but carried {}",
-                header.nfds,
-                fds.len()
-            ),
+            format!("fd message announced {} fds but carried {}", header.nfds, fds.len()),
         ));
     }
     let mut payload = vec![0u8; header.payload_len as usize];
@@ -153,17 +149,12 @@ pub(crate) fn recv(stream: &UnixStream) -> io::Result<Option<Received>> {
 /// Control buffer large enough for [`MAX_FDS`] descriptors, aligned for `cmsghdr`.
 fn control_buffer() -> Vec<u64> {
     // SAFETY: CMSG_SPACE only computes a size.
-    let space =
-        unsafe { libc::CMSG_SPACE((MAX_FDS * std::mem::size_of::<RawFd>()) as u32) } as usize;
+    let space = unsafe { libc::CMSG_SPACE((MAX_FDS * std::mem::size_of::<RawFd>()) as u32) } as usize;
     vec![0u64; space.div_ceil(std::mem::size_of::<u64>())]
 }
 
 /// One `sendmsg` of `data` with `fds` attached; returns the bytes sent.
-fn sendmsg_with_fds(
-    socket: BorrowedFd<'_>,
-    data: &[u8],
-    fds: &[BorrowedFd<'_>],
-) -> io::Result<usize> {
+fn sendmsg_with_fds(socket: BorrowedFd<'_>, data: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<usize> {
     let mut iov = libc::iovec {
         iov_base: data.as_ptr() as *mut libc::c_void,
         iov_len: data.len(),
@@ -238,8 +229,7 @@ fn recvmsg_with_fds(socket: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize
         while !cmsg.is_null() {
             if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
                 let header = libc::CMSG_LEN(0) as usize;
-                let count = ((*cmsg).cmsg_len as usize).saturating_sub(header)
-                    / std::mem::size_of::<RawFd>();
+                let count = ((*cmsg).cmsg_len as usize).saturating_sub(header) / std::mem::size_of::<RawFd>();
                 let data = libc::CMSG_DATA(cmsg).cast::<RawFd>();
                 for i in 0..count {
                     fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
@@ -300,9 +290,7 @@ mod tests {
                 .write_all(format!("via fd {i}").as_bytes())
                 .unwrap();
             let mut got = String::new();
-            std::fs::File::from(read_end)
-                .read_to_string(&mut got)
-                .unwrap();
+            std::fs::File::from(read_end).read_to_string(&mut got).unwrap();
             assert_eq!(got, format!("via fd {i}"));
         }
         drop(a);

@@ -31,11 +31,7 @@ impl JobDir {
     /// The directory of `info`'s job and node, created if missing (see the module docs).
     pub fn for_rank(info: &RankInfo) -> Result<Self> {
         let base = default_base()?;
-        Self::open(base.join(dir_name(
-            info.job_key(),
-            &info.store_addr(),
-            info.node_rank(),
-        )))
+        Self::open(base.join(dir_name(info.job_key(), &info.store_addr(), info.node_rank())))
     }
 
     /// Creates `path` with mode 0700 if it is missing (its parent must exist) and checks that
@@ -72,8 +68,7 @@ impl JobDir {
 /// Checks that `path` is a directory (not a symbolic link) owned by this process's uid and
 /// not accessible by group or others.
 pub fn check_private_dir(path: &Path) -> Result<()> {
-    let meta = fs::symlink_metadata(path)
-        .map_err(|e| Error::job_dir(path, format!("cannot inspect it: {e}")))?;
+    let meta = fs::symlink_metadata(path).map_err(|e| Error::job_dir(path, format!("cannot inspect it: {e}")))?;
     if meta.file_type().is_symlink() {
         return Err(Error::job_dir(path, "is a symbolic link; refusing it"));
     }
@@ -160,10 +155,7 @@ mod tests {
         fs::create_dir(&path).unwrap();
         fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
         let e = JobDir::open(&path).unwrap_err().to_string();
-        assert!(
-            e.contains("accessible by group or others (mode 0755)"),
-            "{e}"
-        );
+        assert!(e.contains("accessible by group or others (mode 0755)"), "{e}");
     }
 
     #[test]
@@ -173,16 +165,10 @@ mod tests {
         JobDir::open(&real).unwrap();
         let link = tmp.path().join("link");
         std::os::unix::fs::symlink(&real, &link).unwrap();
-        assert!(JobDir::open(&link)
-            .unwrap_err()
-            .to_string()
-            .contains("symbolic link"));
+        assert!(JobDir::open(&link).unwrap_err().to_string().contains("symbolic link"));
         let file = tmp.path().join("file");
         fs::write(&file, b"x").unwrap();
-        assert!(JobDir::open(&file)
-            .unwrap_err()
-            .to_string()
-            .contains("not a directory"));
+        assert!(JobDir::open(&file).unwrap_err().to_string().contains("not a directory"));
         assert!(JobDir::open(tmp.path().join("no/such"))
             .unwrap_err()
             .to_string()

@@ -99,21 +99,8 @@ impl LocalPeers {
 
     /// Sends `payload` and `fds` to local rank `to`, waiting up to `timeout` for its socket to
     /// appear. The peer gets its own copies of the descriptors; `fds` stay open here.
-    pub fn send(
-        &self,
-        to: usize,
-        payload: &[u8],
-        fds: &[BorrowedFd<'_>],
-        timeout: Duration,
-    ) -> Result<()> {
-        self.send_kind(
-            to,
-            Kind::Direct,
-            payload,
-            fds,
-            Instant::now() + timeout,
-            timeout,
-        )
+    pub fn send(&self, to: usize, payload: &[u8], fds: &[BorrowedFd<'_>], timeout: Duration) -> Result<()> {
+        self.send_kind(to, Kind::Direct, payload, fds, Instant::now() + timeout, timeout)
     }
 
     /// Receives the next message that a peer sent with [`LocalPeers::send`], waiting up to
@@ -148,12 +135,7 @@ impl LocalPeers {
     /// returns what each sent, indexed by local rank (this rank's entry holds a copy of
     /// `payload` and duplicates of `fds`). Every local rank must call it, the same number of
     /// times; the timeout error names the ranks that did not send.
-    pub fn exchange(
-        &mut self,
-        payload: &[u8],
-        fds: &[BorrowedFd<'_>],
-        timeout: Duration,
-    ) -> Result<Vec<FdMessage>> {
+    pub fn exchange(&mut self, payload: &[u8], fds: &[BorrowedFd<'_>], timeout: Duration) -> Result<Vec<FdMessage>> {
         self.round += 1;
         let round = self.round;
         let kind = Kind::Exchange(round);
@@ -214,11 +196,7 @@ impl LocalPeers {
 
     /// [`LocalPeers::exchange`] of descriptors alone: every local rank exports its allocation
     /// as fds and gets every peer's, indexed by local rank.
-    pub fn exchange_fds(
-        &mut self,
-        my_fds: &[BorrowedFd<'_>],
-        timeout: Duration,
-    ) -> Result<Vec<Vec<OwnedFd>>> {
+    pub fn exchange_fds(&mut self, my_fds: &[BorrowedFd<'_>], timeout: Duration) -> Result<Vec<Vec<OwnedFd>>> {
         Ok(self
             .exchange(&[], my_fds, timeout)?
             .into_iter()
@@ -261,21 +239,13 @@ impl LocalPeers {
                 missing: vec![self.first_rank + to],
                 never_connected: vec![],
             },
-            ConnectError::Io(e) => Error::io(
-                format!("connecting to local rank {to} at {}", path.display()),
-                e,
-            ),
+            ConnectError::Io(e) => Error::io(format!("connecting to local rank {to} at {}", path.display()), e),
         })?;
         check_peer(&stream, &path)?;
         stream
             .set_write_timeout(Some(sys::remaining(deadline)))
             .and_then(|()| fdpass::send(&stream, kind, self.local_rank as u32, payload, fds))
-            .map_err(|e| {
-                Error::io(
-                    format!("sending fds to local rank {to} at {}", path.display()),
-                    e,
-                )
-            })
+            .map_err(|e| Error::io(format!("sending fds to local rank {to} at {}", path.display()), e))
     }
 
     /// Accepts one connection and reads its message; `None` when `deadline` passes first.
@@ -289,20 +259,8 @@ impl LocalPeers {
             }
             let stream = match self.listener.accept() {
                 Ok((s, _)) => s,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                    ) =>
-                {
-                    continue
-                }
-                Err(e) => {
-                    return Err(Error::io(
-                        format!("accepting on {}", self.socket.display()),
-                        e,
-                    ))
-                }
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => continue,
+                Err(e) => return Err(Error::io(format!("accepting on {}", self.socket.display()), e)),
             };
             check_peer(&stream, &self.socket)?;
             let received = stream
@@ -390,10 +348,7 @@ fn remove_stale(socket: &Path) -> Result<()> {
     match fs::remove_file(socket) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(Error::io(
-            format!("removing the stale socket {}", socket.display()),
-            e,
-        )),
+        Err(e) => Err(Error::io(format!("removing the stale socket {}", socket.display()), e)),
     }
 }
 
@@ -408,12 +363,7 @@ fn connect(path: &Path, deadline: Instant) -> Result<UnixStream, ConnectError> {
     loop {
         match UnixStream::connect(path) {
             Ok(s) => return Ok(s),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
-                ) =>
-            {
+            Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused) => {
                 let now = Instant::now();
                 if now >= deadline {
                     return Err(ConnectError::Timeout);
@@ -428,8 +378,8 @@ fn connect(path: &Path, deadline: Instant) -> Result<UnixStream, ConnectError> {
 
 /// Refuses a peer that runs as another user.
 fn check_peer(stream: &UnixStream, path: &Path) -> Result<()> {
-    let peer_uid = sys::peer_uid(stream.as_fd())
-        .map_err(|e| Error::io("reading the peer's credentials (SO_PEERCRED)", e))?;
+    let peer_uid =
+        sys::peer_uid(stream.as_fd()).map_err(|e| Error::io("reading the peer's credentials (SO_PEERCRED)", e))?;
     let own_uid = sys::euid();
     if peer_uid != own_uid {
         return Err(Error::ForeignPeer {
@@ -478,18 +428,14 @@ mod tests {
                     // Every rank has written and closed its copies.
                     done.wait();
                     let mut got = String::new();
-                    std::fs::File::from(read_end)
-                        .read_to_string(&mut got)
-                        .unwrap();
+                    std::fs::File::from(read_end).read_to_string(&mut got).unwrap();
                     let mut parts: Vec<&str> = got.split_terminator(';').collect();
                     parts.sort();
                     let want: Vec<String> = (0..n).map(|w| format!("{w}->{r}")).collect();
                     assert_eq!(parts, want);
                     // A second round with a payload, to check rounds do not mix.
                     let (_, w) = pipe();
-                    let msgs = peers
-                        .exchange(format!("size{r}").as_bytes(), &[w.as_fd()], T)
-                        .unwrap();
+                    let msgs = peers.exchange(format!("size{r}").as_bytes(), &[w.as_fd()], T).unwrap();
                     for (i, m) in msgs.iter().enumerate() {
                         assert_eq!(
                             (m.from, m.payload.clone(), m.fds.len()),
@@ -515,15 +461,9 @@ mod tests {
         let (r, w) = pipe();
         b.send(0, b"hi", &[r.as_fd()], T).unwrap();
         let m = a.recv(T).unwrap();
-        assert_eq!(
-            (m.from, m.payload.as_slice(), m.fds.len()),
-            (1, &b"hi"[..], 1)
-        );
+        assert_eq!((m.from, m.payload.as_slice(), m.fds.len()), (1, &b"hi"[..], 1));
         drop(w);
-        assert!(
-            b.send(1, b"", &[], T).is_err(),
-            "sending to self is refused"
-        );
+        assert!(b.send(1, b"", &[], T).is_err(), "sending to self is refused");
         let e = a.recv(Duration::from_millis(50)).unwrap_err().to_string();
         assert!(e.contains("timed out"), "{e}");
     }
@@ -536,10 +476,7 @@ mod tests {
         let _b = LocalPeers::bind_in(dir.clone(), 1, 3).unwrap();
         // Rank 2 never binds: sending to it times out and names it.
         let e = a.exchange_fds(&[], Duration::from_millis(200)).unwrap_err();
-        assert!(
-            matches!(&e, Error::Timeout { missing, .. } if missing == &[2]),
-            "{e}"
-        );
+        assert!(matches!(&e, Error::Timeout { missing, .. } if missing == &[2]), "{e}");
         // With rank 2 bound but silent, the receive side names it (rank 1 did not call either).
         let _c = LocalPeers::bind_in(dir, 2, 3).unwrap();
         let e = a.exchange_fds(&[], Duration::from_millis(200)).unwrap_err();
@@ -557,10 +494,7 @@ mod tests {
         let a = LocalPeers::bind_in(dir.clone(), 0, 2).unwrap();
         // Keeps the directory (the last rank to leave removes it).
         let _b = LocalPeers::bind_in(dir.clone(), 1, 2).unwrap();
-        let e = LocalPeers::bind_in(dir.clone(), 0, 2)
-            .err()
-            .unwrap()
-            .to_string();
+        let e = LocalPeers::bind_in(dir.clone(), 0, 2).err().unwrap().to_string();
         assert!(e.contains("same LOCAL_RANK"), "{e}");
         // A socket file without a listener (a crashed process) is replaced.
         let path = a.socket_path().to_path_buf();

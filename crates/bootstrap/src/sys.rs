@@ -32,11 +32,7 @@ pub(crate) fn euid() -> u32 {
 
 /// The uid of the process at the other end of a connected Unix socket (`SO_PEERCRED`).
 pub(crate) fn peer_uid(socket: BorrowedFd<'_>) -> io::Result<u32> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: `cred` and `len` are valid for writes and `len` holds the size of `cred`.
     let rc = unsafe {
@@ -56,10 +52,7 @@ pub(crate) fn peer_uid(socket: BorrowedFd<'_>) -> io::Result<u32> {
 
 /// Waits until one of `fds` is readable (or closed), or `deadline` passes (`None`: forever).
 /// Returns the index of a ready descriptor, `None` on timeout.
-pub(crate) fn wait_readable(
-    fds: &[BorrowedFd<'_>],
-    deadline: Option<Instant>,
-) -> io::Result<Option<usize>> {
+pub(crate) fn wait_readable(fds: &[BorrowedFd<'_>], deadline: Option<Instant>) -> io::Result<Option<usize>> {
     let mut polls: Vec<libc::pollfd> = fds
         .iter()
         .map(|fd| libc::pollfd {

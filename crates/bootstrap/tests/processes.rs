@@ -52,17 +52,13 @@ fn child_rank() {
             "rank {rank} reading local rank {peer_local}'s memfd"
         );
         // Mark it through the received descriptor.
-        f.write_at(&[b'A' + local as u8], 32 + local as u64)
-            .unwrap();
+        f.write_at(&[b'A' + local as u8], 32 + local as u64).unwrap();
     }
     boot.store().barrier("marked", T).unwrap();
     let mut marks = vec![0u8; lws];
     mine.read_exact_at(&mut marks, 32).unwrap();
     let want: Vec<u8> = (0..lws).map(|l| b'A' + l as u8).collect();
-    assert_eq!(
-        marks, want,
-        "rank {rank}: every local peer wrote through its copy"
-    );
+    assert_eq!(marks, want, "rank {rank}: every local peer wrote through its copy");
 
     let all = boot.store().all_gather("ranks", &[rank as u8], T).unwrap();
     assert_eq!(all, (0..4u8).map(|r| vec![r]).collect::<Vec<_>>());
@@ -82,10 +78,7 @@ fn four_processes_on_two_emulated_nodes() {
         .unwrap()
         .port();
     let mut key = [0u8; 16];
-    File::open("/dev/urandom")
-        .unwrap()
-        .read_exact(&mut key)
-        .unwrap();
+    File::open("/dev/urandom").unwrap().read_exact(&mut key).unwrap();
     let key: String = key.iter().map(|b| format!("{b:02x}")).collect();
     let (n, nodes) = (4usize, 2usize);
     let local = n / nodes;
@@ -131,8 +124,7 @@ fn four_processes_on_two_emulated_nodes() {
         if let Some(mut s) = child.stderr.take() {
             let _ = s.read_to_string(&mut out);
         }
-        if !status.is_some_and(|s| s.success()) || !out.contains(&format!("child rank {r} passed"))
-        {
+        if !status.is_some_and(|s| s.success()) || !out.contains(&format!("child rank {r} passed")) {
             failures.push(format!("rank {r} ({status:?}):\n{out}"));
         }
     }

@@ -318,7 +318,10 @@ impl RoleSplit {
         } else if block < self.compute + self.intra_comm + self.inter_send {
             (Role::InterSend, block - self.compute - self.intra_comm)
         } else {
-            (Role::InterReduce, block - self.compute - self.intra_comm - self.inter_send)
+            (
+                Role::InterReduce,
+                block - self.compute - self.intra_comm - self.inter_send,
+            )
         }
     }
 }
@@ -347,7 +350,10 @@ pub struct CommDesc {
 }
 
 // (The room's last 8 bytes hold the launch epoch: `GemmTile::epoch_copy_offset`.)
-const _: () = assert!(core::mem::size_of::<CommDesc>() as u32 + 8 <= crate::GemmTile::DESC_COPY_BYTES && core::mem::size_of::<CommDesc>() % 8 == 0);
+const _: () = assert!(
+    core::mem::size_of::<CommDesc>() as u32 + 8 <= crate::GemmTile::DESC_COPY_BYTES
+        && core::mem::size_of::<CommDesc>() % 8 == 0
+);
 
 #[cfg(test)]
 mod tests {
@@ -365,16 +371,27 @@ mod tests {
         assert!(core::mem::size_of::<ErrorRecord>() <= 64);
         assert!(ABORT_OFFSET + 8 <= HEAP_CONTROL_BYTES);
         assert!(FIFO_HEAD_OFFSET + 8 <= HEAP_CONTROL_BYTES);
-        assert_eq!(remote_flag_offset(RemoteSlot::FusedOut, MAX_RANKS - 1) + 8, FIFO_HEAD_OFFSET);
+        assert_eq!(
+            remote_flag_offset(RemoteSlot::FusedOut, MAX_RANKS - 1) + 8,
+            FIFO_HEAD_OFFSET
+        );
         assert_eq!(ll_offset(3, MAX_LOCAL_RANKS - 1) + LL_SLOT_BYTES, STAGING_OFFSET);
-        assert_eq!(staging_offset(3, MAX_LOCAL_RANKS - 1) + SMALL_MSG_MAX, HEAP_RESERVED_BYTES);
+        assert_eq!(
+            staging_offset(3, MAX_LOCAL_RANKS - 1) + SMALL_MSG_MAX,
+            HEAP_RESERVED_BYTES
+        );
         assert_eq!(staging_offset(2, 0), STAGING_OFFSET);
         assert_eq!(flag_offset(FlagSlot::Ready, 0, 1), 8);
         assert_eq!(flag_offset(FlagSlot::Ready, 1, 0), MAX_COMM_CTAS as u64 * 8);
     }
     #[test]
     fn role_split_assigns_contiguous_ranges() {
-        let s = RoleSplit { compute: 118, intra_comm: 6, inter_send: 0, inter_reduce: 8 };
+        let s = RoleSplit {
+            compute: 118,
+            intra_comm: 6,
+            inter_send: 0,
+            inter_reduce: 8,
+        };
         assert_eq!(s.grid(), 132);
         assert_eq!(s.role_of(0), (Role::Compute, 0));
         assert_eq!(s.role_of(118), (Role::IntraComm, 0));

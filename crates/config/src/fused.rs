@@ -114,7 +114,10 @@ const _: () = assert!(crate::GemmTile::EPILOGUE_BOX_ROWS % STAGER_STORE_ROWS == 
 /// Bytes of one consumer warpgroup's stream-K partial: 128 threads x 128 f32 accumulators.
 pub const SK_SLOT_BYTES: u64 = 128 * 128 * 4;
 
-const _: () = assert!(core::mem::size_of::<GemmRsArgs>() as u32 <= crate::GemmTile::ARGS_COPY_BYTES && core::mem::size_of::<GemmRsArgs>() % 8 == 0);
+const _: () = assert!(
+    core::mem::size_of::<GemmRsArgs>() as u32 <= crate::GemmTile::ARGS_COPY_BYTES
+        && core::mem::size_of::<GemmRsArgs>() % 8 == 0
+);
 
 /// The row of A (and of the sum) that node-blocked row `v` of GEMM+ReduceScatter/AllReduce is,
 /// on node `node` of `nodes` with `world` ranks each: `v` lies in local rank `l`'s chunk
@@ -179,7 +182,10 @@ mod tests {
                 for kb in [4u32, 9, 64] {
                     let sk = StreamK::new(tiles, grid, kb, StreamK::choose(tiles, grid, kb));
                     let most = (0..grid).map(|c| sk.items(c)).max().unwrap();
-                    assert!(most <= tiles.div_ceil(grid) + 3, "tiles {tiles} grid {grid} kb {kb}: {most} items");
+                    assert!(
+                        most <= tiles.div_ceil(grid) + 3,
+                        "tiles {tiles} grid {grid} kb {kb}: {most} items"
+                    );
                 }
             }
         }

@@ -60,7 +60,11 @@ impl GemmTile {
     /// The GEMM inside fused kernels: the producer thread also waits on communication flags
     /// (bounded waits need the clock and the error record), so it keeps 56 registers and the
     /// consumers 224: (56 + 2 x 224) x 128 = 168 x 384, what the CTA is launched with.
-    pub const FUSED: GemmTile = GemmTile { producer_regs: 56, consumer_regs: 224, ..GemmTile::DEFAULT };
+    pub const FUSED: GemmTile = GemmTile {
+        producer_regs: 56,
+        consumer_regs: 224,
+        ..GemmTile::DEFAULT
+    };
 
     /// GEMM+ReduceScatter/AllReduce: most tiles are stored to peers over NVLink, and a bulk
     /// store to a peer finishes reading its staging box only as NVLink takes the data. With a
@@ -69,7 +73,12 @@ impl GemmTile {
     /// from one operand stage fewer.
     /// Its work items are read from a table ([`GemmTile::item_table_entries`]): 256 cover
     /// every CTA of the anchor shapes on 132 SMs (M = 32768, N = 28672: 218 tiles per CTA).
-    pub const FUSED_RS: GemmTile = GemmTile { stages: 3, epilogue_buffers: 4, item_table_entries: 256, ..GemmTile::FUSED };
+    pub const FUSED_RS: GemmTile = GemmTile {
+        stages: 3,
+        epilogue_buffers: 4,
+        item_table_entries: 256,
+        ..GemmTile::FUSED
+    };
 
     /// Threads per CTA: one producer warpgroup plus the consumers.
     pub const fn threads(&self) -> u32 {
@@ -79,7 +88,11 @@ impl GemmTile {
     /// file split over the CTA's threads, rounded down to a multiple of 8.
     pub const fn entry_regs(&self) -> u32 {
         let r = crate::SM90_REGS_PER_SM / self.threads() / 8 * 8;
-        if r > 255 { 248 } else { r }
+        if r > 255 {
+            248
+        } else {
+            r
+        }
     }
     /// Rows of the tile owned by one consumer warpgroup.
     pub const fn rows_per_consumer(&self) -> u32 {
@@ -178,26 +191,63 @@ impl GemmTile {
     /// Checks every invariant the kernel relies on; panics (at compile time when used in a
     /// `const`) with the reason.
     pub const fn check(&self) {
-        assert!(self.block_k * BF16_BYTES == SWIZZLE_BYTES, "block_k must fill one 128-byte swizzle row");
-        assert!(self.rows_per_consumer() == 64, "each consumer warpgroup issues m64 wgmmas on 64 rows");
-        assert!(self.block_m % self.consumer_warpgroups == 0, "block_m must split evenly over consumers");
-        assert!(self.block_n % 64 == 0 && self.block_n >= 64 && self.block_n <= 256, "wgmma N: 64..=256 in steps of 64 (B loads are 64-wide boxes)");
+        assert!(
+            self.block_k * BF16_BYTES == SWIZZLE_BYTES,
+            "block_k must fill one 128-byte swizzle row"
+        );
+        assert!(
+            self.rows_per_consumer() == 64,
+            "each consumer warpgroup issues m64 wgmmas on 64 rows"
+        );
+        assert!(
+            self.block_m % self.consumer_warpgroups == 0,
+            "block_m must split evenly over consumers"
+        );
+        assert!(
+            self.block_n % 64 == 0 && self.block_n >= 64 && self.block_n <= 256,
+            "wgmma N: 64..=256 in steps of 64 (B loads are 64-wide boxes)"
+        );
         assert!(self.stages >= 2, "a ring needs at least 2 stages");
-        assert!(self.a_stage_bytes() % 1024 == 0 && self.b_stage_bytes() % 1024 == 0, "stage tiles must keep 1024-byte swizzle alignment");
-        assert!(self.rows_per_consumer() == Self::EPILOGUE_BOX_ROWS, "one staging box spans a consumer's rows");
-        assert!(self.block_n % Self::EPILOGUE_BOX_COLS == 0, "staging boxes tile block_n");
-        assert!(self.epilogue_buffers == 2 || self.epilogue_buffers == self.block_n / Self::EPILOGUE_BOX_COLS, "epilogue staging: 2 boxes or a whole half-tile per consumer");
-        assert!(self.smem_bytes() <= crate::SM90_MAX_SMEM_PER_CTA, "shared memory ring does not fit in 227 KiB");
-        assert!(self.producer_regs % 8 == 0 && self.consumer_regs % 8 == 0, "setmaxnreg counts are multiples of 8");
-        assert!(self.producer_regs >= 24 && self.consumer_regs <= 256, "setmaxnreg range is 24..=256");
+        assert!(
+            self.a_stage_bytes() % 1024 == 0 && self.b_stage_bytes() % 1024 == 0,
+            "stage tiles must keep 1024-byte swizzle alignment"
+        );
+        assert!(
+            self.rows_per_consumer() == Self::EPILOGUE_BOX_ROWS,
+            "one staging box spans a consumer's rows"
+        );
+        assert!(
+            self.block_n % Self::EPILOGUE_BOX_COLS == 0,
+            "staging boxes tile block_n"
+        );
+        assert!(
+            self.epilogue_buffers == 2 || self.epilogue_buffers == self.block_n / Self::EPILOGUE_BOX_COLS,
+            "epilogue staging: 2 boxes or a whole half-tile per consumer"
+        );
+        assert!(
+            self.smem_bytes() <= crate::SM90_MAX_SMEM_PER_CTA,
+            "shared memory ring does not fit in 227 KiB"
+        );
+        assert!(
+            self.producer_regs % 8 == 0 && self.consumer_regs % 8 == 0,
+            "setmaxnreg counts are multiples of 8"
+        );
+        assert!(
+            self.producer_regs >= 24 && self.consumer_regs <= 256,
+            "setmaxnreg range is 24..=256"
+        );
         // setmaxnreg moves registers between the warpgroups of one CTA: the split must fit in
         // what the CTA was launched with (entry registers x threads), not the whole register
         // file, or `setmaxnreg.inc` waits forever for registers nobody releases.
         assert!(
-            (self.producer_regs + self.consumer_regs * self.consumer_warpgroups) * crate::WARPGROUP_SIZE <= self.entry_regs() * self.threads(),
+            (self.producer_regs + self.consumer_regs * self.consumer_warpgroups) * crate::WARPGROUP_SIZE
+                <= self.entry_regs() * self.threads(),
             "register split exceeds the registers the CTA is launched with"
         );
-        assert!(self.accumulators_per_thread() + 40 <= self.consumer_regs, "accumulators must fit the consumer register budget");
+        assert!(
+            self.accumulators_per_thread() + 40 <= self.consumer_regs,
+            "accumulators must fit the consumer register budget"
+        );
         assert!(self.group_m >= 1, "group_m must be positive");
     }
 }
@@ -221,11 +271,20 @@ mod tests {
     #[should_panic(expected = "registers the CTA is launched with")]
     fn a_split_beyond_the_launch_registers_is_rejected() {
         // (64 + 2 x 224) x 128 = 65536 fits the register file but not 168 x 384 = 64512.
-        GemmTile { producer_regs: 64, consumer_regs: 224, ..GemmTile::DEFAULT }.check();
+        GemmTile {
+            producer_regs: 64,
+            consumer_regs: 224,
+            ..GemmTile::DEFAULT
+        }
+        .check();
     }
     #[test]
     #[should_panic(expected = "does not fit")]
     fn too_many_stages_is_rejected() {
-        GemmTile { stages: 5, ..GemmTile::DEFAULT }.check();
+        GemmTile {
+            stages: 5,
+            ..GemmTile::DEFAULT
+        }
+        .check();
     }
 }

@@ -22,7 +22,12 @@ pub struct KernelSpec {
 }
 
 /// Kernel that fills a buffer with its index: the smallest end-to-end check of the pipeline.
-pub const IOTA: KernelSpec = KernelSpec { name: "mk_iota_u32", max_threads: 256, min_blocks_per_sm: 1, dynamic_smem: 0 };
+pub const IOTA: KernelSpec = KernelSpec {
+    name: "mk_iota_u32",
+    max_threads: 256,
+    min_blocks_per_sm: 1,
+    dynamic_smem: 0,
+};
 
 /// The persistent warp-specialized GEMM, B stored N x K (K-major, `nn.Linear` weights).
 pub const GEMM_BF16_NK: KernelSpec = KernelSpec {
@@ -33,41 +38,90 @@ pub const GEMM_BF16_NK: KernelSpec = KernelSpec {
 };
 
 /// The persistent warp-specialized GEMM, B stored K x N (N-major, row-major).
-pub const GEMM_BF16_KN: KernelSpec = KernelSpec { name: "mk_gemm_bf16_kn", ..GEMM_BF16_NK };
+pub const GEMM_BF16_KN: KernelSpec = KernelSpec {
+    name: "mk_gemm_bf16_kn",
+    ..GEMM_BF16_NK
+};
 
 /// Diagnostic: the N x K GEMM on GEMM+ReduceScatter's ring (`GemmTile::FUSED_RS`).
-pub const GEMM_BF16_NK_FUSED_RING: KernelSpec = KernelSpec { name: "mk_gemm_bf16_nk_fused_ring", dynamic_smem: GemmTile::FUSED_RS.smem_bytes(), ..GEMM_BF16_NK };
+pub const GEMM_BF16_NK_FUSED_RING: KernelSpec = KernelSpec {
+    name: "mk_gemm_bf16_nk_fused_ring",
+    dynamic_smem: GemmTile::FUSED_RS.smem_bytes(),
+    ..GEMM_BF16_NK
+};
 
 /// Threads of the communication kernels (each keeps 4 x 16 bytes in flight per thread).
-pub const COLLECTIVE: KernelSpec = KernelSpec { name: "mk_allgather", max_threads: 384, min_blocks_per_sm: 1, dynamic_smem: 0 };
+pub const COLLECTIVE: KernelSpec = KernelSpec {
+    name: "mk_allgather",
+    max_threads: 384,
+    min_blocks_per_sm: 1,
+    dynamic_smem: 0,
+};
 /// AllGather over NVLink (push).
 pub const ALLGATHER: KernelSpec = COLLECTIVE;
 /// ReduceScatter over NVLink (pull + f32 sum).
-pub const REDUCE_SCATTER: KernelSpec = KernelSpec { name: "mk_reduce_scatter", ..COLLECTIVE };
+pub const REDUCE_SCATTER: KernelSpec = KernelSpec {
+    name: "mk_reduce_scatter",
+    ..COLLECTIVE
+};
 /// AllReduce over NVLink (two-shot: pull-reduce own chunk, push to all).
-pub const ALLREDUCE: KernelSpec = KernelSpec { name: "mk_allreduce", ..COLLECTIVE };
+pub const ALLREDUCE: KernelSpec = KernelSpec {
+    name: "mk_allreduce",
+    ..COLLECTIVE
+};
 
 /// AllGather across nodes (NVLink + proxy puts).
-pub const ALLGATHER_INTERNODE: KernelSpec = KernelSpec { name: "mk_allgather_internode", ..COLLECTIVE };
+pub const ALLGATHER_INTERNODE: KernelSpec = KernelSpec {
+    name: "mk_allgather_internode",
+    ..COLLECTIVE
+};
 /// The inter-node half of AllReduce (proxy puts to rail peers + sum over nodes).
-pub const ALLREDUCE_INTERNODE: KernelSpec = KernelSpec { name: "mk_allreduce_internode", ..COLLECTIVE };
+pub const ALLREDUCE_INTERNODE: KernelSpec = KernelSpec {
+    name: "mk_allreduce_internode",
+    ..COLLECTIVE
+};
 
 /// Latency probe of the inter-node path: one thread ping-pongs puts with a remote rank.
-pub const PROXY_PINGPONG: KernelSpec = KernelSpec { name: "mk_proxy_pingpong", max_threads: 32, min_blocks_per_sm: 1, dynamic_smem: 0 };
+pub const PROXY_PINGPONG: KernelSpec = KernelSpec {
+    name: "mk_proxy_pingpong",
+    max_threads: 32,
+    min_blocks_per_sm: 1,
+    dynamic_smem: 0,
+};
 
 /// Fused AllGather + GEMM (A gathered by rows over NVLink, B as N x K): GEMM launch shape; the
 /// first `n_comm` CTAs move A, the others compute.
-pub const AG_GEMM_NK: KernelSpec = KernelSpec { name: "mk_ag_gemm_bf16_nk", ..GEMM_BF16_NK };
+pub const AG_GEMM_NK: KernelSpec = KernelSpec {
+    name: "mk_ag_gemm_bf16_nk",
+    ..GEMM_BF16_NK
+};
 /// Fused GEMM + ReduceScatter / AllReduce (B as N x K): GEMM launch shape with the
 /// `GemmTile::FUSED_RS` ring (whole-tile epilogue staging); optional comm CTAs, the rest compute.
-pub const GEMM_RS_NK: KernelSpec = KernelSpec { name: "mk_gemm_rs_bf16_nk", dynamic_smem: GemmTile::FUSED_RS.smem_bytes(), ..GEMM_BF16_NK };
+pub const GEMM_RS_NK: KernelSpec = KernelSpec {
+    name: "mk_gemm_rs_bf16_nk",
+    dynamic_smem: GemmTile::FUSED_RS.smem_bytes(),
+    ..GEMM_BF16_NK
+};
 
 /// Kernels whose ptxas spills are known and accepted for now: `cargo xtask ptx --check` reports
 /// them without failing. Each entry says why.
 pub const EXPERIMENTAL: &[(&str, &str)] = &[];
 
 /// Every kernel entry in the embedded PTX.
-pub const KERNELS: &[KernelSpec] = &[IOTA, GEMM_BF16_NK, GEMM_BF16_KN, GEMM_BF16_NK_FUSED_RING, ALLGATHER, REDUCE_SCATTER, ALLREDUCE, ALLGATHER_INTERNODE, ALLREDUCE_INTERNODE, PROXY_PINGPONG, AG_GEMM_NK, GEMM_RS_NK];
+pub const KERNELS: &[KernelSpec] = &[
+    IOTA,
+    GEMM_BF16_NK,
+    GEMM_BF16_KN,
+    GEMM_BF16_NK_FUSED_RING,
+    ALLGATHER,
+    REDUCE_SCATTER,
+    ALLREDUCE,
+    ALLGATHER_INTERNODE,
+    ALLREDUCE_INTERNODE,
+    PROXY_PINGPONG,
+    AG_GEMM_NK,
+    GEMM_RS_NK,
+];
 
 /// Looks a kernel up by its entry name.
 pub fn find(name: &str) -> Option<&'static KernelSpec> {

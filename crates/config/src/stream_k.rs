@@ -90,15 +90,29 @@ impl StreamK {
     /// The plan; an `sk_tiles` that breaks the rules (above) falls back to none.
     #[inline(always)]
     pub const fn new(tiles: u32, grid: u32, k_blocks: u32, sk_tiles: u32) -> StreamK {
-        let ok = grid > 0 && sk_tiles <= tiles && (tiles - sk_tiles) % grid == 0 && 2 * sk_tiles >= grid && k_blocks > 0 && Self::fits_u32(grid, sk_tiles, k_blocks);
-        StreamK { tiles, grid, k_blocks, sk_tiles: if ok { sk_tiles } else { 0 } }
+        let ok = grid > 0
+            && sk_tiles <= tiles
+            && (tiles - sk_tiles) % grid == 0
+            && 2 * sk_tiles >= grid
+            && k_blocks > 0
+            && Self::fits_u32(grid, sk_tiles, k_blocks);
+        StreamK {
+            tiles,
+            grid,
+            k_blocks,
+            sk_tiles: if ok { sk_tiles } else { 0 },
+        }
     }
 
     /// Whole tiles of CTA `c` (the data-parallel ones).
     #[inline(always)]
     pub const fn dp_items(&self, c: u32) -> u32 {
         if self.sk_tiles == 0 {
-            if c < self.tiles { (self.tiles - c).div_ceil(self.grid) } else { 0 }
+            if c < self.tiles {
+                (self.tiles - c).div_ceil(self.grid)
+            } else {
+                0
+            }
         } else {
             (self.tiles - self.sk_tiles) / self.grid
         }
@@ -126,7 +140,11 @@ impl StreamK {
     #[inline(always)]
     pub const fn sk_items(&self, c: u32) -> u32 {
         let (s, e) = (self.range_start(c), self.range_start(c + 1));
-        if self.sk_tiles == 0 || s == e { 0 } else { (e - 1) / self.k_blocks - s / self.k_blocks + 1 }
+        if self.sk_tiles == 0 || s == e {
+            0
+        } else {
+            (e - 1) / self.k_blocks - s / self.k_blocks + 1
+        }
     }
 
     /// Work items of CTA `c`: its whole tiles, then its pieces.
@@ -140,7 +158,13 @@ impl StreamK {
     pub const fn item(&self, c: u32, w: u32) -> Work {
         let dp = self.dp_items(c);
         if w < dp {
-            return Work { tile: c + w * self.grid, k0: 0, k1: self.k_blocks, owner: true, from: c };
+            return Work {
+                tile: c + w * self.grid,
+                k0: 0,
+                k1: self.k_blocks,
+                owner: true,
+                from: c,
+            };
         }
         let kb = self.k_blocks;
         let (s, e) = (self.range_start(c), self.range_start(c + 1));
@@ -149,7 +173,13 @@ impl StreamK {
         let hi = if e < (t + 1) * kb { e } else { (t + 1) * kb };
         let owner = hi == (t + 1) * kb;
         let from = if owner { self.cta_of_unit(t * kb) } else { c };
-        Work { tile: self.tiles - self.sk_tiles + t, k0: lo - t * kb, k1: hi - t * kb, owner, from }
+        Work {
+            tile: self.tiles - self.sk_tiles + t,
+            k0: lo - t * kb,
+            k1: hi - t * kb,
+            owner,
+            from,
+        }
     }
 
     /// K blocks CTA `c` computes in all (`k_before(c, items(c))`).
@@ -227,16 +257,37 @@ mod tests {
             longest = longest.max(k);
         }
         assert!(seen.iter().all(|&n| n == 1), "{tiles} {grid} {kb}: every K block once");
-        assert!(owners.iter().all(|&n| n == 1), "{tiles} {grid} {kb}: one owner per tile");
+        assert!(
+            owners.iter().all(|&n| n == 1),
+            "{tiles} {grid} {kb}: one owner per tile"
+        );
         // The whole point: every CTA computes its fair share, rounded up.
         if sk > 0 {
-            assert_eq!(longest, (tiles * kb).div_ceil(grid), "{tiles} {grid} {kb}: longest range");
+            assert_eq!(
+                longest,
+                (tiles * kb).div_ceil(grid),
+                "{tiles} {grid} {kb}: longest range"
+            );
         }
     }
 
     #[test]
     fn every_k_block_is_computed_once_and_every_tile_has_one_owner() {
-        for (tiles, grid, kb) in [(1024, 132, 64), (2048, 132, 64), (4096, 132, 64), (8192, 132, 64), (512, 132, 64), (256, 132, 16), (272, 132, 8), (1024, 128, 64), (100, 132, 64), (150, 132, 64), (7, 3, 5), (10, 4, 4), (1000, 7, 9)] {
+        for (tiles, grid, kb) in [
+            (1024, 132, 64),
+            (2048, 132, 64),
+            (4096, 132, 64),
+            (8192, 132, 64),
+            (512, 132, 64),
+            (256, 132, 16),
+            (272, 132, 8),
+            (1024, 128, 64),
+            (100, 132, 64),
+            (150, 132, 64),
+            (7, 3, 5),
+            (10, 4, 4),
+            (1000, 7, 9),
+        ] {
             check(tiles, grid, kb);
         }
         for tiles in 132..800 {
@@ -257,7 +308,15 @@ mod tests {
     /// contributors. Every item must be reachable in a topological order (Kahn's algorithm).
     fn waits_are_acyclic(tiles: u32, grid: u32, kb: u32, sk: u32) {
         let p = StreamK::new(tiles, grid, kb, sk);
-        let base: std::vec::Vec<u32> = (0..=grid).scan(0, |acc, c| { let b = *acc; if c < grid { *acc += p.items(c); } Some(b) }).collect();
+        let base: std::vec::Vec<u32> = (0..=grid)
+            .scan(0, |acc, c| {
+                let b = *acc;
+                if c < grid {
+                    *acc += p.items(c);
+                }
+                Some(b)
+            })
+            .collect();
         let n = base[grid as usize] as usize;
         let mut deps = vec![std::vec::Vec::new(); n];
         for c in 0..grid {
@@ -292,12 +351,23 @@ mod tests {
                 }
             }
         }
-        assert_eq!(done, n, "{tiles} tiles, {grid} CTAs, {kb} K blocks, {sk} stream-K: a wait cycle");
+        assert_eq!(
+            done, n,
+            "{tiles} tiles, {grid} CTAs, {kb} K blocks, {sk} stream-K: a wait cycle"
+        );
     }
 
     #[test]
     fn the_stream_k_waits_cannot_deadlock() {
-        for (tiles, grid, kb) in [(1024, 132, 64), (2048, 132, 64), (4096, 132, 64), (8192, 132, 64), (272, 132, 9), (10, 4, 4), (1000, 7, 9)] {
+        for (tiles, grid, kb) in [
+            (1024, 132, 64),
+            (2048, 132, 64),
+            (4096, 132, 64),
+            (8192, 132, 64),
+            (272, 132, 9),
+            (10, 4, 4),
+            (1000, 7, 9),
+        ] {
             let sk = StreamK::choose(tiles, grid, kb);
             waits_are_acyclic(tiles, grid, kb, sk);
         }

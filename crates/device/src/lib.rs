@@ -7,7 +7,14 @@
 //! - [`kernels`]: the `extern "ptx-kernel"` entry points. Each one is listed, with its launch
 //!   bounds, in `mkernel_config::KERNELS`; the PTX linker refuses a mismatch.
 #![no_std]
-#![feature(abi_ptx, asm_experimental_arch, stdarch_nvptx, core_intrinsics, gpu_launch_sized_workgroup_mem, gpu_intrinsics)]
+#![feature(
+    abi_ptx,
+    asm_experimental_arch,
+    stdarch_nvptx,
+    core_intrinsics,
+    gpu_launch_sized_workgroup_mem,
+    gpu_intrinsics
+)]
 #![allow(internal_features)]
 #![deny(unsafe_op_in_unsafe_fn)]
 

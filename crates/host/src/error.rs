@@ -18,16 +18,35 @@ pub enum Error {
     Shape { op: &'static str, reason: String },
     /// A pointer is not aligned as the operation requires.
     #[error("{op}: {what} pointer {ptr:#x} is not {align}-byte aligned")]
-    Alignment { op: &'static str, what: &'static str, ptr: u64, align: u64 },
+    Alignment {
+        op: &'static str,
+        what: &'static str,
+        ptr: u64,
+        align: u64,
+    },
     /// A buffer is smaller than the shape needs.
     #[error("{op}: {what} holds {have} elements but the shape needs {need}")]
-    BufferTooSmall { op: &'static str, what: &'static str, have: usize, need: usize },
+    BufferTooSmall {
+        op: &'static str,
+        what: &'static str,
+        have: usize,
+        need: usize,
+    },
     /// A CUDA driver call failed.
     #[error("CUDA driver: {0}")]
     Driver(#[from] DriverError),
     /// A device-side wait of a communication kernel gave up.
     #[error("rank {rank} ({role} CTA {cta}) timed out after {waited_ms} ms waiting for rank {peer}'s {flag}: expected {expected}, saw {seen}")]
-    CommTimeout { rank: u32, role: &'static str, flag: String, peer: u32, cta: u32, expected: u64, seen: u64, waited_ms: u64 },
+    CommTimeout {
+        rank: u32,
+        role: &'static str,
+        flag: String,
+        peer: u32,
+        cta: u32,
+        expected: u64,
+        seen: u64,
+        waited_ms: u64,
+    },
     /// The request is valid but not implemented (yet); the message says what is missing.
     #[error("unsupported: {0}")]
     Unsupported(String),

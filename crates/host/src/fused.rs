@@ -40,13 +40,26 @@ impl AgGemmPlan {
     /// `k`, `b` holds `n` x `k`, `c` holds `m` x `n`. The buffers must outlive every launch of
     /// the plan (they are borrowed only while planning).
     #[allow(clippy::too_many_arguments)]
-    pub fn from_slices(comm: &mut Communicator, stream: &Arc<CudaStream>, a_shard: &CudaSlice<half::bf16>, b: &CudaSlice<half::bf16>, c: &mut CudaSlice<half::bf16>, m: usize, n: usize, k: usize, n_comm: u32) -> Result<AgGemmPlan> {
+    pub fn from_slices(
+        comm: &mut Communicator,
+        stream: &Arc<CudaStream>,
+        a_shard: &CudaSlice<half::bf16>,
+        b: &CudaSlice<half::bf16>,
+        c: &mut CudaSlice<half::bf16>,
+        m: usize,
+        n: usize,
+        k: usize,
+        n_comm: u32,
+    ) -> Result<AgGemmPlan> {
         let world = (comm.world() * comm.nnodes()) as usize;
         check_len(OP, "A shard", a_shard.len(), m / world.max(1) * k)?;
         check_len(OP, "B", b.len(), n * k)?;
         check_len(OP, "C", c.len(), m * n)?;
         let (pa, pb) = (a_shard.device_ptr(stream).0, b.device_ptr(stream).0);
-        let pc = { use cudarc::driver::DevicePtrMut; c.device_ptr_mut(stream).0 };
+        let pc = {
+            use cudarc::driver::DevicePtrMut;
+            c.device_ptr_mut(stream).0
+        };
         // SAFETY: lengths checked above; the caller keeps the buffers alive (documented).
         unsafe { Self::new(comm, stream, pa, pb, pc, m, n, k, n_comm) }
     }
@@ -59,21 +72,76 @@ impl AgGemmPlan {
     ///
     /// # Safety
     /// The buffers must hold the sizes above and stay valid while the plan is launched.
-    pub unsafe fn new(comm: &mut Communicator, stream: &Arc<CudaStream>, a_shard: u64, b: u64, c: u64, m: usize, n: usize, k: usize, n_comm: u32) -> Result<AgGemmPlan> {
+    pub unsafe fn new(
+        comm: &mut Communicator,
+        stream: &Arc<CudaStream>,
+        a_shard: u64,
+        b: u64,
+        c: u64,
+        m: usize,
+        n: usize,
+        k: usize,
+        n_comm: u32,
+    ) -> Result<AgGemmPlan> {
         // Shards are by global rank (world = every rank of every node).
         let world = (comm.world() * comm.nnodes()) as usize;
         let t = GemmTile::DEFAULT;
         check_ag_gemm(m, n, k, world, [("A shard", a_shard), ("B", b), ("C", c)])?;
         let device: Device = comm.device().clone();
         let sms = device.sm_count();
-        let n_comm = crate::tune::split_for(n_comm, &crate::tune::TuneKey { op: "ag-gemm".into(), world: world as u32, m, n, k });
+        let n_comm = crate::tune::split_for(
+            n_comm,
+            &crate::tune::TuneKey {
+                op: "ag-gemm".into(),
+                world: world as u32,
+                m,
+                n,
+                k,
+            },
+        );
         check_n_comm(n_comm, sms)?;
         let gathered = comm.alloc((m * k * 2) as u64)?;
         let (m64, n64, k64) = (m as u64, n as u64, k as u64);
-        let map_a = encode_bf16_sw128(Tensor2d { ptr: comm.ptr(&gathered), cols: k64, rows: m64, row_stride_bytes: 2 * k64 }, t.block_k, t.block_m)?;
-        let map_a_local = encode_bf16_sw128(Tensor2d { ptr: a_shard, cols: k64, rows: (m / world) as u64, row_stride_bytes: 2 * k64 }, t.block_k, t.block_m)?;
-        let map_b = encode_bf16_sw128(Tensor2d { ptr: b, cols: k64, rows: n64, row_stride_bytes: 2 * k64 }, t.block_k, t.block_n)?;
-        let map_c = encode_bf16_sw128(Tensor2d { ptr: c, cols: n64, rows: m64, row_stride_bytes: 2 * n64 }, GemmTile::EPILOGUE_BOX_COLS, GemmTile::EPILOGUE_BOX_ROWS)?;
+        let map_a = encode_bf16_sw128(
+            Tensor2d {
+                ptr: comm.ptr(&gathered),
+                cols: k64,
+                rows: m64,
+                row_stride_bytes: 2 * k64,
+            },
+            t.block_k,
+            t.block_m,
+        )?;
+        let map_a_local = encode_bf16_sw128(
+            Tensor2d {
+                ptr: a_shard,
+                cols: k64,
+                rows: (m / world) as u64,
+                row_stride_bytes: 2 * k64,
+            },
+            t.block_k,
+            t.block_m,
+        )?;
+        let map_b = encode_bf16_sw128(
+            Tensor2d {
+                ptr: b,
+                cols: k64,
+                rows: n64,
+                row_stride_bytes: 2 * k64,
+            },
+            t.block_k,
+            t.block_n,
+        )?;
+        let map_c = encode_bf16_sw128(
+            Tensor2d {
+                ptr: c,
+                cols: n64,
+                rows: m64,
+                row_stride_bytes: 2 * n64,
+            },
+            GemmTile::EPILOGUE_BOX_COLS,
+            GemmTile::EPILOGUE_BOX_ROWS,
+        )?;
         let mut words = [0u64; 64];
         words[..16].copy_from_slice(&map_a.opaque);
         words[16..32].copy_from_slice(&map_b.opaque);
@@ -95,10 +163,20 @@ impl AgGemmPlan {
             n_comm,
         };
         // SAFETY: AgGemmArgs is repr(C) plain data.
-        let bytes = unsafe { std::slice::from_raw_parts(&a as *const AgGemmArgs as *const u8, std::mem::size_of::<AgGemmArgs>()) };
+        let bytes = unsafe {
+            std::slice::from_raw_parts(&a as *const AgGemmArgs as *const u8, std::mem::size_of::<AgGemmArgs>())
+        };
         let args = stream.clone_htod(bytes)?;
         let args_addr = args.device_ptr(stream).0;
-        Ok(AgGemmPlan { func: device.function(&kernels::AG_GEMM_NK)?, _maps: maps, args, args_addr, grid: sms, n_comm, gathered })
+        Ok(AgGemmPlan {
+            func: device.function(&kernels::AG_GEMM_NK)?,
+            _maps: maps,
+            args,
+            args_addr,
+            grid: sms,
+            n_comm,
+            gathered,
+        })
     }
 
     /// Enqueues the fused kernel.
@@ -186,13 +264,26 @@ impl GemmRsPlan {
     /// holds `n` x `k_local`, `out` holds `m / world` x `n`. The buffers must outlive every
     /// launch of the plan.
     #[allow(clippy::too_many_arguments)]
-    pub fn from_slices(comm: &mut Communicator, stream: &Arc<CudaStream>, a: &CudaSlice<half::bf16>, b: &CudaSlice<half::bf16>, out: &mut CudaSlice<half::bf16>, m: usize, n: usize, k_local: usize, parts: u32) -> Result<GemmRsPlan> {
+    pub fn from_slices(
+        comm: &mut Communicator,
+        stream: &Arc<CudaStream>,
+        a: &CudaSlice<half::bf16>,
+        b: &CudaSlice<half::bf16>,
+        out: &mut CudaSlice<half::bf16>,
+        m: usize,
+        n: usize,
+        k_local: usize,
+        parts: u32,
+    ) -> Result<GemmRsPlan> {
         let world = (comm.world() * comm.nnodes()) as usize;
         check_len("gemm_rs", "A", a.len(), m * k_local)?;
         check_len("gemm_rs", "B", b.len(), n * k_local)?;
         check_len("gemm_rs", "out", out.len(), m / world.max(1) * n)?;
         let (pa, pb) = (a.device_ptr(stream).0, b.device_ptr(stream).0);
-        let po = { use cudarc::driver::DevicePtrMut; out.device_ptr_mut(stream).0 };
+        let po = {
+            use cudarc::driver::DevicePtrMut;
+            out.device_ptr_mut(stream).0
+        };
         // SAFETY: lengths checked above; the caller keeps the buffers alive (documented).
         unsafe { Self::new(comm, stream, pa, pb, po, m, n, k_local, parts) }
     }
@@ -203,8 +294,33 @@ impl GemmRsPlan {
     /// `a`, `b`, `out` must hold the sizes above (16-byte aligned) and stay valid while the plan
     /// is launched.
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn new(comm: &mut Communicator, stream: &Arc<CudaStream>, a: u64, b: u64, out: u64, m: usize, n: usize, k_local: usize, parts: u32) -> Result<GemmRsPlan> {
-        unsafe { Self::build(comm, stream, a, b, Some(out), m, n, k_local, RsSplit { parts, ..RsSplit::default() }) }
+    pub unsafe fn new(
+        comm: &mut Communicator,
+        stream: &Arc<CudaStream>,
+        a: u64,
+        b: u64,
+        out: u64,
+        m: usize,
+        n: usize,
+        k_local: usize,
+        parts: u32,
+    ) -> Result<GemmRsPlan> {
+        unsafe {
+            Self::build(
+                comm,
+                stream,
+                a,
+                b,
+                Some(out),
+                m,
+                n,
+                k_local,
+                RsSplit {
+                    parts,
+                    ..RsSplit::default()
+                },
+            )
+        }
     }
 
     /// [`GemmRsPlan::new`] (`out: Some`) or [`GemmRsPlan::new_all_reduce`] (`None`) with the
@@ -213,7 +329,17 @@ impl GemmRsPlan {
     /// # Safety
     /// As [`GemmRsPlan::new`].
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn with_split(comm: &mut Communicator, stream: &Arc<CudaStream>, a: u64, b: u64, out: Option<u64>, m: usize, n: usize, k_local: usize, split: RsSplit) -> Result<GemmRsPlan> {
+    pub unsafe fn with_split(
+        comm: &mut Communicator,
+        stream: &Arc<CudaStream>,
+        a: u64,
+        b: u64,
+        out: Option<u64>,
+        m: usize,
+        n: usize,
+        k_local: usize,
+        split: RsSplit,
+    ) -> Result<GemmRsPlan> {
         unsafe { Self::build(comm, stream, a, b, out, m, n, k_local, split) }
     }
 
@@ -224,8 +350,32 @@ impl GemmRsPlan {
     /// # Safety
     /// As [`GemmRsPlan::new`] (without `out`).
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn new_all_reduce(comm: &mut Communicator, stream: &Arc<CudaStream>, a: u64, b: u64, m: usize, n: usize, k_local: usize, parts: u32) -> Result<GemmRsPlan> {
-        unsafe { Self::build(comm, stream, a, b, None, m, n, k_local, RsSplit { parts, ..RsSplit::default() }) }
+    pub unsafe fn new_all_reduce(
+        comm: &mut Communicator,
+        stream: &Arc<CudaStream>,
+        a: u64,
+        b: u64,
+        m: usize,
+        n: usize,
+        k_local: usize,
+        parts: u32,
+    ) -> Result<GemmRsPlan> {
+        unsafe {
+            Self::build(
+                comm,
+                stream,
+                a,
+                b,
+                None,
+                m,
+                n,
+                k_local,
+                RsSplit {
+                    parts,
+                    ..RsSplit::default()
+                },
+            )
+        }
     }
 
     /// The AllReduce output in the heap (`None` for a ReduceScatter plan).
@@ -234,28 +384,68 @@ impl GemmRsPlan {
     }
 
     #[allow(clippy::too_many_arguments)]
-    unsafe fn build(comm: &mut Communicator, stream: &Arc<CudaStream>, a: u64, b: u64, out: Option<u64>, m: usize, n: usize, k_local: usize, split: RsSplit) -> Result<GemmRsPlan> {
+    unsafe fn build(
+        comm: &mut Communicator,
+        stream: &Arc<CudaStream>,
+        a: u64,
+        b: u64,
+        out: Option<u64>,
+        m: usize,
+        n: usize,
+        k_local: usize,
+        split: RsSplit,
+    ) -> Result<GemmRsPlan> {
         let op = if out.is_some() { "gemm_rs" } else { "gemm_ar" };
         let (world, nodes) = (comm.world() as usize, comm.nnodes() as usize);
         let global_world = world * nodes;
         let t = GemmTile::DEFAULT;
-        check_gemm_reduce(op, m, n, k_local, world, nodes as u32, [("A", a), ("B", b), ("out", out.unwrap_or(0))])?;
+        check_gemm_reduce(
+            op,
+            m,
+            n,
+            k_local,
+            world,
+            nodes as u32,
+            [("A", a), ("B", b), ("out", out.unwrap_or(0))],
+        )?;
         let device: Device = comm.device().clone();
         let sms = device.sm_count();
         let tune_op = if out.is_some() { "gemm-rs" } else { "gemm-ar" };
-        let parts = crate::tune::split_for(split.parts, &crate::tune::TuneKey { op: tune_op.into(), world: global_world as u32, m, n, k: k_local * global_world });
+        let parts = crate::tune::split_for(
+            split.parts,
+            &crate::tune::TuneKey {
+                op: tune_op.into(),
+                world: global_world as u32,
+                m,
+                n,
+                k: k_local * global_world,
+            },
+        );
         check_parts(op, m, global_world, parts)?;
         let n_comm = match split.comm_ctas {
             _ if world == 1 => 0,
             RsSplit::AUTO | RsSplit::NO_COMM_CTAS if split.pull => 0,
-            n if split.pull => return Err(Error::Shape { op, reason: format!("comm_ctas = {n} with pulled partials: pulling needs no comm CTAs (AUTO or NO_COMM_CTAS)") }),
+            n if split.pull => {
+                return Err(Error::Shape {
+                    op,
+                    reason: format!(
+                        "comm_ctas = {n} with pulled partials: pulling needs no comm CTAs (AUTO or NO_COMM_CTAS)"
+                    ),
+                })
+            }
             RsSplit::AUTO => mkernel_config::fused::rs_comm_ctas(world as u32, out.is_none()),
             RsSplit::NO_COMM_CTAS => 0,
             n => n,
         };
         // Compute CTA j < nodes sends node block j across nodes (warp 1): at least that many.
         if n_comm + (nodes as u32).max(1) > sms {
-            return Err(Error::Shape { op, reason: format!("comm_ctas = {n_comm}: leaves fewer than {} compute CTAs of the {sms} SMs", nodes.max(1)) });
+            return Err(Error::Shape {
+                op,
+                reason: format!(
+                    "comm_ctas = {n_comm}: leaves fewer than {} compute CTAs of the {sms} SMs",
+                    nodes.max(1)
+                ),
+            });
         }
         // Rows are node-blocked (mkernel_config::fused::rs_source_row): a local rank's chunk of
         // m / world rows is `nodes` blocks of m / global_world rows, one per node's rank of
@@ -266,33 +456,103 @@ impl GemmRsPlan {
         let block_bytes = block_rows * n64 * 2;
         let pull = split.pull && world > 1;
         // Pushed partials land here; pulled ones are read from the peers' outboxes.
-        let recv = if pull { None } else { Some(comm.alloc(slot_bytes * world as u64)?) };
+        let recv = if pull {
+            None
+        } else {
+            Some(comm.alloc(slot_bytes * world as u64)?)
+        };
         // With comm CTAs or pulled: the partials for the local peers, at their own rows (the
         // comm CTAs copy them on, or the peers read them).
-        let outbox = if n_comm > 0 || pull { Some(comm.alloc((m * n * 2) as u64)?) } else { None };
-        let ar_out = if out.is_none() { Some(comm.alloc((m * n * 2) as u64)?) } else { None };
+        let outbox = if n_comm > 0 || pull {
+            Some(comm.alloc((m * n * 2) as u64)?)
+        } else {
+            None
+        };
+        let ar_out = if out.is_none() {
+            Some(comm.alloc((m * n * 2) as u64)?)
+        } else {
+            None
+        };
         // Across nodes: this node's sums of the other nodes' rows of our rail (the PUT
         // sources), and one block per node for their sums of our rows.
-        let (stage, xrecv) = if nodes > 1 { (Some(comm.alloc(block_bytes * (nodes as u64 - 1))?), Some(comm.alloc(block_bytes * nodes as u64)?)) } else { (None, None) };
+        let (stage, xrecv) = if nodes > 1 {
+            (
+                Some(comm.alloc(block_bytes * (nodes as u64 - 1))?),
+                Some(comm.alloc(block_bytes * nodes as u64)?),
+            )
+        } else {
+            (None, None)
+        };
         let (rank, global_rank) = (comm.rank() as u64, comm.global_rank() as u64);
-        let map_a = encode_bf16_sw128(Tensor2d { ptr: a, cols: k64, rows: m as u64, row_stride_bytes: 2 * k64 }, t.block_k, t.block_m)?;
-        let map_b = encode_bf16_sw128(Tensor2d { ptr: b, cols: k64, rows: n64, row_stride_bytes: 2 * k64 }, t.block_k, t.block_n)?;
+        let map_a = encode_bf16_sw128(
+            Tensor2d {
+                ptr: a,
+                cols: k64,
+                rows: m as u64,
+                row_stride_bytes: 2 * k64,
+            },
+            t.block_k,
+            t.block_m,
+        )?;
+        let map_b = encode_bf16_sw128(
+            Tensor2d {
+                ptr: b,
+                cols: k64,
+                rows: n64,
+                row_stride_bytes: 2 * k64,
+            },
+            t.block_k,
+            t.block_n,
+        )?;
         // Tensor maps: A, B, the outbox (with comm CTAs) or this rank's slot in every local
         // rank's receive buffer (without), where the reduced chunk goes (AllReduce: into every
         // local rank's output), the stage, the first peer's slot of our receive buffer (its
         // partials, TMA-loaded by own tiles). Each is 128 bytes in one table.
-        let box_map = |ptr: u64, rows: u64| encode_bf16_sw128(Tensor2d { ptr, cols: n64, rows, row_stride_bytes: 2 * n64 }, GemmTile::EPILOGUE_BOX_COLS, GemmTile::EPILOGUE_BOX_ROWS);
+        let box_map = |ptr: u64, rows: u64| {
+            encode_bf16_sw128(
+                Tensor2d {
+                    ptr,
+                    cols: n64,
+                    rows,
+                    row_stride_bytes: 2 * n64,
+                },
+                GemmTile::EPILOGUE_BOX_COLS,
+                GemmTile::EPILOGUE_BOX_ROWS,
+            )
+        };
         // Stagers where they can run (one node of 2 ranks, pushed directly), unless declined.
         // (And where every compute CTA's work items fit the kernel's item table, which the
         // stagers read their items from: every anchor shape.)
         let tiles_all = (m.div_ceil(t.block_m as usize) * n.div_ceil(t.block_n as usize)) as u32;
-        let stager = world == 2 && nodes == 1 && n_comm == 0 && !pull && !split.no_stager && mkernel_config::fused::stager_items_fit(tiles_all, sms - n_comm);
+        let stager = world == 2
+            && nodes == 1
+            && n_comm == 0
+            && !pull
+            && !split.no_stager
+            && mkernel_config::fused::stager_items_fit(tiles_all, sms - n_comm);
         // Where a stager stores (the peers' receive buffers, the outputs): its pieces' height.
-        let store_rows = if stager { mkernel_config::fused::STAGER_STORE_ROWS } else { GemmTile::EPILOGUE_BOX_ROWS };
-        let store_map = |ptr: u64, rows: u64| encode_bf16_sw128(Tensor2d { ptr, cols: n64, rows, row_stride_bytes: 2 * n64 }, GemmTile::EPILOGUE_BOX_COLS, store_rows);
+        let store_rows = if stager {
+            mkernel_config::fused::STAGER_STORE_ROWS
+        } else {
+            GemmTile::EPILOGUE_BOX_ROWS
+        };
+        let store_map = |ptr: u64, rows: u64| {
+            encode_bf16_sw128(
+                Tensor2d {
+                    ptr,
+                    cols: n64,
+                    rows,
+                    row_stride_bytes: 2 * n64,
+                },
+                GemmTile::EPILOGUE_BOX_COLS,
+                store_rows,
+            )
+        };
         let outs: Vec<u64> = match (out, ar_out) {
             (Some(o), _) => vec![o],
-            (None, Some(ar)) => (0..world).map(|p| comm.peer_ptr(p as u32, &ar) + global_rank * block_bytes).collect(),
+            (None, Some(ar)) => (0..world)
+                .map(|p| comm.peer_ptr(p as u32, &ar) + global_rank * block_bytes)
+                .collect(),
             (None, None) => unreachable!("an AllReduce plan reserves its output"),
         };
         let mut maps_host = vec![map_a.opaque, map_b.opaque];
@@ -307,7 +567,9 @@ impl GemmRsPlan {
         let mut recv_maps = vec![];
         if let (None, Some(recv)) = (outbox, recv) {
             for p in 0..world {
-                recv_maps.push(push(store_map(comm.peer_ptr(p as u32, &recv) + rank * slot_bytes, chunk_rows)?.opaque));
+                recv_maps.push(push(
+                    store_map(comm.peer_ptr(p as u32, &recv) + rank * slot_bytes, chunk_rows)?.opaque,
+                ));
             }
         }
         let mut out_maps = vec![];
@@ -359,7 +621,13 @@ impl GemmRsPlan {
             part_tiles_m: (block_rows as usize / t.block_m as usize / parts as usize) as u32,
             all_reduce: ar_out.is_some() as u32,
             n_comm,
-            group_m: if split.group_m == 0 { t.group_m } else { split.group_m.min((block_rows as usize / t.block_m as usize / parts as usize) as u32) },
+            group_m: if split.group_m == 0 {
+                t.group_m
+            } else {
+                split
+                    .group_m
+                    .min((block_rows as usize / t.block_m as usize / parts as usize) as u32)
+            },
             pull: pull as u32,
             trace: 0,
             stager: stager as u32,
@@ -371,7 +639,11 @@ impl GemmRsPlan {
         let mut args = args;
         let tiles = (m.div_ceil(t.block_m as usize) * n.div_ceil(t.block_n as usize)) as u32;
         let compute_ctas = sms - n_comm;
-        let sk_tiles = if args.stager != 0 && !split.no_stream_k { StreamK::choose(tiles, compute_ctas, k_local.div_ceil(t.block_k as usize) as u32) } else { 0 };
+        let sk_tiles = if args.stager != 0 && !split.no_stream_k {
+            StreamK::choose(tiles, compute_ctas, k_local.div_ceil(t.block_k as usize) as u32)
+        } else {
+            0
+        };
         let sk_ws = if sk_tiles > 0 {
             let slots = compute_ctas as usize * t.consumer_warpgroups as usize;
             Some(stream.alloc_zeros::<u8>(slots * SK_SLOT_BYTES as usize)?)
@@ -383,10 +655,28 @@ impl GemmRsPlan {
             args.sk_ws = ws.device_ptr(stream).0;
         }
         // SAFETY: GemmRsArgs is repr(C) plain data.
-        let bytes = unsafe { std::slice::from_raw_parts(&args as *const GemmRsArgs as *const u8, std::mem::size_of::<GemmRsArgs>()) };
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                &args as *const GemmRsArgs as *const u8,
+                std::mem::size_of::<GemmRsArgs>(),
+            )
+        };
         let args_dev = stream.clone_htod(bytes)?;
         let args_addr = args_dev.device_ptr(stream).0;
-        Ok(GemmRsPlan { func: device.function(&kernels::GEMM_RS_NK)?, _maps: maps, _args: args_dev, _sk_ws: sk_ws, args_addr, desc_addr: args.desc, grid: sms, parts, n_comm, ar_out, stager: args.stager != 0, sk_tiles: args.sk_tiles })
+        Ok(GemmRsPlan {
+            func: device.function(&kernels::GEMM_RS_NK)?,
+            _maps: maps,
+            _args: args_dev,
+            _sk_ws: sk_ws,
+            args_addr,
+            desc_addr: args.desc,
+            grid: sms,
+            parts,
+            n_comm,
+            ar_out,
+            stager: args.stager != 0,
+            sk_tiles: args.sk_tiles,
+        })
     }
 
     /// Enqueues the fused kernel.
@@ -439,14 +729,22 @@ fn check_ag_gemm(m: usize, n: usize, k: usize, world: usize, ptrs: [(&'static st
     let block_m = GemmTile::DEFAULT.block_m as usize;
     let bad = |reason: String| Err(Error::Shape { op: OP, reason });
     if m == 0 || m % (world * block_m) != 0 {
-        return bad(format!("m = {m} must be a positive multiple of world x {block_m} = {}", world * block_m));
+        return bad(format!(
+            "m = {m} must be a positive multiple of world x {block_m} = {}",
+            world * block_m
+        ));
     }
     if k == 0 || k % 8 != 0 || n == 0 || n % 8 != 0 {
-        return bad(format!("k = {k} and n = {n} must be positive multiples of 8 (16-byte TMA rows)"));
+        return bad(format!(
+            "k = {k} and n = {n} must be positive multiples of 8 (16-byte TMA rows)"
+        ));
     }
     let chunks = m / world / block_m;
     if chunks > mkernel_config::comm::MAX_COMM_CTAS as usize {
-        return bad(format!("{chunks} chunks of {block_m} rows per shard; at most {} (flags per chunk)", mkernel_config::comm::MAX_COMM_CTAS));
+        return bad(format!(
+            "{chunks} chunks of {block_m} rows per shard; at most {} (flags per chunk)",
+            mkernel_config::comm::MAX_COMM_CTAS
+        ));
     }
     check_aligned(OP, ptrs)
 }
@@ -454,7 +752,10 @@ fn check_ag_gemm(m: usize, n: usize, k: usize, world: usize, ptrs: [(&'static st
 /// `n_comm` comm CTAs leave at least one compute CTA on a GPU of `sms` SMs.
 fn check_n_comm(n_comm: u32, sms: u32) -> Result<()> {
     if n_comm == 0 || n_comm + 1 >= sms {
-        return Err(Error::Shape { op: OP, reason: format!("n_comm = {n_comm}: between 1 and {} (the GPU has {sms} SMs)", sms - 2) });
+        return Err(Error::Shape {
+            op: OP,
+            reason: format!("n_comm = {n_comm}: between 1 and {} (the GPU has {sms} SMs)", sms - 2),
+        });
     }
     Ok(())
 }
@@ -462,18 +763,35 @@ fn check_n_comm(n_comm: u32, sms: u32) -> Result<()> {
 /// GEMM+ReduceScatter/AllReduce's shape rules (`world` ranks per node, `nnodes` nodes): `m` a
 /// multiple of `world x nnodes x 128` with at most `MAX_COMM_CTAS` row tiles per local rank's
 /// chunk (`m / world`: one flag per row tile); `k_local`, `n` multiples of 8; aligned pointers.
-fn check_gemm_reduce(op: &'static str, m: usize, n: usize, k_local: usize, world: usize, nnodes: u32, ptrs: [(&'static str, u64); 3]) -> Result<()> {
+fn check_gemm_reduce(
+    op: &'static str,
+    m: usize,
+    n: usize,
+    k_local: usize,
+    world: usize,
+    nnodes: u32,
+    ptrs: [(&'static str, u64); 3],
+) -> Result<()> {
     let block_m = GemmTile::DEFAULT.block_m as usize;
     let bad = |reason: String| Err(Error::Shape { op, reason });
     let global_world = world * nnodes as usize;
     if m == 0 || m % (global_world * block_m) != 0 {
-        return bad(format!("m = {m} must be a positive multiple of world x nodes x {block_m} = {}", global_world * block_m));
+        return bad(format!(
+            "m = {m} must be a positive multiple of world x nodes x {block_m} = {}",
+            global_world * block_m
+        ));
     }
     if m / world / block_m > mkernel_config::comm::MAX_COMM_CTAS as usize {
-        return bad(format!("m / world = {} is more than {} row tiles", m / world, mkernel_config::comm::MAX_COMM_CTAS));
+        return bad(format!(
+            "m / world = {} is more than {} row tiles",
+            m / world,
+            mkernel_config::comm::MAX_COMM_CTAS
+        ));
     }
     if k_local == 0 || k_local % 8 != 0 || n == 0 || n % 8 != 0 {
-        return bad(format!("k_local = {k_local} and n = {n} must be positive multiples of 8"));
+        return bad(format!(
+            "k_local = {k_local} and n = {n} must be positive multiples of 8"
+        ));
     }
     check_aligned(op, ptrs)
 }
@@ -483,7 +801,12 @@ fn check_parts(op: &'static str, m: usize, world: usize, parts: u32) -> Result<(
     let block_m = GemmTile::DEFAULT.block_m as usize;
     let row_tiles = m / world / block_m;
     if parts == 0 || row_tiles % parts as usize != 0 {
-        return Err(Error::Shape { op, reason: format!("parts = {parts} must divide the {row_tiles} row tiles of a rank's chunk (m / world / {block_m})") });
+        return Err(Error::Shape {
+            op,
+            reason: format!(
+                "parts = {parts} must divide the {row_tiles} row tiles of a rank's chunk (m / world / {block_m})"
+            ),
+        });
     }
     Ok(())
 }
@@ -491,7 +814,12 @@ fn check_parts(op: &'static str, m: usize, world: usize, parts: u32) -> Result<(
 fn check_aligned(op: &'static str, ptrs: [(&'static str, u64); 3]) -> Result<()> {
     for (what, ptr) in ptrs {
         if ptr % 16 != 0 {
-            return Err(Error::Alignment { op, what, ptr, align: 16 });
+            return Err(Error::Alignment {
+                op,
+                what,
+                ptr,
+                align: 16,
+            });
         }
     }
     Ok(())
@@ -525,7 +853,14 @@ mod tests {
         assert!(reason(check_ag_gemm(4096, 8192, 100, 2, OK_PTRS)).contains("multiples of 8"));
         assert!(reason(check_ag_gemm(2 * 128 * 257, 256, 256, 2, OK_PTRS)).contains("257 chunks"));
         let misaligned = [("A shard", 256), ("B", 520), ("C", 1024)];
-        assert!(matches!(check_ag_gemm(4096, 8192, 8192, 2, misaligned), Err(Error::Alignment { what: "B", ptr: 520, .. })));
+        assert!(matches!(
+            check_ag_gemm(4096, 8192, 8192, 2, misaligned),
+            Err(Error::Alignment {
+                what: "B",
+                ptr: 520,
+                ..
+            })
+        ));
         assert!(check_n_comm(8, 132).is_ok());
         assert!(reason(check_n_comm(0, 132)).contains("between 1 and 130"));
         assert!(reason(check_n_comm(131, 132)).contains("between 1 and 130"));
@@ -535,10 +870,15 @@ mod tests {
     fn gemm_reduce_shapes_and_parts_are_checked_before_planning() {
         assert!(check_gemm_reduce("gemm_rs", 16384, 8192, 2048, 4, 1, OK_PTRS).is_ok());
         assert!(check_gemm_reduce("gemm_ar", 16384, 8192, 2048, 2, 2, OK_PTRS).is_ok());
-        assert!(reason(check_gemm_reduce("gemm_rs", 1000, 8192, 2048, 2, 1, OK_PTRS)).contains("multiple of world x nodes x 128 = 256"));
-        assert!(reason(check_gemm_reduce("gemm_rs", 256 * 3, 8192, 2048, 2, 2, OK_PTRS)).contains("multiple of world x nodes x 128 = 512"));
+        assert!(reason(check_gemm_reduce("gemm_rs", 1000, 8192, 2048, 2, 1, OK_PTRS))
+            .contains("multiple of world x nodes x 128 = 256"));
+        assert!(reason(check_gemm_reduce("gemm_rs", 256 * 3, 8192, 2048, 2, 2, OK_PTRS))
+            .contains("multiple of world x nodes x 128 = 512"));
         assert!(reason(check_gemm_reduce("gemm_rs", 4096, 8190, 2048, 2, 1, OK_PTRS)).contains("multiples of 8"));
-        assert!(reason(check_gemm_reduce("gemm_rs", 2 * 128 * 300, 256, 256, 2, 1, OK_PTRS)).contains("more than 256 row tiles"));
+        assert!(
+            reason(check_gemm_reduce("gemm_rs", 2 * 128 * 300, 256, 256, 2, 1, OK_PTRS))
+                .contains("more than 256 row tiles")
+        );
         // 16384 rows over 4 ranks: 32 row tiles per chunk.
         for ok in [1, 2, 4, 8, 16, 32] {
             assert!(check_parts("gemm_rs", 16384, 4, ok).is_ok(), "parts {ok}");

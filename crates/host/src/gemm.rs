@@ -79,7 +79,10 @@ impl GemmShape {
             return bad(format!("k={} must be a multiple of 8 (16-byte rows for TMA)", self.k));
         }
         if self.b_layout == BLayout::KxN && self.n % 8 != 0 {
-            return bad(format!("n={} must be a multiple of 8 when B is K x N (16-byte rows for TMA)", self.n));
+            return bad(format!(
+                "n={} must be a multiple of 8 when B is K x N (16-byte rows for TMA)",
+                self.n
+            ));
         }
         Ok(())
     }
@@ -125,7 +128,12 @@ impl<'a> GemmPlan<'a> {
         let (la, lb, lc) = shape.lens();
         for (what, have, need) in [("A", a.len(), la), ("B", b.len(), lb), ("C", c.len(), lc)] {
             if have < need {
-                return Err(Error::BufferTooSmall { op: OP, what, have, need });
+                return Err(Error::BufferTooSmall {
+                    op: OP,
+                    what,
+                    have,
+                    need,
+                });
             }
         }
         let (pa, _ra) = a.device_ptr(stream);
@@ -141,19 +149,66 @@ impl<'a> GemmPlan<'a> {
     /// `a`, `b`, `c` must point to at least M*K, K*N and M*N elements on `device`, and stay
     /// valid while the plan is launched.
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn new_raw(device: &Device, stream: &Arc<CudaStream>, a: u64, b: u64, c: u64, shape: GemmShape, out: OutDtype, sms: Option<u32>) -> Result<Self> {
+    pub unsafe fn new_raw(
+        device: &Device,
+        stream: &Arc<CudaStream>,
+        a: u64,
+        b: u64,
+        c: u64,
+        shape: GemmShape,
+        out: OutDtype,
+        sms: Option<u32>,
+    ) -> Result<Self> {
         shape.validate()?;
         for (what, ptr) in [("A", a), ("B", b), ("C", c)] {
             if ptr % 16 != 0 {
-                return Err(Error::Alignment { op: OP, what, ptr, align: 16 });
+                return Err(Error::Alignment {
+                    op: OP,
+                    what,
+                    ptr,
+                    align: 16,
+                });
             }
         }
         let t = GemmTile::DEFAULT;
         let (m, n, k) = (shape.m as u64, shape.n as u64, shape.k as u64);
-        let map_a = encode_bf16_sw128(Tensor2d { ptr: a, cols: k, rows: m, row_stride_bytes: 2 * k }, t.block_k, t.block_m)?;
+        let map_a = encode_bf16_sw128(
+            Tensor2d {
+                ptr: a,
+                cols: k,
+                rows: m,
+                row_stride_bytes: 2 * k,
+            },
+            t.block_k,
+            t.block_m,
+        )?;
         let (spec, map_b) = match shape.b_layout {
-            BLayout::NxK => (&kernels::GEMM_BF16_NK, encode_bf16_sw128(Tensor2d { ptr: b, cols: k, rows: n, row_stride_bytes: 2 * k }, t.block_k, t.block_n)?),
-            BLayout::KxN => (&kernels::GEMM_BF16_KN, encode_bf16_sw128(Tensor2d { ptr: b, cols: n, rows: k, row_stride_bytes: 2 * n }, 64, t.block_k)?),
+            BLayout::NxK => (
+                &kernels::GEMM_BF16_NK,
+                encode_bf16_sw128(
+                    Tensor2d {
+                        ptr: b,
+                        cols: k,
+                        rows: n,
+                        row_stride_bytes: 2 * k,
+                    },
+                    t.block_k,
+                    t.block_n,
+                )?,
+            ),
+            BLayout::KxN => (
+                &kernels::GEMM_BF16_KN,
+                encode_bf16_sw128(
+                    Tensor2d {
+                        ptr: b,
+                        cols: n,
+                        rows: k,
+                        row_stride_bytes: 2 * n,
+                    },
+                    64,
+                    t.block_k,
+                )?,
+            ),
         };
         // bf16 C with 16-byte rows is written by TMA from shared memory; otherwise direct stores.
         let tma_store = out == OutDtype::Bf16 && shape.n % 8 == 0;
@@ -162,14 +217,34 @@ impl<'a> GemmPlan<'a> {
         words[16..32].copy_from_slice(&map_b.opaque);
         if tma_store {
             let box_rows = GemmTile::EPILOGUE_BOX_ROWS;
-            let map_c = encode_bf16_sw128(Tensor2d { ptr: c, cols: n, rows: m, row_stride_bytes: 2 * n }, GemmTile::EPILOGUE_BOX_COLS, box_rows)?;
+            let map_c = encode_bf16_sw128(
+                Tensor2d {
+                    ptr: c,
+                    cols: n,
+                    rows: m,
+                    row_stride_bytes: 2 * n,
+                },
+                GemmTile::EPILOGUE_BOX_COLS,
+                box_rows,
+            )?;
             words[32..].copy_from_slice(&map_c.opaque);
         }
         let maps = stream.clone_htod(&words)?;
         let tiles = shape.m.div_ceil(t.block_m as usize) * shape.n.div_ceil(t.block_n as usize);
         let sms = sms.unwrap_or(device.sm_count()).clamp(1, device.sm_count());
         let grid = (tiles.min(sms as usize)) as u32;
-        Ok(GemmPlan { func: device.function(spec)?, spec, maps, c, shape, out, grid, tma_store, trace: 0, _buffers: PhantomData })
+        Ok(GemmPlan {
+            func: device.function(spec)?,
+            spec,
+            maps,
+            c,
+            shape,
+            out,
+            grid,
+            tma_store,
+            trace: 0,
+            _buffers: PhantomData,
+        })
     }
 
     /// Diagnostic: the same plan on GEMM+ReduceScatter's ring (`GemmTile::FUSED_RS`: 3 stages,
@@ -177,7 +252,9 @@ impl<'a> GemmPlan<'a> {
     /// ring costs the GEMM alone. N x K B and TMA-stored bf16 C only.
     pub fn on_fused_ring(mut self, device: &Device) -> Result<Self> {
         if self.spec != &kernels::GEMM_BF16_NK || !self.tma_store {
-            return Err(Error::Unsupported(format!("{OP}: the fused-ring diagnostic needs B as N x K and a TMA-stored bf16 C")));
+            return Err(Error::Unsupported(format!(
+                "{OP}: the fused-ring diagnostic needs B as N x K and a TMA-stored bf16 C"
+            )));
         }
         self.spec = &kernels::GEMM_BF16_NK_FUSED_RING;
         self.func = device.function(self.spec)?;
@@ -192,7 +269,9 @@ impl<'a> GemmPlan<'a> {
     /// `buf` must hold `mkernel_config::trace::words(grid)` u64 words while such launches run.
     pub unsafe fn set_trace(&mut self, buf: Option<u64>) -> Result<()> {
         if self.spec != &kernels::GEMM_BF16_NK_FUSED_RING {
-            return Err(Error::Unsupported(format!("{OP}: only the fused-ring diagnostic records a timeline")));
+            return Err(Error::Unsupported(format!(
+                "{OP}: only the fused-ring diagnostic records a timeline"
+            )));
         }
         self.trace = buf.unwrap_or(0);
         Ok(())
@@ -207,7 +286,15 @@ impl<'a> GemmPlan<'a> {
         let ldc = n;
         let f32_out = (self.out == OutDtype::F32) as u32;
         let mut b = stream.launch_builder(&self.func);
-        b.arg(&map_a).arg(&map_b).arg(&map_c).arg(&self.c).arg(&m).arg(&n).arg(&k).arg(&ldc).arg(&f32_out);
+        b.arg(&map_a)
+            .arg(&map_b)
+            .arg(&map_c)
+            .arg(&self.c)
+            .arg(&m)
+            .arg(&n)
+            .arg(&k)
+            .arg(&ldc)
+            .arg(&f32_out);
         if self.spec == &kernels::GEMM_BF16_NK_FUSED_RING {
             b.arg(&self.trace);
         }
@@ -237,7 +324,14 @@ impl<'a> GemmPlan<'a> {
 
 /// One-shot `c = a * b` with bf16 or f32 C (plans, then launches; keep a [`GemmPlan`] to launch
 /// repeatedly or inside a CUDA graph).
-pub fn gemm_bf16<C: GemmOutput>(device: &Device, stream: &Arc<CudaStream>, a: &CudaSlice<bf16>, b: &CudaSlice<bf16>, c: &mut CudaSlice<C>, shape: GemmShape) -> Result<()> {
+pub fn gemm_bf16<C: GemmOutput>(
+    device: &Device,
+    stream: &Arc<CudaStream>,
+    a: &CudaSlice<bf16>,
+    b: &CudaSlice<bf16>,
+    c: &mut CudaSlice<C>,
+    shape: GemmShape,
+) -> Result<()> {
     GemmPlan::new(device, stream, a, b, c, shape, None)?.launch(stream)
 }
 

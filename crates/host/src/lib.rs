@@ -20,9 +20,9 @@ pub mod runtime;
 pub mod tensor_map;
 pub mod tune;
 
+pub use comm::{CommConfig, Communicator, ReduceDtype, SymBuffer};
 pub use cudarc;
 pub use error::{Error, Result};
 pub use gemm::{BLayout, GemmPlan, GemmShape, OutDtype};
-pub use comm::{CommConfig, Communicator, ReduceDtype, SymBuffer};
 pub use mkernel_bootstrap as bootstrap;
 pub use runtime::Device;

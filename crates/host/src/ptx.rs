@@ -11,10 +11,16 @@ mod tests {
     fn every_table_kernel_is_in_the_ptx_with_bounds() {
         for k in mkernel_config::KERNELS {
             let entry = format!(".entry {}(", k.name);
-            let at = super::MKERNEL_PTX.find(&entry).unwrap_or_else(|| panic!("{} missing", k.name));
+            let at = super::MKERNEL_PTX
+                .find(&entry)
+                .unwrap_or_else(|| panic!("{} missing", k.name));
             let rest = &super::MKERNEL_PTX[at..];
             let body = rest.find('{').unwrap();
-            assert!(rest[..body].contains(&format!(".maxntid {}, 1, 1", k.max_threads)), "{} lacks .maxntid", k.name);
+            assert!(
+                rest[..body].contains(&format!(".maxntid {}, 1, 1", k.max_threads)),
+                "{} lacks .maxntid",
+                k.name
+            );
         }
         assert!(!super::MKERNEL_PTX.contains(".extern .func"));
     }

@@ -53,7 +53,15 @@ impl Device {
         }
         let sm_count = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
         let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(MKERNEL_PTX))?;
-        Ok(Device { inner: Arc::new(Inner { ordinal, ctx, module, functions: Mutex::new(HashMap::new()), sm_count }) })
+        Ok(Device {
+            inner: Arc::new(Inner {
+                ordinal,
+                ctx,
+                module,
+                functions: Mutex::new(HashMap::new()),
+                sm_count,
+            }),
+        })
     }
 
     /// The device ordinal.
@@ -80,9 +88,16 @@ impl Device {
         if let Some(f) = map.get(spec.name) {
             return Ok(f.clone());
         }
-        let f = self.inner.module.load_function(spec.name).map_err(|_| Error::MissingKernel(spec.name))?;
+        let f = self
+            .inner
+            .module
+            .load_function(spec.name)
+            .map_err(|_| Error::MissingKernel(spec.name))?;
         if spec.dynamic_smem > 48 * 1024 {
-            f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, spec.dynamic_smem as i32)?;
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                spec.dynamic_smem as i32,
+            )?;
         }
         map.insert(spec.name, f.clone());
         Ok(f)
@@ -90,7 +105,11 @@ impl Device {
 
     /// Launch configuration of `spec` over `grid` CTAs: block and shared memory from the table.
     pub fn launch_config(spec: &KernelSpec, grid: u32) -> LaunchConfig {
-        LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (spec.max_threads, 1, 1), shared_mem_bytes: spec.dynamic_smem }
+        LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (spec.max_threads, 1, 1),
+            shared_mem_bytes: spec.dynamic_smem,
+        }
     }
 
     /// Fills `out[i] = i + offset` with the `mk_iota_u32` kernel: a smoke test of the whole
@@ -98,7 +117,10 @@ impl Device {
     pub fn iota(&self, stream: &Arc<CudaStream>, out: &mut cudarc::driver::CudaSlice<u32>, offset: u32) -> Result<()> {
         let spec = &mkernel_config::kernels::IOTA;
         let f = self.function(spec)?;
-        let len = u32::try_from(out.len()).map_err(|_| Error::Shape { op: "iota", reason: "more than 2^32 elements".into() })?;
+        let len = u32::try_from(out.len()).map_err(|_| Error::Shape {
+            op: "iota",
+            reason: "more than 2^32 elements".into(),
+        })?;
         let grid = len.div_ceil(spec.max_threads).max(1);
         let mut b = stream.launch_builder(&f);
         b.arg(out).arg(&len).arg(&offset);

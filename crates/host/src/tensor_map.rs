@@ -23,12 +23,23 @@ pub struct Tensor2d {
 /// Encodes a descriptor for boxes of `box_rows x box_cols` bf16 elements with 128-byte swizzle
 /// (so `box_cols * 2` must be 128) and zero fill outside the tensor.
 pub fn encode_bf16_sw128(t: Tensor2d, box_cols: u32, box_rows: u32) -> Result<TensorMap> {
-    let bad = |reason: String| Error::Shape { op: "tensor map", reason };
+    let bad = |reason: String| Error::Shape {
+        op: "tensor map",
+        reason,
+    };
     if t.ptr % 16 != 0 {
-        return Err(Error::Alignment { op: "tensor map", what: "tensor", ptr: t.ptr, align: 16 });
+        return Err(Error::Alignment {
+            op: "tensor map",
+            what: "tensor",
+            ptr: t.ptr,
+            align: 16,
+        });
     }
     if t.row_stride_bytes % 16 != 0 {
-        return Err(bad(format!("row stride {} bytes is not a multiple of 16 (row length must be a multiple of 8 bf16)", t.row_stride_bytes)));
+        return Err(bad(format!(
+            "row stride {} bytes is not a multiple of 16 (row length must be a multiple of 8 bf16)",
+            t.row_stride_bytes
+        )));
     }
     if box_cols * 2 != 128 || box_rows == 0 || box_rows > 256 {
         return Err(bad(format!("box {box_rows}x{box_cols} does not fit 128-byte swizzle")));

@@ -17,7 +17,11 @@ pub const DEFAULT_PARTS: u32 = 1;
 
 /// The split a plan of `op` uses when given 0 and the cache has no entry.
 pub fn default_split(op: &str) -> u32 {
-    if op == "ag-gemm" { DEFAULT_SPLIT } else { DEFAULT_PARTS }
+    if op == "ag-gemm" {
+        DEFAULT_SPLIT
+    } else {
+        DEFAULT_PARTS
+    }
 }
 
 /// One cache entry's key.
@@ -32,7 +36,9 @@ pub struct TuneKey {
 
 /// Where the cache lives.
 pub fn tune_file() -> PathBuf {
-    std::env::var_os("MKERNEL_TUNE_FILE").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("mkernel-tune.txt"))
+    std::env::var_os("MKERNEL_TUNE_FILE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("mkernel-tune.txt"))
 }
 
 /// Parses cache text; malformed lines are skipped (the cache is advisory).
@@ -44,7 +50,13 @@ pub fn parse(text: &str) -> Vec<(TuneKey, u32)> {
             if f.len() != 6 {
                 return None;
             }
-            let key = TuneKey { op: f[0].to_string(), world: f[1].parse().ok()?, m: f[2].parse().ok()?, n: f[3].parse().ok()?, k: f[4].parse().ok()? };
+            let key = TuneKey {
+                op: f[0].to_string(),
+                world: f[1].parse().ok()?,
+                m: f[2].parse().ok()?,
+                n: f[3].parse().ok()?,
+                k: f[4].parse().ok()?,
+            };
             Some((key, f[5].parse().ok()?))
         })
         .collect()
@@ -77,14 +89,23 @@ pub fn split_for(requested: u32, key: &TuneKey) -> u32 {
 mod tests {
     use super::*;
     fn key(m: usize) -> TuneKey {
-        TuneKey { op: "ag-gemm".into(), world: 2, m, n: 4096, k: 8192 }
+        TuneKey {
+            op: "ag-gemm".into(),
+            world: 2,
+            m,
+            n: 4096,
+            k: 8192,
+        }
     }
     #[test]
     fn round_trip_and_last_entry_wins() {
         let text = render(&[(key(4096), 8), (key(8192), 4)]) + "ag-gemm 2 4096 4096 8192 2\n# comment\nbroken line\n";
         let e = parse(&text);
         assert_eq!(e.len(), 3);
-        assert_eq!(e.into_iter().rev().find(|(k, _)| *k == key(4096)).map(|(_, v)| v), Some(2));
+        assert_eq!(
+            e.into_iter().rev().find(|(k, _)| *k == key(4096)).map(|(_, v)| v),
+            Some(2)
+        );
     }
     #[test]
     fn explicit_split_wins_and_missing_cache_falls_back() {
@@ -92,7 +113,14 @@ mod tests {
         // SAFETY of the test: points the cache at a file that does not exist.
         std::env::set_var("MKERNEL_TUNE_FILE", "/nonexistent/mkernel-tune.txt");
         assert_eq!(split_for(0, &key(1)), DEFAULT_SPLIT);
-        let rs = TuneKey { op: "gemm-rs".into(), ..key(1) };
-        assert_eq!(split_for(0, &rs), DEFAULT_PARTS, "GEMM+RS falls back to 1 part, valid for every shape");
+        let rs = TuneKey {
+            op: "gemm-rs".into(),
+            ..key(1)
+        };
+        assert_eq!(
+            split_for(0, &rs),
+            DEFAULT_PARTS,
+            "GEMM+RS falls back to 1 part, valid for every shape"
+        );
     }
 }

@@ -33,13 +33,8 @@ pub struct BackendChoice {
 }
 
 /// Chooses with the real `/sys` and environment.
-pub fn choose_from_env(
-    topology: &Topology,
-    gpu_bus_id: Option<&str>,
-) -> Result<BackendChoice, TransportError> {
-    choose(topology, Path::new("/sys"), gpu_bus_id, |k| {
-        std::env::var(k).ok()
-    })
+pub fn choose_from_env(topology: &Topology, gpu_bus_id: Option<&str>) -> Result<BackendChoice, TransportError> {
+    choose(topology, Path::new("/sys"), gpu_bus_id, |k| std::env::var(k).ok())
 }
 
 /// Chooses from `sysfs_root` and the variables given by `get`.
@@ -79,7 +74,10 @@ pub fn choose(
             let why = if forced.is_some() {
                 "MKERNEL_NET_BACKEND asks for RDMA".to_string()
             } else {
-                format!("the job spans {} real nodes and the emulated wire only connects ranks of one host", topology.nnodes())
+                format!(
+                    "the job spans {} real nodes and the emulated wire only connects ranks of one host",
+                    topology.nnodes()
+                )
             };
             return Err(TransportError::NoDevice(format!("{looked}; {why}")));
         }
@@ -123,10 +121,7 @@ mod tests {
     use std::collections::HashMap;
 
     fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let m: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         move |k| m.get(k).cloned()
     }
 
@@ -140,8 +135,7 @@ mod tests {
         assert!(c.reason.contains("no RDMA device found"), "{}", c.reason);
         let e = choose(&two, &t.0, None, vars(&[])).unwrap_err();
         assert!(
-            e.to_string().starts_with("no RDMA device found")
-                && e.to_string().contains("2 real nodes"),
+            e.to_string().starts_with("no RDMA device found") && e.to_string().contains("2 real nodes"),
             "{e}"
         );
         // Emulated nodes on one host (the launcher sets MKERNEL_EMULATED_NODES).
@@ -151,13 +145,7 @@ mod tests {
                 .kind,
             BackendKind::Emulated
         );
-        assert!(choose(
-            &one,
-            &t.0,
-            None,
-            vars(&[("MKERNEL_NET_BACKEND", "ibverbs")])
-        )
-        .is_err());
+        assert!(choose(&one, &t.0, None, vars(&[("MKERNEL_NET_BACKEND", "ibverbs")])).is_err());
         assert!(choose(&one, &t.0, None, vars(&[("MKERNEL_NET_BACKEND", "tcp")])).is_err());
     }
 
@@ -179,14 +167,9 @@ mod tests {
             BackendKind::Emulated
         );
         assert_eq!(
-            choose(
-                &two,
-                &t.0,
-                None,
-                vars(&[("MKERNEL_NET_BACKEND", "emulated")])
-            )
-            .unwrap()
-            .kind,
+            choose(&two, &t.0, None, vars(&[("MKERNEL_NET_BACKEND", "emulated")]))
+                .unwrap()
+                .kind,
             BackendKind::Emulated
         );
         assert!(choose(&two, &t.0, None, vars(&[("MKERNEL_NET_BACKEND", "efa")])).is_err());

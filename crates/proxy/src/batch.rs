@@ -85,10 +85,7 @@ mod tests {
         assert_eq!(b.push(1, &[sig(0)]), None);
         assert_eq!(b.push(2, &[sig(1)]), None);
         assert_eq!(b.push(1, &[sig(2), sig(2)]), None);
-        assert_eq!(
-            b.push(1, &[sig(3)]),
-            Some(vec![sig(0), sig(2), sig(2), sig(3)])
-        );
+        assert_eq!(b.push(1, &[sig(3)]), Some(vec![sig(0), sig(2), sig(2), sig(3)]));
         assert_eq!(b.push(3, &[sig(4)]), None);
         assert_eq!(b.drain(), vec![(2, vec![sig(1)]), (3, vec![sig(4)])]);
         assert!(b.is_empty());

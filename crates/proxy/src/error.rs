@@ -181,12 +181,8 @@ impl ProxyError {
     pub fn code(&self) -> ErrorCode {
         match self {
             ProxyError::BadCommand { violation, .. } => violation.code,
-            ProxyError::Transport { .. } | ProxyError::Panicked(_) | ProxyError::Spawn(_) => {
-                ErrorCode::Transport
-            }
-            ProxyError::Aborted { code, .. } => {
-                ErrorCode::from_u32(*code).unwrap_or(ErrorCode::HostAbort)
-            }
+            ProxyError::Transport { .. } | ProxyError::Panicked(_) | ProxyError::Spawn(_) => ErrorCode::Transport,
+            ProxyError::Aborted { code, .. } => ErrorCode::from_u32(*code).unwrap_or(ErrorCode::HostAbort),
             ProxyError::InvalidFifo(_) | ProxyError::Config(_) => ErrorCode::BadFields,
         }
     }

@@ -101,8 +101,7 @@ impl<M: FifoMemory> FifoConsumer<M> {
     }
 
     fn reject(&self, seq: u64, violation: Violation) -> ProxyError {
-        self.fifo
-            .raise_abort(violation.code, self.rank, seq, &violation.reason);
+        self.fifo.raise_abort(violation.code, self.rank, seq, &violation.reason);
         ProxyError::BadCommand {
             rank: self.rank,
             seq,
@@ -117,8 +116,7 @@ impl<M: FifoMemory> FifoConsumer<M> {
             ProxyError::Transport { seq: Some(s), .. } => *s,
             _ => NO_SEQ,
         };
-        self.fifo
-            .raise_abort(err.code(), self.rank, seq, &err.to_string());
+        self.fifo.raise_abort(err.code(), self.rank, seq, &err.to_string());
     }
 
     /// `Some(error)` if `abort` was raised (by anyone); built from the error record.
@@ -150,11 +148,7 @@ mod tests {
         let t = Topology::new(2, 1, 0).unwrap();
         let fifo = Fifo::new(HeapFifo::new(cap, 0).unwrap()).unwrap();
         (
-            FifoConsumer::new(
-                fifo.clone(),
-                Validator::new(Regions::symmetric(&t, 4096, 64)),
-            )
-            .unwrap(),
+            FifoConsumer::new(fifo.clone(), Validator::new(Regions::symmetric(&t, 4096, 64))).unwrap(),
             FifoProducer::new(fifo),
         )
     }
@@ -170,11 +164,7 @@ mod tests {
                     Some(round * 4 + i)
                 );
             }
-            assert_eq!(
-                p.try_push(&CommandBody::nop(round as u32)).unwrap(),
-                None,
-                "full"
-            );
+            assert_eq!(p.try_push(&CommandBody::nop(round as u32)).unwrap(), None, "full");
             for i in 0..4u64 {
                 let (seq, cmd) = c.poll().unwrap().unwrap();
                 assert_eq!(seq, round * 4 + i);

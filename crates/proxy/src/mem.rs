@@ -7,8 +7,8 @@
 //! in place (`AtomicU64::from_ptr`), so the same code serves both.
 use crate::error::{ErrorCode, ProxyError};
 use crate::protocol::{
-    fifo_bytes, offsets, CommandBody, ErrorRecord, FifoHeader, ERROR_MSG_BYTES, FIFO_HEADER_BYTES,
-    FIFO_MAGIC, MAX_CAPACITY, MIN_CAPACITY, PROTOCOL_VERSION, SLOT_BYTES,
+    fifo_bytes, offsets, CommandBody, ErrorRecord, FifoHeader, ERROR_MSG_BYTES, FIFO_HEADER_BYTES, FIFO_MAGIC,
+    MAX_CAPACITY, MIN_CAPACITY, PROTOCOL_VERSION, SLOT_BYTES,
 };
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::mem::offset_of;
@@ -58,20 +58,11 @@ impl HeapFifo {
             .map_err(|e| ProxyError::InvalidFifo(e.to_string()))?;
         // SAFETY: the layout has a nonzero size.
         let raw = unsafe { alloc_zeroed(layout) };
-        let ptr = NonNull::new(raw).ok_or_else(|| {
-            ProxyError::InvalidFifo(format!("allocation of {} bytes failed", layout.size()))
-        })?;
+        let ptr = NonNull::new(raw)
+            .ok_or_else(|| ProxyError::InvalidFifo(format!("allocation of {} bytes failed", layout.size())))?;
         // SAFETY: freshly allocated, aligned, large enough, not shared yet.
-        unsafe {
-            ptr.as_ptr()
-                .cast::<FifoHeader>()
-                .write(FifoHeader::new(capacity, rank))
-        };
-        Ok(HeapFifo {
-            ptr,
-            layout,
-            capacity,
-        })
+        unsafe { ptr.as_ptr().cast::<FifoHeader>().write(FifoHeader::new(capacity, rank)) };
+        Ok(HeapFifo { ptr, layout, capacity })
     }
 }
 
@@ -120,8 +111,7 @@ impl RawFifo {
         // SAFETY: guaranteed by the caller.
         unsafe {
             std::ptr::write_bytes(ptr, 0, fifo_bytes(capacity));
-            ptr.cast::<FifoHeader>()
-                .write(FifoHeader::new(capacity, rank));
+            ptr.cast::<FifoHeader>().write(FifoHeader::new(capacity, rank));
         }
         Ok(())
     }
@@ -135,8 +125,7 @@ impl RawFifo {
     /// aligned, and be accessed by others only as the protocol says.
     pub unsafe fn from_raw(ptr: *mut u8, capacity: u32) -> Result<RawFifo, ProxyError> {
         check_capacity(capacity)?;
-        let ptr =
-            NonNull::new(ptr).ok_or_else(|| ProxyError::InvalidFifo("null FIFO pointer".into()))?;
+        let ptr = NonNull::new(ptr).ok_or_else(|| ProxyError::InvalidFifo("null FIFO pointer".into()))?;
         if (ptr.as_ptr() as usize) & (SLOT_BYTES - 1) != 0 {
             return Err(ProxyError::InvalidFifo(format!(
                 "FIFO pointer {:p} is not 64-byte aligned",
@@ -320,8 +309,7 @@ impl<M: FifoMemory> Fifo<M> {
         let msg_base = e + offset_of!(ErrorRecord, msg);
         for (i, b) in message.as_bytes()[..n].iter().enumerate() {
             // SAFETY: in bounds of the record's message; byte atomics need no alignment.
-            unsafe { AtomicU8::from_ptr(self.mem.base().as_ptr().add(msg_base + i)) }
-                .store(*b, Ordering::Relaxed);
+            unsafe { AtomicU8::from_ptr(self.mem.base().as_ptr().add(msg_base + i)) }.store(*b, Ordering::Relaxed);
         }
         self.u32_at(e + offset_of!(ErrorRecord, msg_len))
             .store(n as u32, Ordering::Relaxed);
@@ -336,15 +324,9 @@ impl<M: FifoMemory> Fifo<M> {
         }
         let e = offsets::ERROR;
         let mut rec = ErrorRecord {
-            code: self
-                .u32_at(e + offset_of!(ErrorRecord, code))
-                .load(Ordering::Relaxed),
-            rank: self
-                .u32_at(e + offset_of!(ErrorRecord, rank))
-                .load(Ordering::Relaxed),
-            seq: self
-                .u64_at(e + offset_of!(ErrorRecord, seq))
-                .load(Ordering::Relaxed),
+            code: self.u32_at(e + offset_of!(ErrorRecord, code)).load(Ordering::Relaxed),
+            rank: self.u32_at(e + offset_of!(ErrorRecord, rank)).load(Ordering::Relaxed),
+            seq: self.u64_at(e + offset_of!(ErrorRecord, seq)).load(Ordering::Relaxed),
             msg_len: self
                 .u32_at(e + offset_of!(ErrorRecord, msg_len))
                 .load(Ordering::Relaxed),
@@ -353,8 +335,7 @@ impl<M: FifoMemory> Fifo<M> {
         let msg_base = e + offset_of!(ErrorRecord, msg);
         for (i, b) in rec.msg.iter_mut().enumerate() {
             // SAFETY: in bounds of the record's message.
-            *b = unsafe { AtomicU8::from_ptr(self.mem.base().as_ptr().add(msg_base + i)) }
-                .load(Ordering::Relaxed);
+            *b = unsafe { AtomicU8::from_ptr(self.mem.base().as_ptr().add(msg_base + i)) }.load(Ordering::Relaxed);
         }
         Some(rec)
     }

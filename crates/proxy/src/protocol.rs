@@ -194,13 +194,7 @@ impl CommandBody {
         }
     }
     /// A PUT that raises no flag.
-    pub fn put_no_flag(
-        dst_rank: u32,
-        src_offset: u64,
-        dst_offset: u64,
-        bytes: u64,
-        epoch: u32,
-    ) -> Self {
+    pub fn put_no_flag(dst_rank: u32, src_offset: u64, dst_offset: u64, bytes: u64, epoch: u32) -> Self {
         CommandBody {
             opcode: OP_PUT,
             dst_rank,
@@ -439,10 +433,7 @@ mod tests {
             (OP_PUT, 3, 16, 32, 64, 8, 7, 2, 0)
         );
         let s = CommandBody::signal(1, 24, 9, 4);
-        assert_eq!(
-            (s.opcode, s.bytes, s.flag_offset, s.flag_value),
-            (OP_SIGNAL, 0, 24, 9)
-        );
+        assert_eq!((s.opcode, s.bytes, s.flag_offset, s.flag_value), (OP_SIGNAL, 0, 24, 9));
         assert_eq!(CommandBody::put_no_flag(1, 0, 0, 8, 0).flags, CMD_NO_FLAG);
     }
 }

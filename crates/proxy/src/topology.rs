@@ -173,9 +173,7 @@ impl Topology {
             Route::Local
         } else if !self.is_remote(rank) {
             Route::NvLink
-        } else if self.policy == PeerPolicy::RailOnly
-            && self.local_rank_of(rank) != self.local_rank()
-        {
+        } else if self.policy == PeerPolicy::RailOnly && self.local_rank_of(rank) != self.local_rank() {
             Route::Unreachable
         } else {
             Route::Proxy
@@ -195,15 +193,11 @@ impl Topology {
     /// Other ranks of this node (reached over NVLink).
     pub fn nvlink_peers(&self) -> Vec<usize> {
         let base = self.node() * self.local_world;
-        (base..base + self.local_world)
-            .filter(|&r| r != self.rank)
-            .collect()
+        (base..base + self.local_world).filter(|&r| r != self.rank).collect()
     }
     /// Ranks this proxy connects to, ascending.
     pub fn proxy_peers(&self) -> Vec<usize> {
-        (0..self.world_size())
-            .filter(|&r| self.is_proxy_peer(r))
-            .collect()
+        (0..self.world_size()).filter(|&r| self.is_proxy_peer(r)).collect()
     }
 }
 
@@ -240,10 +234,7 @@ mod tests {
     #[test]
     fn from_launcher_variables() {
         let vars = |pairs: &[(&str, &str)]| {
-            let m: HashMap<String, String> = pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect();
+            let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
             move |k: &str| m.get(k).cloned()
         };
         let t = Topology::from_vars(vars(&[
@@ -254,10 +245,7 @@ mod tests {
             ("LOCAL_RANK", "1"),
         ]))
         .unwrap();
-        assert_eq!(
-            (t.node(), t.local_rank(), t.proxy_peers()),
-            (1, 1, vec![0, 1])
-        );
+        assert_eq!((t.node(), t.local_rank(), t.proxy_peers()), (1, 1, vec![0, 1]));
         let e = Topology::from_vars(vars(&[
             ("RANK", "3"),
             ("WORLD_SIZE", "4"),
@@ -265,12 +253,7 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!((e.nnodes(), e.local_world()), (2, 2));
-        assert!(Topology::from_vars(vars(&[
-            ("RANK", "0"),
-            ("WORLD_SIZE", "4"),
-            ("LOCAL_WORLD_SIZE", "3")
-        ]))
-        .is_err());
+        assert!(Topology::from_vars(vars(&[("RANK", "0"), ("WORLD_SIZE", "4"), ("LOCAL_WORLD_SIZE", "3")])).is_err());
         assert!(Topology::from_vars(vars(&[("RANK", "x")])).is_err());
         assert!(Topology::from_vars(vars(&[
             ("RANK", "3"),

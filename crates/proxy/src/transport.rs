@@ -84,13 +84,7 @@ pub trait Transport: Send {
     }
 
     /// Posts one flag store, ordered after earlier puts to `dst`.
-    fn signal(
-        &mut self,
-        dst: usize,
-        flag_offset: u64,
-        value: u64,
-        seq: u64,
-    ) -> Result<(), TransportError> {
+    fn signal(&mut self, dst: usize, flag_offset: u64, value: u64, seq: u64) -> Result<(), TransportError> {
         self.post(
             dst,
             &[Op::Signal {

@@ -4,8 +4,8 @@
 //! [`Violation`] (and an error record), never a write.
 use crate::error::{ErrorCode, Violation};
 use crate::protocol::{
-    CommandBody, CMD_EPOCH_SEQ_MASK, CMD_EPOCH_SEQ_SHIFT, CMD_KNOWN_FLAGS, CMD_NO_FLAG, EPOCH_SEQS,
-    FLAG_BYTES, OP_NOP, OP_PUT, OP_QUIT, OP_SIGNAL,
+    CommandBody, CMD_EPOCH_SEQ_MASK, CMD_EPOCH_SEQ_SHIFT, CMD_KNOWN_FLAGS, CMD_NO_FLAG, EPOCH_SEQS, FLAG_BYTES, OP_NOP,
+    OP_PUT, OP_QUIT, OP_SIGNAL,
 };
 use crate::topology::{Route, Topology};
 
@@ -32,10 +32,9 @@ impl Regions {
     pub fn symmetric(topology: &Topology, data_bytes: u64, flag_bytes: u64) -> Regions {
         let peers = (0..topology.world_size())
             .map(|r| {
-                topology.is_proxy_peer(r).then_some(PeerRegions {
-                    data_bytes,
-                    flag_bytes,
-                })
+                topology
+                    .is_proxy_peer(r)
+                    .then_some(PeerRegions { data_bytes, flag_bytes })
             })
             .collect();
         Regions {
@@ -47,11 +46,7 @@ impl Regions {
 
     /// Explicit sizes: `peers[r]` for every rank `r` of the world (`None` = not a proxy peer).
     /// Ranks that `topology` does not route through the proxy are forced to `None`.
-    pub fn new(
-        topology: &Topology,
-        local_data_bytes: u64,
-        mut peers: Vec<Option<PeerRegions>>,
-    ) -> Regions {
+    pub fn new(topology: &Topology, local_data_bytes: u64, mut peers: Vec<Option<PeerRegions>>) -> Regions {
         peers.resize(topology.world_size(), None);
         for (r, p) in peers.iter_mut().enumerate() {
             if topology.route(r) != Some(Route::Proxy) {
@@ -155,10 +150,7 @@ impl Validator {
         if dst >= self.regions.world_size() {
             return Err(Violation::new(
                 ErrorCode::RankOutOfRange,
-                format!(
-                    "dst_rank {dst_rank} >= world size {}",
-                    self.regions.world_size()
-                ),
+                format!("dst_rank {dst_rank} >= world size {}", self.regions.world_size()),
             ));
         }
         match self.regions.peer(dst) {
@@ -174,13 +166,7 @@ impl Validator {
         }
     }
 
-    fn flag(
-        &self,
-        dst_rank: u32,
-        peer: PeerRegions,
-        offset: u64,
-        value: u64,
-    ) -> Result<(), Violation> {
+    fn flag(&self, dst_rank: u32, peer: PeerRegions, offset: u64, value: u64) -> Result<(), Violation> {
         if offset & (FLAG_BYTES - 1) != 0 || !range_ok(offset, FLAG_BYTES, peer.flag_bytes) {
             return Err(Violation::new(
                 ErrorCode::BadFlagOffset,
@@ -208,17 +194,11 @@ impl Validator {
             ));
         }
         if !matches!(c.opcode, OP_NOP | OP_PUT | OP_SIGNAL | OP_QUIT) {
-            return Err(Violation::new(
-                ErrorCode::BadOpcode,
-                format!("opcode {}", c.opcode),
-            ));
+            return Err(Violation::new(ErrorCode::BadOpcode, format!("opcode {}", c.opcode)));
         }
         let seq = ((c.flags & CMD_EPOCH_SEQ_MASK) >> CMD_EPOCH_SEQ_SHIFT) as usize;
         if seq >= EPOCH_SEQS {
-            return Err(Violation::new(
-                ErrorCode::BadFields,
-                format!("epoch sequence {seq}"),
-            ));
+            return Err(Violation::new(ErrorCode::BadFields, format!("epoch sequence {seq}")));
         }
         if c.epoch < self.last_epoch[seq] {
             return Err(Violation::new(
@@ -271,11 +251,7 @@ impl Validator {
                 }
             }
             OP_SIGNAL => {
-                if c.flags & CMD_NO_FLAG != 0
-                    || c.src_offset != 0
-                    || c.dst_offset != 0
-                    || c.bytes != 0
-                {
+                if c.flags & CMD_NO_FLAG != 0 || c.src_offset != 0 || c.dst_offset != 0 || c.bytes != 0 {
                     return Err(Violation::new(
                         ErrorCode::BadFields,
                         "SIGNAL with CMD_NO_FLAG or nonzero src_offset, dst_offset or bytes",
@@ -334,8 +310,7 @@ mod tests {
     fn good_commands_pass() {
         let mut v = validator();
         assert_eq!(
-            v.check(&CommandBody::put(2, 0, 1000, 24, 56, 1, 1))
-                .unwrap(),
+            v.check(&CommandBody::put(2, 0, 1000, 24, 56, 1, 1)).unwrap(),
             Checked::Put {
                 dst: 2,
                 src_offset: 0,
@@ -345,8 +320,7 @@ mod tests {
             }
         );
         assert_eq!(
-            v.check(&CommandBody::put_no_flag(3, 1024, 0, 0, 1))
-                .unwrap(),
+            v.check(&CommandBody::put_no_flag(3, 1024, 0, 0, 1)).unwrap(),
             Checked::Put {
                 dst: 3,
                 src_offset: 1024,
@@ -421,10 +395,7 @@ mod tests {
             code(&mut v, CommandBody::signal(2, u64::MAX - 7, 1, 0)),
             ErrorCode::BadFlagOffset
         );
-        assert_eq!(
-            code(&mut v, CommandBody::signal(2, 0, 0, 0)),
-            ErrorCode::ZeroFlagValue
-        );
+        assert_eq!(code(&mut v, CommandBody::signal(2, 0, 0, 0)), ErrorCode::ZeroFlagValue);
         assert_eq!(
             code(
                 &mut v,
@@ -467,11 +438,7 @@ mod tests {
         );
         v.check(&CommandBody::nop(7)).unwrap();
         assert_eq!(code(&mut v, CommandBody::nop(6)), ErrorCode::EpochRegressed);
-        assert_eq!(
-            v.last_epoch(),
-            7,
-            "a rejected command does not move the epoch"
-        );
+        assert_eq!(v.last_epoch(), 7, "a rejected command does not move the epoch");
     }
 
     #[test]
@@ -482,10 +449,7 @@ mod tests {
             flag_bytes: 8,
         });
         let r = Regions::new(&t, 32, vec![p, p, p]);
-        assert_eq!(
-            (r.peer(0), r.peer(1), r.peer(2), r.peer(3)),
-            (None, None, p, None)
-        );
+        assert_eq!((r.peer(0), r.peer(1), r.peer(2), r.peer(3)), (None, None, p, None));
         assert_eq!(r.world_size(), 4);
     }
 
@@ -504,10 +468,7 @@ mod tests {
             flags: seq << CMD_EPOCH_SEQ_SHIFT,
         };
         assert!(v.check(&signal(40, 0)).is_ok(), "collectives at epoch 40");
-        assert!(
-            v.check(&signal(3, 1)).is_ok(),
-            "fused kernels count their own launches"
-        );
+        assert!(v.check(&signal(3, 1)).is_ok(), "fused kernels count their own launches");
         assert!(v.check(&signal(41, 0)).is_ok());
         assert!(v.check(&signal(4, 1)).is_ok());
         assert_eq!((v.last_epoch(), v.last_epoch_of(1)), (41, 4));

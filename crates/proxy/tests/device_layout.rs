@@ -51,8 +51,5 @@ fn device_fifo_constants_match_the_protocol() {
         body + std::mem::offset_of!(p::CommandBody, flags) as u64
     );
     assert_eq!(dev::CMD_EPOCH_SEQ_SHIFT, p::CMD_EPOCH_SEQ_SHIFT);
-    assert!(
-        (dev::EPOCH_SEQ_PROBES as usize) < p::EPOCH_SEQS
-            && dev::EPOCH_SEQ_FUSED != dev::EPOCH_SEQ_COLLECTIVES
-    );
+    assert!((dev::EPOCH_SEQ_PROBES as usize) < p::EPOCH_SEQS && dev::EPOCH_SEQ_FUSED != dev::EPOCH_SEQ_COLLECTIVES);
 }

@@ -31,11 +31,7 @@ fn all_to_all(nnodes: usize, local: usize, epochs: u64) {
     let t0 = Instant::now();
     let devices: Vec<_> = (0..world)
         .map(|r| {
-            let (p, f, topo) = (
-                job.producer(r),
-                job.fabric.clone(),
-                job.ranks[r].topo.clone(),
-            );
+            let (p, f, topo) = (job.producer(r), job.fabric.clone(), job.ranks[r].topo.clone());
             std::thread::spawn(move || {
                 let peers = topo.proxy_peers();
                 let mut last = None;
@@ -51,29 +47,18 @@ fn all_to_all(nnodes: usize, local: usize, epochs: u64) {
                         let dst = (parity * world as u64 + r as u64) * BLOCK;
                         let flag = (parity * world as u64 + r as u64) * 8;
                         last = Some(
-                            p.push(&CommandBody::put(
-                                d as u32, src, dst, BLOCK, flag, e, e as u32,
-                            ))
-                            .unwrap(),
+                            p.push(&CommandBody::put(d as u32, src, dst, BLOCK, flag, e, e as u32))
+                                .unwrap(),
                         );
                     }
                     for &s in &peers {
                         let flag = (parity * world as u64 + s as u64) * 8;
-                        assert!(
-                            f.wait_flag(r, flag, e, WAIT),
-                            "rank {r} epoch {e}: no flag from {s}"
-                        );
+                        assert!(f.wait_flag(r, flag, e, WAIT), "rank {r} epoch {e}: no flag from {s}");
                         let got = f
-                            .read(
-                                r,
-                                (parity * world as u64 + s as u64) * BLOCK,
-                                BLOCK as usize,
-                            )
+                            .read(r, (parity * world as u64 + s as u64) * BLOCK, BLOCK as usize)
                             .unwrap();
                         assert!(
-                            got.iter()
-                                .enumerate()
-                                .all(|(j, &b)| b == pattern(s, r, e, j as u64)),
+                            got.iter().enumerate().all(|(j, &b)| b == pattern(s, r, e, j as u64)),
                             "rank {r} epoch {e}: bad data from {s}"
                         );
                     }
@@ -145,10 +130,7 @@ fn signal_after_flagless_puts() {
     if data.iter().any(|&b| b != 3) {
         seen_early = true;
     }
-    assert!(
-        !seen_early,
-        "the SIGNAL's flag was visible before all puts landed"
-    );
+    assert!(!seen_early, "the SIGNAL's flag was visible before all puts landed");
     p.push(&CommandBody::quit(1)).unwrap();
     job.take_proxy(0).join().unwrap();
 }
@@ -192,9 +174,7 @@ fn bandwidth_cap_paces_the_wire() {
 #[test]
 fn stop_and_drop_end_the_thread() {
     let mut job = Job::new(2, 1, 8, 64, 1, WireModel::unlimited());
-    job.producer(0)
-        .push(&CommandBody::put(1, 0, 0, 8, 0, 1, 0))
-        .unwrap();
+    job.producer(0).push(&CommandBody::put(1, 0, 0, 8, 0, 1, 0)).unwrap();
     assert!(job.fabric.wait_flag(1, 0, 1, WAIT));
     let stats = job.take_proxy(0).stop().unwrap();
     assert_eq!(stats.commands, 1);

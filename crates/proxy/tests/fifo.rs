@@ -45,12 +45,7 @@ fn wraparound_and_flag_after_data_per_destination() {
     let observers: Vec<_> = dsts
         .iter()
         .map(|&d| {
-            let (f, stop, bad, seen) = (
-                job.fabric.clone(),
-                stop.clone(),
-                violations.clone(),
-                observed.clone(),
-            );
+            let (f, stop, bad, seen) = (job.fabric.clone(), stop.clone(), violations.clone(), observed.clone());
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Acquire) {
                     for s in 0..SLOTS {
@@ -143,8 +138,7 @@ fn backpressure_blocks_until_the_proxy_advances() {
     let (p, n) = (job.producer(0), pushed.clone());
     let producer = std::thread::spawn(move || {
         for i in 0..10u64 {
-            p.push(&CommandBody::put(1, i * 8, i * 8, 8, 0, i + 1, 0))
-                .unwrap();
+            p.push(&CommandBody::put(1, i * 8, i * 8, 8, 0, i + 1, 0)).unwrap();
             n.fetch_add(1, Ordering::Release);
         }
         p.push(&CommandBody::quit(0)).unwrap();
@@ -185,20 +179,12 @@ fn epochs_across_launches_need_no_reset() {
         for i in 0..40u64 {
             let v = u64::from(epoch) * 1000 + i;
             job.fabric.write(0, i * 8, &v.to_le_bytes()).unwrap();
-            p.push(&CommandBody::put_no_flag(1, i * 8, i * 8, 8, epoch))
-                .unwrap();
+            p.push(&CommandBody::put_no_flag(1, i * 8, i * 8, 8, epoch)).unwrap();
         }
         let last = p
-            .push(&CommandBody::signal(
-                1,
-                (epoch as u64 % 8) * 8,
-                u64::from(epoch),
-                epoch,
-            ))
+            .push(&CommandBody::signal(1, (epoch as u64 % 8) * 8, u64::from(epoch), epoch))
             .unwrap();
-        assert!(job
-            .fabric
-            .wait_flag(1, (epoch as u64 % 8) * 8, u64::from(epoch), WAIT));
+        assert!(job.fabric.wait_flag(1, (epoch as u64 % 8) * 8, u64::from(epoch), WAIT));
         for i in 0..40u64 {
             assert_eq!(
                 u64_at(&job.fabric, 1, i * 8),
@@ -215,11 +201,7 @@ fn epochs_across_launches_need_no_reset() {
     assert_eq!(job.ranks[0].fifo.tail().load(Ordering::Acquire), 3 * 41 + 1);
     // Flags of earlier launches were never reset.
     assert_eq!(
-        (
-            job.fabric.flag(1, 8),
-            job.fabric.flag(1, 16),
-            job.fabric.flag(1, 24)
-        ),
+        (job.fabric.flag(1, 8), job.fabric.flag(1, 16), job.fabric.flag(1, 24)),
         (1, 2, 3)
     );
 }

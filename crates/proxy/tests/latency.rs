@@ -33,7 +33,13 @@ fn measure(label: &str, model: WireModel, n: u64) {
     samples.sort();
     let pct = |q: f64| samples[((samples.len() - 1) as f64 * q) as usize];
     let mean = samples.iter().sum::<Duration>() / samples.len() as u32;
-    println!("[latency] {label}: 64-byte put + flag, {} samples: p50 {:?}  p90 {:?}  p99 {:?}  mean {mean:?}", samples.len(), pct(0.5), pct(0.9), pct(0.99));
+    println!(
+        "[latency] {label}: 64-byte put + flag, {} samples: p50 {:?}  p90 {:?}  p99 {:?}  mean {mean:?}",
+        samples.len(),
+        pct(0.5),
+        pct(0.9),
+        pct(0.99)
+    );
     assert!(
         pct(0.5) < Duration::from_millis(100),
         "median latency {:?} is absurd",

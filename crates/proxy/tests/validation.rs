@@ -21,10 +21,7 @@ fn run_bad(bad: impl FnOnce(&Job) -> CommandBody, raw_overrun: bool) -> (Job, Pr
     assert!(job.fabric.wait_flag(2, 8, 1, WAIT));
     if raw_overrun {
         // A producer that ignored backpressure: commit word of the next lap in slot 2.
-        job.ranks[0]
-            .fifo
-            .slot_header(2)
-            .store(2 + 8 + 1, Ordering::Release);
+        job.ranks[0].fifo.slot_header(2).store(2 + 8 + 1, Ordering::Release);
     } else {
         let c = bad(&job);
         p.push(&c).unwrap();
@@ -35,11 +32,7 @@ fn run_bad(bad: impl FnOnce(&Job) -> CommandBody, raw_overrun: bool) -> (Job, Pr
 
 fn check(job: &Job, err: &ProxyError, code: ErrorCode) {
     match err {
-        ProxyError::BadCommand {
-            rank,
-            seq,
-            violation,
-        } => {
+        ProxyError::BadCommand { rank, seq, violation } => {
             assert_eq!((*rank, *seq, violation.code), (0, 2, code), "{err}");
         }
         e => panic!("expected BadCommand, got {e}"),
@@ -68,11 +61,7 @@ fn check(job: &Job, err: &ProxyError, code: ErrorCode) {
             .filter(|(_, b)| **b != 0)
             .map(|(i, _)| i)
             .collect();
-        let expect: Vec<usize> = if r == 0 || r == 2 {
-            (0..16).collect()
-        } else {
-            vec![]
-        };
+        let expect: Vec<usize> = if r == 0 || r == 2 { (0..16).collect() } else { vec![] };
         assert_eq!(nonzero, expect, "rank {r} data");
     }
     assert_eq!(u64_at(&job.fabric, 2, 0), u64::from_le_bytes([0xab; 8]));
@@ -92,18 +81,9 @@ fn each_bad_command_kind() {
                 ..CommandBody::nop(5)
             },
         ),
-        (
-            ErrorCode::RankOutOfRange,
-            CommandBody::put(4, 0, 0, 8, 0, 1, 5),
-        ),
-        (
-            ErrorCode::RankOutOfRange,
-            CommandBody::put(u32::MAX, 0, 0, 8, 0, 1, 5),
-        ),
-        (
-            ErrorCode::NotRemotePeer,
-            CommandBody::put(0, 0, 0, 8, 0, 1, 5),
-        ),
+        (ErrorCode::RankOutOfRange, CommandBody::put(4, 0, 0, 8, 0, 1, 5)),
+        (ErrorCode::RankOutOfRange, CommandBody::put(u32::MAX, 0, 0, 8, 0, 1, 5)),
+        (ErrorCode::NotRemotePeer, CommandBody::put(0, 0, 0, 8, 0, 1, 5)),
         (ErrorCode::NotRemotePeer, CommandBody::signal(1, 0, 1, 5)),
         (
             ErrorCode::SrcOutOfRange,
@@ -117,26 +97,11 @@ fn each_bad_command_kind() {
             ErrorCode::DstOutOfRange,
             CommandBody::put(3, 0, DATA as u64, 1, 0, 1, 5),
         ),
-        (
-            ErrorCode::DstOutOfRange,
-            CommandBody::put(3, 0, u64::MAX, 2, 0, 1, 5),
-        ),
-        (
-            ErrorCode::BadFlagOffset,
-            CommandBody::put(2, 0, 0, 8, 12, 1, 5),
-        ),
-        (
-            ErrorCode::BadFlagOffset,
-            CommandBody::signal(3, FLAGS as u64 * 8, 1, 5),
-        ),
-        (
-            ErrorCode::BadFlagOffset,
-            CommandBody::signal(3, u64::MAX - 7, 1, 5),
-        ),
-        (
-            ErrorCode::EpochRegressed,
-            CommandBody::put(2, 0, 0, 8, 0, 2, 4),
-        ),
+        (ErrorCode::DstOutOfRange, CommandBody::put(3, 0, u64::MAX, 2, 0, 1, 5)),
+        (ErrorCode::BadFlagOffset, CommandBody::put(2, 0, 0, 8, 12, 1, 5)),
+        (ErrorCode::BadFlagOffset, CommandBody::signal(3, FLAGS as u64 * 8, 1, 5)),
+        (ErrorCode::BadFlagOffset, CommandBody::signal(3, u64::MAX - 7, 1, 5)),
+        (ErrorCode::EpochRegressed, CommandBody::put(2, 0, 0, 8, 0, 2, 4)),
         (
             ErrorCode::BadFields,
             CommandBody {
@@ -151,10 +116,7 @@ fn each_bad_command_kind() {
                 ..CommandBody::signal(2, 0, 2, 5)
             },
         ),
-        (
-            ErrorCode::ZeroFlagValue,
-            CommandBody::put(2, 0, 0, 8, 0, 0, 5),
-        ),
+        (ErrorCode::ZeroFlagValue, CommandBody::put(2, 0, 0, 8, 0, 0, 5)),
     ];
     for (code, cmd) in cases {
         let (job, err) = run_bad(|_| cmd, false);
@@ -173,10 +135,7 @@ fn host_abort_stops_the_proxy() {
     assert!(fifo.raise_abort(ErrorCode::HostAbort, 0, NO_SEQ, "rank 1 exited"));
     match job.take_proxy(0).join().unwrap_err() {
         ProxyError::Aborted {
-            rank,
-            code,
-            message,
-            ..
+            rank, code, message, ..
         } => assert_eq!(
             (rank, code, message.as_str()),
             (0, ErrorCode::HostAbort as u32, "rank 1 exited")

@@ -27,7 +27,14 @@ struct Args {
 }
 
 fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
-    let mut a = Args { exports: vec![], inputs: vec![], lib_dirs: vec![], cpu: "sm_90a".into(), features: vec![], output: PathBuf::new() };
+    let mut a = Args {
+        exports: vec![],
+        inputs: vec![],
+        lib_dirs: vec![],
+        cpu: "sm_90a".into(),
+        features: vec![],
+        output: PathBuf::new(),
+    };
     while let Some(arg) = it.next() {
         let mut value = |flag: &str| it.next().ok_or_else(|| format!("{flag} needs a value"));
         match arg.as_str() {
@@ -64,12 +71,21 @@ fn llvm_bin(a: &Args) -> Result<PathBuf, String> {
             }
         }
     }
-    let out = Command::new("rustc").args(["--print", "sysroot"]).output().map_err(|e| format!("rustc --print sysroot: {e}"))?;
-    let bin = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("lib/rustlib").join(host_triple()).join("bin");
+    let out = Command::new("rustc")
+        .args(["--print", "sysroot"])
+        .output()
+        .map_err(|e| format!("rustc --print sysroot: {e}"))?;
+    let bin = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+        .join("lib/rustlib")
+        .join(host_triple())
+        .join("bin");
     if bin.join("llvm-link").exists() {
         Ok(bin)
     } else {
-        Err(format!("LLVM tools not found at {}: run `rustup component add llvm-tools` for the device toolchain", bin.display()))
+        Err(format!(
+            "LLVM tools not found at {}: run `rustup component add llvm-tools` for the device toolchain",
+            bin.display()
+        ))
     }
 }
 
@@ -80,7 +96,11 @@ fn host_triple() -> &'static str {
 fn run(cmd: &mut Command) -> Result<(), String> {
     let shown = format!("{cmd:?}");
     let status = cmd.status().map_err(|e| format!("{shown}: {e}"))?;
-    if status.success() { Ok(()) } else { Err(format!("{shown} failed with {status}")) }
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{shown} failed with {status}"))
+    }
 }
 
 fn link(a: &Args) -> Result<(), String> {
@@ -93,7 +113,11 @@ fn link(a: &Args) -> Result<(), String> {
     let api = work.join("exports.txt");
     std::fs::write(&api, a.exports.join("\n")).map_err(|e| e.to_string())?;
 
-    run(Command::new(bin.join("llvm-link")).arg("--ignore-non-bitcode").args(&a.inputs).arg("-o").arg(&linked))?;
+    run(Command::new(bin.join("llvm-link"))
+        .arg("--ignore-non-bitcode")
+        .args(&a.inputs)
+        .arg("-o")
+        .arg(&linked))?;
     run(Command::new(bin.join("opt"))
         .arg(format!("--internalize-public-api-file={}", api.display()))
         .arg("--passes=internalize,globaldce,default<O3>,globaldce")
@@ -102,7 +126,12 @@ fn link(a: &Args) -> Result<(), String> {
         .arg(&optimized))?;
     let mut llc = Command::new(bin.join("llc"));
     llc.arg(format!("--mcpu={}", a.cpu));
-    let feats: Vec<&str> = a.features.iter().flat_map(|f| f.split(',')).filter(|f| !f.is_empty()).collect();
+    let feats: Vec<&str> = a
+        .features
+        .iter()
+        .flat_map(|f| f.split(','))
+        .filter(|f| !f.is_empty())
+        .collect();
     if !feats.is_empty() {
         llc.arg(format!("--mattr={}", feats.join(",")));
     }
@@ -124,4 +153,3 @@ fn main() -> ExitCode {
         }
     }
 }
-

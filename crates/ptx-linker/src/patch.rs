@@ -9,7 +9,10 @@ use mkernel_config::KernelSpec;
 /// missing from the PTX, or when an entry already carries launch bounds.
 pub fn finish_ptx(ptx: &str, table: &[KernelSpec]) -> Result<String, String> {
     if let Some(line) = ptx.lines().find(|l| l.contains(".extern .func")) {
-        return Err(format!("unresolved function in PTX (a device crate calls something no crate defines): `{}`", line.trim()));
+        return Err(format!(
+            "unresolved function in PTX (a device crate calls something no crate defines): `{}`",
+            line.trim()
+        ));
     }
     let mut out = String::with_capacity(ptx.len() + 256);
     let mut pending: Option<&KernelSpec> = None;
@@ -24,19 +27,30 @@ pub fn finish_ptx(ptx: &str, table: &[KernelSpec]) -> Result<String, String> {
                 .ok_or_else(|| format!("kernel `{name}` is in the PTX but not in mkernel_config::KERNELS"))?;
             seen.push(spec.name);
             pending = Some(spec);
-        } else if pending.is_some() && (t.starts_with(".maxntid") || t.starts_with(".minnctapersm") || t.starts_with(".reqntid") || t.starts_with(".maxnreg")) {
+        } else if pending.is_some()
+            && (t.starts_with(".maxntid")
+                || t.starts_with(".minnctapersm")
+                || t.starts_with(".reqntid")
+                || t.starts_with(".maxnreg"))
+        {
             return Err(format!("kernel `{}` already has launch bounds", pending.unwrap().name));
         }
         out.push_str(line);
         out.push('\n');
         // The parameter list closes with a line holding just `)`; bounds go between it and `{`.
         if let (Some(spec), true) = (pending, t == ")" || t.ends_with("()")) {
-            out.push_str(&format!(".maxntid {}, 1, 1\n.minnctapersm {}\n", spec.max_threads, spec.min_blocks_per_sm));
+            out.push_str(&format!(
+                ".maxntid {}, 1, 1\n.minnctapersm {}\n",
+                spec.max_threads, spec.min_blocks_per_sm
+            ));
             pending = None;
         }
     }
     if let Some(missing) = table.iter().find(|k| !seen.contains(&k.name)) {
-        return Err(format!("kernel `{}` is in mkernel_config::KERNELS but not in the PTX (missing #[unsafe(no_mangle)]?)", missing.name));
+        return Err(format!(
+            "kernel `{}` is in mkernel_config::KERNELS but not in the PTX (missing #[unsafe(no_mangle)]?)",
+            missing.name
+        ));
     }
     Ok(rename_internal_funcs(&out))
 }
@@ -50,8 +64,15 @@ fn rename_internal_funcs(ptx: &str) -> String {
         let t = line.trim_start();
         if let Some(rest) = t.strip_prefix(".func ") {
             // `.func NAME(` or `.func (.param ...) NAME(`
-            let rest = if rest.starts_with('(') { rest.split_once(") ").map(|(_, r)| r).unwrap_or(rest) } else { rest };
-            let name: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '$').collect();
+            let rest = if rest.starts_with('(') {
+                rest.split_once(") ").map(|(_, r)| r).unwrap_or(rest)
+            } else {
+                rest
+            };
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '$')
+                .collect();
             if !name.is_empty() && !names.contains(&name) {
                 names.push(name);
             }
@@ -70,7 +91,10 @@ fn replace_word(s: &str, from: &str, to: &str) -> String {
     let mut out = String::with_capacity(s.len());
     let mut rest = s;
     while let Some(at) = rest.find(from) {
-        let before_ok = rest[..at].chars().last().is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '_' || c == '$'));
+        let before_ok = rest[..at]
+            .chars()
+            .last()
+            .is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '_' || c == '$'));
         out.push_str(&rest[..at]);
         out.push_str(if before_ok { to } else { from });
         rest = &rest[at + from.len()..];
@@ -80,14 +104,21 @@ fn replace_word(s: &str, from: &str, to: &str) -> String {
 }
 
 fn entry_name(line: &str) -> Option<&str> {
-    let rest = line.strip_prefix(".visible .entry ").or_else(|| line.strip_prefix(".entry "))?;
+    let rest = line
+        .strip_prefix(".visible .entry ")
+        .or_else(|| line.strip_prefix(".entry "))?;
     Some(rest.split('(').next().unwrap_or(rest).trim())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    const K: KernelSpec = KernelSpec { name: "k", max_threads: 384, min_blocks_per_sm: 1, dynamic_smem: 0 };
+    const K: KernelSpec = KernelSpec {
+        name: "k",
+        max_threads: 384,
+        min_blocks_per_sm: 1,
+        dynamic_smem: 0,
+    };
     const PTX: &str = ".version 8.6\n.visible .entry k(\n\t.param .u64 k_param_0\n)\n{\n\tret;\n}\n";
 
     #[test]
@@ -103,10 +134,17 @@ mod tests {
     }
     #[test]
     fn internal_functions_get_path_independent_names() {
-        let ptx = format!("{PTX}.func _RNCabc123_f(\n\t.param .b64 _RNCabc123_f_param_0\n)\n{{\n}}\n\tcall.uni _RNCabc123_f, (x);\n");
+        let ptx = format!(
+            "{PTX}.func _RNCabc123_f(\n\t.param .b64 _RNCabc123_f_param_0\n)\n{{\n}}\n\tcall.uni _RNCabc123_f, (x);\n"
+        );
         let out = finish_ptx(&ptx, &[K]).unwrap();
         assert!(!out.contains("_RNCabc123_f"), "{out}");
-        assert!(out.contains(".func mk_internal_func_0(") && out.contains("mk_internal_func_0_param_0") && out.contains("call.uni mk_internal_func_0,"), "{out}");
+        assert!(
+            out.contains(".func mk_internal_func_0(")
+                && out.contains("mk_internal_func_0_param_0")
+                && out.contains("call.uni mk_internal_func_0,"),
+            "{out}"
+        );
     }
     #[test]
     fn unresolved_extern_fails() {

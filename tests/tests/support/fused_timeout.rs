@@ -18,8 +18,14 @@ pub enum Op {
 }
 
 pub fn missing_rank_ends_the_launch_with_a_timeout(test: &str, op: Op) {
-    let Some((dev, boot)) = launched_rank_or_skip(test) else { return };
-    let cfg = CommConfig { heap_bytes: 160 << 20, timeout: Duration::from_secs(2), ..Default::default() };
+    let Some((dev, boot)) = launched_rank_or_skip(test) else {
+        return;
+    };
+    let cfg = CommConfig {
+        heap_bytes: 160 << 20,
+        timeout: Duration::from_secs(2),
+        ..Default::default()
+    };
     let mut comm = Communicator::new(&dev, boot, cfg).unwrap();
     let (rank, world) = (comm.global_rank(), comm.world() * comm.nnodes());
     let absent = world - 1;
@@ -30,7 +36,20 @@ pub fn missing_rank_ends_the_launch_with_a_timeout(test: &str, op: Op) {
     let mut a = stream.alloc_zeros::<bf16>(m * k).unwrap();
     let mut b = stream.alloc_zeros::<bf16>(n * k).unwrap();
     let mut c = stream.alloc_zeros::<bf16>(m * n).unwrap();
-    let (pa, pb, pc) = ({ let (p, _g) = a.device_ptr_mut(&stream); p }, { let (p, _g) = b.device_ptr_mut(&stream); p }, { let (p, _g) = c.device_ptr_mut(&stream); p });
+    let (pa, pb, pc) = (
+        {
+            let (p, _g) = a.device_ptr_mut(&stream);
+            p
+        },
+        {
+            let (p, _g) = b.device_ptr_mut(&stream);
+            p
+        },
+        {
+            let (p, _g) = c.device_ptr_mut(&stream);
+            p
+        },
+    );
     // SAFETY: buffers sized for every plan's shape (A shard <= m x k, out <= m x n), alive to the end.
     let launch: Box<dyn Fn() -> mkernel::Result<()>> = unsafe {
         match op {
@@ -40,7 +59,12 @@ pub fn missing_rank_ends_the_launch_with_a_timeout(test: &str, op: Op) {
                 Box::new(move || plan.launch(&s))
             }
             Op::GemmRs | Op::GemmAr => {
-                let plan = if matches!(op, Op::GemmAr) { GemmRsPlan::new_all_reduce(&mut comm, &stream, pa, pb, m, n, k, 1) } else { GemmRsPlan::new(&mut comm, &stream, pa, pb, pc, m, n, k, 1) }.unwrap();
+                let plan = if matches!(op, Op::GemmAr) {
+                    GemmRsPlan::new_all_reduce(&mut comm, &stream, pa, pb, m, n, k, 1)
+                } else {
+                    GemmRsPlan::new(&mut comm, &stream, pa, pb, pc, m, n, k, 1)
+                }
+                .unwrap();
                 let s = stream.clone();
                 Box::new(move || plan.launch(&s))
             }
@@ -57,7 +81,9 @@ pub fn missing_rank_ends_the_launch_with_a_timeout(test: &str, op: Op) {
     let start = Instant::now();
     launch().unwrap();
     // The launch must end by itself (a trap would make this an error: a sticky launch failure).
-    stream.synchronize().unwrap_or_else(|e| panic!("rank {rank}: the {op:?} launch failed instead of reporting the timeout: {e}"));
+    stream
+        .synchronize()
+        .unwrap_or_else(|e| panic!("rank {rank}: the {op:?} launch failed instead of reporting the timeout: {e}"));
     let elapsed = start.elapsed();
     let err = comm.check().expect_err("the launch must time out");
     match &err {
@@ -75,6 +101,12 @@ pub fn missing_rank_ends_the_launch_with_a_timeout(test: &str, op: Op) {
         }
         other => panic!("expected CommTimeout, got {other}"),
     }
-    assert!(elapsed < Duration::from_secs(15), "gave up after {elapsed:?}, the timeout is 2 s");
-    println!("rank {rank}: {op:?}: {err} (returned after {:.2} s)", elapsed.as_secs_f64());
+    assert!(
+        elapsed < Duration::from_secs(15),
+        "gave up after {elapsed:?}, the timeout is 2 s"
+    );
+    println!(
+        "rank {rank}: {op:?}: {err} (returned after {:.2} s)",
+        elapsed.as_secs_f64()
+    );
 }

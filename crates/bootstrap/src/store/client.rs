@@ -34,20 +34,10 @@ enum Attempt {
 impl Client {
     /// Connects to the store at `addr` (`host:port`) as `rank` of `world_size`, retrying until
     /// `timeout` while nothing answers there.
-    pub fn connect(
-        addr: &str,
-        rank: usize,
-        world_size: usize,
-        key: &JobKey,
-        timeout: Duration,
-    ) -> Result<Self> {
+    pub fn connect(addr: &str, rank: usize, world_size: usize, key: &JobKey, timeout: Duration) -> Result<Self> {
         let (rank, world_size) = match (u32::try_from(rank), u32::try_from(world_size)) {
             (Ok(r), Ok(w)) => (r, w),
-            _ => {
-                return Err(Error::InvalidArgument(format!(
-                    "rank {rank} of {world_size}"
-                )))
-            }
+            _ => return Err(Error::InvalidArgument(format!("rank {rank} of {world_size}"))),
         };
         let start = Instant::now();
         let deadline = start + timeout;
@@ -95,7 +85,10 @@ impl Client {
         result.map_err(|e| {
             let detail = match e.kind() {
                 io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => {
-                    format!("the store at {} closed the connection (rank 0 exited or dropped its Store?)", self.addr)
+                    format!(
+                        "the store at {} closed the connection (rank 0 exited or dropped its Store?)",
+                        self.addr
+                    )
                 }
                 io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => format!(
                     "no answer from the store at {} within {}",
@@ -106,19 +99,16 @@ impl Client {
                 _ => e.to_string(),
             };
             self.broken = Some(detail.clone());
-            Error::StoreLost { op: op.to_string(), detail }
+            Error::StoreLost {
+                op: op.to_string(),
+                detail,
+            }
         })
     }
 }
 
 /// One attempt: resolve, connect, handshake.
-fn attempt(
-    addr: &str,
-    rank: u32,
-    world_size: u32,
-    key: &JobKey,
-    deadline: Instant,
-) -> Result<TcpStream, Attempt> {
+fn attempt(addr: &str, rank: u32, world_size: u32, key: &JobKey, deadline: Instant) -> Result<TcpStream, Attempt> {
     let targets: Vec<_> = addr
         .to_socket_addrs()
         .map_err(|e| Attempt::Retry(format!("cannot resolve {addr}: {e}")))?
@@ -155,8 +145,8 @@ fn handshake(
         .and_then(|()| stream.set_read_timeout(Some(budget)))
         .and_then(|()| stream.set_write_timeout(Some(budget)))
         .map_err(|e| io_retry("setting up the connection to", e))?;
-    let hello = protocol::read_msg(&stream, MAX_HANDSHAKE_FRAME)
-        .map_err(|e| io_retry("waiting for the greeting of", e))?;
+    let hello =
+        protocol::read_msg(&stream, MAX_HANDSHAKE_FRAME).map_err(|e| io_retry("waiting for the greeting of", e))?;
     let Msg::Hello {
         version,
         nonce: server_nonce,
@@ -187,9 +177,7 @@ fn handshake(
     protocol::write_msg(&stream, &auth).map_err(|e| io_retry("authenticating to", e))?;
     match protocol::read_msg(&stream, MAX_HANDSHAKE_FRAME) {
         Ok(Msg::Welcome { proof }) if hs.server_proof_ok(key, &proof) => Ok(stream),
-        Ok(Msg::Welcome { .. }) => Err(Attempt::Fatal(Error::StoreNotAuthentic {
-            addr: addr.to_string(),
-        })),
+        Ok(Msg::Welcome { .. }) => Err(Attempt::Fatal(Error::StoreNotAuthentic { addr: addr.to_string() })),
         Ok(Msg::Refused(reason)) => Err(Attempt::Fatal(Error::Refused { reason })),
         Ok(other) => Err(Attempt::Fatal(Error::Protocol(format!(
             "unexpected handshake reply {other:?} from {addr}"

@@ -56,13 +56,7 @@ impl Store {
 
     /// Connects to the store at `addr` (`host:port`) as `rank` of `world_size`, proving
     /// knowledge of `key`; retries until `timeout` while nothing answers at `addr`.
-    pub fn connect(
-        addr: &str,
-        rank: usize,
-        world_size: usize,
-        key: &JobKey,
-        timeout: Duration,
-    ) -> Result<Self> {
+    pub fn connect(addr: &str, rank: usize, world_size: usize, key: &JobKey, timeout: Duration) -> Result<Self> {
         let client = Client::connect(addr, rank, world_size, key, timeout)?;
         Ok(Store {
             client: Mutex::new(client),
@@ -151,14 +145,7 @@ impl Store {
         }
     }
 
-    fn gather(
-        &self,
-        op: &str,
-        kind: GatherKind,
-        name: &str,
-        data: &[u8],
-        timeout: Duration,
-    ) -> Result<Msg> {
+    fn gather(&self, op: &str, kind: GatherKind, name: &str, data: &[u8], timeout: Duration) -> Result<Msg> {
         let request = Msg::Gather {
             kind,
             name: name.into(),
@@ -212,12 +199,8 @@ fn bind_store(info: &RankInfo) -> Result<TcpListener> {
 /// `127.0.0.1` (or `::1`) for a server bound to every interface.
 fn loopback_if_unspecified(addr: SocketAddr) -> SocketAddr {
     match addr.ip() {
-        IpAddr::V4(ip) if ip.is_unspecified() => {
-            SocketAddr::new(Ipv4Addr::LOCALHOST.into(), addr.port())
-        }
-        IpAddr::V6(ip) if ip.is_unspecified() => {
-            SocketAddr::new(Ipv6Addr::LOCALHOST.into(), addr.port())
-        }
+        IpAddr::V4(ip) if ip.is_unspecified() => SocketAddr::new(Ipv4Addr::LOCALHOST.into(), addr.port()),
+        IpAddr::V6(ip) if ip.is_unspecified() => SocketAddr::new(Ipv6Addr::LOCALHOST.into(), addr.port()),
         _ => addr,
     }
 }

@@ -129,9 +129,7 @@ pub(crate) fn read_msg(mut r: impl Read, max: usize) -> io::Result<Msg> {
     r.read_exact(&mut len)?;
     let len = u32::from_le_bytes(len) as usize;
     if len > max {
-        return Err(invalid(format!(
-            "frame of {len} bytes exceeds the {max}-byte limit"
-        )));
+        return Err(invalid(format!("frame of {len} bytes exceeds the {max}-byte limit")));
     }
     let mut body = vec![0u8; len];
     r.read_exact(&mut body)?;
@@ -262,14 +260,8 @@ fn decode(body: &[u8]) -> io::Result<Msg> {
             Msg::Refused(match code {
                 0 => Refusal::WrongKey,
                 1 => Refusal::DuplicateRank { rank: a },
-                2 => Refusal::RankOutOfRange {
-                    rank: a,
-                    world_size: b,
-                },
-                3 => Refusal::WorldSizeMismatch {
-                    client: a,
-                    store: b,
-                },
+                2 => Refusal::RankOutOfRange { rank: a, world_size: b },
+                3 => Refusal::WorldSizeMismatch { client: a, store: b },
                 c => return Err(invalid(format!("unknown refusal code {c}"))),
             })
         }
@@ -430,14 +422,8 @@ mod tests {
             Msg::Welcome { proof: [9; 32] },
             Msg::Refused(Refusal::WrongKey),
             Msg::Refused(Refusal::DuplicateRank { rank: 2 }),
-            Msg::Refused(Refusal::RankOutOfRange {
-                rank: 9,
-                world_size: 4,
-            }),
-            Msg::Refused(Refusal::WorldSizeMismatch {
-                client: 8,
-                store: 4,
-            }),
+            Msg::Refused(Refusal::RankOutOfRange { rank: 9, world_size: 4 }),
+            Msg::Refused(Refusal::WorldSizeMismatch { client: 8, store: 4 }),
             Msg::Set {
                 key: "k".into(),
                 value: vec![1, 2, 3],

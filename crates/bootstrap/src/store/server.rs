@@ -40,9 +40,7 @@ impl StoreServer {
     /// ([`StoreServer::local_addr`] tells which).
     pub fn start(bind: impl ToSocketAddrs, world_size: usize, key: JobKey) -> Result<Self> {
         if world_size == 0 || world_size > u32::MAX as usize {
-            return Err(Error::InvalidArgument(format!(
-                "a store for {world_size} ranks"
-            )));
+            return Err(Error::InvalidArgument(format!("a store for {world_size} ranks")));
         }
         let addrs: Vec<SocketAddr> = bind
             .to_socket_addrs()
@@ -70,8 +68,7 @@ impl StoreServer {
         listener
             .set_nonblocking(true)
             .map_err(|e| Error::io("setting up the store's listener", e))?;
-        let (stop, stop_rx) =
-            UnixStream::pair().map_err(|e| Error::io("creating the store's stop channel", e))?;
+        let (stop, stop_rx) = UnixStream::pair().map_err(|e| Error::io("creating the store's stop channel", e))?;
         let shared = Arc::new(Shared::new(world_size));
         let refused = Arc::new(AtomicUsize::new(0));
         let acceptor = Acceptor {
@@ -158,22 +155,13 @@ impl Acceptor {
                 Ok(Some(0)) => {}
                 Ok(_) => break, // stop requested
                 Err(e) => {
-                    eprintln!(
-                        "[mkernel-bootstrap] store: waiting for connections failed: {e}; stopping"
-                    );
+                    eprintln!("[mkernel-bootstrap] store: waiting for connections failed: {e}; stopping");
                     break;
                 }
             }
             let stream = match self.listener.accept() {
                 Ok((s, _)) => s,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                    ) =>
-                {
-                    continue
-                }
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => continue,
                 // Per-connection failures (the peer reset, too many files): keep serving.
                 Err(e) => {
                     eprintln!("[mkernel-bootstrap] store: accept failed: {e}");
@@ -190,8 +178,7 @@ impl Acceptor {
             let Ok(socket) = stream.try_clone() else {
                 continue;
             };
-            let (shared, key, refused) =
-                (self.shared.clone(), self.key.clone(), self.refused.clone());
+            let (shared, key, refused) = (self.shared.clone(), self.key.clone(), self.refused.clone());
             let spawned = std::thread::Builder::new()
                 .name("mkernel-store-conn".into())
                 .spawn(move || serve_connection(stream, &shared, &key, &refused));
@@ -323,10 +310,7 @@ fn serve_requests(stream: &TcpStream, shared: &Shared, rank: usize) {
                 data,
             } => shared.gather(rank, kind, name, data, Duration::from_millis(timeout_ms)),
             other => {
-                let _ = protocol::write_msg(
-                    stream,
-                    &Msg::Failed(format!("unexpected request {other:?}")),
-                );
+                let _ = protocol::write_msg(stream, &Msg::Failed(format!("unexpected request {other:?}")));
                 return;
             }
         };

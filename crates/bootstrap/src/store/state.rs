@@ -65,16 +65,9 @@ impl Shared {
     }
 
     /// Waits for a change until `deadline` (`None`: forever).
-    fn wait<'a>(
-        &self,
-        guard: MutexGuard<'a, State>,
-        deadline: Option<Instant>,
-    ) -> MutexGuard<'a, State> {
+    fn wait<'a>(&self, guard: MutexGuard<'a, State>, deadline: Option<Instant>) -> MutexGuard<'a, State> {
         match deadline {
-            None => self
-                .changed
-                .wait(guard)
-                .unwrap_or_else(PoisonError::into_inner),
+            None => self.changed.wait(guard).unwrap_or_else(PoisonError::into_inner),
             Some(d) => {
                 let left = d.saturating_duration_since(Instant::now());
                 self.changed
@@ -141,14 +134,7 @@ impl Shared {
     /// [`Msg::Done`] (barrier) or [`Msg::Gathered`] (all-gather, indexed by rank); or
     /// [`Msg::TimedOut`] naming the ranks that did not arrive, [`Msg::RanksLeft`] when one of
     /// them disconnected, [`Msg::Failed`] when the store shuts down.
-    pub fn gather(
-        &self,
-        rank: usize,
-        kind: GatherKind,
-        name: String,
-        data: Vec<u8>,
-        timeout: Duration,
-    ) -> Msg {
+    pub fn gather(&self, rank: usize, kind: GatherKind, name: String, data: Vec<u8>, timeout: Duration) -> Msg {
         let deadline = Instant::now().checked_add(timeout);
         let world = self.world_size;
         let key = (kind, name);
@@ -176,11 +162,7 @@ impl Shared {
                 ..
             } = &mut *st;
             let Some(g) = gathers.get_mut(&key) else {
-                return Msg::Failed(format!(
-                    "{} '{}' vanished from the store",
-                    kind.as_str(),
-                    key.1
-                ));
+                return Msg::Failed(format!("{} '{}' vanished from the store", kind.as_str(), key.1));
             };
             if g.generation > my_gen {
                 return take_result(g, my_gen, kind);
@@ -192,9 +174,7 @@ impl Shared {
             let left: Vec<u32> = missing
                 .iter()
                 .copied()
-                .filter(|&r| {
-                    ever_connected.contains(&(r as usize)) && !connected.contains(&(r as usize))
-                })
+                .filter(|&r| ever_connected.contains(&(r as usize)) && !connected.contains(&(r as usize)))
                 .collect();
             // A rank that gives up stays counted as arrived, so that every rank's error names
             // the ranks that never came rather than each other.
@@ -257,15 +237,7 @@ mod tests {
             let threads: Vec<_> = (0..3)
                 .map(|r| {
                     let s = s.clone();
-                    thread::spawn(move || {
-                        s.gather(
-                            r,
-                            GatherKind::AllGather,
-                            "x".into(),
-                            vec![r as u8, round],
-                            LONG,
-                        )
-                    })
+                    thread::spawn(move || s.gather(r, GatherKind::AllGather, "x".into(), vec![r as u8, round], LONG))
                 })
                 .collect();
             for t in threads {
@@ -284,13 +256,7 @@ mod tests {
         let s = Arc::new(Shared::new(3));
         s.register(0).unwrap();
         s.register(1).unwrap();
-        let m = s.gather(
-            0,
-            GatherKind::Barrier,
-            "b".into(),
-            vec![],
-            Duration::from_millis(20),
-        );
+        let m = s.gather(0, GatherKind::Barrier, "b".into(), vec![], Duration::from_millis(20));
         assert_eq!(
             m,
             Msg::TimedOut {
@@ -299,13 +265,7 @@ mod tests {
             }
         );
         // Rank 1 gives up too: it still counts as arrived, so it names only rank 2.
-        let m = s.gather(
-            1,
-            GatherKind::Barrier,
-            "b".into(),
-            vec![],
-            Duration::from_millis(20),
-        );
+        let m = s.gather(1, GatherKind::Barrier, "b".into(), vec![], Duration::from_millis(20));
         assert_eq!(
             m,
             Msg::TimedOut {
@@ -319,10 +279,7 @@ mod tests {
             thread::spawn(move || s.gather(0, GatherKind::Barrier, "b".into(), vec![], LONG))
         };
         thread::sleep(Duration::from_millis(10));
-        assert_eq!(
-            s.gather(2, GatherKind::Barrier, "b".into(), vec![], LONG),
-            Msg::Done
-        );
+        assert_eq!(s.gather(2, GatherKind::Barrier, "b".into(), vec![], LONG), Msg::Done);
         assert_eq!(retry.join().unwrap(), Msg::Done);
     }
 

@@ -22,10 +22,7 @@ fn server(world: usize) -> (StoreServer, String) {
 
 /// Runs `f(store)` for ranks 1..world on threads and for rank 0 (hosting) on this thread;
 /// returns every rank's result, indexed by rank.
-fn run_ranks<R: Send + 'static>(
-    world: usize,
-    f: impl Fn(&Store) -> R + Send + Sync + Clone + 'static,
-) -> Vec<R> {
+fn run_ranks<R: Send + 'static>(world: usize, f: impl Fn(&Store) -> R + Send + Sync + Clone + 'static) -> Vec<R> {
     let (srv, addr) = server(world);
     let threads: Vec<_> = (1..world)
         .map(|r| {
@@ -43,8 +40,7 @@ fn run_ranks<R: Send + 'static>(
 fn set_get_barrier_and_all_gather_with_four_ranks() {
     let results = run_ranks(4, |s| {
         let r = s.rank();
-        s.set(&format!("addr/{r}"), format!("host{r}").as_bytes())
-            .unwrap();
+        s.set(&format!("addr/{r}"), format!("host{r}").as_bytes()).unwrap();
         s.barrier("init", T).unwrap();
         // After the barrier every key is set.
         for peer in 0..4 {
@@ -70,10 +66,7 @@ fn set_get_barrier_and_all_gather_with_four_ranks() {
     });
     for rounds in results {
         for (round, all) in rounds.into_iter().enumerate() {
-            assert_eq!(
-                all,
-                (0..4u8).map(|r| vec![r, round as u8]).collect::<Vec<_>>()
-            );
+            assert_eq!(all, (0..4u8).map(|r| vec![r, round as u8]).collect::<Vec<_>>());
         }
     }
 }
@@ -93,17 +86,11 @@ fn barrier_timeout_names_the_missing_rank() {
         .collect();
     let root = Store::host(srv, T).unwrap();
     let start = Instant::now();
-    let e = root
-        .barrier("init", Duration::from_millis(300))
-        .unwrap_err();
+    let e = root.barrier("init", Duration::from_millis(300)).unwrap_err();
     assert!(start.elapsed() < Duration::from_secs(5));
-    let (_others, errors): (Vec<Store>, Vec<Error>) =
-        threads.into_iter().map(|t| t.join().unwrap()).unzip();
+    let (_others, errors): (Vec<Store>, Vec<Error>) = threads.into_iter().map(|t| t.join().unwrap()).unzip();
     for e in errors.into_iter().chain([e]) {
-        assert!(
-            matches!(&e, Error::Timeout { missing, .. } if missing == &[3]),
-            "{e:?}"
-        );
+        assert!(matches!(&e, Error::Timeout { missing, .. } if missing == &[3]), "{e:?}");
         let m = e.to_string();
         assert!(
             m.starts_with("barrier 'init' timed out after 0.3 s: ranks [3] did not arrive"),
@@ -127,14 +114,8 @@ fn barrier_timeout_names_the_missing_rank() {
 fn get_timeout_says_the_key_was_never_set() {
     let (srv, _) = server(1);
     let root = Store::host(srv, T).unwrap();
-    let e = root
-        .get("nope", Duration::from_millis(50))
-        .unwrap_err()
-        .to_string();
-    assert_eq!(
-        e,
-        "get 'nope' timed out after 0.05 s: the key was never set"
-    );
+    let e = root.get("nope", Duration::from_millis(50)).unwrap_err().to_string();
+    assert_eq!(e, "get 'nope' timed out after 0.05 s: the key was never set");
 }
 
 #[test]
@@ -142,9 +123,7 @@ fn a_wrong_key_is_refused_while_the_right_ones_proceed() {
     let (srv, addr) = server(3);
     let intruder = {
         let addr = addr.clone();
-        thread::spawn(move || {
-            Store::connect(&addr, 1, 3, &JobKey::new("a wrong key").unwrap(), T).unwrap_err()
-        })
+        thread::spawn(move || Store::connect(&addr, 1, 3, &JobKey::new("a wrong key").unwrap(), T).unwrap_err())
     };
     let e = intruder.join().unwrap();
     assert!(
@@ -173,10 +152,7 @@ fn a_wrong_key_is_refused_while_the_right_ones_proceed() {
         })
         .collect();
     let root = Store::host(srv, T).unwrap();
-    assert_eq!(
-        root.all_gather("g", &[0], T).unwrap(),
-        vec![vec![0], vec![1], vec![2]]
-    );
+    assert_eq!(root.all_gather("g", &[0], T).unwrap(), vec![vec![0], vec![1], vec![2]]);
     for t in threads {
         assert_eq!(t.join().unwrap(), vec![vec![0], vec![1], vec![2]]);
     }
@@ -192,20 +168,8 @@ fn duplicate_out_of_range_and_mismatched_ranks_are_refused() {
         other => panic!("expected a refusal, got {other:?}"),
     };
     assert_eq!(refusal(1, 2), Refusal::DuplicateRank { rank: 1 });
-    assert_eq!(
-        refusal(2, 2),
-        Refusal::RankOutOfRange {
-            rank: 2,
-            world_size: 2
-        }
-    );
-    assert_eq!(
-        refusal(0, 3),
-        Refusal::WorldSizeMismatch {
-            client: 3,
-            store: 2
-        }
-    );
+    assert_eq!(refusal(2, 2), Refusal::RankOutOfRange { rank: 2, world_size: 2 });
+    assert_eq!(refusal(0, 3), Refusal::WorldSizeMismatch { client: 3, store: 2 });
     assert_eq!(srv.refused_clients(), 3);
     // Rank 0 is still free.
     let root = Store::host(srv, T).unwrap();
@@ -234,11 +198,7 @@ fn a_rank_that_leaves_fails_the_others_early() {
 #[test]
 fn clients_wait_for_a_late_store_and_rank0_can_leave_after_the_last_barrier() {
     // A free port, then the ranks start before rank 0 listens on it.
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let infos: Vec<RankInfo> = (0..3)
         .map(|r| RankInfo::new(r, 3, 3, "127.0.0.1", port, key()).unwrap())
         .collect();
@@ -268,11 +228,7 @@ fn clients_wait_for_a_late_store_and_rank0_can_leave_after_the_last_barrier() {
 
 #[test]
 fn unreachable_store_and_non_stores_are_reported() {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let addr = format!("127.0.0.1:{port}");
     let e = Store::connect(&addr, 1, 2, &key(), Duration::from_millis(200)).unwrap_err();
     assert!(matches!(e, Error::StoreUnreachable { .. }), "{e:?}");
@@ -286,10 +242,7 @@ fn unreachable_store_and_non_stores_are_reported() {
         let _ = c.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
     });
     let e = Store::connect(&addr, 1, 2, &key(), T).unwrap_err();
-    assert!(
-        e.to_string().contains("not an mkernel bootstrap store"),
-        "{e}"
-    );
+    assert!(e.to_string().contains("not an mkernel bootstrap store"), "{e}");
     t.join().unwrap();
 }
 

@@ -6,7 +6,9 @@ use core::arch::asm;
 #[inline(always)]
 pub fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
     let r: u32;
-    unsafe { asm!("cvt.rn.bf16x2.f32 {0}, {1}, {2};", out(reg32) r, in(reg32) hi, in(reg32) lo, options(pure, nomem, nostack)) };
+    unsafe {
+        asm!("cvt.rn.bf16x2.f32 {0}, {1}, {2};", out(reg32) r, in(reg32) hi, in(reg32) lo, options(pure, nomem, nostack))
+    };
     r
 }
 /// bf16 bits to f32 (exact): the bits go to the upper half.

@@ -11,7 +11,9 @@ pub unsafe fn copy_16(dst: SmemAddr, src: *const u8) {
 /// `cp.async.cg.shared.global [dst], [src], 16, src_bytes;`
 #[inline(always)]
 pub unsafe fn copy_16_zfill(dst: SmemAddr, src: *const u8, src_bytes: u32) {
-    unsafe { asm!("cp.async.cg.shared.global [{0}], [{1}], 16, {2};", in(reg32) dst.0, in(reg64) src, in(reg32) src_bytes, options(nostack)) };
+    unsafe {
+        asm!("cp.async.cg.shared.global [{0}], [{1}], 16, {2};", in(reg32) dst.0, in(reg64) src, in(reg32) src_bytes, options(nostack))
+    };
 }
 /// `cp.async.commit_group;`
 #[inline(always)]

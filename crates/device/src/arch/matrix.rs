@@ -7,19 +7,25 @@ use core::arch::asm;
 #[inline(always)]
 pub unsafe fn ldmatrix_x4(addr: SmemAddr) -> [u32; 4] {
     let (a, b, c, d): (u32, u32, u32, u32);
-    unsafe { asm!("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{{0}, {1}, {2}, {3}}}, [{4}];", out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg32) addr.0, options(nostack, readonly)) };
+    unsafe {
+        asm!("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{{0}, {1}, {2}, {3}}}, [{4}];", out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg32) addr.0, options(nostack, readonly))
+    };
     [a, b, c, d]
 }
 /// As [`ldmatrix_x4`], transposing each matrix: `ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16`.
 #[inline(always)]
 pub unsafe fn ldmatrix_x4_trans(addr: SmemAddr) -> [u32; 4] {
     let (a, b, c, d): (u32, u32, u32, u32);
-    unsafe { asm!("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {{{0}, {1}, {2}, {3}}}, [{4}];", out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg32) addr.0, options(nostack, readonly)) };
+    unsafe {
+        asm!("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {{{0}, {1}, {2}, {3}}}, [{4}];", out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg32) addr.0, options(nostack, readonly))
+    };
     [a, b, c, d]
 }
 /// Four 8x8 b16 matrices to shared memory (addresses as for [`ldmatrix_x4`]):
 /// `stmatrix.sync.aligned.m8n8.x4.shared.b16 [addr], {s0, s1, s2, s3};`
 #[inline(always)]
 pub unsafe fn stmatrix_x4(addr: SmemAddr, v: [u32; 4]) {
-    unsafe { asm!("stmatrix.sync.aligned.m8n8.x4.shared.b16 [{0}], {{{1}, {2}, {3}, {4}}};", in(reg32) addr.0, in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3], options(nostack)) };
+    unsafe {
+        asm!("stmatrix.sync.aligned.m8n8.x4.shared.b16 [{0}], {{{1}, {2}, {3}, {4}}};", in(reg32) addr.0, in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3], options(nostack))
+    };
 }

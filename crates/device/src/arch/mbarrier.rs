@@ -26,12 +26,16 @@ pub unsafe fn arrive(bar: SmemAddr) {
 /// `mbarrier.arrive.expect_tx.shared::cta.b64 _, [bar], tx_bytes;`
 #[inline(always)]
 pub unsafe fn arrive_expect_tx(bar: SmemAddr, tx_bytes: u32) {
-    unsafe { asm!("mbarrier.arrive.expect_tx.shared::cta.b64 _, [{0}], {1};", in(reg32) bar.0, in(reg32) tx_bytes, options(nostack)) };
+    unsafe {
+        asm!("mbarrier.arrive.expect_tx.shared::cta.b64 _, [{0}], {1};", in(reg32) bar.0, in(reg32) tx_bytes, options(nostack))
+    };
 }
 /// Expects `tx_bytes` without arriving: `mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [bar], tx_bytes;`
 #[inline(always)]
 pub unsafe fn expect_tx(bar: SmemAddr, tx_bytes: u32) {
-    unsafe { asm!("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [{0}], {1};", in(reg32) bar.0, in(reg32) tx_bytes, options(nostack)) };
+    unsafe {
+        asm!("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [{0}], {1};", in(reg32) bar.0, in(reg32) tx_bytes, options(nostack))
+    };
 }
 /// One non-blocking test: `mbarrier.try_wait.parity.shared::cta.b64 p, [bar], parity;`
 #[inline(always)]
@@ -63,13 +67,21 @@ pub const HUNG_NS: u64 = 10_000_000_000;
 /// bounds the wait: it may trap ([`trap_after`]) or end it (e.g. "the consumers have stopped").
 #[inline(always)]
 pub unsafe fn wait_parity_or(bar: SmemAddr, parity: u32, give_up: impl Fn(u64) -> bool) -> bool {
-    super::time::poll_until::<0>(TRIES_PER_STALL_CHECK, || unsafe { try_wait_parity(bar, parity) }, give_up)
+    super::time::poll_until::<0>(
+        TRIES_PER_STALL_CHECK,
+        || unsafe { try_wait_parity(bar, parity) },
+        give_up,
+    )
 }
 
 /// As [`wait_parity_or`], sleeping about `SLEEP_NS` between tests (`give_up` every 1024 of
 /// them): for a waiter that shares its SM with tensor-core work and need not react at once.
 #[inline(always)]
-pub unsafe fn wait_parity_sleeping_or<const SLEEP_NS: u32>(bar: SmemAddr, parity: u32, give_up: impl Fn(u64) -> bool) -> bool {
+pub unsafe fn wait_parity_sleeping_or<const SLEEP_NS: u32>(
+    bar: SmemAddr,
+    parity: u32,
+    give_up: impl Fn(u64) -> bool,
+) -> bool {
     super::time::poll_until::<SLEEP_NS>(1024, || unsafe { try_wait_parity(bar, parity) }, give_up)
 }
 

@@ -113,9 +113,15 @@ pub unsafe fn atom_acq_rel_add_u32(scope: Scope, p: *mut u32, v: u32) -> u32 {
     let r: u32;
     unsafe {
         match scope {
-            Scope::Cta => asm!("atom.acq_rel.cta.add.u32 {0}, [{1}], {2};", out(reg32) r, in(reg64) p, in(reg32) v, options(nostack)),
-            Scope::Gpu => asm!("atom.acq_rel.gpu.add.u32 {0}, [{1}], {2};", out(reg32) r, in(reg64) p, in(reg32) v, options(nostack)),
-            Scope::Sys => asm!("atom.acq_rel.sys.add.u32 {0}, [{1}], {2};", out(reg32) r, in(reg64) p, in(reg32) v, options(nostack)),
+            Scope::Cta => {
+                asm!("atom.acq_rel.cta.add.u32 {0}, [{1}], {2};", out(reg32) r, in(reg64) p, in(reg32) v, options(nostack))
+            }
+            Scope::Gpu => {
+                asm!("atom.acq_rel.gpu.add.u32 {0}, [{1}], {2};", out(reg32) r, in(reg64) p, in(reg32) v, options(nostack))
+            }
+            Scope::Sys => {
+                asm!("atom.acq_rel.sys.add.u32 {0}, [{1}], {2};", out(reg32) r, in(reg64) p, in(reg32) v, options(nostack))
+            }
         }
     }
     r
@@ -127,9 +133,15 @@ pub unsafe fn atom_acq_rel_add_u64(scope: Scope, p: *mut u64, v: u64) -> u64 {
     let r: u64;
     unsafe {
         match scope {
-            Scope::Cta => asm!("atom.acq_rel.cta.add.u64 {0}, [{1}], {2};", out(reg64) r, in(reg64) p, in(reg64) v, options(nostack)),
-            Scope::Gpu => asm!("atom.acq_rel.gpu.add.u64 {0}, [{1}], {2};", out(reg64) r, in(reg64) p, in(reg64) v, options(nostack)),
-            Scope::Sys => asm!("atom.acq_rel.sys.add.u64 {0}, [{1}], {2};", out(reg64) r, in(reg64) p, in(reg64) v, options(nostack)),
+            Scope::Cta => {
+                asm!("atom.acq_rel.cta.add.u64 {0}, [{1}], {2};", out(reg64) r, in(reg64) p, in(reg64) v, options(nostack))
+            }
+            Scope::Gpu => {
+                asm!("atom.acq_rel.gpu.add.u64 {0}, [{1}], {2};", out(reg64) r, in(reg64) p, in(reg64) v, options(nostack))
+            }
+            Scope::Sys => {
+                asm!("atom.acq_rel.sys.add.u64 {0}, [{1}], {2};", out(reg64) r, in(reg64) p, in(reg64) v, options(nostack))
+            }
         }
     }
     r
@@ -140,9 +152,15 @@ pub unsafe fn atom_relaxed_add_u64(scope: Scope, p: *mut u64, v: u64) -> u64 {
     let r: u64;
     unsafe {
         match scope {
-            Scope::Cta => asm!("atom.relaxed.cta.add.u64 {0}, [{1}], {2};", out(reg64) r, in(reg64) p, in(reg64) v, options(nostack)),
-            Scope::Gpu => asm!("atom.relaxed.gpu.add.u64 {0}, [{1}], {2};", out(reg64) r, in(reg64) p, in(reg64) v, options(nostack)),
-            Scope::Sys => asm!("atom.relaxed.sys.add.u64 {0}, [{1}], {2};", out(reg64) r, in(reg64) p, in(reg64) v, options(nostack)),
+            Scope::Cta => {
+                asm!("atom.relaxed.cta.add.u64 {0}, [{1}], {2};", out(reg64) r, in(reg64) p, in(reg64) v, options(nostack))
+            }
+            Scope::Gpu => {
+                asm!("atom.relaxed.gpu.add.u64 {0}, [{1}], {2};", out(reg64) r, in(reg64) p, in(reg64) v, options(nostack))
+            }
+            Scope::Sys => {
+                asm!("atom.relaxed.sys.add.u64 {0}, [{1}], {2};", out(reg64) r, in(reg64) p, in(reg64) v, options(nostack))
+            }
         }
     }
     r
@@ -153,9 +171,15 @@ pub unsafe fn atom_acq_rel_cas_u32(scope: Scope, p: *mut u32, expected: u32, new
     let r: u32;
     unsafe {
         match scope {
-            Scope::Cta => asm!("atom.acq_rel.cta.cas.b32 {0}, [{1}], {2}, {3};", out(reg32) r, in(reg64) p, in(reg32) expected, in(reg32) new, options(nostack)),
-            Scope::Gpu => asm!("atom.acq_rel.gpu.cas.b32 {0}, [{1}], {2}, {3};", out(reg32) r, in(reg64) p, in(reg32) expected, in(reg32) new, options(nostack)),
-            Scope::Sys => asm!("atom.acq_rel.sys.cas.b32 {0}, [{1}], {2}, {3};", out(reg32) r, in(reg64) p, in(reg32) expected, in(reg32) new, options(nostack)),
+            Scope::Cta => {
+                asm!("atom.acq_rel.cta.cas.b32 {0}, [{1}], {2}, {3};", out(reg32) r, in(reg64) p, in(reg32) expected, in(reg32) new, options(nostack))
+            }
+            Scope::Gpu => {
+                asm!("atom.acq_rel.gpu.cas.b32 {0}, [{1}], {2}, {3};", out(reg32) r, in(reg64) p, in(reg32) expected, in(reg32) new, options(nostack))
+            }
+            Scope::Sys => {
+                asm!("atom.acq_rel.sys.cas.b32 {0}, [{1}], {2}, {3};", out(reg32) r, in(reg64) p, in(reg32) expected, in(reg32) new, options(nostack))
+            }
         }
     }
     r
@@ -210,48 +234,66 @@ pub unsafe fn ld_relaxed_u64(scope: Scope, p: *const u64) -> u64 {
 #[inline(always)]
 pub unsafe fn ld_v4(p: *const u8) -> [u32; 4] {
     let (a, b, c, d): (u32, u32, u32, u32);
-    unsafe { asm!("ld.global.v4.u32 {{{0}, {1}, {2}, {3}}}, [{4}];", out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg64) p, options(nostack, readonly)) };
+    unsafe {
+        asm!("ld.global.v4.u32 {{{0}, {1}, {2}, {3}}}, [{4}];", out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg64) p, options(nostack, readonly))
+    };
     [a, b, c, d]
 }
 /// 16 bytes to global memory (local or a peer's, over NVLink): `st.global.v4.u32 [p], {a, b, c, d};`
 #[inline(always)]
 pub unsafe fn st_v4(p: *mut u8, v: [u32; 4]) {
-    unsafe { asm!("st.global.v4.u32 [{0}], {{{1}, {2}, {3}, {4}}};", in(reg64) p, in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3], options(nostack)) };
+    unsafe {
+        asm!("st.global.v4.u32 [{0}], {{{1}, {2}, {3}, {4}}};", in(reg64) p, in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3], options(nostack))
+    };
 }
 /// Two 8-byte words to global memory, each single-copy atomic (what the LL protocol relies on:
 /// a word's data half and flag half land together): `st.relaxed.sys.global.v2.u64 [p], {a, b};`
 #[inline(always)]
 pub unsafe fn st_relaxed_sys_v2_u64(p: *mut u8, a: u64, b: u64) {
-    unsafe { asm!("st.relaxed.sys.global.v2.u64 [{0}], {{{1}, {2}}};", in(reg64) p, in(reg64) a, in(reg64) b, options(nostack)) };
+    unsafe {
+        asm!("st.relaxed.sys.global.v2.u64 [{0}], {{{1}, {2}}};", in(reg64) p, in(reg64) a, in(reg64) b, options(nostack))
+    };
 }
 /// Two 8-byte words from global memory, each single-copy atomic:
 /// `ld.relaxed.sys.global.v2.u64 {a, b}, [p];`
 #[inline(always)]
 pub unsafe fn ld_relaxed_sys_v2_u64(p: *const u8) -> (u64, u64) {
     let (a, b): (u64, u64);
-    unsafe { asm!("ld.relaxed.sys.global.v2.u64 {{{0}, {1}}}, [{2}];", out(reg64) a, out(reg64) b, in(reg64) p, options(nostack)) };
+    unsafe {
+        asm!("ld.relaxed.sys.global.v2.u64 {{{0}, {1}}}, [{2}];", out(reg64) a, out(reg64) b, in(reg64) p, options(nostack))
+    };
     (a, b)
 }
 /// 8 bytes from global memory: `ld.global.v2.u32 {a, b}, [p];`
 #[inline(always)]
 pub unsafe fn ld_v2(p: *const u8) -> [u32; 2] {
     let (a, b): (u32, u32);
-    unsafe { asm!("ld.global.v2.u32 {{{0}, {1}}}, [{2}];", out(reg32) a, out(reg32) b, in(reg64) p, options(nostack, readonly)) };
+    unsafe {
+        asm!("ld.global.v2.u32 {{{0}, {1}}}, [{2}];", out(reg32) a, out(reg32) b, in(reg64) p, options(nostack, readonly))
+    };
     [a, b]
 }
 /// 8 bytes to global memory: `st.global.v2.u32 [p], {a, b};`
 #[inline(always)]
 pub unsafe fn st_v2(p: *mut u8, v: [u32; 2]) {
-    unsafe { asm!("st.global.v2.u32 [{0}], {{{1}, {2}}};", in(reg64) p, in(reg32) v[0], in(reg32) v[1], options(nostack)) };
+    unsafe {
+        asm!("st.global.v2.u32 [{0}], {{{1}, {2}}};", in(reg64) p, in(reg32) v[0], in(reg32) v[1], options(nostack))
+    };
 }
 /// Release-ordered 64-bit add with no result: `red.release.{gpu,sys}.global.add.u64 [p], v;`
 #[inline(always)]
 pub unsafe fn red_release_add_u64(scope: Scope, p: *mut u64, v: u64) {
     unsafe {
         match scope {
-            Scope::Cta => asm!("red.release.cta.global.add.u64 [{0}], {1};", in(reg64) p, in(reg64) v, options(nostack)),
-            Scope::Gpu => asm!("red.release.gpu.global.add.u64 [{0}], {1};", in(reg64) p, in(reg64) v, options(nostack)),
-            Scope::Sys => asm!("red.release.sys.global.add.u64 [{0}], {1};", in(reg64) p, in(reg64) v, options(nostack)),
+            Scope::Cta => {
+                asm!("red.release.cta.global.add.u64 [{0}], {1};", in(reg64) p, in(reg64) v, options(nostack))
+            }
+            Scope::Gpu => {
+                asm!("red.release.gpu.global.add.u64 [{0}], {1};", in(reg64) p, in(reg64) v, options(nostack))
+            }
+            Scope::Sys => {
+                asm!("red.release.sys.global.add.u64 [{0}], {1};", in(reg64) p, in(reg64) v, options(nostack))
+            }
         }
     }
 }
@@ -268,7 +310,9 @@ pub unsafe fn ld_cg_u32(p: *const u8) -> u32 {
 #[inline(always)]
 pub unsafe fn ld_cg_v4(p: *const u8) -> [u32; 4] {
     let (a, b, c, d): (u32, u32, u32, u32);
-    unsafe { asm!("ld.global.cg.v4.u32 {{{0}, {1}, {2}, {3}}}, [{4}];", out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg64) p, options(nostack, readonly)) };
+    unsafe {
+        asm!("ld.global.cg.v4.u32 {{{0}, {1}, {2}, {3}}}, [{4}];", out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d, in(reg64) p, options(nostack, readonly))
+    };
     [a, b, c, d]
 }
 /// Pulls the 128-byte line at `p` into L2: `prefetch.global.L2 [p];`

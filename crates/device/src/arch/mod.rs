@@ -5,19 +5,19 @@
 //! (`fetch_add(Release)` becomes a relaxed `atom`), so signalling never uses `core::sync::atomic`.
 //! Shared-memory addresses are 32-bit `.shared::cta` addresses ([`smem::SmemAddr`]).
 
+pub mod convert;
+pub mod cp_async;
 pub mod ids;
-pub mod sync;
+pub mod matrix;
+pub mod mbarrier;
+pub mod memory;
+pub mod regs;
 pub mod shuffle;
 pub mod smem;
-pub mod mbarrier;
-pub mod cp_async;
+pub mod sync;
+pub mod time;
 pub mod tma;
 pub mod wgmma;
-pub mod matrix;
-pub mod regs;
-pub mod memory;
-pub mod time;
-pub mod convert;
 
 /// Aborts the kernel: `trap;`. The host sees `CUDA_ERROR_ILLEGAL_INSTRUCTION`/launch failure.
 #[inline(always)]

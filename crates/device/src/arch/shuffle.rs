@@ -5,21 +5,27 @@ use core::arch::asm;
 #[inline(always)]
 pub fn shfl_idx(v: u32, src_lane: u32) -> u32 {
     let r: u32;
-    unsafe { asm!("shfl.sync.idx.b32 {0}, {1}, {2}, 0x1f, 0xffffffff;", out(reg32) r, in(reg32) v, in(reg32) src_lane, options(nostack, nomem)) };
+    unsafe {
+        asm!("shfl.sync.idx.b32 {0}, {1}, {2}, 0x1f, 0xffffffff;", out(reg32) r, in(reg32) v, in(reg32) src_lane, options(nostack, nomem))
+    };
     r
 }
 /// `shfl.sync.bfly.b32 d, v, lane_mask, 0x1f, 0xffffffff;`
 #[inline(always)]
 pub fn shfl_xor(v: u32, lane_mask: u32) -> u32 {
     let r: u32;
-    unsafe { asm!("shfl.sync.bfly.b32 {0}, {1}, {2}, 0x1f, 0xffffffff;", out(reg32) r, in(reg32) v, in(reg32) lane_mask, options(nostack, nomem)) };
+    unsafe {
+        asm!("shfl.sync.bfly.b32 {0}, {1}, {2}, 0x1f, 0xffffffff;", out(reg32) r, in(reg32) v, in(reg32) lane_mask, options(nostack, nomem))
+    };
     r
 }
 /// `shfl.sync.down.b32 d, v, delta, 0x1f, 0xffffffff;`
 #[inline(always)]
 pub fn shfl_down(v: u32, delta: u32) -> u32 {
     let r: u32;
-    unsafe { asm!("shfl.sync.down.b32 {0}, {1}, {2}, 0x1f, 0xffffffff;", out(reg32) r, in(reg32) v, in(reg32) delta, options(nostack, nomem)) };
+    unsafe {
+        asm!("shfl.sync.down.b32 {0}, {1}, {2}, 0x1f, 0xffffffff;", out(reg32) r, in(reg32) v, in(reg32) delta, options(nostack, nomem))
+    };
     r
 }
 /// Sum of `v` over the warp (butterfly, 5 steps), in every lane.

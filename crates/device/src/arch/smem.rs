@@ -43,13 +43,17 @@ pub fn dynamic_smem_addr() -> SmemAddr {
 /// `st.shared.v4.b32 [a], {x, y, z, w};`
 #[inline(always)]
 pub unsafe fn st_shared_v4(a: SmemAddr, v: [u32; 4]) {
-    unsafe { asm!("st.shared.v4.b32 [{0}], {{{1}, {2}, {3}, {4}}};", in(reg32) a.0, in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3], options(nostack)) };
+    unsafe {
+        asm!("st.shared.v4.b32 [{0}], {{{1}, {2}, {3}, {4}}};", in(reg32) a.0, in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3], options(nostack))
+    };
 }
 /// `ld.shared.v4.b32 {x, y, z, w}, [a];`
 #[inline(always)]
 pub unsafe fn ld_shared_v4(a: SmemAddr) -> [u32; 4] {
     let (x, y, z, w): (u32, u32, u32, u32);
-    unsafe { asm!("ld.shared.v4.b32 {{{0}, {1}, {2}, {3}}}, [{4}];", out(reg32) x, out(reg32) y, out(reg32) z, out(reg32) w, in(reg32) a.0, options(nostack, readonly)) };
+    unsafe {
+        asm!("ld.shared.v4.b32 {{{0}, {1}, {2}, {3}}}, [{4}];", out(reg32) x, out(reg32) y, out(reg32) z, out(reg32) w, in(reg32) a.0, options(nostack, readonly))
+    };
     [x, y, z, w]
 }
 

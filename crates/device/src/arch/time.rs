@@ -26,7 +26,11 @@ pub fn clock64() -> u64 {
 /// every `check_every` failed tests calls `give_up(ns since the first check)` and returns
 /// false when it says so. The loop behind every bounded wait on a shared-memory condition.
 #[inline(always)]
-pub fn poll_until<const SLEEP_NS: u32>(check_every: u32, mut ready: impl FnMut() -> bool, give_up: impl Fn(u64) -> bool) -> bool {
+pub fn poll_until<const SLEEP_NS: u32>(
+    check_every: u32,
+    mut ready: impl FnMut() -> bool,
+    give_up: impl Fn(u64) -> bool,
+) -> bool {
     let mut tries = 0u32;
     let mut since = 0u64;
     while !ready() {

@@ -69,7 +69,9 @@ pub unsafe fn store_2d_hinted(map: TensorMap, c0: u32, c1: u32, src: SmemAddr, p
 #[inline(always)]
 pub fn evict_first_policy() -> u64 {
     let p: u64;
-    unsafe { asm!("createpolicy.fractional.L2::evict_first.b64 {0}, 1.0;", out(reg64) p, options(nostack, nomem, pure)) };
+    unsafe {
+        asm!("createpolicy.fractional.L2::evict_first.b64 {0}, 1.0;", out(reg64) p, options(nostack, nomem, pure))
+    };
     p
 }
 
@@ -109,5 +111,7 @@ pub unsafe fn bulk_load(dst: SmemAddr, src: *const u8, bytes: u32, bar: SmemAddr
 /// `cp.async.bulk.global.shared::cta.bulk_group [dst], [src], bytes;`
 #[inline(always)]
 pub unsafe fn bulk_store(dst: *mut u8, src: SmemAddr, bytes: u32) {
-    unsafe { asm!("cp.async.bulk.global.shared::cta.bulk_group [{0}], [{1}], {2};", in(reg64) dst, in(reg32) src.0, in(reg32) bytes, options(nostack)) };
+    unsafe {
+        asm!("cp.async.bulk.global.shared::cta.bulk_group [{0}], [{1}], {2};", in(reg64) dst, in(reg32) src.0, in(reg32) bytes, options(nostack))
+    };
 }

@@ -54,7 +54,12 @@ pub fn wait_group<const N: u32>() {
 /// with `p = accumulate` (false: `D = A * B`). `TRANS_B = 0`: B stored K-major (N x K);
 /// `1`: B stored MN-major (K x N).
 #[inline(always)]
-pub unsafe fn mma_m64n256k16_bf16<const TRANS_B: u32>(acc: &mut [f32; 128], desc_a: u64, desc_b: u64, accumulate: bool) {
+pub unsafe fn mma_m64n256k16_bf16<const TRANS_B: u32>(
+    acc: &mut [f32; 128],
+    desc_a: u64,
+    desc_b: u64,
+    accumulate: bool,
+) {
     unsafe {
         asm!(
             "{{",

@@ -35,7 +35,11 @@ impl BulkRing {
     /// A ring at `base` (1024-byte aligned dynamic shared memory). One thread initialises it.
     #[inline(always)]
     pub unsafe fn new(base: SmemAddr) -> BulkRing {
-        let r = BulkRing { base, pieces: 0, pending: None };
+        let r = BulkRing {
+            base,
+            pieces: 0,
+            pending: None,
+        };
         for s in 0..BULK_STAGES {
             unsafe { mbarrier::init(r.bar(s), 1) };
         }
@@ -69,7 +73,17 @@ impl BulkRing {
     #[inline(always)]
     pub unsafe fn copy(&mut self, dsts: &[u64; 8], ndst: u32, src: u64, bytes: u64) {
         unsafe {
-            self.copy_deferred(dsts, ndst, src, bytes, Release { flags: [0; 8], n: 0, add: 0 });
+            self.copy_deferred(
+                dsts,
+                ndst,
+                src,
+                bytes,
+                Release {
+                    flags: [0; 8],
+                    n: 0,
+                    add: 0,
+                },
+            );
             self.flush();
         }
     }

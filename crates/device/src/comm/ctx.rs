@@ -1,7 +1,7 @@
 //! A CTA's view of the communicator: its rank, the peers' heaps and its epoch.
 use crate::arch::{ids, memory, memory::Scope};
-use mkernel_config::comm::{ll_offset, staging_offset};
 use mkernel_config::comm::{flag_offset, CommDesc, FlagSlot, Role, EPOCH_COUNTERS_OFFSET};
+use mkernel_config::comm::{ll_offset, staging_offset};
 
 /// What one CTA of a communication kernel knows.
 #[derive(Clone, Copy)]

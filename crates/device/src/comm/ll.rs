@@ -2,8 +2,8 @@
 //! epoch, in one naturally aligned 8-byte word (single-copy atomic), so a receiver that sees the
 //! flag also sees the data: no fence, no separate signal, one NVLink hop. Costs twice the bytes,
 //! so it is used for small messages only. Units: 8 data bytes = 16 LL bytes per thread access.
-use super::CommCtx;
 use super::wait::report_timeout;
+use super::CommCtx;
 use crate::arch::{ids, memory, memory::Scope, time};
 use mkernel_config::comm::{FlagSlot, ABORT_OFFSET};
 
@@ -54,7 +54,16 @@ pub unsafe fn recv(c: &CommCtx, src: *const u8, i: u64, peer: u32) -> Option<[u3
             }
             let waited = time::globaltimer_ns().wrapping_sub(start);
             if waited > c.timeout_ns {
-                unsafe { report_timeout(c, FlagSlot::Staged, peer, c.epoch, ((a >> 32) as u32).min((b >> 32) as u32) as u64, waited) };
+                unsafe {
+                    report_timeout(
+                        c,
+                        FlagSlot::Staged,
+                        peer,
+                        c.epoch,
+                        ((a >> 32) as u32).min((b >> 32) as u32) as u64,
+                        waited,
+                    )
+                };
                 return None;
             }
         }

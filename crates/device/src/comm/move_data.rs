@@ -67,7 +67,12 @@ unsafe fn reduce_w<const F32: bool>(dsts: [u64; 8], ndst: u32, srcs: [u64; 8], w
 /// rank computes bit-identical sums. Each thread keeps `U` vectors of every source in flight
 /// (remote loads over NVLink need many outstanding requests).
 #[inline(always)]
-pub unsafe fn reduce_n<const W: usize, const U: usize, const F32: bool>(dsts: &[u64; 8], ndst: u32, srcs: &[u64; 8], n16: u64) {
+pub unsafe fn reduce_n<const W: usize, const U: usize, const F32: bool>(
+    dsts: &[u64; 8],
+    ndst: u32,
+    srcs: &[u64; 8],
+    n16: u64,
+) {
     let (t, nt) = (ids::thread_idx() as u64, ids::block_dim() as u64);
     let mut base = t;
     // Full trips: U vectors per thread, no bounds checks; all loads before any sum.
@@ -116,7 +121,12 @@ unsafe fn sum_store<const W: usize, const F32: bool>(dsts: &[u64; 8], ndst: u32,
         let out = if F32 {
             [acc[0].to_bits(), acc[1].to_bits(), acc[2].to_bits(), acc[3].to_bits()]
         } else {
-            [pack_bf16x2(acc[0], acc[1]), pack_bf16x2(acc[2], acc[3]), pack_bf16x2(acc[4], acc[5]), pack_bf16x2(acc[6], acc[7])]
+            [
+                pack_bf16x2(acc[0], acc[1]),
+                pack_bf16x2(acc[2], acc[3]),
+                pack_bf16x2(acc[4], acc[5]),
+                pack_bf16x2(acc[6], acc[7]),
+            ]
         };
         for d in 0..8 {
             if d as u32 >= ndst {

@@ -10,7 +10,10 @@ use super::CommCtx;
 use crate::arch::{memory, memory::Scope, time};
 use mkernel_config::comm::{fifo, remote_flag_offset, RemoteSlot, ABORT_OFFSET, FIFO_HEAD_OFFSET};
 
-use mkernel_config::comm::wait_code::{FIFO_DONE as WAIT_FIFO_DONE, FIFO_SPACE as WAIT_FIFO_SPACE, REMOTE_DATA as WAIT_REMOTE_DATA, REMOTE_READY as WAIT_REMOTE_READY};
+use mkernel_config::comm::wait_code::{
+    FIFO_DONE as WAIT_FIFO_DONE, FIFO_SPACE as WAIT_FIFO_SPACE, REMOTE_DATA as WAIT_REMOTE_DATA,
+    REMOTE_READY as WAIT_REMOTE_READY,
+};
 
 /// One command.
 #[derive(Clone, Copy)]
@@ -27,7 +30,14 @@ pub struct Command {
 /// Polls `cond` until it holds; false on timeout (error record: `code`, `peer`, `target`,
 /// last value) or when this rank or its proxy aborted.
 #[inline(always)]
-unsafe fn wait_until(c: &CommCtx, code: u32, peer: u32, target: u64, mut read: impl FnMut() -> u64, done: impl Fn(u64) -> bool) -> bool {
+unsafe fn wait_until(
+    c: &CommCtx,
+    code: u32,
+    peer: u32,
+    target: u64,
+    mut read: impl FnMut() -> u64,
+    done: impl Fn(u64) -> bool,
+) -> bool {
     let mut seen = read();
     if done(seen) {
         return true;
@@ -70,7 +80,16 @@ pub unsafe fn post(c: &CommCtx, cmd: Command) -> Option<u64> {
     let seq = unsafe { memory::atom_relaxed_add_u64(Scope::Gpu, head, 1) };
     let tail = (c.fifo + fifo::TAIL) as *const u64;
     let cap = c.fifo_capacity as u64;
-    if !unsafe { wait_until(c, WAIT_FIFO_SPACE, cmd.dst_rank, seq, || memory::ld_acquire_u64(Scope::Sys, tail), |t| seq - t < cap) } {
+    if !unsafe {
+        wait_until(
+            c,
+            WAIT_FIFO_SPACE,
+            cmd.dst_rank,
+            seq,
+            || memory::ld_acquire_u64(Scope::Sys, tail),
+            |t| seq - t < cap,
+        )
+    } {
         return None;
     }
     let slot = c.fifo + fifo::HEADER_BYTES + (seq % cap) * fifo::SLOT_BYTES;
@@ -93,7 +112,18 @@ pub unsafe fn post(c: &CommCtx, cmd: Command) -> Option<u64> {
 #[inline(always)]
 pub unsafe fn signal(c: &CommCtx, dst: u32, slot: RemoteSlot) -> Option<u64> {
     unsafe {
-        post(c, Command { opcode: fifo::OP_SIGNAL, dst_rank: dst, src_offset: 0, dst_offset: 0, bytes: 0, flag_offset: remote_flag_offset(slot, c.global_rank), flag_value: c.epoch })
+        post(
+            c,
+            Command {
+                opcode: fifo::OP_SIGNAL,
+                dst_rank: dst,
+                src_offset: 0,
+                dst_offset: 0,
+                bytes: 0,
+                flag_offset: remote_flag_offset(slot, c.global_rank),
+                flag_value: c.epoch,
+            },
+        )
     }
 }
 
@@ -102,15 +132,45 @@ pub unsafe fn signal(c: &CommCtx, dst: u32, slot: RemoteSlot) -> Option<u64> {
 #[inline(always)]
 pub unsafe fn put(c: &CommCtx, dst: u32, src_off: u64, dst_off: u64, bytes: u64) -> Option<u64> {
     unsafe {
-        post(c, Command { opcode: fifo::OP_PUT, dst_rank: dst, src_offset: src_off, dst_offset: dst_off, bytes, flag_offset: remote_flag_offset(RemoteSlot::Data, c.global_rank), flag_value: c.epoch })
+        post(
+            c,
+            Command {
+                opcode: fifo::OP_PUT,
+                dst_rank: dst,
+                src_offset: src_off,
+                dst_offset: dst_off,
+                bytes,
+                flag_offset: remote_flag_offset(RemoteSlot::Data, c.global_rank),
+                flag_value: c.epoch,
+            },
+        )
     }
 }
 
 /// `PUT` raising this rank's `slot` flag at `dst` to `value` (latency probes).
 #[inline(always)]
-pub unsafe fn put_value(c: &CommCtx, dst: u32, src_off: u64, dst_off: u64, bytes: u64, slot: RemoteSlot, value: u64) -> Option<u64> {
+pub unsafe fn put_value(
+    c: &CommCtx,
+    dst: u32,
+    src_off: u64,
+    dst_off: u64,
+    bytes: u64,
+    slot: RemoteSlot,
+    value: u64,
+) -> Option<u64> {
     unsafe {
-        post(c, Command { opcode: fifo::OP_PUT, dst_rank: dst, src_offset: src_off, dst_offset: dst_off, bytes, flag_offset: remote_flag_offset(slot, c.global_rank), flag_value: value })
+        post(
+            c,
+            Command {
+                opcode: fifo::OP_PUT,
+                dst_rank: dst,
+                src_offset: src_off,
+                dst_offset: dst_off,
+                bytes,
+                flag_offset: remote_flag_offset(slot, c.global_rank),
+                flag_value: value,
+            },
+        )
     }
 }
 
@@ -124,13 +184,35 @@ pub unsafe fn wait_remote(c: &CommCtx, slot: RemoteSlot, src: u32) -> bool {
 #[inline(always)]
 pub unsafe fn wait_remote_value(c: &CommCtx, slot: RemoteSlot, src: u32, target: u64) -> bool {
     let flag = (c.heap(c.rank) + remote_flag_offset(slot, src)) as *const u64;
-    let code = if slot == RemoteSlot::Ready || slot == RemoteSlot::FusedReady { WAIT_REMOTE_READY } else { WAIT_REMOTE_DATA };
-    unsafe { wait_until(c, code, src, target, || memory::ld_acquire_u64(Scope::Sys, flag), |v| v >= target) }
+    let code = if slot == RemoteSlot::Ready || slot == RemoteSlot::FusedReady {
+        WAIT_REMOTE_READY
+    } else {
+        WAIT_REMOTE_DATA
+    };
+    unsafe {
+        wait_until(
+            c,
+            code,
+            src,
+            target,
+            || memory::ld_acquire_u64(Scope::Sys, flag),
+            |v| v >= target,
+        )
+    }
 }
 
 /// Waits until the proxy completed every command up to `seq` (their sources may be reused).
 #[inline(always)]
 pub unsafe fn wait_done(c: &CommCtx, seq: u64) -> bool {
     let done = (c.fifo + fifo::DONE) as *const u64;
-    unsafe { wait_until(c, WAIT_FIFO_DONE, c.global_rank, seq + 1, || memory::ld_acquire_u64(Scope::Sys, done), |d| d > seq) }
+    unsafe {
+        wait_until(
+            c,
+            WAIT_FIFO_DONE,
+            c.global_rank,
+            seq + 1,
+            || memory::ld_acquire_u64(Scope::Sys, done),
+            |d| d > seq,
+        )
+    }
 }

@@ -24,7 +24,13 @@ pub unsafe fn wait_flag_of_cta(c: &CommCtx, slot: FlagSlot, src: u32, cta: u32, 
 /// (0: spin): for a waiter that shares its SM with tensor-core work and need not react within
 /// a microsecond.
 #[inline(always)]
-pub unsafe fn wait_flag_of_cta_sleeping<const SLEEP_NS: u32>(c: &CommCtx, slot: FlagSlot, src: u32, cta: u32, target: u64) -> bool {
+pub unsafe fn wait_flag_of_cta_sleeping<const SLEEP_NS: u32>(
+    c: &CommCtx,
+    slot: FlagSlot,
+    src: u32,
+    cta: u32,
+    target: u64,
+) -> bool {
     unsafe { wait_flag_of_cta_from::<SLEEP_NS>(c, slot, move |_| src, cta, target) }
 }
 
@@ -32,7 +38,13 @@ pub unsafe fn wait_flag_of_cta_sleeping<const SLEEP_NS: u32>(c: &CommCtx, slot: 
 /// (the flag's address, the error record): e.g. `|c| c.rank ^ 1`, the other rank of two,
 /// which a caller short of registers need not keep beside the context across the wait.
 #[inline(always)]
-pub unsafe fn wait_flag_of_cta_from<const SLEEP_NS: u32>(c: &CommCtx, slot: FlagSlot, src: impl Fn(&CommCtx) -> u32 + Copy, cta: u32, target: u64) -> bool {
+pub unsafe fn wait_flag_of_cta_from<const SLEEP_NS: u32>(
+    c: &CommCtx,
+    slot: FlagSlot,
+    src: impl Fn(&CommCtx) -> u32 + Copy,
+    cta: u32,
+    target: u64,
+) -> bool {
     let flag = c.flag_of_cta(c.rank, slot, src(c), cta);
     let abort = (c.heap(c.rank) + ABORT_OFFSET) as *const u32;
     let start = time::globaltimer_ns();
@@ -99,12 +111,28 @@ pub unsafe fn signal_all_peers(c: &CommCtx, slot: FlagSlot) {
 /// Claims the rank's error record (first failure wins) and raises its abort word. `src` is
 /// a local rank (recorded as its global rank).
 pub(crate) unsafe fn report_timeout(c: &CommCtx, slot: FlagSlot, src: u32, target: u64, seen: u64, waited: u64) {
-    unsafe { report_timeout_code(c, slot as u32, src + (c.global_rank_now() - c.rank), target, seen, waited) }
+    unsafe {
+        report_timeout_code(
+            c,
+            slot as u32,
+            src + (c.global_rank_now() - c.rank),
+            target,
+            seen,
+            waited,
+        )
+    }
 }
 
 /// As [`report_timeout`] with a raw wait code (flag slots, or the inter-node codes of
 /// [`super::proxy`]) and `src` a global rank. The record names this rank by its global rank.
-pub(crate) unsafe fn report_timeout_code(c: &CommCtx, code_of_wait: u32, src: u32, target: u64, seen: u64, waited: u64) {
+pub(crate) unsafe fn report_timeout_code(
+    c: &CommCtx,
+    code_of_wait: u32,
+    src: u32,
+    target: u64,
+    seen: u64,
+    waited: u64,
+) {
     let local = c.heap(c.rank);
     let rec = (local + ERROR_RECORD_OFFSET) as *mut ErrorRecord;
     let code = rec as *mut u32;

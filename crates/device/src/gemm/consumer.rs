@@ -13,8 +13,25 @@ const B_KN_ATOM: u32 = 64 * 64 * 2;
 
 /// Accumulates A[rows of warpgroup `wg`] x B over `k_blocks` K blocks into `acc` (overwriting it).
 #[inline(always)]
-pub unsafe fn mma_tile(ring: &Ring, pos: &mut RingPos, acc: &mut [f32; 128], wg: u32, b_layout: BLayout, k_blocks: u32) {
-    unsafe { mma_tile_bounded(ring, pos, acc, wg, b_layout, k_blocks, mbarrier::trap_after(mbarrier::HUNG_NS)) };
+pub unsafe fn mma_tile(
+    ring: &Ring,
+    pos: &mut RingPos,
+    acc: &mut [f32; 128],
+    wg: u32,
+    b_layout: BLayout,
+    k_blocks: u32,
+) {
+    unsafe {
+        mma_tile_bounded(
+            ring,
+            pos,
+            acc,
+            wg,
+            b_layout,
+            k_blocks,
+            mbarrier::trap_after(mbarrier::HUNG_NS),
+        )
+    };
 }
 
 /// As [`mma_tile`]; a stalled wait for a full slot calls `stall` (see
@@ -23,7 +40,15 @@ pub unsafe fn mma_tile(ring: &Ring, pos: &mut RingPos, acc: &mut [f32; 128], wg:
 /// must all reach each wgmma, so no wait may end early.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn mma_tile_bounded(ring: &Ring, pos: &mut RingPos, acc: &mut [f32; 128], wg: u32, b_layout: BLayout, k_blocks: u32, stall: impl Fn(u64) -> bool + Copy) {
+pub unsafe fn mma_tile_bounded(
+    ring: &Ring,
+    pos: &mut RingPos,
+    acc: &mut [f32; 128],
+    wg: u32,
+    b_layout: BLayout,
+    k_blocks: u32,
+    stall: impl Fn(u64) -> bool + Copy,
+) {
     unsafe { mma_tile_hooked::<false>(ring, pos, acc, wg, b_layout, k_blocks, stall, &mut NoHook) };
 }
 
@@ -50,7 +75,16 @@ impl KBlockHook for NoHook {
 /// uniform registers; there the opaque moves cost 1.3%.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn mma_tile_hooked<const EARLY_DESC: bool>(ring: &Ring, pos: &mut RingPos, acc: &mut [f32; 128], wg: u32, b_layout: BLayout, k_blocks: u32, stall: impl Fn(u64) -> bool + Copy, hook: &mut impl KBlockHook) {
+pub unsafe fn mma_tile_hooked<const EARLY_DESC: bool>(
+    ring: &Ring,
+    pos: &mut RingPos,
+    acc: &mut [f32; 128],
+    wg: u32,
+    b_layout: BLayout,
+    k_blocks: u32,
+    stall: impl Fn(u64) -> bool + Copy,
+    hook: &mut impl KBlockHook,
+) {
     let mut prev = 0u32;
     for kb in 0..k_blocks {
         let s = pos.stage;
@@ -61,32 +95,53 @@ pub unsafe fn mma_tile_hooked<const EARLY_DESC: bool>(ring: &Ring, pos: &mut Rin
             // address, leading offset) are computed, and the K steps add to them (the 14-bit
             // start address field never carries: the ring lies below 256 KiB). `before_wait`
             // keeps the compilers from moving the arithmetic past the wait.
-            let a_lo = before_wait(wgmma::smem_desc(ring.a(s).add(wg * TILE.rows_per_consumer() * ROW), 16, 1024, Swizzle::B128) as u32);
+            let a_lo = before_wait(wgmma::smem_desc(
+                ring.a(s).add(wg * TILE.rows_per_consumer() * ROW),
+                16,
+                1024,
+                Swizzle::B128,
+            ) as u32);
             let b_lo = before_wait(wgmma::smem_desc(ring.b(s), 16, 1024, Swizzle::B128) as u32);
             let hi = wgmma::smem_desc(SmemAddr(0), 16, 1024, Swizzle::B128) & !0xffff_ffff;
             let _ = unsafe { mbarrier::wait_parity_or(ring.full(s), pos.phase, stall) };
             wgmma::fence();
             for ks in 0..4u32 {
                 // K step of 16 bf16 = 32 bytes inside the swizzled row: start address += 32 >> 4.
-                unsafe { wgmma::mma_m64n256k16_bf16::<0>(acc, hi | (a_lo + 2 * ks) as u64, hi | (b_lo + 2 * ks) as u64, kb > 0 || ks > 0) };
+                unsafe {
+                    wgmma::mma_m64n256k16_bf16::<0>(
+                        acc,
+                        hi | (a_lo + 2 * ks) as u64,
+                        hi | (b_lo + 2 * ks) as u64,
+                        kb > 0 || ks > 0,
+                    )
+                };
             }
         } else {
             let _ = unsafe { mbarrier::wait_parity_or(ring.full(s), pos.phase, stall) };
-            let a_desc = wgmma::smem_desc(ring.a(s).add(wg * TILE.rows_per_consumer() * ROW), 16, 1024, Swizzle::B128);
+            let a_desc = wgmma::smem_desc(
+                ring.a(s).add(wg * TILE.rows_per_consumer() * ROW),
+                16,
+                1024,
+                Swizzle::B128,
+            );
             wgmma::fence();
             match b_layout {
                 BLayout::Nk => {
                     let b_desc = wgmma::smem_desc(ring.b(s), 16, 1024, Swizzle::B128);
                     for ks in 0..4u64 {
                         // K step of 16 bf16 = 32 bytes inside the swizzled row: start address += 32 >> 4.
-                        unsafe { wgmma::mma_m64n256k16_bf16::<0>(acc, a_desc + 2 * ks, b_desc + 2 * ks, kb > 0 || ks > 0) };
+                        unsafe {
+                            wgmma::mma_m64n256k16_bf16::<0>(acc, a_desc + 2 * ks, b_desc + 2 * ks, kb > 0 || ks > 0)
+                        };
                     }
                 }
                 BLayout::Kn => {
                     let b_desc = wgmma::smem_desc(ring.b(s), B_KN_ATOM, 1024, Swizzle::B128);
                     for ks in 0..4u64 {
                         // K step of 16 rows of 128 bytes: start address += 2048 >> 4.
-                        unsafe { wgmma::mma_m64n256k16_bf16::<1>(acc, a_desc + 2 * ks, b_desc + 128 * ks, kb > 0 || ks > 0) };
+                        unsafe {
+                            wgmma::mma_m64n256k16_bf16::<1>(acc, a_desc + 2 * ks, b_desc + 128 * ks, kb > 0 || ks > 0)
+                        };
                     }
                 }
             }

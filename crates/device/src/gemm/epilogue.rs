@@ -138,7 +138,14 @@ impl TileDestinations for StagedOnly {
 /// [`StagedOnly`] (whole-tile staging; its own bulk group). Call from the leader only.
 #[inline(always)]
 pub unsafe fn store_staged_box(ring: &Ring, map: TensorMap, tile: Tile, wg: u32, q: u32) {
-    unsafe { tma::store_2d(map, tile.n0 + 64 * q, tile.m0 + wg * TILE.rows_per_consumer(), ring.staging(wg, q)) };
+    unsafe {
+        tma::store_2d(
+            map,
+            tile.n0 + 64 * q,
+            tile.m0 + wg * TILE.rows_per_consumer(),
+            ring.staging(wg, q),
+        )
+    };
     tma::store_commit();
 }
 
@@ -148,13 +155,20 @@ pub unsafe fn store_staged_box(ring: &Ring, map: TensorMap, tile: Tile, wg: u32,
 /// caller); each thread first reads its values back with `ldmatrix` (the inverse of the
 /// `stmatrix` below, same addresses, a warp's own rows) and adds them to `acc`.
 #[inline(always)]
-pub unsafe fn store_tile_tma_to(ring: &Ring, maps: impl TileDestinations, tile: Tile, wg: u32, acc: &mut [f32; 128], add_staged: bool) {
+pub unsafe fn store_tile_tma_to(
+    ring: &Ring,
+    maps: impl TileDestinations,
+    tile: Tile,
+    wg: u32,
+    acc: &mut [f32; 128],
+    add_staged: bool,
+) {
     let t = ids::thread_in_warpgroup();
     let (warp, lane) = (t / 32, t % 32);
     let leader = t == 0;
     let barrier = 1 + wg; // named barrier per consumer warpgroup; 0 is __syncthreads
-    // Lane l addresses row (l % 8) of matrix (l / 8): matrices 0/1 = rows +0/+8 of n8 block j,
-    // 2/3 = the same rows of block j + 1.
+                          // Lane l addresses row (l % 8) of matrix (l / 8): matrices 0/1 = rows +0/+8 of n8 block j,
+                          // 2/3 = the same rows of block j + 1.
     let row = warp * 16 + ((lane / 8) % 2) * 8 + lane % 8;
     let chunk_of_pair = lane / 16;
     // Whole-tile staging: one wait, before the first box, for the previous tile's stores (they

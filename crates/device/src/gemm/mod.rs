@@ -26,8 +26,14 @@ use mkernel_config::GemmTile;
 pub const TILE: GemmTile = GemmTile::DEFAULT;
 const _: () = {
     TILE.check();
-    assert!(TILE.block_m == 128 && TILE.block_n == 256 && TILE.block_k == 64, "the consumer issues m64n256k16 wgmmas");
-    assert!(TILE.consumer_warpgroups == 2, "kernels are written for two consumer warpgroups");
+    assert!(
+        TILE.block_m == 128 && TILE.block_n == 256 && TILE.block_k == 64,
+        "the consumer issues m64n256k16 wgmmas"
+    );
+    assert!(
+        TILE.consumer_warpgroups == 2,
+        "kernels are written for two consumer warpgroups"
+    );
 };
 
 /// Storage order of B.

@@ -17,7 +17,17 @@ const B_KN_BOX_BYTES: u32 = 64 * 64 * 2;
 /// call [`wait_loads_landed`] before the CTA exits.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn load_tile(ring: &Ring, pos: &mut RingPos, a: TensorMap, a_row: u32, b: TensorMap, b_layout: BLayout, tile: Tile, k_blocks: u32, give_up: impl Fn(u64) -> bool + Copy) -> bool {
+pub unsafe fn load_tile(
+    ring: &Ring,
+    pos: &mut RingPos,
+    a: TensorMap,
+    a_row: u32,
+    b: TensorMap,
+    b_layout: BLayout,
+    tile: Tile,
+    k_blocks: u32,
+    give_up: impl Fn(u64) -> bool + Copy,
+) -> bool {
     unsafe { load_tile_counted::<false>(ring, pos, a, a_row, b, b_layout, tile, 0, k_blocks, give_up, None) }
 }
 
@@ -30,7 +40,19 @@ pub unsafe fn load_tile(ring: &Ring, pos: &mut RingPos, a: TensorMap, a_row: u32
 /// read by every column tile of the group and stay (GEMM+ReduceScatter/AllReduce).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn load_tile_counted<const B_EVICT_FIRST: bool>(ring: &Ring, pos: &mut RingPos, a: TensorMap, a_row: u32, b: TensorMap, b_layout: BLayout, tile: Tile, k_first: u32, k_blocks: u32, give_up: impl Fn(u64) -> bool + Copy, count: Option<SmemAddr>) -> bool {
+pub unsafe fn load_tile_counted<const B_EVICT_FIRST: bool>(
+    ring: &Ring,
+    pos: &mut RingPos,
+    a: TensorMap,
+    a_row: u32,
+    b: TensorMap,
+    b_layout: BLayout,
+    tile: Tile,
+    k_first: u32,
+    k_blocks: u32,
+    give_up: impl Fn(u64) -> bool + Copy,
+    count: Option<SmemAddr>,
+) -> bool {
     for kb in k_first..k_first + k_blocks {
         let s = pos.stage;
         let k0 = kb * TILE.block_k;
@@ -44,7 +66,9 @@ pub unsafe fn load_tile_counted<const B_EVICT_FIRST: bool>(ring: &Ring, pos: &mu
             mbarrier::arrive_expect_tx(ring.full(s), TILE.stage_tx_bytes());
             tma::load_2d(ring.a(s), a, k0, a_row, ring.full(s));
             match b_layout {
-                BLayout::Nk if B_EVICT_FIRST => tma::load_2d_hinted(ring.b(s), b, k0, tile.n0, ring.full(s), tma::evict_first_policy()),
+                BLayout::Nk if B_EVICT_FIRST => {
+                    tma::load_2d_hinted(ring.b(s), b, k0, tile.n0, ring.full(s), tma::evict_first_policy())
+                }
                 BLayout::Nk => tma::load_2d(ring.b(s), b, k0, tile.n0, ring.full(s)),
                 BLayout::Kn => {
                     for c in 0..TILE.block_n / 64 {
@@ -63,7 +87,12 @@ pub unsafe fn load_tile_counted<const B_EVICT_FIRST: bool>(ring: &Ring, pos: &mu
 /// is written), the consumers run through the remaining tiles on stale operands and the launch
 /// ends, instead of waiting for slots that would never fill. False as for [`load_tile`].
 #[inline(always)]
-pub unsafe fn fill_without_data(ring: &Ring, pos: &mut RingPos, k_blocks: u32, give_up: impl Fn(u64) -> bool + Copy) -> bool {
+pub unsafe fn fill_without_data(
+    ring: &Ring,
+    pos: &mut RingPos,
+    k_blocks: u32,
+    give_up: impl Fn(u64) -> bool + Copy,
+) -> bool {
     for _ in 0..k_blocks {
         let s = pos.stage;
         unsafe {

@@ -57,7 +57,8 @@ impl Ring {
     /// of 128 bytes, 128B-swizzled, 1024-byte aligned.
     #[inline(always)]
     pub fn staging(&self, wg: u32, buf: u32) -> SmemAddr {
-        self.base.add(self.tile.epilogue_offset() + (self.tile.epilogue_buffers * wg + buf) * self.tile.epilogue_box_bytes())
+        self.base
+            .add(self.tile.epilogue_offset() + (self.tile.epilogue_buffers * wg + buf) * self.tile.epilogue_box_bytes())
     }
     /// Whether every staging box of a tile has its own buffer (`GemmTile::epilogue_buffers`).
     #[inline(always)]

@@ -106,11 +106,19 @@ impl TileScheduler {
         if v < full * w * g {
             let (k, j) = (v / g, v % g);
             let grp = k / w;
-            if k % w == w - 1 { (true, grp * g + j) } else { (false, (grp * (w - 1) + k % w) * g + j) }
+            if k % w == w - 1 {
+                (true, grp * g + j)
+            } else {
+                (false, (grp * (w - 1) + k % w) * g + j)
+            }
         } else {
             let r = v - full * w * g;
             let peer_left = (w - 1) * b - full * (w - 1) * g;
-            if r < peer_left { (false, full * (w - 1) * g + r) } else { (true, full * g + r - peer_left) }
+            if r < peer_left {
+                (false, full * (w - 1) * g + r)
+            } else {
+                (true, full * g + r - peer_left)
+            }
         }
     }
 
@@ -134,7 +142,10 @@ impl TileScheduler {
         };
         let (tm, tn) = grouped(i, self.part_tiles_m, self.tiles_n, self.group_m);
         let tm = chunk * self.chunk_tiles_m + part * self.part_tiles_m + tm;
-        Tile { m0: tm * self.block_m, n0: tn * self.block_n }
+        Tile {
+            m0: tm * self.block_m,
+            n0: tn * self.block_n,
+        }
     }
 
     /// The tile with linear index `t` under grouped rasterization.
@@ -147,7 +158,10 @@ impl TileScheduler {
         let node_rows = self.tiles_m / self.nodes;
         let (group, within) = (tm / node_rows, tm % node_rows);
         let tm = ((self.node + group) % self.nodes) * node_rows + (within + self.first_tile_m) % node_rows;
-        Tile { m0: tm * self.block_m, n0: tn * self.block_n }
+        Tile {
+            m0: tm * self.block_m,
+            n0: tn * self.block_n,
+        }
     }
 
     /// Number of output tiles.
@@ -163,7 +177,11 @@ impl TileScheduler {
 fn grouped(t: u32, tiles_m: u32, tiles_n: u32, group_m: u32) -> (u32, u32) {
     let group_size = group_m * tiles_n;
     let first_m = (t / group_size) * group_m;
-    let rows = if tiles_m - first_m < group_m { tiles_m - first_m } else { group_m };
+    let rows = if tiles_m - first_m < group_m {
+        tiles_m - first_m
+    } else {
+        group_m
+    };
     let in_group = t % group_size;
     (first_m + in_group % rows, in_group / rows)
 }

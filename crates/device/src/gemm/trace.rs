@@ -32,7 +32,15 @@ pub unsafe fn mark(buf: u64, cta: u32, i: u32, mark: Mark) {
 #[inline(always)]
 pub unsafe fn tile(buf: u64, cta: u32, i: u32, row_tile: u32, col_tile: u32, kind: u32) {
     if buf != 0 && i < TILES_PER_CTA {
-        unsafe { put(buf, cta, i, Mark::Tile as u32, (row_tile as u64) << 40 | (col_tile as u64) << 20 | kind as u64) };
+        unsafe {
+            put(
+                buf,
+                cta,
+                i,
+                Mark::Tile as u32,
+                (row_tile as u64) << 40 | (col_tile as u64) << 20 | kind as u64,
+            )
+        };
     }
 }
 

@@ -34,7 +34,11 @@ fn slice(n: u64) -> (u64, u64) {
 #[inline(always)]
 fn staged_slice(n: u64) -> (u64, u64) {
     let (b, g) = (ids::block_idx() as u64, (ids::grid_dim().min(STAGED_CTAS)) as u64);
-    if b >= g { (0, 0) } else { (n * b / g, n * (b + 1) / g) }
+    if b >= g {
+        (0, 0)
+    } else {
+        (n * b / g, n * (b + 1) / g)
+    }
 }
 
 /// CTAs beyond `STAGED_CTAS` on the LL and staged paths: nothing to move, keep the epoch.
@@ -50,12 +54,20 @@ unsafe fn idle(c: &CommCtx) -> bool {
 
 #[inline(always)]
 fn dtype(code: u32) -> Dtype {
-    if code == 1 { Dtype::F32 } else { Dtype::Bf16 }
+    if code == 1 {
+        Dtype::F32
+    } else {
+        Dtype::Bf16
+    }
 }
 
 #[inline(always)]
 fn esize(dt: Dtype) -> u64 {
-    if dt == Dtype::F32 { 4 } else { 2 }
+    if dt == Dtype::F32 {
+        4
+    } else {
+        2
+    }
 }
 
 /// Direct path: Ready handshake, `body`, barrier, Done handshake, epoch advance. Returns early
@@ -112,7 +124,11 @@ fn add_unit(acc: &mut [f32; 4], v: [u32; 2], dt: Dtype) {
 
 #[inline(always)]
 fn pack_unit(acc: &[f32; 4], dt: Dtype) -> [u32; 2] {
-    if dt == Dtype::F32 { [acc[0].to_bits(), acc[1].to_bits()] } else { [pack_bf16x2(acc[0], acc[1]), pack_bf16x2(acc[2], acc[3])] }
+    if dt == Dtype::F32 {
+        [acc[0].to_bits(), acc[1].to_bits()]
+    } else {
+        [pack_bf16x2(acc[0], acc[1]), pack_bf16x2(acc[2], acc[3])]
+    }
 }
 
 /// LL receive side of a reduction: `out[i] = sum over ranks in rank order` of unit `i` of
@@ -168,7 +184,11 @@ unsafe fn staged(c: &CommCtx, send: impl FnOnce(), consume: impl FnOnce()) {
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_allgather(desc: *const CommDesc, src: *const u8, dst_off: u64, bytes: u64) {
     let c = unsafe { CommCtx::new(desc, ids::block_idx(), Role::IntraComm) };
-    let (lo, hi) = if bytes <= SMALL_MSG_MAX { staged_slice(bytes / 16) } else { slice(bytes / 16) };
+    let (lo, hi) = if bytes <= SMALL_MSG_MAX {
+        staged_slice(bytes / 16)
+    } else {
+        slice(bytes / 16)
+    };
     let mine = unsafe { src.add((lo * 16) as usize) };
     let out = |r: u32| (c.heap(c.rank) + dst_off + r as u64 * bytes + lo * 16) as *mut u8;
     unsafe {
@@ -181,7 +201,12 @@ pub unsafe extern "ptx-kernel" fn mk_allgather(desc: *const CommDesc, src: *cons
                 || {
                     for k in 1..c.world {
                         let p = (c.rank + k) % c.world;
-                        ll::send(&c, (c.ll_slot(p, c.rank) + lo8 * 16) as *mut u8, src.add((lo8 * 8) as usize), hi8 - lo8);
+                        ll::send(
+                            &c,
+                            (c.ll_slot(p, c.rank) + lo8 * 16) as *mut u8,
+                            src.add((lo8 * 8) as usize),
+                            hi8 - lo8,
+                        );
                     }
                 },
                 #[inline(always)]
@@ -189,7 +214,10 @@ pub unsafe extern "ptx-kernel" fn mk_allgather(desc: *const CommDesc, src: *cons
                     let nt = ids::block_dim() as u64;
                     let mut i = lo8 + ids::thread_idx() as u64;
                     while i < hi8 {
-                        memory::st_v2((out8(c.rank) + i * 8) as *mut u8, memory::ld_v2(src.add((i * 8) as usize)));
+                        memory::st_v2(
+                            (out8(c.rank) + i * 8) as *mut u8,
+                            memory::ld_v2(src.add((i * 8) as usize)),
+                        );
                         for k in 1..c.world {
                             let q = (c.rank + k) % c.world;
                             match ll::recv(&c, c.ll_slot(c.rank, q) as *const u8, i, q) {
@@ -223,12 +251,20 @@ pub unsafe extern "ptx-kernel" fn mk_allgather(desc: *const CommDesc, src: *cons
             )
         } else {
             // Push: each rank stores its own chunk into every peer (NVLink writes).
-            direct(&c, #[inline(always)] || {
-                for k in 0..c.world {
-                    let p = (c.rank + k) % c.world;
-                    copy((c.heap(p) + dst_off + c.rank as u64 * bytes + lo * 16) as *mut u8, mine, hi - lo);
-                }
-            })
+            direct(
+                &c,
+                #[inline(always)]
+                || {
+                    for k in 0..c.world {
+                        let p = (c.rank + k) % c.world;
+                        copy(
+                            (c.heap(p) + dst_off + c.rank as u64 * bytes + lo * 16) as *mut u8,
+                            mine,
+                            hi - lo,
+                        );
+                    }
+                },
+            )
         }
     }
 }
@@ -237,11 +273,21 @@ pub unsafe extern "ptx-kernel" fn mk_allgather(desc: *const CommDesc, src: *cons
 /// `[r * count, (r + 1) * count)` of the buffer at `src_off` in every heap, f32 accumulation.
 /// `dtype`: 0 bf16, 1 f32.
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn mk_reduce_scatter(desc: *const CommDesc, src_off: u64, dst: *mut u8, count: u64, dtype_code: u32) {
+pub unsafe extern "ptx-kernel" fn mk_reduce_scatter(
+    desc: *const CommDesc,
+    src_off: u64,
+    dst: *mut u8,
+    count: u64,
+    dtype_code: u32,
+) {
     let c = unsafe { CommCtx::new(desc, ids::block_idx(), Role::IntraComm) };
     let dt = dtype(dtype_code);
     let chunk = count * esize(dt);
-    let (lo, hi) = if chunk <= SMALL_MSG_MAX { staged_slice(chunk / 16) } else { slice(chunk / 16) };
+    let (lo, hi) = if chunk <= SMALL_MSG_MAX {
+        staged_slice(chunk / 16)
+    } else {
+        slice(chunk / 16)
+    };
     let input = |r: u32, chunk_of: u32| c.heap(r) + src_off + chunk_of as u64 * chunk + lo * 16;
     let mut dsts = [0u64; 8];
     dsts[0] = dst as u64 + lo * 16;
@@ -255,7 +301,12 @@ pub unsafe extern "ptx-kernel" fn mk_reduce_scatter(desc: *const CommDesc, src_o
                 || {
                     for k in 1..c.world {
                         let p = (c.rank + k) % c.world;
-                        ll::send(&c, (c.ll_slot(p, c.rank) + lo8 * 16) as *mut u8, (chunk_of(p) + lo8 * 8) as *const u8, hi8 - lo8);
+                        ll::send(
+                            &c,
+                            (c.ll_slot(p, c.rank) + lo8 * 16) as *mut u8,
+                            (chunk_of(p) + lo8 * 8) as *const u8,
+                            hi8 - lo8,
+                        );
                     }
                 },
                 #[inline(always)]
@@ -269,7 +320,11 @@ pub unsafe extern "ptx-kernel" fn mk_reduce_scatter(desc: *const CommDesc, src_o
                     // My contribution to peer p's chunk goes to p's staging slot for me.
                     for k in 1..c.world {
                         let p = (c.rank + k) % c.world;
-                        copy((c.staging(p, c.rank) + lo * 16) as *mut u8, input(c.rank, p) as *const u8, hi - lo);
+                        copy(
+                            (c.staging(p, c.rank) + lo * 16) as *mut u8,
+                            input(c.rank, p) as *const u8,
+                            hi - lo,
+                        );
                     }
                 },
                 #[inline(always)]
@@ -277,7 +332,11 @@ pub unsafe extern "ptx-kernel" fn mk_reduce_scatter(desc: *const CommDesc, src_o
                     let mut srcs = [0u64; 8];
                     for r in 0..8 {
                         if r < c.world {
-                            srcs[r as usize] = if r == c.rank { input(c.rank, c.rank) } else { c.staging(c.rank, r) + lo * 16 };
+                            srcs[r as usize] = if r == c.rank {
+                                input(c.rank, c.rank)
+                            } else {
+                                c.staging(c.rank, r) + lo * 16
+                            };
                         }
                     }
                     reduce(dsts, 1, srcs, c.world, hi - lo, dt);
@@ -285,15 +344,19 @@ pub unsafe extern "ptx-kernel" fn mk_reduce_scatter(desc: *const CommDesc, src_o
             )
         } else {
             // Pull: read my chunk from every peer (NVLink loads) and sum.
-            direct(&c, #[inline(always)] || {
-                let mut srcs = [0u64; 8];
-                for r in 0..8 {
-                    if r < c.world {
-                        srcs[r as usize] = input(r, c.rank);
+            direct(
+                &c,
+                #[inline(always)]
+                || {
+                    let mut srcs = [0u64; 8];
+                    for r in 0..8 {
+                        if r < c.world {
+                            srcs[r as usize] = input(r, c.rank);
+                        }
                     }
-                }
-                reduce(dsts, 1, srcs, c.world, hi - lo, dt);
-            })
+                    reduce(dsts, 1, srcs, c.world, hi - lo, dt);
+                },
+            )
         }
     }
 }
@@ -305,7 +368,13 @@ pub unsafe extern "ptx-kernel" fn mk_reduce_scatter(desc: *const CommDesc, src_o
 /// on both paths: the staged path reads only staging slots and its own input before writing its
 /// own output; on the direct path chunk r is read and written by rank r alone.
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn mk_allreduce(desc: *const CommDesc, src_off: u64, dst_off: u64, count: u64, dtype_code: u32) {
+pub unsafe extern "ptx-kernel" fn mk_allreduce(
+    desc: *const CommDesc,
+    src_off: u64,
+    dst_off: u64,
+    count: u64,
+    dtype_code: u32,
+) {
     let c = unsafe { CommCtx::new(desc, ids::block_idx(), Role::IntraComm) };
     let dt = dtype(dtype_code);
     let bytes = count * esize(dt);
@@ -320,7 +389,12 @@ pub unsafe extern "ptx-kernel" fn mk_allreduce(desc: *const CommDesc, src_off: u
                 || {
                     for k in 1..c.world {
                         let p = (c.rank + k) % c.world;
-                        ll::send(&c, (c.ll_slot(p, c.rank) + lo8 * 16) as *mut u8, (mine + lo8 * 8) as *const u8, hi8 - lo8);
+                        ll::send(
+                            &c,
+                            (c.ll_slot(p, c.rank) + lo8 * 16) as *mut u8,
+                            (mine + lo8 * 8) as *const u8,
+                            hi8 - lo8,
+                        );
                     }
                 },
                 #[inline(always)]
@@ -343,7 +417,11 @@ pub unsafe extern "ptx-kernel" fn mk_allreduce(desc: *const CommDesc, src_off: u
                     let mut srcs = [0u64; 8];
                     for r in 0..8 {
                         if r < c.world {
-                            srcs[r as usize] = if r == c.rank { mine } else { c.staging(c.rank, r) + lo * 16 };
+                            srcs[r as usize] = if r == c.rank {
+                                mine
+                            } else {
+                                c.staging(c.rank, r) + lo * 16
+                            };
                         }
                     }
                     let mut dsts = [0u64; 8];
@@ -357,16 +435,20 @@ pub unsafe extern "ptx-kernel" fn mk_allreduce(desc: *const CommDesc, src_off: u
             let mine = (first + per_rank).min(n16) - first;
             let (lo, hi) = slice(mine);
             let off = (first + lo) * 16;
-            direct(&c, #[inline(always)] || {
-                let (mut srcs, mut dsts) = ([0u64; 8], [0u64; 8]);
-                for r in 0..8 {
-                    if r < c.world {
-                        srcs[r as usize] = c.heap(r) + src_off + off;
-                        dsts[r as usize] = c.heap(r) + dst_off + off;
+            direct(
+                &c,
+                #[inline(always)]
+                || {
+                    let (mut srcs, mut dsts) = ([0u64; 8], [0u64; 8]);
+                    for r in 0..8 {
+                        if r < c.world {
+                            srcs[r as usize] = c.heap(r) + src_off + off;
+                            dsts[r as usize] = c.heap(r) + dst_off + off;
+                        }
                     }
-                }
-                reduce(dsts, c.world, srcs, c.world, hi - lo, dt);
-            })
+                    reduce(dsts, c.world, srcs, c.world, hi - lo, dt);
+                },
+            )
         }
     }
 }

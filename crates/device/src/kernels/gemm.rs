@@ -11,8 +11,8 @@ use crate::gemm::epilogue::{drain_tma_stores, store_tile, store_tile_tma, Output
 use crate::gemm::producer::load_tile;
 use crate::gemm::ring::{Ring, RingPos};
 use crate::gemm::scheduler::TileScheduler;
-use crate::gemm::{BLayout, TILE};
 use crate::gemm::trace as gemm_trace;
+use crate::gemm::{BLayout, TILE};
 use mkernel_config::trace::{tile_kind, End, Mark};
 use mkernel_config::GemmTile;
 
@@ -20,7 +20,20 @@ use mkernel_config::GemmTile;
 /// are its producer/consumer register counts.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm_on<const PR: u32, const CR: u32>(ring_tile: GemmTile, map_a: *const u8, map_b: *const u8, map_c: *const u8, c: *mut u8, m: u32, n: u32, k: u32, ldc: u32, f32_out: u32, b_layout: BLayout, trace: u64) {
+unsafe fn gemm_on<const PR: u32, const CR: u32>(
+    ring_tile: GemmTile,
+    map_a: *const u8,
+    map_b: *const u8,
+    map_c: *const u8,
+    c: *mut u8,
+    m: u32,
+    n: u32,
+    k: u32,
+    ldc: u32,
+    f32_out: u32,
+    b_layout: BLayout,
+    trace: u64,
+) {
     let ring = Ring::new(smem::dynamic_smem_addr(), ring_tile);
     let (a, b) = (TensorMap(map_a), TensorMap(map_b));
     if ids::thread_idx() == 0 {
@@ -33,26 +46,56 @@ unsafe fn gemm_on<const PR: u32, const CR: u32>(ring_tile: GemmTile, map_a: *con
     sync::sync_threads();
 
     let k_blocks = k.div_ceil(TILE.block_k);
-    let tiles = TileScheduler::new(m, n, TILE.block_m, TILE.block_n, TILE.group_m, ids::block_idx(), ids::grid_dim());
+    let tiles = TileScheduler::new(
+        m,
+        n,
+        TILE.block_m,
+        TILE.block_n,
+        TILE.group_m,
+        ids::block_idx(),
+        ids::grid_dim(),
+    );
     let wg = ids::warpgroup_idx();
     let mut pos = RingPos::START;
     if wg == 0 {
         regs::setmaxnreg_dec::<PR>();
         if ids::thread_idx() == 0 {
             for tile in tiles {
-                let _ = unsafe { load_tile(&ring, &mut pos, a, tile.m0, b, b_layout, tile, k_blocks, crate::arch::mbarrier::trap_after(crate::arch::mbarrier::HUNG_NS)) };
+                let _ = unsafe {
+                    load_tile(
+                        &ring,
+                        &mut pos,
+                        a,
+                        tile.m0,
+                        b,
+                        b_layout,
+                        tile,
+                        k_blocks,
+                        crate::arch::mbarrier::trap_after(crate::arch::mbarrier::HUNG_NS),
+                    )
+                };
             }
         }
     } else {
         regs::setmaxnreg_inc::<CR>();
-        let out = Output { c, m, n, ldc, f32_out: f32_out != 0 };
+        let out = Output {
+            c,
+            m,
+            n,
+            ldc,
+            f32_out: f32_out != 0,
+        };
         let mut acc = [0f32; 128];
         let tma_out = !map_c.is_null();
         // The optional timeline (the fused-ring diagnostic; thread 0 of the first consumer
         // warpgroup), in the fused kernels' layout: Begin = Mainloop, MainloopDone, Stored.
         let first = ids::thread_idx() == crate::arch::ids::WARPGROUP_THREADS;
         let (cta, mut i) = (ids::block_idx(), 0u32);
-        let mark = |i: u32, m: Mark| if first { unsafe { gemm_trace::mark(trace, cta, i, m) } };
+        let mark = |i: u32, m: Mark| {
+            if first {
+                unsafe { gemm_trace::mark(trace, cta, i, m) }
+            }
+        };
         for tile in tiles {
             unsafe {
                 mark(i, Mark::Begin);
@@ -60,7 +103,14 @@ unsafe fn gemm_on<const PR: u32, const CR: u32>(ring_tile: GemmTile, map_a: *con
                 mma_tile(&ring, &mut pos, &mut acc, wg - 1, b_layout, k_blocks);
                 mark(i, Mark::MainloopDone);
                 if first {
-                    gemm_trace::tile(trace, cta, i, tile.m0 / TILE.block_m, tile.n0 / TILE.block_n, tile_kind::OWN);
+                    gemm_trace::tile(
+                        trace,
+                        cta,
+                        i,
+                        tile.m0 / TILE.block_m,
+                        tile.n0 / TILE.block_n,
+                        tile_kind::OWN,
+                    );
                 }
                 if tma_out {
                     store_tile_tma(&ring, TensorMap(map_c), tile, wg - 1, &mut acc);
@@ -83,19 +133,54 @@ unsafe fn gemm_on<const PR: u32, const CR: u32>(ring_tile: GemmTile, map_a: *con
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm(map_a: *const u8, map_b: *const u8, map_c: *const u8, c: *mut u8, m: u32, n: u32, k: u32, ldc: u32, f32_out: u32, b_layout: BLayout) {
-    unsafe { gemm_on::<{ TILE.producer_regs }, { TILE.consumer_regs }>(TILE, map_a, map_b, map_c, c, m, n, k, ldc, f32_out, b_layout, 0) }
+unsafe fn gemm(
+    map_a: *const u8,
+    map_b: *const u8,
+    map_c: *const u8,
+    c: *mut u8,
+    m: u32,
+    n: u32,
+    k: u32,
+    ldc: u32,
+    f32_out: u32,
+    b_layout: BLayout,
+) {
+    unsafe {
+        gemm_on::<{ TILE.producer_regs }, { TILE.consumer_regs }>(
+            TILE, map_a, map_b, map_c, c, m, n, k, ldc, f32_out, b_layout, 0,
+        )
+    }
 }
 
 /// B stored N x K (K contiguous).
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_nk(map_a: *const u8, map_b: *const u8, map_c: *const u8, c: *mut u8, m: u32, n: u32, k: u32, ldc: u32, f32_out: u32) {
+pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_nk(
+    map_a: *const u8,
+    map_b: *const u8,
+    map_c: *const u8,
+    c: *mut u8,
+    m: u32,
+    n: u32,
+    k: u32,
+    ldc: u32,
+    f32_out: u32,
+) {
     unsafe { gemm(map_a, map_b, map_c, c, m, n, k, ldc, f32_out, BLayout::Nk) }
 }
 
 /// B stored K x N (N contiguous).
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_kn(map_a: *const u8, map_b: *const u8, map_c: *const u8, c: *mut u8, m: u32, n: u32, k: u32, ldc: u32, f32_out: u32) {
+pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_kn(
+    map_a: *const u8,
+    map_b: *const u8,
+    map_c: *const u8,
+    c: *mut u8,
+    m: u32,
+    n: u32,
+    k: u32,
+    ldc: u32,
+    f32_out: u32,
+) {
     unsafe { gemm(map_a, map_b, map_c, c, m, n, k, ldc, f32_out, BLayout::Kn) }
 }
 
@@ -104,7 +189,33 @@ pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_kn(map_a: *const u8, map_b: *cons
 /// with no communication (`mkernel-bench --op gemm`); with `trace` (0: none) it records the
 /// fused kernels' per-tile timeline ([`mkernel_config::trace`]) for comparison.
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_nk_fused_ring(map_a: *const u8, map_b: *const u8, map_c: *const u8, c: *mut u8, m: u32, n: u32, k: u32, ldc: u32, f32_out: u32, trace: u64) {
+pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_nk_fused_ring(
+    map_a: *const u8,
+    map_b: *const u8,
+    map_c: *const u8,
+    c: *mut u8,
+    m: u32,
+    n: u32,
+    k: u32,
+    ldc: u32,
+    f32_out: u32,
+    trace: u64,
+) {
     const R: GemmTile = GemmTile::FUSED_RS;
-    unsafe { gemm_on::<{ R.producer_regs }, { R.consumer_regs }>(R, map_a, map_b, map_c, c, m, n, k, ldc, f32_out, BLayout::Nk, trace) }
+    unsafe {
+        gemm_on::<{ R.producer_regs }, { R.consumer_regs }>(
+            R,
+            map_a,
+            map_b,
+            map_c,
+            c,
+            m,
+            n,
+            k,
+            ldc,
+            f32_out,
+            BLayout::Nk,
+            trace,
+        )
+    }
 }

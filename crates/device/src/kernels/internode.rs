@@ -36,7 +36,13 @@ unsafe fn wait_remotes(c: &CommCtx, slot: RemoteSlot, pick: impl Fn(u32) -> bool
 /// (`dst_off(q)` in q's heap), wait for their data and for our puts to complete (so the source
 /// may be reused once the kernel ends). Every CTA then waits for the peers' data.
 #[inline(always)]
-unsafe fn exchange(c: &CommCtx, src_off: u64, bytes: u64, pick: impl Fn(u32) -> bool + Copy, dst_off: impl Fn(u32) -> u64) -> bool {
+unsafe fn exchange(
+    c: &CommCtx,
+    src_off: u64,
+    bytes: u64,
+    pick: impl Fn(u32) -> bool + Copy,
+    dst_off: impl Fn(u32) -> u64,
+) -> bool {
     unsafe {
         if c.cta == 0 {
             let mut ok = true;
@@ -73,7 +79,12 @@ unsafe fn exchange(c: &CommCtx, src_off: u64, bytes: u64, pick: impl Fn(u32) -> 
 /// AllGather over nodes: every rank's `bytes` at `src_off` go to `dst_off + global_rank * bytes`
 /// in every rank's heap; NVLink pushes inside the node, one proxy PUT to every remote rank.
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn mk_allgather_internode(desc: *const CommDesc, src_off: u64, dst_off: u64, bytes: u64) {
+pub unsafe extern "ptx-kernel" fn mk_allgather_internode(
+    desc: *const CommDesc,
+    src_off: u64,
+    dst_off: u64,
+    bytes: u64,
+) {
     let c = unsafe { CommCtx::new(desc, ids::block_idx(), Role::InterSend) };
     let (lo, hi) = slice(bytes / 16);
     let g = c.global_rank as u64;
@@ -85,7 +96,11 @@ pub unsafe extern "ptx-kernel" fn mk_allgather_internode(desc: *const CommDesc, 
         }
         for k in 0..c.world {
             let p = (c.rank + k) % c.world;
-            copy((c.heap(p) + dst_off + g * bytes + lo * 16) as *mut u8, (c.heap(c.rank) + src_off + lo * 16) as *const u8, hi - lo);
+            copy(
+                (c.heap(p) + dst_off + g * bytes + lo * 16) as *mut u8,
+                (c.heap(c.rank) + src_off + lo * 16) as *const u8,
+                hi - lo,
+            );
         }
         sync::sync_threads();
         let remote = move |q: u32| q / c.world != my_node;
@@ -105,7 +120,14 @@ pub unsafe extern "ptx-kernel" fn mk_allgather_internode(desc: *const CommDesc, 
 /// node * bytes`, and `dst_off` gets the sum over nodes in node order (identical on every rank).
 /// `dtype`: 0 bf16, 1 f32. At most 8 nodes.
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn mk_allreduce_internode(desc: *const CommDesc, src_off: u64, scratch_off: u64, dst_off: u64, count: u64, dtype_code: u32) {
+pub unsafe extern "ptx-kernel" fn mk_allreduce_internode(
+    desc: *const CommDesc,
+    src_off: u64,
+    scratch_off: u64,
+    dst_off: u64,
+    count: u64,
+    dtype_code: u32,
+) {
     let c = unsafe { CommCtx::new(desc, ids::block_idx(), Role::InterReduce) };
     let dt = if dtype_code == 1 { Dtype::F32 } else { Dtype::Bf16 };
     let bytes = count * if dt == Dtype::F32 { 4 } else { 2 };
@@ -121,7 +143,11 @@ pub unsafe extern "ptx-kernel" fn mk_allreduce_internode(desc: *const CommDesc, 
         let mut srcs = [0u64; 8];
         for n in 0..8u32 {
             if n < nnodes {
-                srcs[n as usize] = if n == my_node { local + src_off } else { local + scratch_off + n as u64 * bytes } + lo * 16;
+                srcs[n as usize] = if n == my_node {
+                    local + src_off
+                } else {
+                    local + scratch_off + n as u64 * bytes
+                } + lo * 16;
             }
         }
         let mut dsts = [0u64; 8];
@@ -138,7 +164,16 @@ pub unsafe extern "ptx-kernel" fn mk_allreduce_internode(desc: *const CommDesc, 
 /// flag. Flag values `epoch << 12 | i` in the `Probe` slot. `initiator`: 1 on the rank that
 /// starts, 0 on the answering rank. `iters` < 4096.
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn mk_proxy_pingpong(desc: *const CommDesc, peer: u32, src_off: u64, dst_off: u64, bytes: u64, iters: u32, initiator: u32, out: *mut u64) {
+pub unsafe extern "ptx-kernel" fn mk_proxy_pingpong(
+    desc: *const CommDesc,
+    peer: u32,
+    src_off: u64,
+    dst_off: u64,
+    bytes: u64,
+    iters: u32,
+    initiator: u32,
+    out: *mut u64,
+) {
     // Its own epoch counter (the last CTA slot, which collectives never use), so probes do not
     // move the collectives' epochs out of step.
     let mut c = unsafe { CommCtx::new(desc, PROBE_COUNTER, Role::InterSend) };

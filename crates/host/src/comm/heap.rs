@@ -34,7 +34,12 @@ pub fn import_and_map(fd: &OwnedFd, bytes: u64, device: i32) -> Result<Mapping> 
     // SAFETY: fd is a descriptor exported by cuMemExportToShareableHandle.
     unsafe {
         use std::os::fd::AsRawFd;
-        sys::cuMemImportFromShareableHandle(&mut h, fd.as_raw_fd() as isize as *mut std::ffi::c_void, sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR).result()?
+        sys::cuMemImportFromShareableHandle(
+            &mut h,
+            fd.as_raw_fd() as isize as *mut std::ffi::c_void,
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        )
+        .result()?
     };
     let va = map(h, bytes, 1 << 21, device).inspect_err(|_| {
         // SAFETY: the imported handle is not mapped.
@@ -57,7 +62,10 @@ fn prop(device: i32) -> sys::CUmemAllocationProp {
     let mut p: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
     p.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
     p.requestedHandleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    p.location = sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: device };
+    p.location = sys::CUmemLocation {
+        type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        id: device,
+    };
     p
 }
 
@@ -69,7 +77,14 @@ impl SymmetricHeap {
         let p = prop(device);
         let mut gran = 0usize;
         // SAFETY: out-pointer to a usize; valid prop.
-        unsafe { sys::cuMemGetAllocationGranularity(&mut gran, &p, sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED).result()? };
+        unsafe {
+            sys::cuMemGetAllocationGranularity(
+                &mut gran,
+                &p,
+                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+            )
+            .result()?
+        };
         let gran = gran.max(1 << 21) as u64;
         let bytes = bytes.div_ceil(gran) * gran;
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
@@ -78,7 +93,13 @@ impl SymmetricHeap {
         let mut raw_fd: i32 = -1;
         // SAFETY: for POSIX fd handles the shareable handle is an int.
         let exported = unsafe {
-            sys::cuMemExportToShareableHandle(&mut raw_fd as *mut i32 as *mut std::ffi::c_void, handle, sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0).result()
+            sys::cuMemExportToShareableHandle(
+                &mut raw_fd as *mut i32 as *mut std::ffi::c_void,
+                handle,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+            .result()
         };
         if let Err(e) = exported {
             // SAFETY: the handle was created above and is not mapped.
@@ -101,14 +122,22 @@ impl SymmetricHeap {
                     own_unmapped = None;
                     mappings.push(Mapping { va, handle, bytes });
                 } else {
-                    let fd = peer_fds.into_iter().next().ok_or_else(|| Error::Shape { op: "symmetric heap", reason: format!("local rank {peer} sent no memory handle") })?;
+                    let fd = peer_fds.into_iter().next().ok_or_else(|| Error::Shape {
+                        op: "symmetric heap",
+                        reason: format!("local rank {peer} sent no memory handle"),
+                    })?;
                     mappings.push(import_and_map(&fd, bytes, device)?);
                 }
             }
             Ok(mappings)
         })();
         match result {
-            Ok(mappings) => Ok(SymmetricHeap { bytes, mappings, local_rank, own_fd }),
+            Ok(mappings) => Ok(SymmetricHeap {
+                bytes,
+                mappings,
+                local_rank,
+                own_fd,
+            }),
             Err(e) => {
                 if let Some(h) = own_unmapped {
                     // SAFETY: created above, never mapped; mapped peers were dropped with `result`.
@@ -146,11 +175,18 @@ fn map(h: sys::CUmemGenericAllocationHandle, bytes: u64, align: u64, device: i32
     // SAFETY: reserves address space only.
     unsafe { sys::cuMemAddressReserve(&mut va, bytes as usize, align as usize, 0, 0).result()? };
     let access = sys::CUmemAccessDesc {
-        location: sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: device },
+        location: sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: device,
+        },
         flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
     };
     // SAFETY: va was reserved for `bytes`; h is a live allocation of `bytes`.
-    let mapped = unsafe { sys::cuMemMap(va, bytes as usize, 0, h, 0).result().and_then(|_| sys::cuMemSetAccess(va, bytes as usize, &access, 1).result()) };
+    let mapped = unsafe {
+        sys::cuMemMap(va, bytes as usize, 0, h, 0)
+            .result()
+            .and_then(|_| sys::cuMemSetAccess(va, bytes as usize, &access, 1).result())
+    };
     if let Err(e) = mapped {
         // SAFETY: undo the reservation (and the mapping if it happened).
         unsafe {
@@ -161,4 +197,3 @@ fn map(h: sys::CUmemGenericAllocationHandle, bytes: u64, align: u64, device: i32
     }
     Ok(va)
 }
-

@@ -49,7 +49,13 @@ unsafe impl Sync for InterNode {}
 impl InterNode {
     /// Sets up the FIFO, maps every rank's heap over the host-wide fd exchange (emulated nodes
     /// only), and starts the proxy. Collective over all ranks of the job.
-    pub fn new(ctx: &Arc<CudaContext>, boot: &Bootstrap, heap_fd: BorrowedFd<'_>, heap_bytes: u64, timeout: Duration) -> Result<InterNode> {
+    pub fn new(
+        ctx: &Arc<CudaContext>,
+        boot: &Bootstrap,
+        heap_fd: BorrowedFd<'_>,
+        heap_bytes: u64,
+        timeout: Duration,
+    ) -> Result<InterNode> {
         let info = boot.info().clone();
         if info.emulated_nodes().is_none() {
             return Err(Error::Unsupported(
@@ -61,7 +67,8 @@ impl InterNode {
         let dir = if rank == 0 {
             let path = JobDir::for_rank(&info)?.path().with_extension("wire");
             let dir = JobDir::open(&path)?;
-            boot.store().set("mkernel/wire-dir", path.to_string_lossy().as_bytes())?;
+            boot.store()
+                .set("mkernel/wire-dir", path.to_string_lossy().as_bytes())?;
             dir
         } else {
             let path = String::from_utf8_lossy(&boot.store().get("mkernel/wire-dir", timeout)?).to_string();
@@ -73,7 +80,10 @@ impl InterNode {
         let device = ctx.ordinal() as i32;
         let mut mappings = Vec::with_capacity(world);
         for (r, mut v) in fds.into_iter().enumerate() {
-            let fd = v.pop().ok_or_else(|| Error::Shape { op: "inter-node wire", reason: format!("rank {r} sent no heap handle") })?;
+            let fd = v.pop().ok_or_else(|| Error::Shape {
+                op: "inter-node wire",
+                reason: format!("rank {r} sent no heap handle"),
+            })?;
             mappings.push(import_and_map(&fd, heap_bytes, device)?);
         }
         let bases: Vec<u64> = mappings.iter().map(|m| m.va).collect();
@@ -82,11 +92,21 @@ impl InterNode {
         let bytes = mkernel_proxy::protocol::fifo_bytes(FIFO_CAPACITY);
         let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
         // SAFETY: out-pointer; flags request a device mapping.
-        unsafe { sys::cuMemHostAlloc(&mut host, bytes, sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE).result()? };
+        unsafe {
+            sys::cuMemHostAlloc(
+                &mut host,
+                bytes,
+                sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE,
+            )
+            .result()?
+        };
         let mut device_ptr: sys::CUdeviceptr = 0;
         // SAFETY: host was returned by cuMemHostAlloc with DEVICEMAP.
         unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device_ptr, host, 0).result()? };
-        let fifo = PinnedFifo { host: host as *mut u8, device: device_ptr };
+        let fifo = PinnedFifo {
+            host: host as *mut u8,
+            device: device_ptr,
+        };
         // SAFETY: `bytes` of 64-byte aligned (page aligned) memory owned by `fifo`.
         unsafe { RawFifo::init(fifo.host, FIFO_CAPACITY, rank as u32) }.map_err(proxy_err)?;
         // SAFETY: as above; the view lives in the proxy thread, which stops before `fifo` drops.
@@ -96,13 +116,18 @@ impl InterNode {
         let nnodes = info.nnodes();
         let topology = Topology::new(nnodes, info.local_world_size(), rank).map_err(proxy_err)?;
         let regions = Regions::symmetric(&topology, heap_bytes, HEAP_CONTROL_BYTES);
-        let consumer = FifoConsumer::new(Fifo::new(raw).map_err(proxy_err)?, Validator::new(regions)).map_err(proxy_err)?;
+        let consumer =
+            FifoConsumer::new(Fifo::new(raw).map_err(proxy_err)?, Validator::new(regions)).map_err(proxy_err)?;
         let engine = GpuCopyEngine::new(ctx.clone(), bases)?;
         let model = WireModel::from_env().map_err(|e| Error::Proxy(e.to_string()))?;
         let transport = EmulatedTransport::new(rank, engine, model);
         let proxy = Proxy::spawn(consumer, transport, ProxyConfig::default()).map_err(proxy_err)?;
         boot.store().barrier("mkernel/proxies-up", timeout)?;
-        Ok(InterNode { proxy: Some(proxy), fifo, _mappings: mappings })
+        Ok(InterNode {
+            proxy: Some(proxy),
+            fifo,
+            _mappings: mappings,
+        })
     }
 
     /// Device address of the FIFO (for `CommDesc::fifo`).
@@ -152,7 +177,13 @@ unsafe impl Send for GpuCopyEngine {}
 impl GpuCopyEngine {
     fn new(ctx: Arc<CudaContext>, bases: Vec<u64>) -> Result<GpuCopyEngine> {
         let stream = ctx.new_stream()?;
-        Ok(GpuCopyEngine { ctx, stream, bases, pending: VecDeque::new(), bound: false })
+        Ok(GpuCopyEngine {
+            ctx,
+            stream,
+            bases,
+            pending: VecDeque::new(),
+            bound: false,
+        })
     }
     fn bind(&mut self) -> Result<(), TransportError> {
         if !self.bound {
@@ -162,7 +193,10 @@ impl GpuCopyEngine {
         Ok(())
     }
     fn base(&self, rank: usize) -> Result<u64, TransportError> {
-        self.bases.get(rank).copied().ok_or_else(|| TransportError::Copy(format!("rank {rank} has no mapped heap")))
+        self.bases
+            .get(rank)
+            .copied()
+            .ok_or_else(|| TransportError::Copy(format!("rank {rank} has no mapped heap")))
     }
     fn track(&mut self, token: u64) -> Result<(), TransportError> {
         let ev = self.ctx.new_event(None).map_err(cuda)?;
@@ -177,17 +211,28 @@ fn cuda(e: cudarc::driver::DriverError) -> TransportError {
 }
 
 impl CopyEngine for GpuCopyEngine {
-    fn copy(&mut self, token: u64, src_rank: usize, src_offset: u64, dst_rank: usize, dst_offset: u64, bytes: u64) -> Result<(), TransportError> {
+    fn copy(
+        &mut self,
+        token: u64,
+        src_rank: usize,
+        src_offset: u64,
+        dst_rank: usize,
+        dst_offset: u64,
+        bytes: u64,
+    ) -> Result<(), TransportError> {
         self.bind()?;
         let (src, dst) = (self.base(src_rank)? + src_offset, self.base(dst_rank)? + dst_offset);
         // SAFETY: the proxy validated both ranges against the heaps' sizes.
-        unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, bytes as usize, self.stream.cu_stream()) }.map_err(cuda)?;
+        unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, bytes as usize, self.stream.cu_stream()) }
+            .map_err(cuda)?;
         self.track(token)
     }
     fn write_flag(&mut self, token: u64, dst_rank: usize, flag_offset: u64, value: u64) -> Result<(), TransportError> {
         self.bind()?;
         if value >> 32 != 0 {
-            return Err(TransportError::Copy(format!("flag value {value} does not fit the 4-byte store of the emulated wire")));
+            return Err(TransportError::Copy(format!(
+                "flag value {value} does not fit the 4-byte store of the emulated wire"
+            )));
         }
         let dst = self.base(dst_rank)? + flag_offset;
         // SAFETY: validated flag offset inside the destination's control area; stream order puts

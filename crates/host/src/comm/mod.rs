@@ -18,7 +18,10 @@ use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfi
 use heap::SymmetricHeap;
 use internode::{InterNode, FIFO_CAPACITY};
 use mkernel_bootstrap::Bootstrap;
-use mkernel_config::comm::{CommDesc, ErrorRecord, FlagSlot, Role, ABORT_OFFSET, ERROR_RECORD_OFFSET, HEAP_RESERVED_BYTES, HEAP_ZEROED_BYTES, MAX_COMM_CTAS, MAX_LOCAL_RANKS, STAGED_CTAS};
+use mkernel_config::comm::{
+    CommDesc, ErrorRecord, FlagSlot, Role, ABORT_OFFSET, ERROR_RECORD_OFFSET, HEAP_RESERVED_BYTES, HEAP_ZEROED_BYTES,
+    MAX_COMM_CTAS, MAX_LOCAL_RANKS, STAGED_CTAS,
+};
 use mkernel_config::{kernels, KernelSpec};
 use std::sync::Arc;
 use std::time::Duration;
@@ -68,7 +71,12 @@ pub struct CommConfig {
 
 impl Default for CommConfig {
     fn default() -> Self {
-        CommConfig { heap_bytes: 256 << 20, timeout: Duration::from_secs(10), bootstrap_timeout: Duration::from_secs(60), internode_scratch_bytes: 256 << 20 }
+        CommConfig {
+            heap_bytes: 256 << 20,
+            timeout: Duration::from_secs(10),
+            bootstrap_timeout: Duration::from_secs(60),
+            internode_scratch_bytes: 256 << 20,
+        }
     }
 }
 
@@ -106,18 +114,36 @@ impl Communicator {
         let info = boot.info().clone();
         let (rank, world) = (info.local_rank() as u32, info.local_world_size() as u32);
         if world > MAX_LOCAL_RANKS {
-            return Err(Error::Shape { op: "communicator", reason: format!("{world} local ranks; at most {MAX_LOCAL_RANKS} are supported") });
+            return Err(Error::Shape {
+                op: "communicator",
+                reason: format!("{world} local ranks; at most {MAX_LOCAL_RANKS} are supported"),
+            });
         }
         device.context().bind_to_thread()?;
         let nnodes = info.nnodes() as u32;
         let wire_bytes = if nnodes > 1 { cfg.internode_scratch_bytes } else { 0 };
-        let heap = SymmetricHeap::new(device.ordinal() as i32, HEAP_RESERVED_BYTES + cfg.heap_bytes + wire_bytes, &mut boot, cfg.bootstrap_timeout)?;
+        let heap = SymmetricHeap::new(
+            device.ordinal() as i32,
+            HEAP_RESERVED_BYTES + cfg.heap_bytes + wire_bytes,
+            &mut boot,
+            cfg.bootstrap_timeout,
+        )?;
         let stream = device.default_stream();
         // Zero the control and LL areas (flags, epochs, error record, LL words) before anyone signals into them.
         let zeros = vec![0u8; HEAP_ZEROED_BYTES as usize];
         // SAFETY: the first HEAP_ZEROED_BYTES of our heap are ours and mapped.
         unsafe { cudarc::driver::result::memcpy_htod_sync(heap.local_base(), &zeros)? };
-        let node = if nnodes > 1 { Some(InterNode::new(device.context(), &boot, heap.own_fd(), heap.bytes(), cfg.bootstrap_timeout)?) } else { None };
+        let node = if nnodes > 1 {
+            Some(InterNode::new(
+                device.context(),
+                &boot,
+                heap.own_fd(),
+                heap.bytes(),
+                cfg.bootstrap_timeout,
+            )?)
+        } else {
+            None
+        };
         let mut d = CommDesc {
             rank,
             world,
@@ -133,19 +159,38 @@ impl Communicator {
             d.heaps[r] = heap.base(r);
         }
         // SAFETY: CommDesc is repr(C) plain data.
-        let bytes = unsafe { std::slice::from_raw_parts(&d as *const CommDesc as *const u8, std::mem::size_of::<CommDesc>()) };
+        let bytes =
+            unsafe { std::slice::from_raw_parts(&d as *const CommDesc as *const u8, std::mem::size_of::<CommDesc>()) };
         let desc = stream.clone_htod(bytes)?;
         stream.synchronize()?;
         // Nobody may signal into a heap before its owner zeroed it.
-        boot.store().barrier("mkernel/communicator/zeroed", cfg.bootstrap_timeout)?;
+        boot.store()
+            .barrier("mkernel/communicator/zeroed", cfg.bootstrap_timeout)?;
         let desc_addr = desc.device_ptr(&stream).0;
-        let mut comm = Communicator { wire: None, device: device.clone(), boot, heap, _desc: desc, desc_addr, rank, world, next_free: HEAP_RESERVED_BYTES };
+        let mut comm = Communicator {
+            wire: None,
+            device: device.clone(),
+            boot,
+            heap,
+            _desc: desc,
+            desc_addr,
+            rank,
+            world,
+            next_free: HEAP_RESERVED_BYTES,
+        };
         if let Some(node) = node {
             let max_bytes = wire_bytes / (nnodes as u64 + 2) / 256 * 256;
             let stage = comm.alloc(max_bytes)?;
             let node_sum = comm.alloc(max_bytes)?;
             let recv = comm.alloc(max_bytes * nnodes as u64)?;
-            comm.wire = Some(Wire { node, nnodes, max_bytes, stage, node_sum, recv });
+            comm.wire = Some(Wire {
+                node,
+                nnodes,
+                max_bytes,
+                stage,
+                node_sum,
+                recv,
+            });
         }
         Ok(comm)
     }
@@ -180,9 +225,19 @@ impl Communicator {
     pub fn alloc(&mut self, bytes: u64) -> Result<SymBuffer> {
         let bytes = bytes.div_ceil(256) * 256;
         if self.next_free + bytes > self.heap.bytes() {
-            return Err(Error::Shape { op: "symmetric heap", reason: format!("{bytes} more bytes do not fit ({} of {} used)", self.next_free, self.heap.bytes()) });
+            return Err(Error::Shape {
+                op: "symmetric heap",
+                reason: format!(
+                    "{bytes} more bytes do not fit ({} of {} used)",
+                    self.next_free,
+                    self.heap.bytes()
+                ),
+            });
         }
-        let b = SymBuffer { offset: self.next_free, bytes };
+        let b = SymBuffer {
+            offset: self.next_free,
+            bytes,
+        };
         self.next_free += bytes;
         Ok(b)
     }
@@ -203,9 +258,15 @@ impl Communicator {
     /// paths need CTAs `0..STAGED_CTAS` in every launch to keep their epochs in lockstep).
     fn prepare(&self, spec: &'static KernelSpec, ctas: u32) -> Result<(CudaFunction, LaunchConfig)> {
         if ctas == 0 || ctas >= MAX_COMM_CTAS {
-            return Err(Error::Shape { op: spec.name, reason: format!("{ctas} CTAs; 1..{MAX_COMM_CTAS} allowed") });
+            return Err(Error::Shape {
+                op: spec.name,
+                reason: format!("{ctas} CTAs; 1..{MAX_COMM_CTAS} allowed"),
+            });
         }
-        Ok((self.device.function(spec)?, Device::launch_config(spec, ctas.max(STAGED_CTAS))))
+        Ok((
+            self.device.function(spec)?,
+            Device::launch_config(spec, ctas.max(STAGED_CTAS)),
+        ))
     }
 
     /// AllGather of `bytes` per rank: `src` (any local device address) goes to
@@ -221,7 +282,9 @@ impl Communicator {
             }
             // The proxy reads the source from the heap: stage it there.
             // SAFETY: both ranges are device memory of at least `bytes`.
-            unsafe { cudarc::driver::result::memcpy_dtod_async(self.ptr(&w.stage), src, bytes as usize, stream.cu_stream())? };
+            unsafe {
+                cudarc::driver::result::memcpy_dtod_async(self.ptr(&w.stage), src, bytes as usize, stream.cu_stream())?
+            };
             let (desc, src_off, dst_off) = (self.desc_ptr(), w.stage.offset, dst.offset);
             let (f, cfg) = self.prepare(&kernels::ALLGATHER_INTERNODE, ctas)?;
             let mut b = stream.launch_builder(&f);
@@ -242,10 +305,20 @@ impl Communicator {
 
     /// ReduceScatter: `dst` (local, `count` elements) = sum over ranks of elements
     /// `[rank * count, (rank + 1) * count)` of `src`. `count * size` must be a multiple of 16.
-    pub fn reduce_scatter(&self, stream: &Arc<CudaStream>, src: &SymBuffer, dst: u64, count: u64, dtype: ReduceDtype, ctas: u32) -> Result<()> {
+    pub fn reduce_scatter(
+        &self,
+        stream: &Arc<CudaStream>,
+        src: &SymBuffer,
+        dst: u64,
+        count: u64,
+        dtype: ReduceDtype,
+        ctas: u32,
+    ) -> Result<()> {
         let op = "reduce_scatter";
         if self.wire.is_some() {
-            return Err(Error::Unsupported("reduce_scatter across nodes is not implemented yet (all_gather and all_reduce are)".into()));
+            return Err(Error::Unsupported(
+                "reduce_scatter across nodes is not implemented yet (all_gather and all_reduce are)".into(),
+            ));
         }
         check_multiple(op, "bytes per rank", count * dtype.size(), 16)?;
         check_fits(op, src, count * dtype.size() * self.world as u64)?;
@@ -261,7 +334,15 @@ impl Communicator {
 
     /// AllReduce of `count` elements from `src` into `dst` (both in the heap; may be the same
     /// buffer). `count * size` must be a multiple of 16.
-    pub fn all_reduce(&self, stream: &Arc<CudaStream>, src: &SymBuffer, dst: &SymBuffer, count: u64, dtype: ReduceDtype, ctas: u32) -> Result<()> {
+    pub fn all_reduce(
+        &self,
+        stream: &Arc<CudaStream>,
+        src: &SymBuffer,
+        dst: &SymBuffer,
+        count: u64,
+        dtype: ReduceDtype,
+        ctas: u32,
+    ) -> Result<()> {
         let op = "all_reduce";
         check_multiple(op, "bytes", count * dtype.size(), 16)?;
         check_fits(op, src, count * dtype.size())?;
@@ -269,7 +350,13 @@ impl Communicator {
         if let Some(w) = &self.wire {
             let bytes = count * dtype.size();
             if bytes > w.max_bytes {
-                return Err(Error::Shape { op, reason: format!("{bytes} bytes exceed the inter-node stage of {} (CommConfig::internode_scratch_bytes)", w.max_bytes) });
+                return Err(Error::Shape {
+                    op,
+                    reason: format!(
+                        "{bytes} bytes exceed the inter-node stage of {} (CommConfig::internode_scratch_bytes)",
+                        w.max_bytes
+                    ),
+                });
             }
             // 1. Sum inside the node (NVLink) into the node-sum buffer; 2. exchange node sums
             //    with the rail peers through the proxy and add them up in node order.
@@ -282,7 +369,12 @@ impl Communicator {
             unsafe { b.launch(cfg) }?;
             let (f, cfg) = self.prepare(&kernels::ALLREDUCE_INTERNODE, ctas)?;
             let mut b = stream.launch_builder(&f);
-            b.arg(&desc).arg(&sum_off).arg(&recv_off).arg(&dst_off).arg(&count).arg(&code);
+            b.arg(&desc)
+                .arg(&sum_off)
+                .arg(&recv_off)
+                .arg(&dst_off)
+                .arg(&count)
+                .arg(&code);
             // SAFETY: mk_allreduce_internode(desc, src_off, scratch_off, dst_off, count, dtype).
             unsafe { b.launch(cfg) }?;
             return Ok(());
@@ -299,18 +391,38 @@ impl Communicator {
     /// Round trips of `iters` put-and-answer probes of `bytes` between this rank and `peer` (a
     /// rank on another node) over the proxy, in nanoseconds, measured on the GPU from before the
     /// post to the arrival of the answer's flag. Both ranks call it (`initiator` on exactly one).
-    pub fn proxy_pingpong(&self, stream: &Arc<CudaStream>, peer: u32, bytes: u64, iters: u32, initiator: bool) -> Result<Vec<u64>> {
+    pub fn proxy_pingpong(
+        &self,
+        stream: &Arc<CudaStream>,
+        peer: u32,
+        bytes: u64,
+        iters: u32,
+        initiator: bool,
+    ) -> Result<Vec<u64>> {
         let op = "proxy_pingpong";
-        let w = self.wire.as_ref().ok_or_else(|| Error::Unsupported("proxy probes need a job of several nodes".into()))?;
+        let w = self
+            .wire
+            .as_ref()
+            .ok_or_else(|| Error::Unsupported("proxy probes need a job of several nodes".into()))?;
         if bytes > w.max_bytes || iters == 0 || iters >= 4096 {
-            return Err(Error::Shape { op, reason: format!("bytes {bytes} (max {}), iters {iters} (1..4096)", w.max_bytes) });
+            return Err(Error::Shape {
+                op,
+                reason: format!("bytes {bytes} (max {}), iters {iters} (1..4096)", w.max_bytes),
+            });
         }
         let out = stream.alloc_zeros::<u64>(iters as usize)?;
         let out_ptr = out.device_ptr(stream).0;
         let (desc, src_off, dst_off, init) = (self.desc_ptr(), w.stage.offset, w.recv.offset, initiator as u32);
         let f = self.device.function(&kernels::PROXY_PINGPONG)?;
         let mut b = stream.launch_builder(&f);
-        b.arg(&desc).arg(&peer).arg(&src_off).arg(&dst_off).arg(&bytes).arg(&iters).arg(&init).arg(&out_ptr);
+        b.arg(&desc)
+            .arg(&peer)
+            .arg(&src_off)
+            .arg(&dst_off)
+            .arg(&bytes)
+            .arg(&iters)
+            .arg(&init)
+            .arg(&out_ptr);
         // SAFETY: mk_proxy_pingpong(desc, peer, src_off, dst_off, bytes, iters, initiator, out).
         unsafe { b.launch(Device::launch_config(&kernels::PROXY_PINGPONG, 1)) }?;
         stream.synchronize()?;
@@ -327,7 +439,10 @@ impl Communicator {
         let mut rec = ErrorRecord::default();
         // SAFETY: reads the record from this rank's own heap into a repr(C) struct.
         unsafe {
-            let bytes = std::slice::from_raw_parts_mut(&mut rec as *mut ErrorRecord as *mut u8, std::mem::size_of::<ErrorRecord>());
+            let bytes = std::slice::from_raw_parts_mut(
+                &mut rec as *mut ErrorRecord as *mut u8,
+                std::mem::size_of::<ErrorRecord>(),
+            );
             cudarc::driver::result::memcpy_dtoh_sync(bytes, self.heap.local_base() + ERROR_RECORD_OFFSET)?;
         }
         if rec.code == 0 {
@@ -348,7 +463,9 @@ impl Communicator {
     /// Raises this rank's abort word: every wait of the rank gives up at once.
     pub fn abort(&self) -> Result<()> {
         // SAFETY: writes the abort word of this rank's own heap.
-        unsafe { cudarc::driver::result::memcpy_htod_sync(self.heap.local_base() + ABORT_OFFSET, &1u32.to_ne_bytes())? };
+        unsafe {
+            cudarc::driver::result::memcpy_htod_sync(self.heap.local_base() + ABORT_OFFSET, &1u32.to_ne_bytes())?
+        };
         Ok(())
     }
 }
@@ -363,7 +480,9 @@ fn wait_name(code: u32) -> String {
         w::FIFO_DONE => "proxy completion (done)".into(),
         c => match FlagSlot::from_u32(c) {
             // Counters count tiles; every other slot holds epochs.
-            Some(s @ (FlagSlot::Tile1 | FlagSlot::Tile2 | FlagSlot::NodeSum | FlagSlot::Outbox)) => format!("{s:?} tile counter"),
+            Some(s @ (FlagSlot::Tile1 | FlagSlot::Tile2 | FlagSlot::NodeSum | FlagSlot::Outbox)) => {
+                format!("{s:?} tile counter")
+            }
             Some(s) => format!("{s:?} flag (epoch)"),
             None => format!("wait code {c}"),
         },
@@ -372,19 +491,33 @@ fn wait_name(code: u32) -> String {
 
 fn check_multiple(op: &'static str, what: &str, v: u64, m: u64) -> Result<()> {
     if v == 0 || v % m != 0 {
-        return Err(Error::Shape { op, reason: format!("{what} = {v} must be a positive multiple of {m}") });
+        return Err(Error::Shape {
+            op,
+            reason: format!("{what} = {v} must be a positive multiple of {m}"),
+        });
     }
     Ok(())
 }
 fn check_fits(op: &'static str, b: &SymBuffer, need: u64) -> Result<()> {
     if need > b.bytes {
-        return Err(Error::Shape { op, reason: format!("heap buffer of {} bytes is smaller than the {need} bytes needed", b.bytes) });
+        return Err(Error::Shape {
+            op,
+            reason: format!(
+                "heap buffer of {} bytes is smaller than the {need} bytes needed",
+                b.bytes
+            ),
+        });
     }
     Ok(())
 }
 fn check_aligned(op: &'static str, what: &'static str, ptr: u64) -> Result<()> {
     if ptr % 16 != 0 {
-        return Err(Error::Alignment { op, what, ptr, align: 16 });
+        return Err(Error::Alignment {
+            op,
+            what,
+            ptr,
+            align: 16,
+        });
     }
     Ok(())
 }
@@ -394,6 +527,9 @@ impl Drop for Communicator {
         // Peers may still be writing into our heap: wait until every local rank is done
         // before the mappings go away (best effort; errors are already reported elsewhere).
         let _ = self.device.context().synchronize();
-        let _ = self.boot.store().barrier("mkernel/communicator/drop", Duration::from_secs(30));
+        let _ = self
+            .boot
+            .store()
+            .barrier("mkernel/communicator/drop", Duration::from_secs(30));
     }
 }

@@ -50,9 +50,7 @@ pub struct EfadvQpInitAttr {
     pub reserved: [u8; 4],
 }
 
-const _: () = assert!(
-    std::mem::size_of::<EfadvDeviceAttr>() == 32 && std::mem::size_of::<EfadvQpInitAttr>() == 16
-);
+const _: () = assert!(std::mem::size_of::<EfadvDeviceAttr>() == 32 && std::mem::size_of::<EfadvQpInitAttr>() == 16);
 
 table! {
     /// libefa entry points.

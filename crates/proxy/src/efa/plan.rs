@@ -66,12 +66,7 @@ pub struct SrdPlanner {
 impl SrdPlanner {
     /// A planner for sender `me` in a world of `world` ranks, with `lanes` queue pairs and
     /// writes of at most `max_msg` bytes.
-    pub fn new(
-        me: usize,
-        world: usize,
-        lanes: usize,
-        max_msg: u64,
-    ) -> Result<SrdPlanner, TransportError> {
+    pub fn new(me: usize, world: usize, lanes: usize, max_msg: u64) -> Result<SrdPlanner, TransportError> {
         let me = u16::try_from(me).map_err(|_| {
             TransportError::Config(format!(
                 "rank {me} does not fit the 16-bit sender field of the EFA immediate"
@@ -134,7 +129,10 @@ impl SrdPlanner {
                     if src_offset.checked_add(bytes).is_none_or(|e| e > local.len)
                         || dst_offset.checked_add(bytes).is_none_or(|e| e > data.len)
                     {
-                        return Err(TransportError::Config(format!("put [{src_offset}, +{bytes}) -> [{dst_offset}, +{bytes}) outside {} / {} bytes", local.len, data.len)));
+                        return Err(TransportError::Config(format!(
+                            "put [{src_offset}, +{bytes}) -> [{dst_offset}, +{bytes}) outside {} / {} bytes",
+                            local.len, data.len
+                        )));
                     }
                     if bytes == 0 {
                         instant.push(seq);
@@ -255,24 +253,13 @@ mod tests {
             ..
         } = wrs[2]
         {
-            assert_eq!(
-                (remote_addr, addr, lane),
-                (0x8000 + 64 + 512, 0x1000 + 512, 0)
-            );
+            assert_eq!((remote_addr, addr, lane), (0x8000 + 64 + 512, 0x1000 + 512, 0));
             assert_eq!(Imm::decode(imm).unwrap(), Imm::data(3));
         }
         match wrs[3] {
-            SrdWr::SendImm {
-                record, imm, lane, ..
-            } => {
+            SrdWr::SendImm { record, imm, lane, .. } => {
                 assert_eq!(
-                    (
-                        record.needed,
-                        record.flag_offset,
-                        record.value,
-                        record.sender,
-                        lane
-                    ),
+                    (record.needed, record.flag_offset, record.value, record.sender, lane),
                     (3, 8, 1, 3, 0)
                 );
                 assert_eq!(Imm::decode(imm).unwrap().kind, ImmKind::Signal);
@@ -351,9 +338,7 @@ mod tests {
         ];
         let (wrs, _) = p.plan(0, &ops, LOCAL, DATA).unwrap();
         let n = wrs.len();
-        let mut orders: Vec<Vec<usize>> = (0..n)
-            .map(|r| (0..n).map(|i| (i + r) % n).collect())
-            .collect();
+        let mut orders: Vec<Vec<usize>> = (0..n).map(|r| (0..n).map(|i| (i + r) % n).collect()).collect();
         orders.push((0..n).rev().collect());
         for order in orders {
             let mut t = RecvTracker::new(&[false, true], 24);
@@ -363,8 +348,7 @@ mod tests {
                 match wrs[i] {
                     SrdWr::WriteImm { imm, .. } => {
                         data_seen += 1;
-                        t.on_completion(Imm::decode(imm).unwrap(), &[], &mut f)
-                            .unwrap();
+                        t.on_completion(Imm::decode(imm).unwrap(), &[], &mut f).unwrap();
                     }
                     SrdWr::SendImm { imm, record, .. } => t
                         .on_completion(Imm::decode(imm).unwrap(), &record.to_bytes(), &mut f)

@@ -25,9 +25,7 @@ impl FlagSink for VecFlags {
         let w = self
             .0
             .get_mut((flag_offset / FLAG_BYTES) as usize)
-            .ok_or_else(|| {
-                TransportError::Config(format!("flag offset {flag_offset} outside the flag array"))
-            })?;
+            .ok_or_else(|| TransportError::Config(format!("flag offset {flag_offset} outside the flag array")))?;
         *w = (*w).max(value);
         Ok(())
     }
@@ -70,12 +68,7 @@ impl RecvTracker {
 
     /// Handles one receive completion: its immediate (host order, already decoded) and, for a
     /// signal, the record bytes. Raises every flag that became ready.
-    pub fn on_completion(
-        &mut self,
-        imm: Imm,
-        payload: &[u8],
-        sink: &mut dyn FlagSink,
-    ) -> Result<(), TransportError> {
+    pub fn on_completion(&mut self, imm: Imm, payload: &[u8], sink: &mut dyn FlagSink) -> Result<(), TransportError> {
         match imm.kind {
             ImmKind::Data => self.on_data(imm.sender, sink),
             ImmKind::Signal => {
@@ -109,16 +102,11 @@ impl RecvTracker {
         sink: &mut dyn FlagSink,
     ) -> Result<(), TransportError> {
         if flag_offset & (FLAG_BYTES - 1) != 0
-            || flag_offset
-                .checked_add(FLAG_BYTES)
-                .is_none_or(|e| e > self.flag_bytes)
+            || flag_offset.checked_add(FLAG_BYTES).is_none_or(|e| e > self.flag_bytes)
         {
             return Err(TransportError::Completion {
                 peer: format!("rank {sender}"),
-                detail: format!(
-                    "signal for flag offset {flag_offset} outside {} bytes",
-                    self.flag_bytes
-                ),
+                detail: format!("signal for flag offset {flag_offset} outside {} bytes", self.flag_bytes),
             });
         }
         self.order += 1;
@@ -158,10 +146,7 @@ mod tests {
     use super::*;
 
     fn tracker() -> (RecvTracker, VecFlags) {
-        (
-            RecvTracker::new(&[false, true, true], 64),
-            VecFlags(vec![0; 8]),
-        )
+        (RecvTracker::new(&[false, true, true], 64), VecFlags(vec![0; 8]))
     }
 
     #[test]
@@ -209,13 +194,11 @@ mod tests {
             flag_offset: 24,
             value: 3,
         };
-        t.on_completion(Imm::signal(1), &rec.to_bytes(), &mut f)
-            .unwrap();
+        t.on_completion(Imm::signal(1), &rec.to_bytes(), &mut f).unwrap();
         t.on_completion(Imm::data(1), &[], &mut f).unwrap();
         assert_eq!(f.0[3], 3);
         assert!(
-            t.on_completion(Imm::signal(2), &rec.to_bytes(), &mut f)
-                .is_err(),
+            t.on_completion(Imm::signal(2), &rec.to_bytes(), &mut f).is_err(),
             "sender mismatch"
         );
         assert!(t.on_data(0, &mut f).is_err(), "not a peer");

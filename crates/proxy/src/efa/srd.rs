@@ -2,8 +2,7 @@
 //! data as RDMA write-with-immediate, flags as inline sends of a signal record, and the
 //! receive side that raises flags through a [`FlagSink`].
 use super::dl::{
-    efadv, EfadvDeviceAttr, EfadvQpInitAttr, EFADV_CAPS_RDMA_WRITE, EFADV_CAPS_RNR_RETRY,
-    EFADV_QP_DRIVER_TYPE_SRD,
+    efadv, EfadvDeviceAttr, EfadvQpInitAttr, EFADV_CAPS_RDMA_WRITE, EFADV_CAPS_RNR_RETRY, EFADV_QP_DRIVER_TYPE_SRD,
 };
 use super::imm::{Imm, SignalRecord};
 use super::plan::{SrdPlanner, SrdWr};
@@ -17,9 +16,9 @@ use crate::ibverbs::rc::{initial_psn, NetSetup};
 use crate::ibverbs::sysfs::{NicChoice, NicKind};
 use crate::transport::{Op, Transport};
 use rdma_sys::{
-    ibv_ah, ibv_ah_attr, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_create_send_ops_flags, ibv_qp_ex,
-    ibv_qp_init_attr_ex, ibv_qp_init_attr_mask, ibv_qp_state, ibv_qp_type, ibv_recv_wr,
-    ibv_send_flags, ibv_sge, ibv_wc, ibv_wc_flags, ibv_wc_opcode, ibv_wc_status,
+    ibv_ah, ibv_ah_attr, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_create_send_ops_flags, ibv_qp_ex, ibv_qp_init_attr_ex,
+    ibv_qp_init_attr_mask, ibv_qp_state, ibv_qp_type, ibv_recv_wr, ibv_send_flags, ibv_sge, ibv_wc, ibv_wc_flags,
+    ibv_wc_opcode, ibv_wc_status,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -74,11 +73,7 @@ impl SrdConfig {
         if let Some(v) = num("MKERNEL_EFA_RECV_DEPTH")? {
             c.recv_depth = v;
         }
-        if c.lanes == 0
-            || c.lanes > crate::ibverbs::blob::MAX_QPS_PER_PEER
-            || c.recv_depth == 0
-            || c.sq_depth == 0
-        {
+        if c.lanes == 0 || c.lanes > crate::ibverbs::blob::MAX_QPS_PER_PEER || c.recv_depth == 0 || c.sq_depth == 0 {
             return Err(TransportError::Config(format!(
                 "EFA lanes {} (1..=16), recv_depth {} and sq_depth {} (>= 1)",
                 c.lanes, c.recv_depth, c.sq_depth
@@ -143,14 +138,7 @@ impl SrdEndpoint {
         let ctx = Context::open(&nic.nic.name, nic.port, config.gid_index)?;
         let mut attr = EfadvDeviceAttr::default();
         // SAFETY: live context, valid out-pointer and size.
-        if unsafe {
-            (dv.efadv_query_device)(
-                ctx.ctx,
-                &mut attr,
-                std::mem::size_of::<EfadvDeviceAttr>() as u32,
-            )
-        } != 0
-        {
+        if unsafe { (dv.efadv_query_device)(ctx.ctx, &mut attr, std::mem::size_of::<EfadvDeviceAttr>() as u32) } != 0 {
             return Err(TransportError::Verbs {
                 call: "efadv_query_device",
                 detail: errno(),
@@ -184,8 +172,8 @@ impl SrdEndpoint {
             a.cap.max_recv_sge = 1;
             a.cap.max_inline_data = SignalRecord::BYTES as u32;
             a.qp_type = ibv_qp_type::IBV_QPT_DRIVER;
-            a.comp_mask = ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_PD.0
-                | ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS.0;
+            a.comp_mask =
+                ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_PD.0 | ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS.0;
             a.pd = pd.pd;
             a.send_ops_flags = u64::from(
                 ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_RDMA_WRITE.0
@@ -199,12 +187,7 @@ impl SrdEndpoint {
             };
             // SAFETY: live context, valid attributes.
             let raw = unsafe {
-                (dv.efadv_create_qp_ex)(
-                    ctx.ctx,
-                    &mut a,
-                    &mut e,
-                    std::mem::size_of::<EfadvQpInitAttr>() as u32,
-                )
+                (dv.efadv_create_qp_ex)(ctx.ctx, &mut a, &mut e, std::mem::size_of::<EfadvQpInitAttr>() as u32)
             };
             if raw.is_null() {
                 return Err(TransportError::Verbs {
@@ -251,9 +234,7 @@ impl SrdEndpoint {
             },
         )?;
         let world = setup.topology.world_size();
-        let is_peer = (0..world)
-            .map(|r| setup.topology.is_proxy_peer(r))
-            .collect();
+        let is_peer = (0..world).map(|r| setup.topology.is_proxy_peer(r)).collect();
         let max_msg = if attr.max_rdma_size > 0 {
             u64::from(attr.max_rdma_size)
         } else {
@@ -421,14 +402,10 @@ impl SrdEndpoint {
             .qps
             .iter()
             .map(|q| {
-                let to_ex = self
-                    .ctx
-                    .v
-                    .ibv_qp_to_qp_ex
-                    .ok_or_else(|| TransportError::Verbs {
-                        call: "ibv_qp_to_qp_ex",
-                        detail: "missing from libibverbs (rdma-core too old)".into(),
-                    })?;
+                let to_ex = self.ctx.v.ibv_qp_to_qp_ex.ok_or_else(|| TransportError::Verbs {
+                    call: "ibv_qp_to_qp_ex",
+                    detail: "missing from libibverbs (rdma-core too old)".into(),
+                })?;
                 // SAFETY: live QP created with send_ops_flags.
                 let x = unsafe { to_ex(q.qp) };
                 if x.is_null() {
@@ -449,9 +426,7 @@ impl SrdEndpoint {
             lkey: self.data.lkey,
         };
         // SAFETY: ibv_wc is plain data; zero is valid.
-        let wc = (0..32)
-            .map(|_| unsafe { std::mem::zeroed::<ibv_wc>() })
-            .collect();
+        let wc = (0..32).map(|_| unsafe { std::mem::zeroed::<ibv_wc>() }).collect();
         let lanes = self.qps.len();
         Ok(SrdTransport {
             ep: self,
@@ -495,8 +470,7 @@ impl SrdTransport {
         }
         for i in 0..n as usize {
             let w = &self.wc[i];
-            let (id, status, opcode, flags, qp_num) =
-                (w.wr_id, w.status, w.opcode, w.wc_flags, w.qp_num);
+            let (id, status, opcode, flags, qp_num) = (w.wr_id, w.status, w.opcode, w.wc_flags, w.qp_num);
             // SAFETY: the union holds imm_data when IBV_WC_WITH_IMM is set (checked below).
             let imm = unsafe { w.imm_data_invalidated_rkey_union.imm_data };
             if status != ibv_wc_status::IBV_WC_SUCCESS {
@@ -576,21 +550,19 @@ impl SrdTransport {
                 peer: dst,
                 detail: "not connected".into(),
             })?;
-        let (&qpx, remote) =
-            self.qpx
-                .get(lane)
-                .zip(peer.qps.get(lane))
-                .ok_or_else(|| TransportError::Peer {
-                    peer: dst,
-                    detail: format!("no lane {lane}"),
-                })?;
+        let (&qpx, remote) = self
+            .qpx
+            .get(lane)
+            .zip(peer.qps.get(lane))
+            .ok_or_else(|| TransportError::Peer {
+                peer: dst,
+                detail: format!("no lane {lane}"),
+            })?;
         // SAFETY: `qpx` is the extended view of a live SRD QP; the ops were enabled at creation;
         // the inline record is copied during the call.
         unsafe {
             let x = &mut *qpx;
-            let (Some(start), Some(complete), Some(set_ud)) =
-                (x.wr_start, x.wr_complete, x.wr_set_ud_addr)
-            else {
+            let (Some(start), Some(complete), Some(set_ud)) = (x.wr_start, x.wr_complete, x.wr_set_ud_addr) else {
                 return Err(TransportError::Verbs {
                     call: "ibv_wr_start",
                     detail: "extended QP ops missing".into(),
@@ -637,10 +609,7 @@ impl SrdTransport {
             if rc != 0 {
                 return Err(TransportError::Verbs {
                     call: "ibv_wr_complete",
-                    detail: format!(
-                        "peer {dst} lane {lane}: {}",
-                        std::io::Error::from_raw_os_error(rc)
-                    ),
+                    detail: format!("peer {dst} lane {lane}: {}", std::io::Error::from_raw_os_error(rc)),
                 });
             }
         }
@@ -713,21 +682,13 @@ mod tests {
         let t = TempDir::new("srd-open");
         let mut setup = NetSetup::new(
             Topology::new(2, 1, 1).unwrap(),
-            MemSource::Addr {
-                addr: 0x1000,
-                len: 64,
-            },
-            MemSource::Addr {
-                addr: 0x2000,
-                len: 64,
-            },
+            MemSource::Addr { addr: 0x1000, len: 64 },
+            MemSource::Addr { addr: 0x2000, len: 64 },
             None,
         );
         setup.sysfs_root = t.0.clone();
         setup.force_device = None;
-        let e = SrdEndpoint::open(&setup, SrdConfig::default())
-            .err()
-            .unwrap();
+        let e = SrdEndpoint::open(&setup, SrdConfig::default()).err().unwrap();
         assert!(e.to_string().starts_with("no RDMA device found"), "{e}");
     }
 }

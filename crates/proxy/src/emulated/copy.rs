@@ -24,13 +24,7 @@ pub trait CopyEngine: Send {
         bytes: u64,
     ) -> Result<(), TransportError>;
     /// Stores `value` into `dst_rank`'s flag word at `flag_offset`, after earlier copies to `dst_rank`.
-    fn write_flag(
-        &mut self,
-        token: u64,
-        dst_rank: usize,
-        flag_offset: u64,
-        value: u64,
-    ) -> Result<(), TransportError>;
+    fn write_flag(&mut self, token: u64, dst_rank: usize, flag_offset: u64, value: u64) -> Result<(), TransportError>;
     /// Appends the tokens of calls that completed since the last poll.
     fn poll(&mut self, completed: &mut Vec<u64>) -> Result<(), TransportError>;
 }
@@ -96,9 +90,7 @@ impl CpuFabric {
 
     /// Bytes of each flag array.
     pub fn flag_bytes(&self) -> u64 {
-        self.ranks
-            .first()
-            .map_or(0, |r| r.flags.len() as u64 * FLAG_BYTES)
+        self.ranks.first().map_or(0, |r| r.flags.len() as u64 * FLAG_BYTES)
     }
 
     /// Writes `bytes` into `rank`'s data region at `offset` (the local GPU writing its buffer).
@@ -115,10 +107,7 @@ impl CpuFabric {
     pub fn read(&self, rank: usize, offset: u64, len: usize) -> Result<Vec<u8>, TransportError> {
         let m = self.rank(rank)?;
         let r = range("read", rank, offset, len as u64, m.data.len())?;
-        Ok(m.data[r]
-            .iter()
-            .map(|b| b.load(Ordering::Relaxed))
-            .collect())
+        Ok(m.data[r].iter().map(|b| b.load(Ordering::Relaxed)).collect())
     }
 
     /// Copies between data regions (what the wire does).
@@ -132,13 +121,7 @@ impl CpuFabric {
     ) -> Result<(), TransportError> {
         let (s, d) = (self.rank(src_rank)?, self.rank(dst_rank)?);
         let sr = range("copy source", src_rank, src_offset, bytes, s.data.len())?;
-        let dr = range(
-            "copy destination",
-            dst_rank,
-            dst_offset,
-            bytes,
-            d.data.len(),
-        )?;
+        let dr = range("copy destination", dst_rank, dst_offset, bytes, d.data.len())?;
         for (d, s) in d.data[dr].iter().zip(&s.data[sr]) {
             d.store(s.load(Ordering::Relaxed), Ordering::Relaxed);
         }
@@ -162,14 +145,8 @@ impl CpuFabric {
     }
 
     /// Stores a flag with release ordering (after the data stores that precede it).
-    pub fn store_flag(
-        &self,
-        rank: usize,
-        flag_offset: u64,
-        value: u64,
-    ) -> Result<(), TransportError> {
-        self.flag_word(rank, flag_offset)?
-            .store(value, Ordering::Release);
+    pub fn store_flag(&self, rank: usize, flag_offset: u64, value: u64) -> Result<(), TransportError> {
+        self.flag_word(rank, flag_offset)?.store(value, Ordering::Release);
         Ok(())
     }
 
@@ -181,13 +158,7 @@ impl CpuFabric {
 
     /// Waits until `rank`'s flag at `flag_offset` is at least `at_least` (what a device wait
     /// does); false on timeout.
-    pub fn wait_flag(
-        &self,
-        rank: usize,
-        flag_offset: u64,
-        at_least: u64,
-        timeout: Duration,
-    ) -> bool {
+    pub fn wait_flag(&self, rank: usize, flag_offset: u64, at_least: u64, timeout: Duration) -> bool {
         let t0 = Instant::now();
         let mut n = 0u32;
         while self.flag(rank, flag_offset) < at_least {
@@ -231,19 +202,12 @@ impl CopyEngine for CpuCopyEngine {
         dst_offset: u64,
         bytes: u64,
     ) -> Result<(), TransportError> {
-        self.fabric
-            .copy(src_rank, src_offset, dst_rank, dst_offset, bytes)?;
+        self.fabric.copy(src_rank, src_offset, dst_rank, dst_offset, bytes)?;
         self.completed.push(token);
         Ok(())
     }
 
-    fn write_flag(
-        &mut self,
-        token: u64,
-        dst_rank: usize,
-        flag_offset: u64,
-        value: u64,
-    ) -> Result<(), TransportError> {
+    fn write_flag(&mut self, token: u64, dst_rank: usize, flag_offset: u64, value: u64) -> Result<(), TransportError> {
         self.fabric.store_flag(dst_rank, flag_offset, value)?;
         self.completed.push(token);
         Ok(())
@@ -274,9 +238,6 @@ mod tests {
         assert_eq!(f.flag(1, 8), 7);
         assert!(f.wait_flag(1, 8, 7, Duration::ZERO));
         assert!(!f.wait_flag(1, 0, 1, Duration::from_millis(1)));
-        assert_eq!(
-            (f.data_bytes(), f.flag_bytes(), f.world_size()),
-            (16, 16, 2)
-        );
+        assert_eq!((f.data_bytes(), f.flag_bytes(), f.world_size()), (16, 16, 2));
     }
 }

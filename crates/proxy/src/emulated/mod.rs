@@ -71,9 +71,7 @@ impl<E: CopyEngine> EmulatedTransport<E> {
                     src_offset,
                     dst_offset,
                     bytes,
-                } => self
-                    .engine
-                    .copy(seq, self.rank, src_offset, f.dst, dst_offset, bytes)?,
+                } => self.engine.copy(seq, self.rank, src_offset, f.dst, dst_offset, bytes)?,
                 Op::Signal {
                     seq,
                     flag_offset,
@@ -105,11 +103,7 @@ impl<E: CopyEngine> Transport for EmulatedTransport<E> {
                 Op::Signal { .. } => crate::protocol::FLAG_BYTES,
             };
             let arrives = self.link.schedule(now, bytes);
-            self.queue.push_back(InFlight {
-                arrives,
-                dst,
-                op: *op,
-            });
+            self.queue.push_back(InFlight { arrives, dst, op: *op });
         }
         Ok(())
     }
@@ -118,9 +112,7 @@ impl<E: CopyEngine> Transport for EmulatedTransport<E> {
         self.deliver_due(Instant::now())?;
         let before = completed.len();
         self.engine.poll(completed)?;
-        self.at_engine = self
-            .at_engine
-            .saturating_sub((completed.len() - before) as u64);
+        self.at_engine = self.at_engine.saturating_sub((completed.len() - before) as u64);
         Ok(())
     }
 
@@ -188,11 +180,7 @@ mod tests {
         t.poll(&mut done).unwrap();
         assert_eq!(fabric.flag(1, 8), 0, "nothing arrives before its time");
         t.flush(&mut done).unwrap();
-        assert!(
-            t0.elapsed() >= Duration::from_micros(4096 + 100),
-            "{:?}",
-            t0.elapsed()
-        );
+        assert!(t0.elapsed() >= Duration::from_micros(4096 + 100), "{:?}", t0.elapsed());
         assert_eq!(fabric.flag(1, 8), 3);
         assert!(fabric.read(1, 0, 1 << 16).unwrap().iter().all(|&b| b == 7));
         assert_eq!(done, vec![0, 0]);

@@ -50,9 +50,8 @@ impl WireModel {
         }
         if let Some(v) = get("MKERNEL_EMU_LATENCY_US") {
             let us = num("MKERNEL_EMU_LATENCY_US", v.clone())?;
-            m.latency = Duration::try_from_secs_f64(us * 1e-6).map_err(|_| {
-                TransportError::Config(format!("MKERNEL_EMU_LATENCY_US={v:?} is out of range"))
-            })?;
+            m.latency = Duration::try_from_secs_f64(us * 1e-6)
+                .map_err(|_| TransportError::Config(format!("MKERNEL_EMU_LATENCY_US={v:?} is out of range")))?;
         }
         Ok(m)
     }
@@ -63,8 +62,7 @@ impl WireModel {
         if self.bytes_per_sec <= 0.0 || !self.bytes_per_sec.is_finite() {
             Duration::ZERO
         } else {
-            Duration::try_from_secs_f64(bytes as f64 / self.bytes_per_sec)
-                .map_or(DAY, |d| d.min(DAY))
+            Duration::try_from_secs_f64(bytes as f64 / self.bytes_per_sec).map_or(DAY, |d| d.min(DAY))
         }
     }
 }
@@ -79,10 +77,7 @@ pub struct Link {
 impl Link {
     /// An idle link.
     pub fn new(model: WireModel) -> Link {
-        Link {
-            model,
-            free_at: None,
-        }
+        Link { model, free_at: None }
     }
 
     /// The model.
@@ -97,9 +92,7 @@ impl Link {
             Some(f) if f > now => f,
             _ => now,
         };
-        let end = start
-            .checked_add(self.model.serialization(bytes))
-            .unwrap_or(start);
+        let end = start.checked_add(self.model.serialization(bytes)).unwrap_or(start);
         self.free_at = Some(end);
         end.checked_add(self.model.latency).unwrap_or(end)
     }
@@ -127,19 +120,12 @@ mod tests {
 
     #[test]
     fn environment_overrides() {
-        let m: HashMap<&str, &str> =
-            [("MKERNEL_EMU_GBPS", "8"), ("MKERNEL_EMU_LATENCY_US", "1.5")].into();
+        let m: HashMap<&str, &str> = [("MKERNEL_EMU_GBPS", "8"), ("MKERNEL_EMU_LATENCY_US", "1.5")].into();
         let w = WireModel::from_vars(|k| m.get(k).map(|s| s.to_string())).unwrap();
         assert_eq!(w.bytes_per_sec, 1e9);
         assert_eq!(w.latency, Duration::from_nanos(1500));
         assert!(WireModel::from_vars(|_| Some("-1".into())).is_err());
-        assert_eq!(
-            WireModel::from_vars(|_| None).unwrap(),
-            WireModel::nic_400g()
-        );
-        assert_eq!(
-            WireModel::unlimited().serialization(1 << 30),
-            Duration::ZERO
-        );
+        assert_eq!(WireModel::from_vars(|_| None).unwrap(), WireModel::nic_400g());
+        assert_eq!(WireModel::unlimited().serialization(1 << 30), Duration::ZERO);
     }
 }

@@ -161,9 +161,7 @@ impl ConnBlob {
         }
         let version = r.u16()?;
         if version != VERSION {
-            return Err(TransportError::Blob(format!(
-                "version {version}, expected {VERSION}"
-            )));
+            return Err(TransportError::Blob(format!("version {version}, expected {VERSION}")));
         }
         let kind = match r.u8()? {
             1 => BlobKind::Rc,
@@ -271,10 +269,7 @@ mod tests {
         let bytes = b.to_bytes();
         assert_eq!(bytes.len(), ConnBlob::HEADER_BYTES + 2 * ConnBlob::QP_BYTES);
         assert_eq!(&bytes[..4], b"MKCB");
-        assert_eq!(
-            u64::from_le_bytes(bytes[36..44].try_into().unwrap()),
-            0x7f00_dead_beef
-        );
+        assert_eq!(u64::from_le_bytes(bytes[36..44].try_into().unwrap()), 0x7f00_dead_beef);
         assert_eq!(ConnBlob::from_bytes(&bytes).unwrap(), b);
         let srd = ConnBlob {
             kind: BlobKind::Srd,
@@ -286,10 +281,7 @@ mod tests {
             ..b
         };
         assert_eq!(ConnBlob::from_bytes(&srd.to_bytes()).unwrap(), srd);
-        assert_eq!(
-            ConnBlob::store_key(BlobKind::Rc, 3, 9),
-            "mkernel/proxy/rc/3->9"
-        );
+        assert_eq!(ConnBlob::store_key(BlobKind::Rc, 3, 9), "mkernel/proxy/rc/3->9");
     }
 
     #[test]

@@ -141,12 +141,8 @@ mod tests {
             (c.qps_per_peer, c.signal_every, c.gid_index, c.max_chain()),
             (4, 8, Some(3), 504)
         );
-        assert!(
-            RcConfig::from_vars(|k| (k == "MKERNEL_IB_SQ_DEPTH").then(|| "20".into())).is_err()
-        );
-        assert!(
-            RcConfig::from_vars(|k| (k == "MKERNEL_IB_QPS_PER_PEER").then(|| "0".into())).is_err()
-        );
+        assert!(RcConfig::from_vars(|k| (k == "MKERNEL_IB_SQ_DEPTH").then(|| "20".into())).is_err());
+        assert!(RcConfig::from_vars(|k| (k == "MKERNEL_IB_QPS_PER_PEER").then(|| "0".into())).is_err());
         assert!(RcConfig::from_vars(|k| (k == "MKERNEL_IB_SL").then(|| "x".into())).is_err());
         RcConfig::default().check().unwrap();
     }

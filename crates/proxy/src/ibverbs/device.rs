@@ -4,8 +4,8 @@ use super::dl::{errno, verbs, Verbs};
 use crate::error::TransportError;
 use libc::c_int;
 use rdma_sys::{
-    ibv_access_flags, ibv_context, ibv_cq, ibv_gid, ibv_mr, ibv_pd, ibv_port_attr, ibv_port_state,
-    ibv_qp, ibv_qp_attr, ibv_qp_init_attr,
+    ibv_access_flags, ibv_context, ibv_cq, ibv_gid, ibv_mr, ibv_pd, ibv_port_attr, ibv_port_state, ibv_qp, ibv_qp_attr,
+    ibv_qp_init_attr,
 };
 use std::sync::Arc;
 
@@ -116,10 +116,7 @@ impl Pd {
                 detail: errno(),
             });
         }
-        Ok(Arc::new(Pd {
-            ctx: ctx.clone(),
-            pd,
-        }))
+        Ok(Arc::new(Pd { ctx: ctx.clone(), pd }))
     }
 }
 
@@ -210,16 +207,10 @@ impl Mr {
         let access = (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
             | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
             | ibv_access_flags::IBV_ACCESS_REMOTE_READ.0) as c_int;
-        let len = usize::try_from(src.len())
-            .map_err(|_| TransportError::Config("region length overflows usize".into()))?;
+        let len =
+            usize::try_from(src.len()).map_err(|_| TransportError::Config("region length overflows usize".into()))?;
         let mut dmabuf_error = None;
-        if let (
-            MemSource::DmaBuf {
-                fd, offset, addr, ..
-            },
-            Some(reg),
-        ) = (src, v.ibv_reg_dmabuf_mr)
-        {
+        if let (MemSource::DmaBuf { fd, offset, addr, .. }, Some(reg)) = (src, v.ibv_reg_dmabuf_mr) {
             // SAFETY: live PD; the caller owns `fd`.
             let mr = unsafe { reg(pd.pd, offset, len, addr, fd, access) };
             if !mr.is_null() {
@@ -293,10 +284,7 @@ impl Cq {
                 detail: format!("depth {depth}: {}", errno()),
             });
         }
-        Ok(Arc::new(Cq {
-            ctx: ctx.clone(),
-            cq,
-        }))
+        Ok(Arc::new(Cq { ctx: ctx.clone(), cq }))
     }
 }
 
@@ -320,11 +308,7 @@ unsafe impl Sync for Qp {}
 
 impl Qp {
     /// Creates a queue pair from `attr` (its CQ pointers are set to `cq`).
-    pub fn new(
-        pd: &Arc<Pd>,
-        cq: &Arc<Cq>,
-        mut attr: ibv_qp_init_attr,
-    ) -> Result<Qp, TransportError> {
+    pub fn new(pd: &Arc<Pd>, cq: &Arc<Cq>, mut attr: ibv_qp_init_attr) -> Result<Qp, TransportError> {
         attr.send_cq = cq.cq;
         attr.recv_cq = cq.cq;
         // SAFETY: live PD and CQ; valid attributes.
@@ -361,12 +345,7 @@ impl Qp {
     }
 
     /// `ibv_modify_qp` with `attr` and `mask`.
-    pub fn modify(
-        &self,
-        attr: &mut ibv_qp_attr,
-        mask: u32,
-        what: &str,
-    ) -> Result<(), TransportError> {
+    pub fn modify(&self, attr: &mut ibv_qp_attr, mask: u32, what: &str) -> Result<(), TransportError> {
         // SAFETY: live QP, valid attributes.
         let rc = unsafe { (self.pd.ctx.v.ibv_modify_qp)(self.qp, attr, mask as c_int) };
         if rc != 0 {

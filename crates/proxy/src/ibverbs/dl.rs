@@ -7,9 +7,8 @@
 use crate::error::TransportError;
 use libc::{c_char, c_int, c_void};
 use rdma_sys::{
-    _compat_ibv_port_attr, ibv_ah, ibv_ah_attr, ibv_comp_channel, ibv_context, ibv_cq, ibv_device,
-    ibv_gid, ibv_mr, ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_ex, ibv_qp_init_attr, ibv_recv_wr,
-    ibv_send_wr, ibv_wc, ibv_wc_status,
+    _compat_ibv_port_attr, ibv_ah, ibv_ah_attr, ibv_comp_channel, ibv_context, ibv_cq, ibv_device, ibv_gid, ibv_mr,
+    ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_ex, ibv_qp_init_attr, ibv_recv_wr, ibv_send_wr, ibv_wc, ibv_wc_status,
 };
 use std::ffi::CStr;
 use std::sync::OnceLock;
@@ -166,9 +165,7 @@ impl Verbs {
                 // SAFETY: obtained from ibv_get_device_list.
                 unsafe { (self.ibv_free_device_list)(list) };
             }
-            return Err(TransportError::NoDevice(
-                "libibverbs lists no devices".into(),
-            ));
+            return Err(TransportError::NoDevice("libibverbs lists no devices".into()));
         }
         let mut ctx = std::ptr::null_mut();
         let mut seen = vec![];
@@ -197,9 +194,7 @@ impl Verbs {
         // SAFETY: obtained from ibv_get_device_list; opened contexts stay valid.
         unsafe { (self.ibv_free_device_list)(list) };
         if ctx.is_null() {
-            return Err(TransportError::NoDevice(format!(
-                "{name} is not among {seen:?}"
-            )));
+            return Err(TransportError::NoDevice(format!("{name} is not among {seen:?}")));
         }
         Ok(ctx)
     }
@@ -221,11 +216,7 @@ impl Verbs {
 ///
 /// # Safety
 /// `qp` must be a live queue pair and `wr` a valid chain that outlives the call.
-pub unsafe fn post_send(
-    qp: *mut ibv_qp,
-    wr: *mut ibv_send_wr,
-    bad: *mut *mut ibv_send_wr,
-) -> c_int {
+pub unsafe fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr) -> c_int {
     // SAFETY: guaranteed by the caller.
     match unsafe { (*(*qp).context).ops.post_send } {
         Some(f) => unsafe { f(qp, wr, bad) },
@@ -237,11 +228,7 @@ pub unsafe fn post_send(
 ///
 /// # Safety
 /// As [`post_send`].
-pub unsafe fn post_recv(
-    qp: *mut ibv_qp,
-    wr: *mut ibv_recv_wr,
-    bad: *mut *mut ibv_recv_wr,
-) -> c_int {
+pub unsafe fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
     // SAFETY: guaranteed by the caller.
     match unsafe { (*(*qp).context).ops.post_recv } {
         Some(f) => unsafe { f(qp, wr, bad) },

@@ -133,17 +133,8 @@ pub struct PeerPlanner {
 
 impl PeerPlanner {
     /// A planner for the peer in `slot` with `lanes` queue pairs (1..=256).
-    pub fn new(
-        slot: u16,
-        lanes: usize,
-        signal_every: u32,
-        max_msg: u64,
-    ) -> Result<Self, TransportError> {
-        if !(1..=256).contains(&lanes)
-            || signal_every == 0
-            || max_msg == 0
-            || max_msg > u64::from(u32::MAX)
-        {
+    pub fn new(slot: u16, lanes: usize, signal_every: u32, max_msg: u64) -> Result<Self, TransportError> {
+        if !(1..=256).contains(&lanes) || signal_every == 0 || max_msg == 0 || max_msg > u64::from(u32::MAX) {
             return Err(TransportError::Config(format!(
                 "lanes {lanes}, signal_every {signal_every}, max_msg {max_msg}"
             )));
@@ -244,8 +235,7 @@ impl PeerPlanner {
                     Self::flush(&mut pending, &mut plan.steps);
                     for l in behind {
                         if self.lanes[l].last_signaled != Some(self.lanes[l].next - 1) {
-                            let probe =
-                                self.make(l, Payload::Empty, flags.addr, flags.rkey, None, true);
+                            let probe = self.make(l, Payload::Empty, flags.addr, flags.rkey, None, true);
                             plan.steps.push(Step::Post {
                                 lane: l,
                                 wrs: vec![probe],
@@ -267,12 +257,13 @@ impl PeerPlanner {
                         dst_offset,
                         bytes,
                     } => {
-                        let src_ok = src_offset
-                            .checked_add(bytes)
-                            .is_some_and(|e| e <= local.len);
+                        let src_ok = src_offset.checked_add(bytes).is_some_and(|e| e <= local.len);
                         let dst_ok = dst_offset.checked_add(bytes).is_some_and(|e| e <= data.len);
                         if !src_ok || !dst_ok {
-                            return Err(TransportError::Config(format!("put [{src_offset}, +{bytes}) -> [{dst_offset}, +{bytes}) outside {} / {} bytes", local.len, data.len)));
+                            return Err(TransportError::Config(format!(
+                                "put [{src_offset}, +{bytes}) -> [{dst_offset}, +{bytes}) outside {} / {} bytes",
+                                local.len, data.len
+                            )));
                         }
                         if bytes == 0 {
                             plan.instant.push(seq);
@@ -348,10 +339,7 @@ impl PeerPlanner {
             let l = &self.lanes[lane];
             if l.next > l.completed && l.last_signaled != Some(l.next - 1) {
                 let probe = self.make(lane, Payload::Empty, flags.addr, flags.rkey, None, true);
-                steps.push(Step::Post {
-                    lane,
-                    wrs: vec![probe],
-                });
+                steps.push(Step::Post { lane, wrs: vec![probe] });
             }
         }
         steps
@@ -413,10 +401,7 @@ mod tests {
 
     #[test]
     fn wr_ids_round_trip() {
-        assert_eq!(
-            split_wr_id(wr_id(513, 7, 123_456_789)),
-            (513, 7, 123_456_789)
-        );
+        assert_eq!(split_wr_id(wr_id(513, 7, 123_456_789)), (513, 7, 123_456_789));
         assert_eq!(
             split_wr_id(wr_id(u16::MAX, 255, (1 << 40) - 1)),
             (u16::MAX, 255, (1 << 40) - 1)
@@ -462,9 +447,7 @@ mod tests {
     #[test]
     fn large_puts_are_chunked_and_every_nth_is_signalled() {
         let mut p = PeerPlanner::new(0, 1, 2, 300).unwrap();
-        let plan = p
-            .plan(&[put(1, 0, 0, 700), sig(1, 0, 1)], LOCAL, DATA, FLAGS)
-            .unwrap();
+        let plan = p.plan(&[put(1, 0, 0, 700), sig(1, 0, 1)], LOCAL, DATA, FLAGS).unwrap();
         let wrs = &posts(&plan)[0].1;
         let lens: Vec<u32> = wrs
             .iter()
@@ -529,10 +512,7 @@ mod tests {
         p.plan(&[put(0, 0, 0, 8)], LOCAL, DATA, FLAGS).unwrap();
         let probes = p.idle_probes(FLAGS);
         assert_eq!(probes.len(), 1);
-        assert!(
-            p.idle_probes(FLAGS).is_empty(),
-            "the probe is the signalled tail now"
-        );
+        assert!(p.idle_probes(FLAGS).is_empty(), "the probe is the signalled tail now");
         let mut done = vec![];
         p.complete(0, 1, &mut done);
         assert_eq!(done, [0]);
@@ -542,14 +522,10 @@ mod tests {
     #[test]
     fn zero_byte_puts_complete_at_once_and_bad_offsets_are_errors() {
         let mut p = PeerPlanner::new(0, 1, 1, 1 << 30).unwrap();
-        let plan = p
-            .plan(&[put(0, 0, 0, 0), sig(0, 0, 1)], LOCAL, DATA, FLAGS)
-            .unwrap();
+        let plan = p.plan(&[put(0, 0, 0, 0), sig(0, 0, 1)], LOCAL, DATA, FLAGS).unwrap();
         assert_eq!(plan.instant, [0]);
         assert_eq!(posts(&plan)[0].1.len(), 1);
-        assert!(p
-            .plan(&[put(1, 1 << 20, 0, 1)], LOCAL, DATA, FLAGS)
-            .is_err());
+        assert!(p.plan(&[put(1, 1 << 20, 0, 1)], LOCAL, DATA, FLAGS).is_err());
         assert!(p.plan(&[sig(2, 4096, 1)], LOCAL, DATA, FLAGS).is_err());
         assert!(PeerPlanner::new(0, 0, 1, 1).is_err());
     }

@@ -11,8 +11,7 @@ use crate::error::TransportError;
 use crate::topology::Topology;
 use crate::transport::{Op, Transport};
 use rdma_sys::{
-    ibv_access_flags, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr, ibv_qp_state, ibv_qp_type,
-    ibv_wc, ibv_wc_status,
+    ibv_access_flags, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr, ibv_qp_state, ibv_qp_type, ibv_wc, ibv_wc_status,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -37,12 +36,7 @@ pub struct NetSetup {
 
 impl NetSetup {
     /// A setup with `/sys` and `MKERNEL_NET_DEVICE` from the environment.
-    pub fn new(
-        topology: Topology,
-        data: MemSource,
-        flags: MemSource,
-        gpu_bus_id: Option<String>,
-    ) -> NetSetup {
+    pub fn new(topology: Topology, data: MemSource, flags: MemSource, gpu_bus_id: Option<String>) -> NetSetup {
         NetSetup {
             topology,
             data,
@@ -143,10 +137,7 @@ impl RcEndpoint {
             )));
         }
         let signalled_per_qp = config.sq_depth / config.signal_every + 4;
-        let cq = Cq::new(
-            &ctx,
-            (peers.len() * config.qps_per_peer) as u32 * signalled_per_qp + 64,
-        )?;
+        let cq = Cq::new(&ctx, (peers.len() * config.qps_per_peer) as u32 * signalled_per_qp + 64)?;
         let data = Mr::register(&pd, setup.data)?;
         let flags = Mr::register(&pd, setup.flags)?;
         let me = setup.topology.rank();
@@ -187,12 +178,7 @@ impl RcEndpoint {
                 rank: peer,
                 qps,
                 psns,
-                planner: PeerPlanner::new(
-                    slot as u16,
-                    config.qps_per_peer,
-                    config.signal_every,
-                    config.max_msg,
-                )?,
+                planner: PeerPlanner::new(slot as u16, config.qps_per_peer, config.signal_every, config.max_msg)?,
                 remote: None,
             });
         }
@@ -268,15 +254,15 @@ impl RcEndpoint {
     /// Connects to `peer` with the blob it published for this rank (INIT -> RTR -> RTS).
     pub fn connect(&mut self, peer: usize, remote_blob: &[u8]) -> Result<(), TransportError> {
         let b = ConnBlob::from_bytes(remote_blob)?;
-        let slot =
-            self.slot_of
-                .get(peer)
-                .copied()
-                .flatten()
-                .ok_or_else(|| TransportError::Peer {
-                    peer,
-                    detail: "not a proxy peer of this rank".into(),
-                })?;
+        let slot = self
+            .slot_of
+            .get(peer)
+            .copied()
+            .flatten()
+            .ok_or_else(|| TransportError::Peer {
+                peer,
+                detail: "not a proxy peer of this rank".into(),
+            })?;
         if b.kind != BlobKind::Rc || b.rank as usize != peer || b.peer as usize != self.me {
             return Err(TransportError::Blob(format!(
                 "blob is {:?} from {} for {}, expected Rc from {peer} for {}",
@@ -353,9 +339,7 @@ impl RcEndpoint {
             lkey: self.data.lkey,
         };
         // SAFETY: ibv_wc is plain data; zero is valid.
-        let wc = (0..32)
-            .map(|_| unsafe { std::mem::zeroed::<ibv_wc>() })
-            .collect();
+        let wc = (0..32).map(|_| unsafe { std::mem::zeroed::<ibv_wc>() }).collect();
         Ok(RcTransport {
             ep: self,
             local,
@@ -406,10 +390,7 @@ impl RcTransport {
             if status != ibv_wc_status::IBV_WC_SUCCESS {
                 return Err(TransportError::Completion {
                     peer: format!("rank {} lane {lane}", c.rank),
-                    detail: format!(
-                        "{} (vendor error {vendor:#x})",
-                        self.ep.ctx.v.status_str(status)
-                    ),
+                    detail: format!("{} (vendor error {vendor:#x})", self.ep.ctx.v.status_str(status)),
                 });
             }
             c.planner.complete(lane as usize, index, &mut self.done);
@@ -438,11 +419,7 @@ impl RcTransport {
         for piece in wrs.chunks(max) {
             let Some(last) = piece.last() else { continue };
             let end = split_wr_id(last.wr_id).2 + 1;
-            self.wait(
-                slot,
-                lane,
-                end.saturating_sub(u64::from(self.ep.config.sq_depth)),
-            )?;
+            self.wait(slot, lane, end.saturating_sub(u64::from(self.ep.config.sq_depth)))?;
             let mut chain = SendChain::new(piece);
             let c = &self.ep.conns[slot];
             let qp = c.qps.get(lane).ok_or_else(|| TransportError::Peer {
@@ -495,16 +472,16 @@ impl Transport for RcTransport {
     }
 
     fn post(&mut self, dst: usize, ops: &[Op]) -> Result<(), TransportError> {
-        let slot =
-            self.ep
-                .slot_of
-                .get(dst)
-                .copied()
-                .flatten()
-                .ok_or_else(|| TransportError::Peer {
-                    peer: dst,
-                    detail: "not connected".into(),
-                })?;
+        let slot = self
+            .ep
+            .slot_of
+            .get(dst)
+            .copied()
+            .flatten()
+            .ok_or_else(|| TransportError::Peer {
+                peer: dst,
+                detail: "not connected".into(),
+            })?;
         let local = self.local;
         let c = &mut self.ep.conns[slot];
         let (data, flags) = c.remote.ok_or_else(|| TransportError::Peer {
@@ -565,14 +542,8 @@ mod tests {
         let topo = Topology::new(2, 1, 0).unwrap();
         let mut setup = NetSetup::new(
             topo,
-            MemSource::Addr {
-                addr: 0x1000,
-                len: 64,
-            },
-            MemSource::Addr {
-                addr: 0x2000,
-                len: 64,
-            },
+            MemSource::Addr { addr: 0x1000, len: 64 },
+            MemSource::Addr { addr: 0x2000, len: 64 },
             None,
         );
         setup.sysfs_root = t.0.clone();

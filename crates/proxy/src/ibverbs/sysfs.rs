@@ -87,9 +87,7 @@ pub fn normalize_bus_id(s: &str) -> Option<String> {
     let s = s.trim().to_ascii_lowercase();
     let (rest, func) = s.rsplit_once('.')?;
     let parts: Vec<&str> = rest.split(':').collect();
-    let hex = |p: &str, max: usize| {
-        !p.is_empty() && p.len() <= max && p.chars().all(|c| c.is_ascii_hexdigit())
-    };
+    let hex = |p: &str, max: usize| !p.is_empty() && p.len() <= max && p.chars().all(|c| c.is_ascii_hexdigit());
     let (domain, bus, dev) = match parts.as_slice() {
         [d, b, v] => (*d, *b, *v),
         [b, v] => ("0", *b, *v),
@@ -119,27 +117,15 @@ fn pci_path(root: &Path, link: &Path) -> Result<(Vec<String>, PathBuf), Transpor
         source,
     };
     let target = fs::canonicalize(link).map_err(sys)?;
-    let devices =
-        fs::canonicalize(root.join("devices")).map_err(|source| TransportError::Sysfs {
-            path: root.join("devices").display().to_string(),
-            source,
-        })?;
-    let rel = target
-        .strip_prefix(&devices)
-        .map_err(|_| TransportError::Sysfs {
-            path: link.display().to_string(),
-            source: std::io::Error::other(format!(
-                "{} is not under {}",
-                target.display(),
-                devices.display()
-            )),
-        })?;
-    Ok((
-        rel.iter()
-            .map(|c| c.to_string_lossy().into_owned())
-            .collect(),
-        target,
-    ))
+    let devices = fs::canonicalize(root.join("devices")).map_err(|source| TransportError::Sysfs {
+        path: root.join("devices").display().to_string(),
+        source,
+    })?;
+    let rel = target.strip_prefix(&devices).map_err(|_| TransportError::Sysfs {
+        path: link.display().to_string(),
+        source: std::io::Error::other(format!("{} is not under {}", target.display(), devices.display())),
+    })?;
+    Ok((rel.iter().map(|c| c.to_string_lossy().into_owned()).collect(), target))
 }
 
 fn ports(dev: &Path) -> Vec<PortInfo> {
@@ -186,10 +172,7 @@ pub fn list_nics(root: &Path) -> Result<Vec<NicInfo>, TransportError> {
         let driver = fs::read_link(target.join("driver"))
             .ok()
             .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()));
-        let kind = if driver.as_deref() == Some("efa")
-            || name.starts_with("efa")
-            || name.starts_with("rdmap")
-        {
+        let kind = if driver.as_deref() == Some("efa") || name.starts_with("efa") || name.starts_with("rdmap") {
             NicKind::Efa
         } else {
             NicKind::Rc
@@ -208,8 +191,8 @@ pub fn list_nics(root: &Path) -> Result<Vec<NicInfo>, TransportError> {
 
 /// Where the GPU with PCI bus id `bus_id` sits (from `<root>/bus/pci/devices/<bdf>`).
 pub fn gpu_location(root: &Path, bus_id: &str) -> Result<PciLocation, TransportError> {
-    let bdf = normalize_bus_id(bus_id)
-        .ok_or_else(|| TransportError::Config(format!("{bus_id:?} is not a PCI bus id")))?;
+    let bdf =
+        normalize_bus_id(bus_id).ok_or_else(|| TransportError::Config(format!("{bus_id:?} is not a PCI bus id")))?;
     let (pci_path, target) = pci_path(root, &root.join("bus/pci/devices").join(&bdf))?;
     Ok(PciLocation {
         bus_id: bdf,
@@ -243,9 +226,10 @@ pub fn choose_nic(
         let (name, port) = match f.split_once(':') {
             Some((n, p)) => (
                 n,
-                Some(p.parse::<u8>().map_err(|_| {
-                    TransportError::Config(format!("MKERNEL_NET_DEVICE={f:?}: bad port"))
-                })?),
+                Some(
+                    p.parse::<u8>()
+                        .map_err(|_| TransportError::Config(format!("MKERNEL_NET_DEVICE={f:?}: bad port")))?,
+                ),
             ),
             None => (f, None),
         };
@@ -255,9 +239,7 @@ pub fn choose_nic(
                 nics.iter().map(|n| &n.name).collect::<Vec<_>>()
             ))
         })?;
-        let port = port
-            .or_else(|| nic.active_port().map(|p| p.num))
-            .unwrap_or(1);
+        let port = port.or_else(|| nic.active_port().map(|p| p.num)).unwrap_or(1);
         return Ok(NicChoice {
             nic: nic.clone(),
             port,
@@ -285,8 +267,17 @@ pub fn choose_nic(
     let pick = ties[local_rank % ties.len()];
     let port = pick.active_port().map_or(1, |p| p.num);
     let reason = match gpu {
-        Some(g) => format!("GPU {}: {} shared PCI levels, same NUMA node: {}, {} equally close NIC(s), local rank {local_rank}", g.bus_id, best.0, best.1, ties.len()),
-        None => format!("GPU location unknown: round-robin over {} active NICs by local rank {local_rank}", active.len()),
+        Some(g) => format!(
+            "GPU {}: {} shared PCI levels, same NUMA node: {}, {} equally close NIC(s), local rank {local_rank}",
+            g.bus_id,
+            best.0,
+            best.1,
+            ties.len()
+        ),
+        None => format!(
+            "GPU location unknown: round-robin over {} active NICs by local rank {local_rank}",
+            active.len()
+        ),
     };
     Ok(NicChoice {
         nic: (*pick).clone(),
@@ -368,14 +359,7 @@ pub(crate) mod tests {
         dir
     }
 
-    pub(crate) fn nic(
-        root: &Path,
-        name: &str,
-        path: &[&str],
-        numa: i32,
-        driver: &str,
-        state: &str,
-    ) {
+    pub(crate) fn nic(root: &Path, name: &str, path: &[&str], numa: i32, driver: &str, state: &str) {
         let dir = pci(root, path, numa, driver);
         let ib = dir.join("infiniband").join(name);
         write(&ib.join("ports/1/state"), state);
@@ -442,14 +426,8 @@ pub(crate) mod tests {
 
     #[test]
     fn bus_ids_normalize() {
-        assert_eq!(
-            normalize_bus_id("00000000:1B:00.0").as_deref(),
-            Some("0000:1b:00.0")
-        );
-        assert_eq!(
-            normalize_bus_id("0000:18:00.0").as_deref(),
-            Some("0000:18:00.0")
-        );
+        assert_eq!(normalize_bus_id("00000000:1B:00.0").as_deref(), Some("0000:1b:00.0"));
+        assert_eq!(normalize_bus_id("0000:18:00.0").as_deref(), Some("0000:18:00.0"));
         assert_eq!(normalize_bus_id("18:00.0").as_deref(), Some("0000:18:00.0"));
         assert_eq!(normalize_bus_id("gpu0"), None);
         assert_eq!(normalize_bus_id("0000:18:00"), None);
@@ -482,10 +460,7 @@ pub(crate) mod tests {
         let gpu = |b: &str| gpu_location(&t.0, b).unwrap();
         // Same PCIe switch.
         assert_eq!(
-            choose_nic(&nics, Some(&gpu("0000:13:00.0")), 0, None)
-                .unwrap()
-                .nic
-                .name,
+            choose_nic(&nics, Some(&gpu("0000:13:00.0")), 0, None).unwrap().nic.name,
             "mlx5_0"
         );
         assert_eq!(
@@ -500,13 +475,7 @@ pub(crate) mod tests {
         assert_eq!(c.nic.name, "mlx5_3", "{}", c.reason);
         assert_eq!(c.port, 1);
         // Forced.
-        assert_eq!(
-            choose_nic(&nics, None, 0, Some("mlx5_2:1"))
-                .unwrap()
-                .nic
-                .name,
-            "mlx5_2"
-        );
+        assert_eq!(choose_nic(&nics, None, 0, Some("mlx5_2:1")).unwrap().nic.name, "mlx5_2");
         assert!(choose_nic(&nics, None, 0, Some("mlx5_9")).is_err());
         // Unknown GPU location: round-robin over active NICs.
         let rr: Vec<String> = (0..4)
@@ -524,24 +493,12 @@ pub(crate) mod tests {
     fn roce_gid_index_prefers_v2_ipv4() {
         let t = TempDir::new("sysfs-gid");
         let p = t.0.join("class/infiniband/mlx5_0/ports/1");
-        write(
-            &p.join("gids/0"),
-            "fe80:0000:0000:0000:0a00:27ff:fe00:0001\n",
-        );
+        write(&p.join("gids/0"), "fe80:0000:0000:0000:0a00:27ff:fe00:0001\n");
         write(&p.join("gid_attrs/types/0"), "IB/RoCE v1\n");
-        write(
-            &p.join("gids/1"),
-            "fe80:0000:0000:0000:0a00:27ff:fe00:0001\n",
-        );
+        write(&p.join("gids/1"), "fe80:0000:0000:0000:0a00:27ff:fe00:0001\n");
         write(&p.join("gid_attrs/types/1"), "RoCE v2\n");
-        write(
-            &p.join("gids/2"),
-            "0000:0000:0000:0000:0000:0000:0000:0000\n",
-        );
-        write(
-            &p.join("gids/3"),
-            "0000:0000:0000:0000:0000:ffff:0a00:0001\n",
-        );
+        write(&p.join("gids/2"), "0000:0000:0000:0000:0000:0000:0000:0000\n");
+        write(&p.join("gids/3"), "0000:0000:0000:0000:0000:ffff:0a00:0001\n");
         write(&p.join("gid_attrs/types/3"), "RoCE v2\n");
         assert_eq!(choose_gid_index(&t.0, "mlx5_0", 1), 3);
         fs::remove_file(p.join("gids/3")).unwrap();

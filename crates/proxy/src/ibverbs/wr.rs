@@ -20,13 +20,7 @@ impl SendChain {
     pub fn new(descs: &[WrDesc]) -> SendChain {
         let inline: Vec<u64> = descs
             .iter()
-            .map(|d| {
-                if let Payload::Inline(v) = d.payload {
-                    v
-                } else {
-                    0
-                }
-            })
+            .map(|d| if let Payload::Inline(v) = d.payload { v } else { 0 })
             .collect();
         let inline_base = inline.as_ptr();
         let mut sge_of = Vec::with_capacity(descs.len());
@@ -148,9 +142,7 @@ mod tests {
         let w = c.wrs();
         assert_eq!(w.len(), 3);
         assert!(std::ptr::eq(head, &w[0]));
-        assert!(
-            std::ptr::eq(w[0].next, &w[1]) && std::ptr::eq(w[1].next, &w[2]) && w[2].next.is_null()
-        );
+        assert!(std::ptr::eq(w[0].next, &w[1]) && std::ptr::eq(w[1].next, &w[2]) && w[2].next.is_null());
         assert_eq!(
             (w[0].wr_id, w[0].opcode, w[0].send_flags, w[0].num_sge),
             (1, ibv_wr_opcode::IBV_WR_RDMA_WRITE, 0, 1)
@@ -158,11 +150,7 @@ mod tests {
         // SAFETY: the pointers point into the chain, which is alive; unions hold `rdma`.
         unsafe {
             assert_eq!(
-                (
-                    (*w[0].sg_list).addr,
-                    (*w[0].sg_list).length,
-                    (*w[0].sg_list).lkey
-                ),
+                ((*w[0].sg_list).addr, (*w[0].sg_list).length, (*w[0].sg_list).lkey),
                 (0x1000, 4096, 5)
             );
             assert_eq!((w[0].wr.rdma.remote_addr, w[0].wr.rdma.rkey), (0x9000, 6));
@@ -172,11 +160,7 @@ mod tests {
             );
             let s = *w[1].sg_list;
             assert_eq!((s.length, s.lkey), (8, 0));
-            assert_eq!(
-                *(s.addr as *const u64),
-                0xfeed,
-                "inline source holds the flag value"
-            );
+            assert_eq!(*(s.addr as *const u64), 0xfeed, "inline source holds the flag value");
             assert_eq!(w[1].wr.rdma.remote_addr, 0x7008);
         }
         assert_eq!(

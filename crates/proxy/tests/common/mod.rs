@@ -3,8 +3,7 @@
 #![allow(dead_code)]
 use mkernel_proxy::emulated::{CpuCopyEngine, CpuFabric, EmulatedTransport, WireModel};
 use mkernel_proxy::{
-    Backoff, Fifo, FifoConsumer, FifoProducer, HeapFifo, Proxy, ProxyConfig, Regions, Topology,
-    Validator,
+    Backoff, Fifo, FifoConsumer, FifoProducer, HeapFifo, Proxy, ProxyConfig, Regions, Topology, Validator,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -74,14 +73,9 @@ impl Job {
 
     pub fn start_proxy(&mut self, r: usize) {
         let rank = &mut self.ranks[r];
-        let regions = Regions::symmetric(
-            &rank.topo,
-            self.fabric.data_bytes(),
-            self.fabric.flag_bytes(),
-        );
+        let regions = Regions::symmetric(&rank.topo, self.fabric.data_bytes(), self.fabric.flag_bytes());
         let consumer = FifoConsumer::new(rank.fifo.clone(), Validator::new(regions)).unwrap();
-        let transport =
-            EmulatedTransport::new(r, CpuCopyEngine::new(self.fabric.clone()), self.model);
+        let transport = EmulatedTransport::new(r, CpuCopyEngine::new(self.fabric.clone()), self.model);
         let cfg = ProxyConfig {
             backoff: self.backoff,
             ..ProxyConfig::default()

@@ -19,7 +19,11 @@ pub unsafe extern "ptx-kernel" fn mk_ag_gemm_bf16_nk(args: *const AgGemmArgs) {
     // Fields are read from the kernel argument block in global memory where used; a by-value
     // copy passed by reference would live on the stack.
     let a = unsafe { &*args };
-    let (role, role_idx) = if ids::block_idx() < a.n_comm { (Role::IntraComm, ids::block_idx()) } else { (Role::Compute, ids::block_idx() - a.n_comm) };
+    let (role, role_idx) = if ids::block_idx() < a.n_comm {
+        (Role::IntraComm, ids::block_idx())
+    } else {
+        (Role::Compute, ids::block_idx() - a.n_comm)
+    };
     if role == Role::IntraComm {
         let c = unsafe { fused_ctx(a.desc, role) };
         let shard_rows = a.m / c.global_world;
@@ -45,7 +49,11 @@ pub(super) unsafe fn comm_role(c: &CommCtx, a: &AgGemmArgs, idx: u32, chunks: u3
     unsafe {
         // Our gathered buffer is free (our previous launch ended): tell the local peers.
         if idx == 0 && t < c.world && t != c.rank {
-            memory::st_release_u64(Scope::Sys, (c.heap(t) + flag_offset(FlagSlot::FusedReady, c.rank, 0)) as *mut u64, c.epoch);
+            memory::st_release_u64(
+                Scope::Sys,
+                (c.heap(t) + flag_offset(FlagSlot::FusedReady, c.rank, 0)) as *mut u64,
+                c.epoch,
+            );
         }
         if t != 0 {
             return;
@@ -86,7 +94,15 @@ pub(super) unsafe fn comm_role(c: &CommCtx, a: &AgGemmArgs, idx: u32, chunks: u3
                             return;
                         }
                         let off = a.a_gathered_off + shard_off;
-                        last_put = proxy::put_value(c, q, off, off, chunks as u64 * chunk_bytes, RemoteSlot::FusedData, c.epoch);
+                        last_put = proxy::put_value(
+                            c,
+                            q,
+                            off,
+                            off,
+                            chunks as u64 * chunk_bytes,
+                            RemoteSlot::FusedData,
+                            c.epoch,
+                        );
                         if last_put.is_none() {
                             return;
                         }
@@ -106,7 +122,11 @@ pub(super) unsafe fn comm_role(c: &CommCtx, a: &AgGemmArgs, idx: u32, chunks: u3
                 let mut dsts = [0u64; 8];
                 dsts[0] = c.heap(p) + a.a_gathered_off + off;
                 ring.copy(&dsts, 1, a.a_shard + j as u64 * chunk_bytes, chunk_bytes);
-                memory::st_release_u64(Scope::Sys, (c.heap(p) + flag_offset(FlagSlot::Tile0, c.rank, j)) as *mut u64, c.epoch);
+                memory::st_release_u64(
+                    Scope::Sys,
+                    (c.heap(p) + flag_offset(FlagSlot::Tile0, c.rank, j)) as *mut u64,
+                    c.epoch,
+                );
                 j += a.n_comm;
             }
         }
@@ -128,7 +148,11 @@ pub(super) unsafe fn wait_chunk(c: &CommCtx, src: u32, chunk: u32) -> bool {
 #[inline(always)]
 pub(super) unsafe fn compute_role(a: &AgGemmArgs, idx: u32) {
     let ring = Ring::new(smem::dynamic_smem_addr(), TILE);
-    let (map_a, map_b, map_c) = (TensorMap(a.map_a as *const u8), TensorMap(a.map_b as *const u8), TensorMap(a.map_c as *const u8));
+    let (map_a, map_b, map_c) = (
+        TensorMap(a.map_a as *const u8),
+        TensorMap(a.map_b as *const u8),
+        TensorMap(a.map_c as *const u8),
+    );
     let map_a_local = TensorMap(a.map_a_local as *const u8);
     if ids::thread_idx() == 0 {
         unsafe {
@@ -147,7 +171,16 @@ pub(super) unsafe fn compute_role(a: &AgGemmArgs, idx: u32) {
         let shard_rows = a.m / global_world;
         // This node's rows first (from this rank's shard on), then the other nodes' in turn.
         let first_in_node = (global_rank % world) * shard_rows / TILE.block_m;
-        let tiles = TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, TILE.group_m, idx, ids::grid_dim() - a.n_comm).node_major(global_world / world, global_rank / world, first_in_node);
+        let tiles = TileScheduler::new(
+            a.m,
+            a.n,
+            TILE.block_m,
+            TILE.block_n,
+            TILE.group_m,
+            idx,
+            ids::grid_dim() - a.n_comm,
+        )
+        .node_major(global_world / world, global_rank / world, first_in_node);
         (world, global_rank, shard_rows, tiles, a.k.div_ceil(TILE.block_k))
     };
     let wg = ids::warpgroup_idx();
@@ -160,7 +193,7 @@ pub(super) unsafe fn compute_role(a: &AgGemmArgs, idx: u32) {
             // shard): kept across the loop it would not fit the producer's 56 registers.
             let mut ready_row: u32 = u32::MAX; // last tile row known to have arrived
             let mut remote_ready: u32 = u32::MAX; // last remote shard known to have arrived
-            // AllGather+GEMM's consumers never stop early: the producer's waits only trap once hung.
+                                                  // AllGather+GEMM's consumers never stop early: the producer's waits only trap once hung.
             let give_up = consumer_stall(a.desc);
             let mut tiles = tiles;
             while let Some(tile) = tiles.next() {
@@ -168,7 +201,19 @@ pub(super) unsafe fn compute_role(a: &AgGemmArgs, idx: u32) {
                 let mut arrived = true;
                 if src == global_rank {
                     // Our own rows: read the shard in place.
-                    if !unsafe { load_tile(&ring, &mut pos, map_a_local, tile.m0 - src * shard_rows, map_b, BLayout::Nk, tile, k_blocks, give_up) } {
+                    if !unsafe {
+                        load_tile(
+                            &ring,
+                            &mut pos,
+                            map_a_local,
+                            tile.m0 - src * shard_rows,
+                            map_b,
+                            BLayout::Nk,
+                            tile,
+                            k_blocks,
+                            give_up,
+                        )
+                    } {
                         break;
                     }
                     continue;
@@ -197,7 +242,19 @@ pub(super) unsafe fn compute_role(a: &AgGemmArgs, idx: u32) {
                     let _ = unsafe { fill_without_data(&ring, &mut pos, rest, give_up) };
                     break;
                 }
-                if !unsafe { load_tile(&ring, &mut pos, map_a, tile.m0, map_b, BLayout::Nk, tile, k_blocks, give_up) } {
+                if !unsafe {
+                    load_tile(
+                        &ring,
+                        &mut pos,
+                        map_a,
+                        tile.m0,
+                        map_b,
+                        BLayout::Nk,
+                        tile,
+                        k_blocks,
+                        give_up,
+                    )
+                } {
                     break;
                 }
             }
@@ -208,7 +265,15 @@ pub(super) unsafe fn compute_role(a: &AgGemmArgs, idx: u32) {
         let mut acc = [0f32; 128];
         for tile in tiles {
             unsafe {
-                mma_tile_bounded(&ring, &mut pos, &mut acc, wg - 1, BLayout::Nk, k_blocks, consumer_stall(a.desc));
+                mma_tile_bounded(
+                    &ring,
+                    &mut pos,
+                    &mut acc,
+                    wg - 1,
+                    BLayout::Nk,
+                    k_blocks,
+                    consumer_stall(a.desc),
+                );
                 store_tile_tma(&ring, map_c, tile, wg - 1, &mut acc);
             }
         }

@@ -68,7 +68,13 @@ pub(super) fn announced(c: &CommCtx, a: &GemmRsArgs, p: Pending) -> bool {
 /// warpgroup's barrier also ORs `stop` (the rank aborted, read by the leader at the tile's
 /// start): false then, and the warpgroup stops.
 #[inline(always)]
-pub(super) unsafe fn publish<const NEWER_GROUPS: u32>(c: &CommCtx, a: &GemmRsArgs, p: Pending, wg: u32, stop: bool) -> bool {
+pub(super) unsafe fn publish<const NEWER_GROUPS: u32>(
+    c: &CommCtx,
+    a: &GemmRsArgs,
+    p: Pending,
+    wg: u32,
+    stop: bool,
+) -> bool {
     let leader = ids::thread_in_warpgroup() == 0;
     if leader {
         tma::store_wait::<NEWER_GROUPS>();

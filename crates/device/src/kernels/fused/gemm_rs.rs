@@ -106,11 +106,21 @@ pub(super) unsafe fn rs_comm_role(a: &GemmRsArgs) {
                     // the bulk loads read it through the async proxy.
                     memory::fence_proxy_async();
                     let mut dsts = [0u64; 8];
-                    dsts[0] = c.heap(dest) + a.recv_off + (rank * chunk_rows + mt * TILE.block_m) as u64 * row_bytes + first;
+                    dsts[0] =
+                        c.heap(dest) + a.recv_off + (rank * chunk_rows + mt * TILE.block_m) as u64 * row_bytes + first;
                     let mut flags = [0u64; 8];
                     flags[0] = c.heap(dest) + flag_offset(FlagSlot::Tile1, rank, mt);
                     // Raised once these stores are complete, while the next slices stream.
-                    ring.copy_deferred(&dsts, 1, c.heap(rank) + a.outbox_off + (dest * chunk_rows + mt * TILE.block_m) as u64 * row_bytes + first, len, Release { flags, n: 1, add: 1 });
+                    ring.copy_deferred(
+                        &dsts,
+                        1,
+                        c.heap(rank)
+                            + a.outbox_off
+                            + (dest * chunk_rows + mt * TILE.block_m) as u64 * row_bytes
+                            + first,
+                        len,
+                        Release { flags, n: 1, add: 1 },
+                    );
                     mt += 1;
                 }
             }
@@ -127,7 +137,13 @@ pub(super) unsafe fn open_receive_buffers(c: &CommCtx, a: &GemmRsArgs) {
     unsafe { zero_counters(c, a, t, ids::block_dim(), false) };
     sync::sync_threads();
     if t < c.world && t != c.rank {
-        unsafe { memory::st_release_u64(Scope::Sys, (c.heap(t) + flag_offset(FlagSlot::FusedReady, c.rank, 0)) as *mut u64, c.epoch) };
+        unsafe {
+            memory::st_release_u64(
+                Scope::Sys,
+                (c.heap(t) + flag_offset(FlagSlot::FusedReady, c.rank, 0)) as *mut u64,
+                c.epoch,
+            )
+        };
     }
     if t < c.global_world && t / c.world != c.global_rank / c.world {
         // A failed post leaves the error record; the remote side's wait then times out.
@@ -146,7 +162,9 @@ pub(super) unsafe fn open_receive_buffers(c: &CommCtx, a: &GemmRsArgs) {
 pub(super) unsafe fn zero_counters(c: &CommCtx, a: &GemmRsArgs, t: u32, nt: u32, outbox: bool) {
     let row_tiles = a.m / c.world / TILE.block_m;
     let base = c.heap(c.rank);
-    let zero = |slot: FlagSlot, src: u32, mt: u32| unsafe { memory::st_relaxed_u64(Scope::Gpu, (base + flag_offset(slot, src, mt)) as *mut u64, 0) };
+    let zero = |slot: FlagSlot, src: u32, mt: u32| unsafe {
+        memory::st_relaxed_u64(Scope::Gpu, (base + flag_offset(slot, src, mt)) as *mut u64, 0)
+    };
     let mut src = 0;
     while src < c.world {
         let mut mt = t;
@@ -226,12 +244,18 @@ pub(super) unsafe fn rs_roles(args: *const GemmRsArgs, desc: *const CommDesc, en
     let a = unsafe { &*(largs() as *const GemmRsArgs) };
     // Thread 0 reads the launch epoch while the CTA fills its item table and keeps it in
     // shared memory ([`lepoch`]) for every role and the exit.
-    let epoch = if ids::thread_idx_reread() == 0 { unsafe { launch_epoch(&fused_ctx_at(ldesc(), 0)) } } else { 0 };
+    let epoch = if ids::thread_idx_reread() == 0 {
+        unsafe { launch_epoch(&fused_ctx_at(ldesc(), 0)) }
+    } else {
+        0
+    };
     if ids::block_idx_reread() >= a.n_comm {
         unsafe { fill_item_table(ids::block_idx_reread() - a.n_comm) };
     }
     if ids::thread_idx_reread() == 0 {
-        unsafe { ((smem::dynamic_smem() as u64 + RS_TILE.epoch_copy_offset() as u64) as *mut u64).write_volatile(epoch) };
+        unsafe {
+            ((smem::dynamic_smem() as u64 + RS_TILE.epoch_copy_offset() as u64) as *mut u64).write_volatile(epoch)
+        };
     }
     sync::sync_threads();
     if ids::block_idx_reread() == 0 {
@@ -292,7 +316,13 @@ pub(super) unsafe fn rs_roles(args: *const GemmRsArgs, desc: *const CommDesc, en
                     }
                 }
                 if all {
-                    unsafe { memory::st_release_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::FusedReady, c.rank, 1), c.epoch) };
+                    unsafe {
+                        memory::st_release_u64(
+                            Scope::Gpu,
+                            c.flag_of_cta(c.rank, FlagSlot::FusedReady, c.rank, 1),
+                            c.epoch,
+                        )
+                    };
                 }
                 unsafe { mbarrier::arrive(Ring::new(smem::dynamic_smem_addr(), RS_TILE).aux(0)) };
                 if all && a.all_reduce != 0 {
@@ -324,7 +354,21 @@ pub(super) unsafe fn rs_roles(args: *const GemmRsArgs, desc: *const CommDesc, en
                 // Consumers that stop early keep freeing slots: every tile is loaded.
                 // With a stager, its trickle follows the count of free slots ([`Ring::tick`]).
                 let count = stager_runs(a).then(|| ring.tick(0));
-                let _ = unsafe { load_tile_counted::<true>(&ring, &mut pos, TensorMap(a.map_a as *const u8), a_row, TensorMap(a.map_b as *const u8), BLayout::Nk, tile, it.k0, it.k_len(), consumer_stall(ldesc()), count) };
+                let _ = unsafe {
+                    load_tile_counted::<true>(
+                        &ring,
+                        &mut pos,
+                        TensorMap(a.map_a as *const u8),
+                        a_row,
+                        TensorMap(a.map_b as *const u8),
+                        BLayout::Nk,
+                        tile,
+                        it.k0,
+                        it.k_len(),
+                        consumer_stall(ldesc()),
+                        count,
+                    )
+                };
             }
             // Consumers that stop early may leave fills unconsumed (also after this loop ended
             // normally): the CTA must not exit while they still land. Consumed ones pass at once.
@@ -347,12 +391,19 @@ pub(super) unsafe fn rs_roles(args: *const GemmRsArgs, desc: *const CommDesc, en
     let epoch = lepoch();
     let mut ready: u32 = 1 << unsafe { rank_world(ldesc()) }.0; // local ranks whose buffers we may write
     let mut acc = [0f32; 128];
-    let mut pending = Pendings { older: None, newer: None };
+    let mut pending = Pendings {
+        older: None,
+        newer: None,
+    };
     let mut trickle = Trickle::NONE;
     // The optional timeline (thread 0 of the first consumer warpgroup): this CTA's tile count.
     let mut traced = 0u32;
     let first = ids::thread_idx_reread() == crate::arch::ids::WARPGROUP_THREADS;
-    let mark = |i: u32, m: Mark| if first { unsafe { trace::mark(a.trace, idx, i, m) } };
+    let mark = |i: u32, m: Mark| {
+        if first {
+            unsafe { trace::mark(a.trace, idx, i, m) }
+        }
+    };
     // Work items: whole tiles, then (stream-K) K ranges of the last tiles, the first of which
     // may be a contributor piece (no epilogue: its partial goes to the workspace).
     // (Each read from the work-item table, [`item`].)
@@ -382,13 +433,35 @@ pub(super) unsafe fn rs_roles(args: *const GemmRsArgs, desc: *const CommDesc, en
                 prefetch_partials(a, tile, rank, world, staged);
             }
             mark(traced, Mark::Mainloop);
-            mma_tile_hooked::<true>(&ring, &mut pos, &mut acc, wg - 1, BLayout::Nk, it.k_len(), consumer_stall(ldesc()), &mut trickle);
+            mma_tile_hooked::<true>(
+                &ring,
+                &mut pos,
+                &mut acc,
+                wg - 1,
+                BLayout::Nk,
+                it.k_len(),
+                consumer_stall(ldesc()),
+                &mut trickle,
+            );
             // (A short K leaves boxes over.)
             trickle.flush(&ring, wg - 1);
             mark(traced, Mark::MainloopDone);
             if first {
-                let kind = if !it.owner { tile_kind::PIECE } else if it.own { tile_kind::OWN } else { tile_kind::PEER };
-                trace::tile(a.trace, idx, traced, tile.m0 / TILE.block_m, tile.n0 / TILE.block_n, kind);
+                let kind = if !it.owner {
+                    tile_kind::PIECE
+                } else if it.own {
+                    tile_kind::OWN
+                } else {
+                    tile_kind::PEER
+                };
+                trace::tile(
+                    a.trace,
+                    idx,
+                    traced,
+                    tile.m0 / TILE.block_m,
+                    tile.n0 / TILE.block_n,
+                    kind,
+                );
             }
             let stop = ids::thread_in_warpgroup() == 0 && abort_word != 0;
             let done = if it.owner {
@@ -397,9 +470,33 @@ pub(super) unsafe fn rs_roles(args: *const GemmRsArgs, desc: *const CommDesc, en
                 // With stagers the epilogue is theirs: the tile's place comes from its record.
                 (it.from == idx || add_sk_partials(a, epoch, it.from, idx, wg, &mut acc))
                     && if it.stager {
-                        stager_epilogue(&ring, Tile { m0: it.local_m0, n0: tile.n0 }, wg, &mut acc, &mut ready, it.own, stop, |m| mark(traced, m))
+                        stager_epilogue(
+                            &ring,
+                            Tile {
+                                m0: it.local_m0,
+                                n0: tile.n0,
+                            },
+                            wg,
+                            &mut acc,
+                            &mut ready,
+                            it.own,
+                            stop,
+                            |m| mark(traced, m),
+                        )
                     } else {
-                        rs_epilogue(a, epoch, &ring, tile, wg, &mut acc, &mut ready, &mut pending, &mut trickle, stop, |m| mark(traced, m))
+                        rs_epilogue(
+                            a,
+                            epoch,
+                            &ring,
+                            tile,
+                            wg,
+                            &mut acc,
+                            &mut ready,
+                            &mut pending,
+                            &mut trickle,
+                            stop,
+                            |m| mark(traced, m),
+                        )
                     }
             } else {
                 // A stream-K contributor piece: to the workspace, for the tile's owner.
@@ -432,19 +529,28 @@ pub(super) unsafe fn rs_roles(args: *const GemmRsArgs, desc: *const CommDesc, en
         mark(traced, Mark::Stored);
         traced += 1;
     }
-    let end = |e: End| if first { unsafe { trace::end(a.trace, idx, e) } };
+    let end = |e: End| {
+        if first {
+            unsafe { trace::end(a.trace, idx, e) }
+        }
+    };
     let chunk_rows = a.m / unsafe { rank_world(ldesc()) }.1;
     end(End::LoopDone);
     let c = unsafe { fused_ctx_at(ldesc(), lepoch()) };
     let ct = ids::thread_idx_reread() - crate::arch::ids::WARPGROUP_THREADS;
     let stop = ids::thread_in_warpgroup() == 0 && unsafe { aborted(ldesc()) };
     unsafe { trickle.flush(&ring, wg - 1) };
-    let published = unsafe { announce_older(&c, a, &mut pending, wg, stop) && announce_newer(&c, a, &mut pending, wg, stop) };
+    let published =
+        unsafe { announce_older(&c, a, &mut pending, wg, stop) && announce_newer(&c, a, &mut pending, wg, stop) };
     drain_tma_stores();
     end(End::Drained);
     // AllReduce: every consumer warpgroup reaches this vote exactly once (also one that gave up
     // in its loop), so the completion wait below starts in both or in neither.
-    let go_on = if a.all_reduce != 0 { !named_barrier_or(3, 2 * crate::arch::ids::WARPGROUP_THREADS, !published) } else { published };
+    let go_on = if a.all_reduce != 0 {
+        !named_barrier_or(3, 2 * crate::arch::ids::WARPGROUP_THREADS, !published)
+    } else {
+        published
+    };
     if !go_on {
         return;
     }
@@ -477,7 +583,11 @@ pub(super) fn partials_of(c: &CommCtx, a: &GemmRsArgs, src: u32) -> u64 {
 /// without comm CTAs, src's compute CTAs add 1 per half tile.
 #[inline(always)]
 pub(super) fn tile1_full(a: &GemmRsArgs) -> u64 {
-    if a.n_comm == 0 { HALVES * a.n.div_ceil(TILE.block_n) as u64 } else { a.n_comm as u64 }
+    if a.n_comm == 0 {
+        HALVES * a.n.div_ceil(TILE.block_n) as u64
+    } else {
+        a.n_comm as u64
+    }
 }
 
 /// Announcements per tile: each consumer warpgroup announces its half (rows) on its own, so
@@ -509,7 +619,12 @@ pub(super) fn lepoch() -> u64 {
 #[inline(always)]
 pub(super) unsafe fn rank_world(desc: u64) -> (u32, u32) {
     let d = desc as *const CommDesc;
-    unsafe { ((&raw const (*d).rank).read_volatile(), (&raw const (*d).world).read_volatile()) }
+    unsafe {
+        (
+            (&raw const (*d).rank).read_volatile(),
+            (&raw const (*d).world).read_volatile(),
+        )
+    }
 }
 
 /// The fused launch context with a known epoch (re-read from the descriptor in each epilogue).

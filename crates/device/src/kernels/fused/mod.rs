@@ -14,39 +14,45 @@ use crate::comm::bulk::{BulkRing, Release};
 use crate::comm::wait::{wait_flag_of_cta, wait_flag_of_cta_from, wait_flag_of_cta_sleeping};
 use crate::comm::{proxy, CommCtx};
 use crate::gemm::consumer::{drain_tile, mma_tile_bounded, mma_tile_hooked, KBlockHook};
-use crate::gemm::epilogue::{add_acc_f32, add_bf16_tile, add_staged_tile, drain_tma_stores, store_acc_f32, store_staged_box, store_tile_tma, store_tile_tma_to, MapTable, StagedOnly};
+use crate::gemm::epilogue::{
+    add_acc_f32, add_bf16_tile, add_staged_tile, drain_tma_stores, store_acc_f32, store_staged_box, store_tile_tma,
+    store_tile_tma_to, MapTable, StagedOnly,
+};
 use crate::gemm::producer::{fill_without_data, load_tile, load_tile_counted, wait_loads_landed};
 use crate::gemm::ring::{Ring, RingPos};
-use crate::gemm::scheduler::TileScheduler;
-use crate::gemm::{BLayout, TILE};
 use crate::gemm::scheduler::Tile;
+use crate::gemm::scheduler::TileScheduler;
 use crate::gemm::trace;
-use mkernel_config::trace::{End, Mark, tile_kind};
+use crate::gemm::{BLayout, TILE};
+use mkernel_config::comm::{
+    flag_offset, CommDesc, FlagSlot, RemoteSlot, Role, ABORT_OFFSET, FIFO_HEAD_OFFSET, FUSED_EPOCH_OFFSET,
+    FUSED_EXITS_OFFSET,
+};
 use mkernel_config::fused::{rs_source_row, AgGemmArgs, GemmRsArgs, SK_SLOT_BYTES, STAGER_STORE_ROWS};
 use mkernel_config::stream_k::StreamK;
+use mkernel_config::trace::{tile_kind, End, Mark};
 use mkernel_config::GemmTile;
-use mkernel_config::comm::{flag_offset, CommDesc, FlagSlot, RemoteSlot, Role, ABORT_OFFSET, FIFO_HEAD_OFFSET, FUSED_EPOCH_OFFSET, FUSED_EXITS_OFFSET};
 
 mod ag_gemm;
-mod gemm_rs;
 mod announce;
-mod trickle;
-mod rs_epilogue;
-mod work_items;
-mod stream_k;
-mod stager;
-mod relay;
+mod gemm_rs;
 mod node_send;
+mod relay;
+mod rs_epilogue;
+mod stager;
+mod stream_k;
+mod trickle;
+mod work_items;
 
-use gemm_rs::*;
 use announce::*;
-use trickle::*;
-use rs_epilogue::*;
-use work_items::*;
-use stream_k::*;
-use stager::*;
-use relay::*;
+use gemm_rs::*;
 use node_send::*;
+use relay::*;
+use rs_epilogue::*;
+use stager::*;
+use stream_k::*;
+use trickle::*;
+use work_items::*;
 
 #[inline(always)]
 unsafe fn launch_epoch(c: &CommCtx) -> u64 {
@@ -74,7 +80,9 @@ unsafe fn abort_word(desc: u64) -> u32 {
 /// every communication wait it can be behind (a relayed wait takes twice the timeout).
 #[inline(always)]
 unsafe fn fused_hung_ns(desc: u64) -> u64 {
-    unsafe { (*(desc as *const CommDesc)).timeout_ns }.saturating_mul(4).saturating_add(mbarrier::HUNG_NS)
+    unsafe { (*(desc as *const CommDesc)).timeout_ns }
+        .saturating_mul(4)
+        .saturating_add(mbarrier::HUNG_NS)
 }
 
 /// Stall callback of a fused kernel's consumer slot waits: trap once hung ([`fused_hung_ns`]).
@@ -150,7 +158,8 @@ unsafe fn exit_launch_by_cta_then(c: &CommCtx, epoch: u64, last: impl FnOnce(u32
         let warps = ids::block_dim() / 32;
         if unsafe { memory::atom_acq_rel_add_u32(Scope::Cta, word, 1) } + 1 == warps {
             let local = c.heap(c.rank);
-            let exited = unsafe { memory::atom_acq_rel_add_u32(Scope::Gpu, (local + FUSED_EXITS_OFFSET) as *mut u32, 1) };
+            let exited =
+                unsafe { memory::atom_acq_rel_add_u32(Scope::Gpu, (local + FUSED_EXITS_OFFSET) as *mut u32, 1) };
             is_last = (exited + 1 == ids::grid_dim()) as u32;
         }
     }
@@ -167,7 +176,6 @@ unsafe fn exit_launch_by_cta_then(c: &CommCtx, epoch: u64, last: impl FnOnce(u32
         }
     }
 }
-
 
 /// Named barrier `id` among `threads` threads that also ORs `pred` over them:
 /// `barrier.red.or.pred q, id, threads, p;`

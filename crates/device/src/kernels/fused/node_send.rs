@@ -7,7 +7,13 @@ use super::*;
 pub(super) fn node_blocks_to_send(a: &GemmRsArgs) -> u32 {
     let d = unsafe { &*(ldesc() as *const CommDesc) };
     let nodes = d.global_world / d.world;
-    if nodes == 1 { 0 } else if a.all_reduce != 0 { nodes } else { nodes - 1 }
+    if nodes == 1 {
+        0
+    } else if a.all_reduce != 0 {
+        nodes
+    } else {
+        nodes - 1
+    }
 }
 
 /// The sender of node block `j` (one thread): waits until every tile of the block is stored
@@ -46,12 +52,18 @@ pub(super) unsafe fn put_node_block(c: &CommCtx, a: &GemmRsArgs, j: u32) -> bool
             if !proxy::wait_remote(c, RemoteSlot::FusedReady, dst) {
                 return false;
             }
-            let (src_off, dst_off) = (a.stage_off + j as u64 * block_bytes, a.xrecv_off + node as u64 * block_bytes);
+            let (src_off, dst_off) = (
+                a.stage_off + j as u64 * block_bytes,
+                a.xrecv_off + node as u64 * block_bytes,
+            );
             return proxy::put_value(c, dst, src_off, dst_off, block_bytes, RemoteSlot::FusedData, c.epoch).is_some();
         }
         let off = a.out_off + c.global_rank as u64 * block_bytes;
         for q in 0..c.global_world {
-            if q / c.world != node && (!proxy::wait_remote(c, RemoteSlot::FusedReady, q) || proxy::put_value(c, q, off, off, block_bytes, RemoteSlot::FusedOut, c.epoch).is_none()) {
+            if q / c.world != node
+                && (!proxy::wait_remote(c, RemoteSlot::FusedReady, q)
+                    || proxy::put_value(c, q, off, off, block_bytes, RemoteSlot::FusedOut, c.epoch).is_none())
+            {
                 return false;
             }
         }

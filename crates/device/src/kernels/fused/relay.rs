@@ -52,12 +52,24 @@ pub(super) unsafe fn relay_role(a: &GemmRsArgs, idx: u32) {
     let mut item = idx;
     let (mut seg_start, mut g) = (0u32, 0u32);
     while g <= parts {
-        let peer_items = if g < parts && a.n_comm == 0 { (world - 1) * part } else { 0 };
+        let peer_items = if g < parts && a.n_comm == 0 {
+            (world - 1) * part
+        } else {
+            0
+        };
         let own_first = if g >= 1 { ((g - 1) * part).max(own_from) } else { 0 };
-        let own_items = if g >= 1 && a.all_reduce != 0 { (g * part).saturating_sub(own_first) } else { 0 };
+        let own_items = if g >= 1 && a.all_reduce != 0 {
+            (g * part).saturating_sub(own_first)
+        } else {
+            0
+        };
         while item < seg_start + peer_items + own_items {
             let off = item - seg_start;
-            let (dest, mt) = if off < peer_items { ((rank + 1 + off / part) % world, g * part + off % part) } else { (rank, own_first + off - peer_items) };
+            let (dest, mt) = if off < peer_items {
+                ((rank + 1 + off / part) % world, g * part + off % part)
+            } else {
+                (rank, own_first + off - peer_items)
+            };
             if !unsafe { relay_item(c, dest, mt, full) } {
                 return;
             }
@@ -84,8 +96,16 @@ pub(super) unsafe fn relay_item(c: &CommCtx, dest: u32, mt: u32, full: u64) -> b
         let mut q = 0;
         while q < c.world {
             if q != c.rank && (dest == c.rank || q == dest) {
-                let slot = if dest == c.rank { FlagSlot::Tile2 } else { FlagSlot::Tile1 };
-                memory::red_release_add_u64(Scope::Sys, (c.heap(q) + flag_offset(slot, c.rank, mt)) as *mut u64, full);
+                let slot = if dest == c.rank {
+                    FlagSlot::Tile2
+                } else {
+                    FlagSlot::Tile1
+                };
+                memory::red_release_add_u64(
+                    Scope::Sys,
+                    (c.heap(q) + flag_offset(slot, c.rank, mt)) as *mut u64,
+                    full,
+                );
             }
             q += 1;
         }

@@ -43,13 +43,21 @@ pub(super) unsafe fn prefetch_partials(a: &GemmRsArgs, tile: Tile, rank: u32, wo
 /// epilogue announces the previous tile, could close a cycle between ranks); true (for every
 /// thread of the warpgroup) when the load was issued, else the epilogue loads that partial.
 #[inline(always)]
-pub(super) unsafe fn stage_first_partial(a: &GemmRsArgs, ring: &Ring, tile: Tile, wg: u32, rank: u32, world: u32) -> bool {
+pub(super) unsafe fn stage_first_partial(
+    a: &GemmRsArgs,
+    ring: &Ring,
+    tile: Tile,
+    wg: u32,
+    rank: u32,
+    world: u32,
+) -> bool {
     let mut issued = false;
     if ids::thread_in_warpgroup() == 0 {
         let local_m0 = tile.m0 - rank * (a.m / world);
         let d = unsafe { &*(ldesc() as *const CommDesc) };
         let own_heap = unsafe { *d.heaps.as_ptr().add(rank as usize) };
-        let counter = (own_heap + flag_offset(FlagSlot::Tile1, (rank + 1) % world, local_m0 / TILE.block_m)) as *const u64;
+        let counter =
+            (own_heap + flag_offset(FlagSlot::Tile1, (rank + 1) % world, local_m0 / TILE.block_m)) as *const u64;
         if unsafe { memory::ld_acquire_u64(Scope::Sys, counter) } >= tile1_full(a) {
             unsafe { load_partial(ring, tile, wg, 0) };
             issued = true;
@@ -72,17 +80,35 @@ pub(super) unsafe fn stage_first_partial(a: &GemmRsArgs, ring: &Ring, tile: Tile
 pub(super) unsafe fn load_partial(ring: &Ring, tile: Tile, wg: u32, step: u32) {
     let (rank, world) = unsafe { rank_world(ldesc()) };
     let a = largs() as *const GemmRsArgs;
-    let (m, pull, map_in) = unsafe { ((&raw const (*a).m).read_volatile(), (&raw const (*a).pull).read_volatile(), (&raw const (*a).map_in).read_volatile()) };
+    let (m, pull, map_in) = unsafe {
+        (
+            (&raw const (*a).m).read_volatile(),
+            (&raw const (*a).pull).read_volatile(),
+            (&raw const (*a).map_in).read_volatile(),
+        )
+    };
     let chunk_rows = m / world;
     let bar = ring.aux(wg);
     memory::fence_proxy_async();
     tma::store_wait_read::<0>();
     unsafe { mbarrier::arrive_expect_tx(bar, RS_TILE.epilogue_buffers * RS_TILE.epilogue_box_bytes()) };
     let src = (rank + 1 + step) % world;
-    let row0 = if pull != 0 { tile.m0 } else { src * chunk_rows + tile.m0 - rank * chunk_rows };
+    let row0 = if pull != 0 {
+        tile.m0
+    } else {
+        src * chunk_rows + tile.m0 - rank * chunk_rows
+    };
     let map = TensorMap(map_in as *const u8);
     for q in 0..RS_TILE.epilogue_buffers {
-        unsafe { tma::load_2d(ring.staging(wg - 1, q), map, tile.n0 + GemmTile::EPILOGUE_BOX_COLS * q, row0 + (wg - 1) * TILE.rows_per_consumer(), bar) };
+        unsafe {
+            tma::load_2d(
+                ring.staging(wg - 1, q),
+                map,
+                tile.n0 + GemmTile::EPILOGUE_BOX_COLS * q,
+                row0 + (wg - 1) * TILE.rows_per_consumer(),
+                bar,
+            )
+        };
     }
 }
 
@@ -126,14 +152,29 @@ pub(super) unsafe fn wait_staged(ring: &Ring, wg: u32, ready: &mut u32) {
 /// record is written).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: Tile, wg: u32, acc: &mut [f32; 128], ready: &mut u32, pending: &mut Pendings, trickle: &mut Trickle, stop: bool, mark: impl Fn(Mark)) -> bool {
+pub(super) unsafe fn rs_epilogue(
+    a: &GemmRsArgs,
+    epoch: u64,
+    ring: &Ring,
+    tile: Tile,
+    wg: u32,
+    acc: &mut [f32; 128],
+    ready: &mut u32,
+    pending: &mut Pendings,
+    trickle: &mut Trickle,
+    stop: bool,
+    mark: impl Fn(Mark),
+) -> bool {
     let c = unsafe { fused_ctx_at(ldesc(), epoch) };
     let c = &c;
     // Each consumer warpgroup handles its half of the tile on its own (its named barrier `wg`).
     let t = ids::thread_in_warpgroup();
     let chunk_rows = a.m / c.world;
     let dest = tile.m0 / chunk_rows;
-    let local = Tile { m0: tile.m0 - dest * chunk_rows, n0: tile.n0 };
+    let local = Tile {
+        m0: tile.m0 - dest * chunk_rows,
+        n0: tile.n0,
+    };
     let mt = local.m0 / TILE.block_m;
     unsafe {
         // The tile two back (its stores had two mainloops to complete); an own tile, which
@@ -143,7 +184,10 @@ pub(super) unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: 
         if !announce_older(c, a, pending, wg, stop) {
             return false;
         }
-        if dest == c.rank && pending.newer.is_some_and(|p| awaited_in_loop(c, a, p)) && !announce_newer(c, a, pending, wg, stop) {
+        if dest == c.rank
+            && pending.newer.is_some_and(|p| awaited_in_loop(c, a, p))
+            && !announce_newer(c, a, pending, wg, stop)
+        {
             return false;
         }
         mark(Mark::Published);
@@ -159,7 +203,9 @@ pub(super) unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: 
             0
         };
         if need & !*ready != 0 {
-            let ok = t >= c.world || need & !*ready & (1 << t) == 0 || wait_flag_of_cta(c, FlagSlot::FusedReady, t, 0, c.epoch);
+            let ok = t >= c.world
+                || need & !*ready & (1 << t) == 0
+                || wait_flag_of_cta(c, FlagSlot::FusedReady, t, 0, c.epoch);
             if named_barrier_or(wg, crate::arch::ids::WARPGROUP_THREADS, !ok) {
                 return false;
             }
@@ -175,11 +221,22 @@ pub(super) unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: 
                 // Straight into this rank's slot of the peer's receive buffer (over NVLink):
                 // staged now, stored box by box during the next mainloop ([`Trickle`]).
                 store_tile_tma_to(ring, StagedOnly, local, wg - 1, acc, false);
-                *trickle = Trickle { dest, m0: local.m0, n0: local.n0, left: RS_TILE.epilogue_buffers };
+                *trickle = Trickle {
+                    dest,
+                    m0: local.m0,
+                    n0: local.n0,
+                    left: RS_TILE.epilogue_buffers,
+                };
             } else if a.n_comm == 0 {
                 // AllReduce: at once (its own tiles, which also cross NVLink from their
                 // epilogues, ran slower with the peer tiles trickling: 2 x H200).
-                store_tile_tma(ring, TensorMap(*a.map_recv.as_ptr().add(dest as usize) as *const u8), local, wg - 1, acc);
+                store_tile_tma(
+                    ring,
+                    TensorMap(*a.map_recv.as_ptr().add(dest as usize) as *const u8),
+                    local,
+                    wg - 1,
+                    acc,
+                );
             } else {
                 // Into the outbox (local, the tile's own row), from where the comm CTAs copy
                 // the completed row tile to the peer.
@@ -235,7 +292,9 @@ pub(super) unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: 
                     // order our loads after the proxy's writes). Bounded by warp 3's wait.
                     while !mbarrier::try_wait_parity(ring.aux(0), 0) {}
                     let block_bytes = block_rows as u64 * a.n as u64 * 2;
-                    let at = c.heap(c.rank) + a.xrecv_off + ((local.m0 - j * block_rows) as u64 * a.n as u64 + local.n0 as u64) * 2;
+                    let at = c.heap(c.rank)
+                        + a.xrecv_off
+                        + ((local.m0 - j * block_rows) as u64 * a.n as u64 + local.n0 as u64) * 2;
                     let mut nd = 0;
                     while nd < nodes {
                         if nd != node {
@@ -246,8 +305,21 @@ pub(super) unsafe fn rs_epilogue(a: &GemmRsArgs, epoch: u64, ring: &Ring, tile: 
                 }
                 // To the output; AllReduce: with one bulk group into every local rank's output
                 // (a peer's over NVLink).
-                let outs = MapTable { maps: a.map_out.as_ptr(), count: if a.all_reduce != 0 { c.world } else { 1 } };
-                store_tile_tma_to(ring, outs, Tile { m0: local.m0 - j * block_rows, n0: local.n0 }, wg - 1, acc, staged);
+                let outs = MapTable {
+                    maps: a.map_out.as_ptr(),
+                    count: if a.all_reduce != 0 { c.world } else { 1 },
+                };
+                store_tile_tma_to(
+                    ring,
+                    outs,
+                    Tile {
+                        m0: local.m0 - j * block_rows,
+                        n0: local.n0,
+                    },
+                    wg - 1,
+                    acc,
+                    staged,
+                );
             }
         }
         pending.older = pending.newer.take();

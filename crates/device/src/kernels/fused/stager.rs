@@ -10,7 +10,12 @@ use super::*;
 pub(super) fn stager_runs(a: &GemmRsArgs) -> bool {
     // The host's choice, checked against what the stager assumes (one peer, one node, pushed).
     let d = ldesc() as *const CommDesc;
-    let (world, global_world) = unsafe { ((&raw const (*d).world).read_volatile(), (&raw const (*d).global_world).read_volatile()) };
+    let (world, global_world) = unsafe {
+        (
+            (&raw const (*d).world).read_volatile(),
+            (&raw const (*d).global_world).read_volatile(),
+        )
+    };
     a.stager != 0 && world == 2 && global_world == 2 && a.n_comm == 0 && a.pull == 0
 }
 
@@ -21,7 +26,16 @@ pub(super) fn stager_runs(a: &GemmRsArgs) -> bool {
 /// back to its tensor cores at once. False when the rank aborted.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn stager_epilogue(ring: &Ring, local: Tile, wg: u32, acc: &mut [f32; 128], ready: &mut u32, own: bool, stop: bool, mark: impl Fn(Mark)) -> bool {
+pub(super) unsafe fn stager_epilogue(
+    ring: &Ring,
+    local: Tile,
+    wg: u32,
+    acc: &mut [f32; 128],
+    ready: &mut u32,
+    own: bool,
+    stop: bool,
+    mark: impl Fn(Mark),
+) -> bool {
     mark(Mark::Published);
     let parity = (*ready & STAGE_PARITY != 0) as u32;
     *ready ^= STAGE_PARITY;
@@ -75,7 +89,16 @@ pub(super) unsafe fn stager_ready(cw: u32, tile: Tile, parity: u32) -> u32 {
     for q in 0..RS_TILE.epilogue_buffers {
         let dst = Ring::new(smem::dynamic_smem_addr(), RS_TILE).staging(cw, q);
         // Read once: first to leave L2.
-        unsafe { tma::load_2d_hinted(dst, map, tile.n0 + GemmTile::EPILOGUE_BOX_COLS * q, row0, ready, tma::evict_first_policy()) };
+        unsafe {
+            tma::load_2d_hinted(
+                dst,
+                map,
+                tile.n0 + GemmTile::EPILOGUE_BOX_COLS * q,
+                row0,
+                ready,
+                tma::evict_first_policy(),
+            )
+        };
     }
     parity
 }
@@ -147,7 +170,17 @@ pub(super) unsafe fn stager_role(idx: u32, cw: u32) {
             // uses it, the flag's address and the error record: kept across the wait, ptxas
             // spilled it.)
             let c = ctx();
-            if dest == rank && !unsafe { wait_flag_of_cta_from::<RELAY_SLEEP_NS>(&c, FlagSlot::Tile1, |c| c.rank_now() ^ 1, mt, tile1_full(a)) } {
+            if dest == rank
+                && !unsafe {
+                    wait_flag_of_cta_from::<RELAY_SLEEP_NS>(
+                        &c,
+                        FlagSlot::Tile1,
+                        |c| c.rank_now() ^ 1,
+                        mt,
+                        tile1_full(a),
+                    )
+                }
+            {
                 break;
             }
             // (The tile read again: kept across the wait, ptxas spilled.)
@@ -186,23 +219,42 @@ pub(super) unsafe fn stager_role(idx: u32, cw: u32) {
             let chunk_rows = a.m / world;
             let tile = unsafe { table_item(w - 1) }.tile;
             let dest = tile.m0 / chunk_rows;
-            let local = Tile { m0: tile.m0 - dest * chunk_rows, n0: tile.n0 };
+            let local = Tile {
+                m0: tile.m0 - dest * chunk_rows,
+                n0: tile.n0,
+            };
             let sk = stream_k();
             if (dest != rank || a.all_reduce != 0) && w < sk.items(idx) {
                 // The consumers compute K block x of the launch once they released block
                 // x - 1, i.e. once the producer found x + stages slots free (the last loads'
                 // slots are never waited for: capped).
                 let next = unsafe { table_item(w) };
-                let spread = if next.tile.m0 / chunk_rows == rank { 4 * PIECES } else { 2 * PIECES };
+                let spread = if next.tile.m0 / chunk_rows == rank {
+                    4 * PIECES
+                } else {
+                    2 * PIECES
+                };
                 let x = sk.k_before(idx, w) + trickle_point(p, next.k_len(), spread, idx, cw);
                 if !unsafe { wait_tick(ring().tick(0), (x + RS_TILE.stages).min(sk.k_total(idx)), give_up) } {
                     ok = false;
                     break;
                 }
             }
-            let dests = if dest != rank { 1 } else if a.all_reduce != 0 { world } else { 1 };
+            let dests = if dest != rank {
+                1
+            } else if a.all_reduce != 0 {
+                world
+            } else {
+                1
+            };
             for d in 0..dests {
-                let map = unsafe { if dest != rank { *a.map_recv.as_ptr().add(dest as usize) } else { *a.map_out.as_ptr().add(d as usize) } };
+                let map = unsafe {
+                    if dest != rank {
+                        *a.map_recv.as_ptr().add(dest as usize)
+                    } else {
+                        *a.map_out.as_ptr().add(d as usize)
+                    }
+                };
                 unsafe { stager_store(map, local, cw, p) };
             }
             tma::store_commit();
@@ -243,8 +295,13 @@ pub(super) unsafe fn stager_role(idx: u32, cw: u32) {
 pub(super) unsafe fn stager_store(map: u64, local: Tile, cw: u32, p: u32) {
     const PER_BOX: u32 = GemmTile::EPILOGUE_BOX_ROWS / STAGER_STORE_ROWS;
     let (q, r) = (p / PER_BOX, p % PER_BOX);
-    let src = Ring::new(smem::dynamic_smem_addr(), RS_TILE).staging(cw, q).add(r * STAGER_STORE_ROWS * GemmTile::EPILOGUE_BOX_COLS * 2);
-    let (c0, c1) = (local.n0 + GemmTile::EPILOGUE_BOX_COLS * q, local.m0 + cw * TILE.rows_per_consumer() + r * STAGER_STORE_ROWS);
+    let src = Ring::new(smem::dynamic_smem_addr(), RS_TILE)
+        .staging(cw, q)
+        .add(r * STAGER_STORE_ROWS * GemmTile::EPILOGUE_BOX_COLS * 2);
+    let (c0, c1) = (
+        local.n0 + GemmTile::EPILOGUE_BOX_COLS * q,
+        local.m0 + cw * TILE.rows_per_consumer() + r * STAGER_STORE_ROWS,
+    );
     unsafe { tma::store_2d_hinted(TensorMap(map as *const u8), c0, c1, src, tma::evict_first_policy()) };
 }
 
@@ -252,7 +309,11 @@ pub(super) unsafe fn stager_store(map: u64, local: Tile, cw: u32, p: u32) {
 /// false when `give_up` says so.
 #[inline(always)]
 pub(super) unsafe fn wait_tick(tick: smem::SmemAddr, target: u32, give_up: impl Fn(u64) -> bool) -> bool {
-    crate::arch::time::poll_until::<RELAY_SLEEP_NS>(1024, || unsafe { smem::ld_volatile_shared_u32(tick) } >= target, give_up)
+    crate::arch::time::poll_until::<RELAY_SLEEP_NS>(
+        1024,
+        || unsafe { smem::ld_volatile_shared_u32(tick) } >= target,
+        give_up,
+    )
 }
 
 /// The K block of the next item (of `k_len` K blocks) after which piece `p` of a trickled

@@ -13,7 +13,14 @@ pub(super) fn sk_slot(a: &GemmRsArgs, cta: u32, wg: u32) -> u64 {
 /// `(StreamK, wg - 1, cta)` to the launch epoch (`st.release.gpu` after the warpgroup's
 /// barrier orders every thread's stores before it).
 #[inline(always)]
-pub(super) unsafe fn write_sk_partial(a: &GemmRsArgs, epoch: u64, cta: u32, wg: u32, acc: &[f32; 128], mark: impl Fn(Mark)) {
+pub(super) unsafe fn write_sk_partial(
+    a: &GemmRsArgs,
+    epoch: u64,
+    cta: u32,
+    wg: u32,
+    acc: &[f32; 128],
+    mark: impl Fn(Mark),
+) {
     unsafe { store_acc_f32(acc, sk_slot(a, cta, wg)) };
     mark(Mark::Waited);
     sync::named_barrier_sync(wg, crate::arch::ids::WARPGROUP_THREADS);
@@ -27,7 +34,14 @@ pub(super) unsafe fn write_sk_partial(a: &GemmRsArgs, epoch: u64, cta: u32, wg: 
 /// flags of contributor CTAs `from..cta` (written at their first piece, long done), then every
 /// thread adds their partials (through L2) to its accumulators. False when a wait gave up.
 #[inline(always)]
-pub(super) unsafe fn add_sk_partials(a: &GemmRsArgs, epoch: u64, from: u32, cta: u32, wg: u32, acc: &mut [f32; 128]) -> bool {
+pub(super) unsafe fn add_sk_partials(
+    a: &GemmRsArgs,
+    epoch: u64,
+    from: u32,
+    cta: u32,
+    wg: u32,
+    acc: &mut [f32; 128],
+) -> bool {
     let mut ok = true;
     if ids::thread_in_warpgroup() == 0 {
         let mut c = unsafe { fused_ctx_at(ldesc(), epoch) };

@@ -20,7 +20,12 @@ pub(super) struct Trickle {
 }
 
 impl Trickle {
-    pub(super) const NONE: Trickle = Trickle { dest: 0, m0: 0, n0: 0, left: 0 };
+    pub(super) const NONE: Trickle = Trickle {
+        dest: 0,
+        m0: 0,
+        n0: 0,
+        left: 0,
+    };
 
     /// Issues the next box (consumer warpgroup `cw`: 0-based).
     #[inline(always)]
@@ -28,7 +33,18 @@ impl Trickle {
         if ids::thread_in_warpgroup() == 0 {
             let a = unsafe { &*(largs() as *const GemmRsArgs) };
             let map = TensorMap(unsafe { *a.map_recv.as_ptr().add(self.dest as usize) } as *const u8);
-            unsafe { store_staged_box(ring, map, Tile { m0: self.m0, n0: self.n0 }, cw, RS_TILE.epilogue_buffers - self.left) };
+            unsafe {
+                store_staged_box(
+                    ring,
+                    map,
+                    Tile {
+                        m0: self.m0,
+                        n0: self.n0,
+                    },
+                    cw,
+                    RS_TILE.epilogue_buffers - self.left,
+                )
+            };
         }
         self.left -= 1;
     }
@@ -52,5 +68,4 @@ impl KBlockHook for Trickle {
             unsafe { self.issue(&Ring::new(smem::dynamic_smem_addr(), RS_TILE), cw) };
         }
     }
-
 }

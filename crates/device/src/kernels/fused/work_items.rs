@@ -9,10 +9,26 @@ use super::*;
 pub(super) fn stream_k() -> StreamK {
     let a = largs() as *const GemmRsArgs;
     let field = |f: *const u32| unsafe { f.read_volatile() };
-    let (m, n, k, n_comm) = unsafe { (field(&raw const (*a).m), field(&raw const (*a).n), field(&raw const (*a).k), field(&raw const (*a).n_comm)) };
+    let (m, n, k, n_comm) = unsafe {
+        (
+            field(&raw const (*a).m),
+            field(&raw const (*a).n),
+            field(&raw const (*a).k),
+            field(&raw const (*a).n_comm),
+        )
+    };
     let on = unsafe { (&raw const (*a).sk_ws).read_volatile() != 0 && stager_runs(&*a) };
-    let sk = if on { unsafe { field(&raw const (*a).sk_tiles) } } else { 0 };
-    StreamK::new(m.div_ceil(TILE.block_m) * n.div_ceil(TILE.block_n), ids::grid_dim() - n_comm, k.div_ceil(TILE.block_k), sk)
+    let sk = if on {
+        unsafe { field(&raw const (*a).sk_tiles) }
+    } else {
+        0
+    };
+    StreamK::new(
+        m.div_ceil(TILE.block_m) * n.div_ceil(TILE.block_n),
+        ids::grid_dim() - n_comm,
+        k.div_ceil(TILE.block_k),
+        sk,
+    )
 }
 
 /// A compute CTA's work item as both the producer and the consumers use it: the tile (in the
@@ -49,14 +65,33 @@ pub(super) unsafe fn compute_item(idx: u32, w: u32) -> ItemRec {
     let d = unsafe { &*(ldesc() as *const CommDesc) };
     let it = stream_k().item(idx, w);
     let (rank, world) = unsafe { rank_world(ldesc()) };
-    let tiles = TileScheduler::new(a.m, a.n, TILE.block_m, TILE.block_n, a.group_m, idx, ids::grid_dim() - a.n_comm).chunked(world, rank, a.part_tiles_m);
+    let tiles = TileScheduler::new(
+        a.m,
+        a.n,
+        TILE.block_m,
+        TILE.block_n,
+        a.group_m,
+        idx,
+        ids::grid_dim() - a.n_comm,
+    )
+    .chunked(world, rank, a.part_tiles_m);
     let tile = tiles.tile(it.tile);
     let (nodes, node) = (d.global_world / world, d.global_rank / world);
     // The scheduler walks node-blocked rows; A is read at the row they stand for.
     let a_row = rs_source_row(tile.m0, a.m, world, nodes, node);
     let chunk_rows = a.m / world;
     let dest = tile.m0 / chunk_rows;
-    ItemRec { tile, k0: it.k0, k1: it.k1, owner: it.owner, from: it.from, a_row, own: dest == rank, stager: stager_runs(a), local_m0: tile.m0 - dest * chunk_rows }
+    ItemRec {
+        tile,
+        k0: it.k0,
+        k1: it.k1,
+        owner: it.owner,
+        from: it.from,
+        a_row,
+        own: dest == rank,
+        stager: stager_runs(a),
+        local_m0: tile.m0 - dest * chunk_rows,
+    }
 }
 
 /// Flag bits of a work-item record's word 4.
@@ -80,7 +115,9 @@ pub(super) unsafe fn fill_item_table(idx: u32) {
         let r = unsafe { compute_item(idx, w) };
         unsafe {
             smem::st_shared_v4(item_slot(w), [r.tile.m0, r.tile.n0, r.k0, r.k1]);
-            let flags = if r.owner { REC_OWNER } else { 0 } | if r.own { REC_OWN } else { 0 } | if r.stager { REC_STAGER } else { 0 };
+            let flags = if r.owner { REC_OWNER } else { 0 }
+                | if r.own { REC_OWN } else { 0 }
+                | if r.stager { REC_STAGER } else { 0 };
             smem::st_shared_v4(item_slot(w).add(16), [flags, r.from, r.a_row, r.local_m0]);
         }
         w += RS_TILE.threads();
@@ -90,8 +127,23 @@ pub(super) unsafe fn fill_item_table(idx: u32) {
 /// Item `w` (below the table's capacity) from the table.
 #[inline(always)]
 pub(super) unsafe fn table_item(w: u32) -> ItemRec {
-    let (x, y) = unsafe { (smem::ld_shared_v4(item_slot(w)), smem::ld_shared_v4(item_slot(w).add(16))) };
-    ItemRec { tile: Tile { m0: x[0], n0: x[1] }, k0: x[2], k1: x[3], owner: y[0] & REC_OWNER != 0, from: y[1], a_row: y[2], own: y[0] & REC_OWN != 0, stager: y[0] & REC_STAGER != 0, local_m0: y[3] }
+    let (x, y) = unsafe {
+        (
+            smem::ld_shared_v4(item_slot(w)),
+            smem::ld_shared_v4(item_slot(w).add(16)),
+        )
+    };
+    ItemRec {
+        tile: Tile { m0: x[0], n0: x[1] },
+        k0: x[2],
+        k1: x[3],
+        owner: y[0] & REC_OWNER != 0,
+        from: y[1],
+        a_row: y[2],
+        own: y[0] & REC_OWN != 0,
+        stager: y[0] & REC_STAGER != 0,
+        local_m0: y[3],
+    }
 }
 
 /// Item `w` of compute CTA `idx`: two shared-memory loads from the table, or worked out past
