@@ -58,6 +58,7 @@ fn dtoh(addr: u64, len: usize) -> Vec<u8> {
 }
 
 #[test]
+#[ignore = "needs GPU ranks (bundle/run-tests.sh runs it under xtask launch)"]
 fn collectives_match_cpu_reference() {
     let Some((dev, boot)) = launched_rank_or_skip("collectives_match_cpu_reference") else {
         return;

@@ -56,6 +56,7 @@ const PULL: u32 = u32::MAX - 1;
 const CONSUMER_IO: u32 = u32::MAX - 2;
 
 #[test]
+#[ignore = "needs GPU ranks (bundle/run-tests.sh runs it under xtask launch)"]
 fn fused_collectives_ag_gemm_matches_cpu_reference() {
     let Some((dev, boot)) = launched_rank_or_skip("fused_collectives_ag_gemm_matches_cpu_reference") else {
         return;

@@ -54,6 +54,7 @@ fn check_shape(dev: &Device, shape: GemmShape, out: OutDtype, seed: u64) -> Stri
 }
 
 #[test]
+#[ignore = "needs a Hopper GPU (cargo xtask test --gpu, bundle/run-tests.sh)"]
 fn gemm_matches_cpu_reference_on_many_shapes() {
     let Some(dev) = device_or_skip("gemm_matches_cpu_reference_on_many_shapes") else {
         return;
@@ -83,6 +84,7 @@ fn gemm_matches_cpu_reference_on_many_shapes() {
 }
 
 #[test]
+#[ignore = "needs a Hopper GPU (cargo xtask test --gpu, bundle/run-tests.sh)"]
 fn gemm_f32_output() {
     let Some(dev) = device_or_skip("gemm_f32_output") else {
         return;
@@ -118,6 +120,7 @@ fn gemm_f32_output() {
 }
 
 #[test]
+#[ignore = "needs a Hopper GPU (cargo xtask test --gpu, bundle/run-tests.sh)"]
 fn gemm_repeated_launches_of_one_plan_agree() {
     let Some(dev) = device_or_skip("gemm_repeated_launches_of_one_plan_agree") else {
         return;
@@ -154,6 +157,7 @@ fn gemm_repeated_launches_of_one_plan_agree() {
 }
 
 #[test]
+#[ignore = "needs a Hopper GPU (cargo xtask test --gpu, bundle/run-tests.sh)"]
 fn gemm_rejects_bad_input() {
     let Some(dev) = device_or_skip("gemm_rejects_bad_input") else {
         return;
@@ -202,6 +206,7 @@ fn gemm_rejects_bad_input() {
 }
 
 #[test]
+#[ignore = "needs a Hopper GPU (cargo xtask test --gpu, bundle/run-tests.sh)"]
 fn gemm_plan_replays_in_a_cuda_graph() {
     let Some(dev) = device_or_skip("gemm_plan_replays_in_a_cuda_graph") else {
         return;

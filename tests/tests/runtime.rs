@@ -15,6 +15,7 @@ fn no_driver_is_an_error_not_a_panic() {
 }
 
 #[test]
+#[ignore = "needs a Hopper GPU (cargo xtask test --gpu, bundle/run-tests.sh)"]
 fn iota_kernel_runs() {
     let Some(dev) = device_or_skip("iota_kernel_runs") else {
         return;
@@ -28,6 +29,7 @@ fn iota_kernel_runs() {
 }
 
 #[test]
+#[ignore = "needs a Hopper GPU (cargo xtask test --gpu, bundle/run-tests.sh)"]
 fn missing_device_is_reported() {
     let Some(_dev) = device_or_skip("missing_device_is_reported") else {
         return;

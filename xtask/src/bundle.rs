@@ -65,14 +65,14 @@ pub fn run(exclude: &[String]) -> Result<()> {
          export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}\n\
          NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')\nfail=0\n\
          for t in tests/*; do\n  echo \"== $t\"\n  case \"$t\" in\n\
-         *collective*) if [ \"$NGPU\" -ge 2 ]; then ./xtask launch -n \"$NGPU\" --timeout-s 600 -- \"$t\" --test-threads=1 --nocapture \"$@\" || { echo \"FAILED: $t\"; fail=1; }; \\\n\
+         *collective*) if [ \"$NGPU\" -ge 2 ]; then ./xtask launch -n \"$NGPU\" --timeout-s 600 -- \"$t\" --include-ignored --test-threads=1 --nocapture \"$@\" || { echo \"FAILED: $t\"; fail=1; }; \\\n\
          else \"$t\" --nocapture || fail=1; fi ;;\n\
-         *fused*) if [ \"$NGPU\" -ge 2 ]; then ./xtask launch -n \"$NGPU\" --timeout-s 600 -- \"$t\" --test-threads=1 --nocapture \"$@\" || { echo \"FAILED: $t\"; fail=1; }; \\\n\
-         ./xtask launch -n \"$NGPU\" --nodes 2 --timeout-s 600 -- \"$t\" --test-threads=1 --nocapture \"$@\" || { echo \"FAILED: $t (2 nodes)\"; fail=1; }; \\\n\
+         *fused*) if [ \"$NGPU\" -ge 2 ]; then ./xtask launch -n \"$NGPU\" --timeout-s 600 -- \"$t\" --include-ignored --test-threads=1 --nocapture \"$@\" || { echo \"FAILED: $t\"; fail=1; }; \\\n\
+         ./xtask launch -n \"$NGPU\" --nodes 2 --timeout-s 600 -- \"$t\" --include-ignored --test-threads=1 --nocapture \"$@\" || { echo \"FAILED: $t (2 nodes)\"; fail=1; }; \\\n\
          else \"$t\" --nocapture || fail=1; fi ;;\n\
-         *internode*) if [ \"$NGPU\" -ge 2 ]; then ./xtask launch -n \"$NGPU\" --nodes 2 --timeout-s 600 -- \"$t\" --test-threads=1 --nocapture \"$@\" || { echo \"FAILED: $t\"; fail=1; }; \\\n\
+         *internode*) if [ \"$NGPU\" -ge 2 ]; then ./xtask launch -n \"$NGPU\" --nodes 2 --timeout-s 600 -- \"$t\" --include-ignored --test-threads=1 --nocapture \"$@\" || { echo \"FAILED: $t\"; fail=1; }; \\\n\
          else \"$t\" --nocapture || fail=1; fi ;;\n\
-         *) \"$t\" --test-threads=1 \"$@\" || { echo \"FAILED: $t\"; fail=1; } ;;\n  esac\ndone\n\
+         *) \"$t\" --include-ignored --test-threads=1 \"$@\" || { echo \"FAILED: $t\"; fail=1; } ;;\n  esac\ndone\n\
          [ $fail = 0 ] && echo 'ALL TEST BINARIES PASSED'\nexit $fail\n",
     )?;
     Command::new("chmod").arg("+x").arg(&script).status()?;
