@@ -152,13 +152,13 @@ impl SymmetricHeap {
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
-    /// Address of local rank `r`'s heap in this process.
-    pub fn base(&self, r: usize) -> u64 {
-        self.mappings[r].va
+    /// Address of local rank `r`'s heap in this process (`None` outside `0..ranks()`).
+    pub fn base(&self, r: usize) -> Option<u64> {
+        self.mappings.get(r).map(|m| m.va)
     }
     /// Address of this rank's own heap.
     pub fn local_base(&self) -> u64 {
-        self.base(self.local_rank)
+        self.mappings[self.local_rank].va
     }
     /// Local ranks mapped.
     pub fn ranks(&self) -> usize {
