@@ -90,7 +90,9 @@ fn collectives_match_cpu_reference() {
                 let (_, all) = inputs(world, bytes as usize, ReduceDtype::F32, case, rep); // bytes as raw data
                 let all: Vec<Vec<u8>> = all.into_iter().map(|v| v[..bytes as usize].to_vec()).collect();
                 let n = bytes as usize;
-                stream.memcpy_htod(&all[rank as usize], &mut local.slice_mut(..n)).unwrap();
+                stream
+                    .memcpy_htod(&all[rank as usize], &mut local.slice_mut(..n))
+                    .unwrap();
                 comm.all_gather(&stream, &local.slice(..n), &big, ctas).unwrap();
                 stream.synchronize().unwrap();
                 comm.check().unwrap();

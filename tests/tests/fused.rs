@@ -61,7 +61,7 @@ fn fused_collectives_ag_gemm_matches_cpu_reference() {
     let Some((dev, boot)) = launched_rank_or_skip("fused_collectives_ag_gemm_matches_cpu_reference") else {
         return;
     };
-    let mut comm = Communicator::new(
+    let comm = Communicator::new(
         &dev,
         boot,
         CommConfig {
@@ -73,46 +73,32 @@ fn fused_collectives_ag_gemm_matches_cpu_reference() {
     let stream = dev.default_stream();
     let mut lines = vec![];
     for (case, &shape) in AG_CASES.iter().enumerate() {
-        lines.push(ag_gemm_case(&mut comm, &stream, case, shape, &Launch::Direct));
+        lines.push(ag_gemm_case(&comm, &stream, case, shape, &Launch::Direct));
     }
     let graph = Launch::Graph(dev.context().new_stream().unwrap());
     // Each plan captured once into a CUDA graph on a stream of its own, replayed on new inputs
     // (case numbers after the direct ones: other data).
-    lines.push(ag_gemm_case(&mut comm, &stream, AG_CASES.len(), AG_CASES[0], &graph));
+    lines.push(ag_gemm_case(&comm, &stream, AG_CASES.len(), AG_CASES[0], &graph));
     // GEMM + ReduceScatter: K split over ranks, rank r gets row chunk r of the sum of partials.
     for (case, &shape) in RS_CASES.iter().enumerate() {
-        lines.push(reduce_case(&mut comm, &stream, case, shape, false, &Launch::Direct));
+        lines.push(reduce_case(&comm, &stream, case, shape, false, &Launch::Direct));
     }
     // GEMM + AllReduce: every rank gets the whole sum (in the heap).
     for (case, &shape) in AR_CASES.iter().enumerate() {
-        lines.push(reduce_case(&mut comm, &stream, case, shape, true, &Launch::Direct));
+        lines.push(reduce_case(&comm, &stream, case, shape, true, &Launch::Direct));
     }
+    lines.push(reduce_case(&comm, &stream, RS_CASES.len(), RS_CASES[0], false, &graph));
     lines.push(reduce_case(
-        &mut comm,
-        &stream,
-        RS_CASES.len(),
-        RS_CASES[0],
-        false,
-        &graph,
-    ));
-    lines.push(reduce_case(
-        &mut comm,
+        &comm,
         &stream,
         RS_CASES.len() + 1,
         RS_CASES[3],
         false,
         &graph,
     ));
+    lines.push(reduce_case(&comm, &stream, AR_CASES.len(), AR_CASES[0], true, &graph));
     lines.push(reduce_case(
-        &mut comm,
-        &stream,
-        AR_CASES.len(),
-        AR_CASES[0],
-        true,
-        &graph,
-    ));
-    lines.push(reduce_case(
-        &mut comm,
+        &comm,
         &stream,
         AR_CASES.len() + 1,
         AR_CASES[AR_CASES.len() - 1],
@@ -211,7 +197,7 @@ fn run_reps(
 
 /// AllGather + GEMM, `m` x `n` x `k` with `n_comm` comm CTAs, run and checked `REPS` times.
 fn ag_gemm_case(
-    comm: &mut Communicator,
+    comm: &Communicator,
     stream: &Arc<CudaStream>,
     case: usize,
     (m, n, k, n_comm): (usize, usize, usize, u32),
@@ -276,7 +262,7 @@ fn ag_gemm_case(
 /// GEMM + ReduceScatter (or, with `all_reduce`, GEMM + AllReduce), `m` x `n` x `kl` per rank
 /// with `parts` parts per row chunk (1 where they do not divide the chunk), run and checked `REPS` times.
 fn reduce_case(
-    comm: &mut Communicator,
+    comm: &Communicator,
     stream: &Arc<CudaStream>,
     case: usize,
     (m, n, kl, parts, comm_ctas): (usize, usize, usize, u32, u32),
@@ -332,7 +318,6 @@ fn reduce_case(
     // written and read only between the plan's launches (stream-ordered, synchronized).
     let plan =
         unsafe { GemmRsPlan::new_raw(comm, stream, pa, pb, (!all_reduce).then_some(po), m, n, kl, split) }.unwrap();
-    let comm: &Communicator = comm;
     let (op, seed_base, rows) = if all_reduce {
         ("gemm_ar", 40_000, 0..m)
     } else {

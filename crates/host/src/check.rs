@@ -100,7 +100,10 @@ mod tests {
     fn durations_saturate() {
         assert_eq!(saturating_nanos(Duration::from_secs(2)), 2_000_000_000);
         assert_eq!(saturating_nanos(Duration::MAX), u64::MAX);
-        assert_eq!(saturating_nanos(Duration::from_secs(u64::MAX / 1_000_000_000 + 1)), u64::MAX);
+        assert_eq!(
+            saturating_nanos(Duration::from_secs(u64::MAX / 1_000_000_000 + 1)),
+            u64::MAX
+        );
     }
 
     #[test]
@@ -111,6 +114,9 @@ mod tests {
             Err(Error::Alignment { what: "B", ptr: 8, .. })
         ));
         assert!(len("t", "A", 10, 10).is_ok());
-        assert!(matches!(len("t", "A", 9, 10), Err(Error::BufferTooSmall { have: 9, need: 10, .. })));
+        assert!(matches!(
+            len("t", "A", 9, 10),
+            Err(Error::BufferTooSmall { have: 9, need: 10, .. })
+        ));
     }
 }

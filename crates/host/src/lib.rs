@@ -28,6 +28,6 @@ pub use comm::{CommConfig, Communicator, ReduceDtype, ReduceElem, SymBuffer};
 pub use cudarc;
 pub use error::{Error, Result};
 pub use gemm::{BLayout, GemmPlan, GemmShape, OutDtype};
-pub use ops::{AgGemmPlan, GemmRsPlan, RsSplit};
 pub use mkernel_bootstrap as bootstrap;
+pub use ops::{AgGemmPlan, GemmRsPlan, RsSplit};
 pub use runtime::Device;

@@ -300,7 +300,11 @@ impl Communicator {
             let max_bytes = wire_bytes / (nnodes as u64 + 2) / 256 * 256;
             let stage = comm.alloc(max_bytes)?;
             let node_sum = comm.alloc(max_bytes)?;
-            let recv = comm.alloc(check::product("communicator", "stage bytes x nodes", &[max_bytes, nnodes as u64])?)?;
+            let recv = comm.alloc(check::product(
+                "communicator",
+                "stage bytes x nodes",
+                &[max_bytes, nnodes as u64],
+            )?)?;
             comm.wire = Some(Wire {
                 node,
                 nnodes,
@@ -418,7 +422,11 @@ impl Communicator {
         ctas: u32,
     ) -> Result<()> {
         check::buffer_on("all_gather", "src", &self.device, src)?;
-        let bytes = check::product("all_gather", "src elements x size", &[src.len() as u64, std::mem::size_of::<T>() as u64])?;
+        let bytes = check::product(
+            "all_gather",
+            "src elements x size",
+            &[src.len() as u64, std::mem::size_of::<T>() as u64],
+        )?;
         let (ptr, _read) = src.device_ptr(stream);
         // SAFETY: `src` is a live buffer of `bytes` bytes in this context, borrowed until the
         // launch is enqueued (cudarc orders its later free or reuse after the read).
@@ -526,7 +534,11 @@ impl Communicator {
         let bytes = check::product(op, "count x size", &[count, dtype.size()])?;
         check_multiple(op, "bytes per rank", bytes, 16)?;
         self.check_region(op, src)?;
-        check_fits(op, src, check::product(op, "count x size x world", &[bytes, self.world as u64])?)?;
+        check_fits(
+            op,
+            src,
+            check::product(op, "count x size x world", &[bytes, self.world as u64])?,
+        )?;
         check::aligned16(op, &[("dst", dst)])?;
         let (desc, src_off, code) = (self.desc_ptr(), src.offset, dtype.code());
         let (f, cfg) = self.prepare(&kernels::REDUCE_SCATTER, ctas)?;
@@ -744,7 +756,10 @@ fn check_fits(op: &'static str, b: &SymBuffer, need: u64) -> Result<()> {
     if need > b.bytes {
         return Err(Error::Shape {
             op,
-            reason: format!("heap buffer of {} bytes is smaller than the {need} bytes needed", b.bytes),
+            reason: format!(
+                "heap buffer of {} bytes is smaller than the {need} bytes needed",
+                b.bytes
+            ),
         });
     }
     Ok(())
@@ -775,10 +790,16 @@ mod tests {
         let b = bump(a.offset() + a.bytes(), 257, HEAP).unwrap();
         assert_eq!((b.offset(), b.bytes()), (HEAP_RESERVED_BYTES + 256, 512));
         assert!(bump(HEAP_RESERVED_BYTES, 1 << 20, HEAP).is_ok());
-        assert!(matches!(bump(HEAP_RESERVED_BYTES, (1 << 20) + 1, HEAP), Err(Error::Shape { .. })));
+        assert!(matches!(
+            bump(HEAP_RESERVED_BYTES, (1 << 20) + 1, HEAP),
+            Err(Error::Shape { .. })
+        ));
         // Rounding and the end offset must not wrap around.
         for bytes in [u64::MAX, u64::MAX - 255, u64::MAX - HEAP_RESERVED_BYTES] {
-            assert!(matches!(bump(HEAP_RESERVED_BYTES, bytes, HEAP), Err(Error::Shape { .. })), "{bytes}");
+            assert!(
+                matches!(bump(HEAP_RESERVED_BYTES, bytes, HEAP), Err(Error::Shape { .. })),
+                "{bytes}"
+            );
         }
     }
 

@@ -38,7 +38,15 @@ pub struct AgGemmPolicy {
 /// [`tune::DEFAULT_SPLIT`]. Checks the shape: `m` a positive multiple of `world x 128` with at
 /// most `MAX_COMM_CTAS` chunks of 128 rows per shard, `k` and `n` positive multiples of 8
 /// (16-byte TMA rows), every dimension below 2^31, and at least one compute CTA left.
-pub fn policy(m: usize, n: usize, k: usize, world: usize, sms: u32, requested: u32, cached: Option<u32>) -> Result<AgGemmPolicy> {
+pub fn policy(
+    m: usize,
+    n: usize,
+    k: usize,
+    world: usize,
+    sms: u32,
+    requested: u32,
+    cached: Option<u32>,
+) -> Result<AgGemmPolicy> {
     let block_m = GemmTile::DEFAULT.block_m as usize;
     let bad = |reason: String| Err(Error::Shape { op: OP, reason });
     if world == 0 {
@@ -56,7 +64,9 @@ pub fn policy(m: usize, n: usize, k: usize, world: usize, sms: u32, requested: u
         ));
     }
     if k == 0 || k % 8 != 0 || n == 0 || n % 8 != 0 {
-        return bad(format!("k = {k} and n = {n} must be positive multiples of 8 (16-byte TMA rows)"));
+        return bad(format!(
+            "k = {k} and n = {n} must be positive multiples of 8 (16-byte TMA rows)"
+        ));
     }
     let chunks = m / world / block_m;
     if chunks > mkernel_config::comm::MAX_COMM_CTAS as usize {
@@ -120,7 +130,12 @@ impl<'a> AgGemmPlan<'a> {
         check::buffer_on(OP, "B", device, b)?;
         check::buffer_on(OP, "C", device, &*c)?;
         let world = (comm.world() * comm.nnodes()) as usize;
-        check::len(OP, "A shard", a_shard.len(), check::product_usize(OP, "m / world x k", &[m / world.max(1), k])?)?;
+        check::len(
+            OP,
+            "A shard",
+            a_shard.len(),
+            check::product_usize(OP, "m / world x k", &[m / world.max(1), k])?,
+        )?;
         check::len(OP, "B", b.len(), check::product_usize(OP, "n x k", &[n, k])?)?;
         check::len(OP, "C", c.len(), check::product_usize(OP, "m x n", &[m, n])?)?;
         let (pa, _ra) = a_shard.device_ptr(stream);
@@ -162,7 +177,15 @@ impl<'a> AgGemmPlan<'a> {
                 k,
             })
         };
-        let policy = policy(m, n, k, world, device.sm_count(), n_comm, if n_comm == 0 { cached() } else { None })?;
+        let policy = policy(
+            m,
+            n,
+            k,
+            world,
+            device.sm_count(),
+            n_comm,
+            if n_comm == 0 { cached() } else { None },
+        )?;
         check::aligned16(OP, &[("A shard", a_shard), ("B", b), ("C", c)])?;
         let t = GemmTile::DEFAULT;
         let gathered = comm.alloc(policy.gathered_bytes)?;

@@ -167,7 +167,9 @@ pub fn policy(p: &RsProblem, split: RsSplit, cached_parts: Option<u32>) -> Resul
         ));
     }
     if k_local == 0 || k_local % 8 != 0 || n == 0 || n % 8 != 0 {
-        return bad(format!("k_local = {k_local} and n = {n} must be positive multiples of 8"));
+        return bad(format!(
+            "k_local = {k_local} and n = {n} must be positive multiples of 8"
+        ));
     }
     let parts = match split.parts {
         0 => cached_parts.unwrap_or(tune::DEFAULT_PARTS),
@@ -216,7 +218,11 @@ pub fn policy(p: &RsProblem, split: RsSplit, cached_parts: Option<u32>) -> Resul
     let ar_out_bytes = p.all_reduce.then_some(whole_bytes);
     let (stage_bytes, xrecv_bytes) = if nodes > 1 {
         (
-            Some(check::product(op, "block bytes x (nodes - 1)", &[block_bytes, nodes as u64 - 1])?),
+            Some(check::product(
+                op,
+                "block bytes x (nodes - 1)",
+                &[block_bytes, nodes as u64 - 1],
+            )?),
             Some(check::product(op, "block bytes x nodes", &[block_bytes, nodes as u64])?),
         )
     } else {
@@ -369,8 +375,18 @@ impl<'a> GemmRsPlan<'a> {
         check::stream_on(op, device, stream)?;
         check::buffer_on(op, "A", device, a)?;
         check::buffer_on(op, "B", device, b)?;
-        check::len(op, "A", a.len(), check::product_usize(op, "m x k_local", &[m, k_local])?)?;
-        check::len(op, "B", b.len(), check::product_usize(op, "n x k_local", &[n, k_local])?)?;
+        check::len(
+            op,
+            "A",
+            a.len(),
+            check::product_usize(op, "m x k_local", &[m, k_local])?,
+        )?;
+        check::len(
+            op,
+            "B",
+            b.len(),
+            check::product_usize(op, "n x k_local", &[n, k_local])?,
+        )?;
         let (pa, _ra) = a.device_ptr(stream);
         let (pb, _rb) = b.device_ptr(stream);
         // SAFETY: `a` and `b` hold the shape's elements, are on this device and are borrowed
@@ -512,7 +528,9 @@ impl<'a> GemmRsPlan<'a> {
             out_maps.push(push(store_map(o, pol.block_rows)?.opaque));
         }
         let stage_map = match stage {
-            Some(st) => Some(push(box_map(comm.ptr(&st)?, pol.block_rows * (nodes as u64 - 1))?.opaque)),
+            Some(st) => Some(push(
+                box_map(comm.ptr(&st)?, pol.block_rows * (nodes as u64 - 1))?.opaque,
+            )),
             None => None,
         };
         let first_peer = (rank + 1) % world as u64;
@@ -671,20 +689,30 @@ mod tests {
             ..problem(16384, 8192, 2048, 2, 2)
         };
         assert!(policy(&ar, d, None).is_ok());
-        assert!(reason(policy(&problem(1000, 8192, 2048, 2, 1), d, None)).contains("multiple of world x nodes x 128 = 256"));
-        assert!(reason(policy(&problem(256 * 3, 8192, 2048, 2, 2), d, None)).contains("multiple of world x nodes x 128 = 512"));
+        assert!(
+            reason(policy(&problem(1000, 8192, 2048, 2, 1), d, None)).contains("multiple of world x nodes x 128 = 256")
+        );
+        assert!(reason(policy(&problem(256 * 3, 8192, 2048, 2, 2), d, None))
+            .contains("multiple of world x nodes x 128 = 512"));
         assert!(reason(policy(&problem(4096, 8190, 2048, 2, 1), d, None)).contains("multiples of 8"));
         assert!(reason(policy(&problem(2 * 128 * 300, 256, 256, 2, 1), d, None)).contains("more than 256 row tiles"));
         assert!(reason(policy(&problem(4096, 1 << 31, 256, 2, 1), d, None)).contains("below 2^31"));
         assert!(reason(policy(&problem(4096, 256, 256, 0, 1), d, None)).contains("world = 0"));
         // 16384 rows over 4 ranks: 32 row tiles per chunk.
         for ok in [1, 2, 4, 8, 16, 32] {
-            assert!(policy(&problem(16384, 256, 256, 4, 1), RsSplit::parts(ok), None).is_ok(), "parts {ok}");
+            assert!(
+                policy(&problem(16384, 256, 256, 4, 1), RsSplit::parts(ok), None).is_ok(),
+                "parts {ok}"
+            );
         }
         let p = |parts, cached| policy(&problem(16384, 256, 256, 4, 1), RsSplit::parts(parts), cached);
         assert!(reason(p(3, None)).contains("parts = 3 must divide the 32 row tiles"));
         assert!(reason(p(0, Some(0))).contains("parts = 0"));
-        assert_eq!(p(0, Some(4)).unwrap().parts, 4, "the tune cache when no parts are given");
+        assert_eq!(
+            p(0, Some(4)).unwrap().parts,
+            4,
+            "the tune cache when no parts are given"
+        );
         assert_eq!(p(8, Some(4)).unwrap().parts, 8, "given parts win");
         assert_eq!(p(0, None).unwrap().parts, tune::DEFAULT_PARTS);
     }
@@ -695,9 +723,15 @@ mod tests {
         let two = problem(4096, 1024, 512, 2, 1);
         let s = policy(&two, RsSplit::default(), None).unwrap();
         assert!(s.stager && !s.pull);
-        assert_eq!((s.n_comm, s.grid, s.store_rows), (0, 132, mkernel_config::fused::STAGER_STORE_ROWS));
+        assert_eq!(
+            (s.n_comm, s.grid, s.store_rows),
+            (0, 132, mkernel_config::fused::STAGER_STORE_ROWS)
+        );
         assert_eq!(s.recv_bytes, Some(2048 * 1024 * 2 * 2));
-        assert_eq!((s.outbox_bytes, s.ar_out_bytes, s.stage_bytes, s.xrecv_bytes), (None, None, None, None));
+        assert_eq!(
+            (s.outbox_bytes, s.ar_out_bytes, s.stage_bytes, s.xrecv_bytes),
+            (None, None, None, None)
+        );
         // 32 x 4 = 128 tiles on 132 CTAs: no partial round to cut.
         assert_eq!((s.sk_tiles, s.sk_ws_bytes), (0, None));
         let no_stager = policy(
@@ -718,7 +752,10 @@ mod tests {
         };
         let s = policy(&two, pull, None).unwrap();
         assert!(s.pull && !s.stager);
-        assert_eq!((s.recv_bytes, s.outbox_bytes, s.n_comm), (None, Some(4096 * 1024 * 2), 0));
+        assert_eq!(
+            (s.recv_bytes, s.outbox_bytes, s.n_comm),
+            (None, Some(4096 * 1024 * 2), 0)
+        );
         assert!(reason(policy(&two, RsSplit { comm_ctas: 4, ..pull }, None)).contains("pulling needs no comm CTAs"));
         // Explicit comm CTAs: an outbox, and the comm CTAs must leave compute CTAs.
         let cc = |c| RsSplit {
@@ -752,7 +789,10 @@ mod tests {
             no_stream_k: true,
             ..RsSplit::default()
         };
-        assert_eq!(policy(&problem(6656, 1024, 1024, 2, 1), no_sk, None).unwrap().sk_tiles, 0);
+        assert_eq!(
+            policy(&problem(6656, 1024, 1024, 2, 1), no_sk, None).unwrap().sk_tiles,
+            0
+        );
         // group_m is capped at the row tiles of a part.
         let g = RsSplit {
             group_m: 1000,
