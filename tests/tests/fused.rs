@@ -377,7 +377,7 @@ fn reduce_case(
 /// compared with the CPU reference.
 fn safe_api_case(comm: &Communicator, stream: &Arc<CudaStream>) -> String {
     let (rank, world) = (comm.global_rank() as usize, (comm.world() * comm.nnodes()) as usize);
-    let (m, n, k, kl) = (256 * world, 256, 256, 128);
+    let (m, n, k, kl) = (512 * world, 256, 256, 128);
     let ms = m / world;
     let a_full = random_bf16(m * k, 61_000);
     let b = random_bf16(n * k, 61_100 + rank as u64);
@@ -386,7 +386,7 @@ fn safe_api_case(comm: &Communicator, stream: &Arc<CudaStream>) -> String {
     let mut dc = stream.alloc_zeros::<bf16>(m * n + 64).unwrap();
     {
         let mut c_view = dc.slice_mut(..m * n);
-        let plan = AgGemmPlan::new(comm, stream, &da, &db, &mut c_view, m, n, k, 0).unwrap();
+        let plan = AgGemmPlan::new(comm, stream, &da, &db, &mut c_view, m, n, k, 4).unwrap();
         plan.launch(stream).unwrap();
         stream.synchronize().unwrap();
     }

@@ -188,9 +188,9 @@ impl LaunchOrder {
 /// # Launch order
 /// Every kernel of a communicator advances the same per-CTA epochs on every rank, so its
 /// launches must run one after another on the device and in the same order on every rank.
-/// Methods take `&self` and serialize their launches through an internal lock (the only lock
-/// held while a kernel is enqueued; [`Device::function`]'s cache lock is taken inside it, never
-/// the other way round), rather than taking `&mut self`: plans borrow the communicator for
+/// Methods take `&self` and serialize their launches through an internal lock (a leaf: no
+/// other lock of mkernel is taken while it is held; kernels are looked up before), rather than
+/// taking `&mut self`: plans borrow the communicator for
 /// their lifetime ([`crate::ops`]), several plans and the collectives stay usable side by side,
 /// and a server can share one communicator between threads (`Communicator: Send + Sync`).
 /// The lock orders the enqueues; on the device, a launch on another stream than the previous
@@ -780,6 +780,16 @@ impl Drop for Communicator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A server may share the communicator and its plans between threads.
+    #[test]
+    fn communicator_and_plans_are_send_and_sync() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<Communicator>();
+        send_sync::<crate::ops::AgGemmPlan<'static>>();
+        send_sync::<crate::ops::GemmRsPlan<'static>>();
+        send_sync::<crate::GemmPlan<'static>>();
+    }
 
     const HEAP: u64 = HEAP_RESERVED_BYTES + (1 << 20);
 
