@@ -45,8 +45,9 @@ impl OutDtype {
     }
 }
 
-/// Element types C may have: `half::bf16` or `f32`.
-pub trait GemmOutput: cudarc::driver::DeviceRepr {
+/// Element types C may have: `half::bf16` or `f32`. Sealed: `DTYPE` decides how many bytes per
+/// element the kernel writes, so it must match the type's size.
+pub trait GemmOutput: cudarc::driver::DeviceRepr + crate::comm::sealed::Sealed {
     /// The kernel's output selector.
     const DTYPE: OutDtype;
 }
@@ -137,9 +138,9 @@ impl<'a> GemmPlan<'a> {
     pub fn new<C: GemmOutput>(
         device: &Device,
         stream: &Arc<CudaStream>,
-        a: &'a CudaSlice<bf16>,
-        b: &'a CudaSlice<bf16>,
-        c: &'a mut CudaSlice<C>,
+        a: &'a impl DevicePtr<bf16>,
+        b: &'a impl DevicePtr<bf16>,
+        c: &'a mut impl DevicePtrMut<C>,
         shape: GemmShape,
         sms: Option<u32>,
     ) -> Result<Self> {
@@ -352,9 +353,9 @@ impl<'a> GemmPlan<'a> {
 pub fn gemm_bf16<C: GemmOutput>(
     device: &Device,
     stream: &Arc<CudaStream>,
-    a: &CudaSlice<bf16>,
-    b: &CudaSlice<bf16>,
-    c: &mut CudaSlice<C>,
+    a: &impl DevicePtr<bf16>,
+    b: &impl DevicePtr<bf16>,
+    c: &mut impl DevicePtrMut<C>,
     shape: GemmShape,
 ) -> Result<()> {
     GemmPlan::new(device, stream, a, b, c, shape, None)?.launch(stream)

@@ -86,7 +86,10 @@ impl SymmetricHeap {
             .result()?
         };
         let gran = gran.max(1 << 21) as u64;
-        let bytes = bytes.div_ceil(gran) * gran;
+        let bytes = bytes.checked_next_multiple_of(gran).ok_or_else(|| Error::Shape {
+            op: "symmetric heap",
+            reason: format!("{bytes} bytes overflow 64 bits when rounded up to the granularity {gran}"),
+        })?;
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: out-pointer; valid prop.
         unsafe { sys::cuMemCreate(&mut handle, bytes as usize, &p, 0).result()? };
@@ -156,7 +159,7 @@ impl SymmetricHeap {
     pub fn base(&self, r: usize) -> Option<u64> {
         self.mappings.get(r).map(|m| m.va)
     }
-    /// Address of this rank's own heap.
+    /// Address of this rank's own heap (`new` mapped every local rank, this one included).
     pub fn local_base(&self) -> u64 {
         self.mappings[self.local_rank].va
     }

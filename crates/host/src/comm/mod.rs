@@ -61,8 +61,18 @@ impl ReduceDtype {
     }
 }
 
-/// Element types the reductions take: `half::bf16` and `f32`.
-pub trait ReduceElem: DeviceRepr {
+/// Element types the reductions take: `half::bf16` and `f32`. Sealed: `DTYPE` decides how many
+/// bytes per element the kernels write, so it must match the type's size:
+/// ```compile_fail,E0277
+/// #[derive(Clone, Copy)]
+/// struct Byte(u8);
+/// // SAFETY: plain data.
+/// unsafe impl mkernel::cudarc::driver::DeviceRepr for Byte {}
+/// impl mkernel::ReduceElem for Byte {
+///     const DTYPE: mkernel::ReduceDtype = mkernel::ReduceDtype::F32;
+/// }
+/// ```
+pub trait ReduceElem: DeviceRepr + sealed::Sealed {
     /// The kernels' element selector.
     const DTYPE: ReduceDtype;
 }
@@ -71,6 +81,13 @@ impl ReduceElem for half::bf16 {
 }
 impl ReduceElem for f32 {
     const DTYPE: ReduceDtype = ReduceDtype::F32;
+}
+
+pub(crate) mod sealed {
+    /// Implemented by the element types whose size the kernels know (bf16, f32).
+    pub trait Sealed {}
+    impl Sealed for half::bf16 {}
+    impl Sealed for f32 {}
 }
 
 /// A region of the symmetric heap: the same offset and size on every rank.
