@@ -605,7 +605,8 @@ impl<'a> GemmRsPlan<'a> {
 
     /// Enqueues the fused kernel (under the communicator's launch lock).
     pub fn launch(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        self.comm.enqueue("gemm_rs", stream, || {
+        let op = if self.ar_out.is_some() { "gemm_ar" } else { "gemm_rs" };
+        self.comm.enqueue(op, stream, || {
             let mut b = stream.launch_builder(&self.func);
             b.arg(&self.args_addr);
             b.arg(&self.desc_addr);
@@ -645,7 +646,9 @@ impl<'a> GemmRsPlan<'a> {
     /// [`mkernel_config::trace`]), or, with `None`, stop recording.
     ///
     /// # Safety
-    /// `buf` must stay allocated, with at least that many words, while such launches run.
+    /// `buf` must stay allocated, with at least that many words, while such launches run, and
+    /// no launch of this plan may run on another stream than `stream` meanwhile (the change
+    /// is ordered on `stream` only).
     pub unsafe fn set_trace(&self, stream: &Arc<CudaStream>, buf: Option<u64>) -> Result<()> {
         let field = self.args_addr + std::mem::offset_of!(GemmRsArgs, trace) as u64;
         let word = [buf.unwrap_or(0)];
