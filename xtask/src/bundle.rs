@@ -76,6 +76,8 @@ pub fn run(exclude: &[String]) -> Result<()> {
         std::fs::copy(exe, dir.join("tests").join(name))?;
     }
     let copied = bins.len();
+    // Symbols are half of each binary's size; the device tool carries 64 MiB per call.
+    strip_all(&dir)?;
     std::fs::copy(root.join("crates/host/ptx/mkernel.ptx"), dir.join("mkernel.ptx"))?;
     let script = dir.join("run-tests.sh");
     std::fs::write(&script, RUN_TESTS_SH)?;
@@ -163,6 +165,23 @@ fn crate_names_from_package_ids() {
         Some("mkernel-tests")
     );
     assert_eq!(crate_name("path+file:///w/xtask#0.1.0"), Some("xtask"));
+}
+
+/// `strip` every file in `dir` and `dir/tests` (where `strip` exists; the PTX and script fail it
+/// harmlessly and are left as they are).
+fn strip_all(dir: &std::path::Path) -> Result<()> {
+    if crate::mps::find_on_path("strip").is_none() {
+        return Ok(());
+    }
+    for d in [dir.to_path_buf(), dir.join("tests")] {
+        for e in std::fs::read_dir(&d)? {
+            let p = e?.path();
+            if p.is_file() && p.extension().is_none() && !p.ends_with("run-tests.sh") {
+                let _ = Command::new("strip").arg(&p).stderr(Stdio::null()).status();
+            }
+        }
+    }
+    Ok(())
 }
 
 fn walk_size(dir: &std::path::Path) -> Result<u64> {
