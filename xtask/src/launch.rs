@@ -54,8 +54,8 @@ pub struct LaunchArgs {
     /// With --share-gpu: GPUs to spread the ranks over (default: every GPU nvidia-smi lists).
     #[arg(long, requires = "share_gpu")]
     pub gpus: Option<usize>,
-    /// With --share-gpu: SM percentage of each rank (default: 100/ranks for up to 2 ranks on a
-    /// GPU, 80/ranks from 3 on, which leaves the room co-residency needs; docs/testing.md).
+    /// With --share-gpu: MPS share of each rank in percent of its GPU's SMs (default: 100 / ranks
+    /// on that GPU; persistent grids use 80% of the share, docs/testing.md "Co-residency").
     #[arg(long, requires = "share_gpu", value_parser = clap::value_parser!(u32).range(1..=100))]
     pub mps_percent: Option<u32>,
     /// The command to run in each process.
@@ -184,10 +184,12 @@ pub fn run(args: LaunchArgs) -> Result<()> {
             .mps_percent
             .unwrap_or_else(|| crate::mps::default_sm_percent(busiest));
         println!(
-            "launch: {} ranks sharing {} GPU(s) through MPS, up to {busiest} per GPU at {pct}% of its SMs each \
-             (correctness runs: timings are not NVLink timings)",
+            "launch: {} ranks sharing {} GPU(s) through MPS, up to {busiest} per GPU at {pct}% of its SMs each, \
+             persistent grids on {}% of that (correctness runs: timings are not NVLink timings)",
             ranks.len(),
-            g.min(ranks.len())
+            g.min(ranks.len()),
+            std::env::var("MKERNEL_PERSISTENT_SM_PERCENT")
+                .unwrap_or_else(|_| crate::mps::persistent_sm_percent(busiest).to_string())
         );
     }
     let port = match (args.master_port, args.nnodes) {

@@ -216,18 +216,26 @@ impl Drop for Mps {
     }
 }
 
-/// Percentage of a GPU's SMs each of `ranks` ranks sharing it gets (`--mps-percent` overrides).
-///
-/// Every rank sizes its persistent grids to the SMs the device reports under this cap, and the
-/// ranks' grids must be resident at once (docs/testing.md, "Co-residency"). Measured on one H100
-/// (132 SMs, driver 580): 2 ranks at 50% (66 SMs each) ran every fused test; 4 ranks at 25% and
-/// 24% did not (the fourth grid never started), 4 at 20% (26 SMs each) did. So up to 2 ranks share
-/// evenly, and from 3 on a fifth of the GPU is left spare.
+/// MPS share (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`) of each of `ranks` ranks on one GPU:
+/// an even split (`--mps-percent` overrides).
 pub fn default_sm_percent(ranks: usize) -> u32 {
-    match ranks {
-        0 | 1 => 100,
-        2 => 50,
-        n => (80 / n as u32).max(1),
+    (100 / ranks.max(1) as u32).max(1)
+}
+
+/// Percentage of its MPS share that a rank's persistent grids use
+/// (`MKERNEL_PERSISTENT_SM_PERCENT`) when `ranks` share a GPU.
+///
+/// The ranks' persistent grids must be resident at once, and each rank's own other GPU work
+/// (the emulated wire's copies between ranks of one GPU) needs SMs while its grid runs. Measured
+/// on one H100 (132 SMs, driver 580) with grids filling the share: 2 ranks at 50% ran every
+/// fused test; 4 ranks at 25% and 24% did not (a grid never started); 4 at 20% (26 SMs each) ran
+/// one node but not 2 emulated nodes x 2 (the wire's copies waited for the grids that waited
+/// for them). Grids of 80% of the share leave both kinds of room (docs/testing.md).
+pub fn persistent_sm_percent(ranks: usize) -> u32 {
+    if ranks > 1 {
+        80
+    } else {
+        100
     }
 }
 
@@ -235,12 +243,13 @@ pub fn default_sm_percent(ranks: usize) -> u32 {
 mod tests {
     use super::*;
     #[test]
-    fn shares_leave_room_from_three_ranks_on() {
+    fn shares_split_evenly_and_grids_leave_room() {
         assert_eq!(default_sm_percent(1), 100);
         assert_eq!(default_sm_percent(2), 50);
-        assert_eq!(default_sm_percent(4), 20);
-        assert_eq!(default_sm_percent(8), 10);
-        assert!(default_sm_percent(100) >= 1);
+        assert_eq!(default_sm_percent(4), 25);
+        assert!(default_sm_percent(1000) >= 1);
+        assert_eq!(persistent_sm_percent(1), 100);
+        assert_eq!(persistent_sm_percent(4), 80);
     }
     #[test]
     fn missing_programs_are_not_found() {

@@ -56,6 +56,9 @@ pub enum Error {
     /// Bootstrap (store, fd passing, environment) failed.
     #[error("bootstrap: {0}")]
     Bootstrap(#[from] mkernel_bootstrap::Error),
+    /// An environment variable that mkernel reads has a value it cannot use.
+    #[error("environment variable {var}: {reason}")]
+    Environment { var: &'static str, reason: String },
     /// The embedded PTX lacks a kernel the runtime expected (a build mismatch).
     #[error("kernel `{0}` is missing from the embedded PTX")]
     MissingKernel(&'static str),
