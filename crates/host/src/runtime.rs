@@ -53,6 +53,7 @@ struct Inner {
     module: Arc<CudaModule>,
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
     sm_count: u32,
+    reported_sm_count: u32,
 }
 
 impl Device {
@@ -81,6 +82,7 @@ impl Device {
                 module,
                 functions: Mutex::new(HashMap::new()),
                 sm_count,
+                reported_sm_count: reported,
             }),
         })
     }
@@ -102,6 +104,10 @@ impl Device {
     /// `MKERNEL_PERSISTENT_SM_PERCENT` when it is set ([`PERSISTENT_SM_PERCENT_VAR`]).
     pub fn sm_count(&self) -> u32 {
         self.inner.sm_count
+    }
+    /// SMs the driver reports for this context (under MPS: this client's share).
+    pub fn reported_sm_count(&self) -> u32 {
+        self.inner.reported_sm_count
     }
 
     /// The loaded kernel for `spec`, with its dynamic shared memory limit raised to what the
