@@ -21,6 +21,7 @@
 //! - Streams and buffers of another CUDA context are refused ([`Error::ForeignContext`]).
 pub mod heap;
 pub mod internode;
+mod residency;
 
 use crate::check;
 use crate::error::{Error, Result};
@@ -246,6 +247,8 @@ impl Communicator {
             });
         }
         device.context().bind_to_thread()?;
+        // Before any kernel can wait for a peer: ranks sharing a GPU must fit on it together.
+        residency::check(device, &boot, cfg.bootstrap_timeout)?;
         let nnodes = info.nnodes() as u32;
         let wire_bytes = if nnodes > 1 { cfg.internode_scratch_bytes } else { 0 };
         let heap_bytes = HEAP_RESERVED_BYTES
