@@ -17,6 +17,13 @@
 //! `unsafe`, for servers that manage their own memory. Launches go through the
 //! communicator's launch lock (see [`crate::Communicator`]).
 //!
+//! Borrowing fixes the buffers for the plan's lifetime: a plan made by `new` is launched on
+//! the data its inputs held when it was planned (or that its own launches left there), and its
+//! output is read after the plan is dropped. Rewriting the inputs between launches of one plan
+//! (a server's decode loop, a CUDA graph replayed on new data) takes `new_raw`, whose contract
+//! then covers those writes. A plan's heap buffers stay reserved after it is dropped (the heap
+//! is a bump allocator), so plan once per shape, not per launch.
+//!
 //! A plan cannot outlive a buffer it reads:
 //! ```compile_fail,E0505
 //! # use mkernel::ops::AgGemmPlan;
