@@ -317,6 +317,48 @@ mod tests {
         assert!(policy(4096, 8192, 8192, usize::MAX / 64, 132, 8, None).is_err());
     }
 
+    /// Every combination of edge values: never a panic, and an accepted plan keeps its
+    /// invariants.
+    #[test]
+    fn edge_values_never_panic_and_accepted_plans_hold() {
+        let dims = [
+            0usize,
+            1,
+            8,
+            127,
+            128,
+            256,
+            4096,
+            i32::MAX as usize,
+            1 << 31,
+            usize::MAX,
+        ];
+        let mut accepted = 0;
+        for &m in &dims {
+            for &n in &dims {
+                for &k in &[0usize, 8, 100, 8192, usize::MAX] {
+                    for &world in &[0usize, 1, 2, 3, 8, usize::MAX] {
+                        for &sms in &[0u32, 1, 2, 132, u32::MAX] {
+                            for &req in &[0u32, 1, 4, 131, u32::MAX] {
+                                for cached in [None, Some(0), Some(8), Some(u32::MAX)] {
+                                    let Ok(p) = policy(m, n, k, world, sms, req, cached) else {
+                                        continue;
+                                    };
+                                    accepted += 1;
+                                    assert!(p.n_comm >= 1 && p.n_comm + 1 < sms);
+                                    assert_eq!(p.grid, sms);
+                                    assert_eq!(p.gathered_bytes, m as u64 * k as u64 * 2);
+                                    assert_eq!(m % (world * 128), 0);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(accepted > 0);
+    }
+
     #[test]
     fn the_split_comes_from_the_request_the_cache_or_the_default() {
         let p = |req, cached| policy(4096, 8192, 8192, 2, 132, req, cached);

@@ -720,6 +720,87 @@ mod tests {
         assert_eq!(p(0, None).unwrap().parts, tune::DEFAULT_PARTS);
     }
 
+    /// Every combination of edge values: never a panic (no overflow, no division by zero), and
+    /// an accepted plan keeps its invariants.
+    #[test]
+    fn edge_values_never_panic_and_accepted_plans_hold() {
+        let dims = [
+            0usize,
+            1,
+            8,
+            127,
+            128,
+            256,
+            1000,
+            4096,
+            6656,
+            i32::MAX as usize,
+            1 << 31,
+            usize::MAX,
+        ];
+        let counts = [0usize, 1, 2, 3, 4, 8, 64, usize::MAX];
+        let sms = [0u32, 1, 2, 132, u32::MAX];
+        let splits = [
+            RsSplit::default(),
+            RsSplit::parts(2),
+            RsSplit::parts(u32::MAX),
+            RsSplit {
+                comm_ctas: RsSplit::NO_COMM_CTAS,
+                ..RsSplit::default()
+            },
+            RsSplit {
+                comm_ctas: u32::MAX - 1,
+                group_m: u32::MAX,
+                ..RsSplit::default()
+            },
+            RsSplit {
+                pull: true,
+                ..RsSplit::default()
+            },
+        ];
+        let mut accepted = 0;
+        for &m in &dims {
+            for &n in &[0usize, 8, 1000, i32::MAX as usize, usize::MAX] {
+                for &k_local in &[0usize, 8, 136, usize::MAX] {
+                    for &world in &counts {
+                        for &nodes in &counts[..5] {
+                            for &sms in &sms {
+                                for split in splits {
+                                    for all_reduce in [false, true] {
+                                        let p = RsProblem {
+                                            m,
+                                            n,
+                                            k_local,
+                                            world,
+                                            nodes,
+                                            sms,
+                                            all_reduce,
+                                        };
+                                        let Ok(pol) = policy(&p, split, Some(3)) else {
+                                            continue;
+                                        };
+                                        accepted += 1;
+                                        let gw = (world * nodes) as u64;
+                                        assert!(pol.n_comm as usize + nodes <= sms as usize, "{p:?} {split:?}");
+                                        assert_eq!(pol.chunk_rows * world as u64, m as u64);
+                                        assert_eq!(pol.block_rows * gw, m as u64);
+                                        assert_eq!(pol.part_tiles_m as u64 * pol.parts as u64 * 128, pol.block_rows);
+                                        if let Some(r) = pol.recv_bytes {
+                                            assert_eq!(r, m as u64 * n as u64 * 2);
+                                        }
+                                        assert_eq!(pol.ar_out_bytes.is_some(), all_reduce);
+                                        assert_eq!(pol.stage_bytes.is_some(), nodes > 1);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(accepted > 0);
+    }
+
     #[test]
     fn paths_and_buffers_follow_the_split() {
         // One node of 2 ranks, pushed, no comm CTAs: stagers, a receive buffer, no outbox.
