@@ -373,8 +373,9 @@ fn reduce_case(
 
 /// The safe constructors (plans that borrow their buffers and communicator): AllGather+GEMM
 /// (its output a view of a larger buffer), GEMM+ReduceScatter and GEMM+AllReduce, each planned
-/// on cudarc buffers after its inputs are written, launched once, dropped, and its output then
-/// compared with the CPU reference.
+/// on cudarc buffers after its inputs are written, launched (GEMM+ReduceScatter twice, the
+/// second time on another stream through `launch_raw`), dropped, and its output then compared
+/// with the CPU reference.
 fn safe_api_case(comm: &Communicator, stream: &Arc<CudaStream>) -> String {
     let (rank, world) = (comm.global_rank() as usize, (comm.world() * comm.nnodes()) as usize);
     let (m, n, k, kl) = (512 * world, 256, 256, 128);
@@ -401,9 +402,15 @@ fn safe_api_case(comm: &Communicator, stream: &Arc<CudaStream>) -> String {
     let da = stream.clone_htod(&a_all[rank]).unwrap();
     let db = stream.clone_htod(&b_all[rank]).unwrap();
     let mut dout = stream.alloc_zeros::<bf16>(ms * n).unwrap();
+    let other = stream.context().new_stream().unwrap();
     {
         let plan = GemmRsPlan::new(comm, stream, &da, &db, &mut dout, m, n, kl, RsSplit::default()).unwrap();
         plan.launch(stream).unwrap();
+        // Again, on another stream through the raw-stream entry, without a host sync between:
+        // the communicator orders it after the first launch (and the AllReduce below after it).
+        // SAFETY: `other` is a live stream of this context, synchronized before it is dropped.
+        unsafe { plan.launch_raw(other.cu_stream()) }.unwrap();
+        other.synchronize().unwrap();
         stream.synchronize().unwrap();
     }
     comm.check().unwrap();
@@ -429,7 +436,7 @@ fn safe_api_case(comm: &Communicator, stream: &Arc<CudaStream>) -> String {
     let (want, scale) = sum_of_partials(&a_all, &b_all, 0..m, n, kl);
     let c = compare(&got, &want, &scale, tol, tol);
     assert_eq!(c.wrong, 0, "rank {rank}: gemm_ar through the safe constructor: {c:?}");
-    format!("ag_gemm, gemm_rs, gemm_ar M {m} N {n} through the safe constructors (slices, a view): every element within tolerance")
+    format!("ag_gemm, gemm_rs, gemm_ar M {m} N {n} through the safe constructors (slices, a view; gemm_rs again on a raw stream): every element within tolerance")
 }
 
 fn to_f64(v: &[bf16]) -> Vec<f64> {

@@ -11,7 +11,8 @@
 //!   take the cudarc streams and buffers a server already has; plans borrow their buffers and
 //!   communicator for their lifetime, and a raw-pointer layer underneath is `unsafe`
 //!   ([`gemm::GemmPlan::new_raw`], [`ops::AgGemmPlan::new_raw`], [`ops::GemmRsPlan::new_raw`],
-//!   [`Communicator::all_gather_raw`], [`Communicator::reduce_scatter_raw`]);
+//!   [`Communicator::all_gather_raw`], [`Communicator::reduce_scatter_raw`], and launches on a
+//!   raw `CUstream`: [`ops::AgGemmPlan::launch_raw`], [`ops::GemmRsPlan::launch_raw`]);
 //! - [`tensor_map`]: TMA descriptors encoded with `cuTensorMapEncodeTiled`.
 
 mod check;

@@ -26,8 +26,9 @@ mod residency;
 use crate::check;
 use crate::error::{Error, Result};
 use crate::runtime::Device;
+use cudarc::driver::sys::{self, CUstream};
 use cudarc::driver::{
-    CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
+    CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use heap::SymmetricHeap;
 use internode::{InterNode, FIFO_CAPACITY};
@@ -165,18 +166,38 @@ struct Wire {
     recv: SymBuffer,
 }
 
-/// The stream of the communicator's last direct launch (see [`Communicator`]'s "Launch order").
+/// What the communicator's last direct launch went to (see [`Communicator`]'s "Launch order").
+enum Last {
+    /// A cudarc stream (kept alive here: the next launch on another stream records an event on
+    /// it).
+    Stream(Arc<CudaStream>),
+    /// A raw `CUstream` ([`Communicator`]'s raw-stream launches), whose lifetime is the caller's:
+    /// an event recorded right after the launch stands for it.
+    Recorded(CudaEvent),
+}
+
 #[derive(Default)]
 struct LaunchOrder {
-    last: Option<Arc<CudaStream>>,
+    last: Option<Last>,
 }
 
 /// Whether `s` is capturing a CUDA graph (the legacy default stream never is).
 fn capturing(s: &CudaStream) -> Result<bool> {
-    if s.cu_stream().is_null() {
+    // SAFETY: `s` is a live cudarc stream.
+    unsafe { capturing_raw(s.cu_stream()) }
+}
+
+/// [`capturing`] for a raw stream.
+///
+/// # Safety
+/// `s` must be a live stream (or null, the legacy default stream).
+unsafe fn capturing_raw(s: CUstream) -> Result<bool> {
+    if s.is_null() {
         return Ok(false);
     }
-    Ok(s.capture_status()? != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    // SAFETY: `s` is live (caller's contract).
+    let status = unsafe { cudarc::driver::result::stream::is_capturing(s)? };
+    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
 impl LaunchOrder {
@@ -184,19 +205,64 @@ impl LaunchOrder {
     /// `stream` waits for an event recorded on the previous one. Launches into a graph capture
     /// are left out (an event recorded outside a capture cannot order a captured node).
     fn follow(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
-        if self.last.as_ref().is_some_and(|l| l.cu_stream() == stream.cu_stream()) {
+        if matches!(&self.last, Some(Last::Stream(l)) if l.cu_stream() == stream.cu_stream()) {
             return Ok(());
         }
         if capturing(stream)? {
             return Ok(());
         }
-        if let Some(last) = self.last.take() {
-            if !capturing(&last)? {
-                let ev = last.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?;
-                stream.wait(&ev)?;
-            }
+        // SAFETY: `stream` is a live cudarc stream.
+        unsafe { self.wait_previous(stream.cu_stream())? };
+        self.last = Some(Last::Stream(stream.clone()));
+        Ok(())
+    }
+
+    /// [`LaunchOrder::follow`] for a raw stream; `Ok(false)` when it is capturing (then
+    /// [`LaunchOrder::recorded`] is skipped too).
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of the communicator's context.
+    unsafe fn follow_raw(&mut self, stream: CUstream) -> Result<bool> {
+        // SAFETY: caller's contract.
+        if unsafe { capturing_raw(stream)? } {
+            return Ok(false);
         }
-        self.last = Some(stream.clone());
+        // SAFETY: caller's contract.
+        unsafe { self.wait_previous(stream)? };
+        Ok(true)
+    }
+
+    /// After a launch on a raw stream: an event recorded there stands for it.
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of `ctx`.
+    unsafe fn recorded(&mut self, ctx: &Arc<cudarc::driver::CudaContext>, stream: CUstream) -> Result<()> {
+        let ev = ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?;
+        // SAFETY: `ev` is live; `stream` by the caller's contract.
+        unsafe { cudarc::driver::result::event::record(ev.cu_event(), stream)? };
+        self.last = Some(Last::Recorded(ev));
+        Ok(())
+    }
+
+    /// Makes `stream` wait for the last launch (if it was not on a capturing stream).
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of the communicator's context.
+    unsafe fn wait_previous(&mut self, stream: CUstream) -> Result<()> {
+        let ev = match self.last.take() {
+            None => return Ok(()),
+            Some(Last::Stream(l)) if capturing(&l)? => return Ok(()),
+            Some(Last::Stream(l)) => l.record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?,
+            Some(Last::Recorded(ev)) => ev,
+        };
+        // SAFETY: `ev` is live; `stream` by the caller's contract.
+        unsafe {
+            cudarc::driver::result::stream::wait_event(
+                stream,
+                ev.cu_event(),
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )?
+        };
         Ok(())
     }
 }
@@ -212,8 +278,9 @@ impl LaunchOrder {
 /// their lifetime ([`crate::ops`]), several plans and the collectives stay usable side by side,
 /// and a server can share one communicator between threads (`Communicator: Send + Sync`).
 /// The lock orders the enqueues; on the device, a launch on another stream than the previous
-/// one first waits for an event recorded on that stream, so kernels of one communicator never
-/// overlap whatever streams they are given. Launches captured into a CUDA graph are not
+/// one first waits for an event recorded on that stream (after a launch on a raw `CUstream`,
+/// e.g. [`crate::ops::AgGemmPlan::launch_raw`], an event recorded right after it), so kernels
+/// of one communicator never overlap whatever streams they are given. Launches captured into a CUDA graph are not
 /// ordered this way: replay such a graph on the stream of the direct launches, or synchronize
 /// between them. Which order the ranks launch in is the caller's contract (a different order
 /// on two ranks ends in a [`Error::CommTimeout`], not in a hang).
@@ -409,6 +476,38 @@ impl Communicator {
         let mut order = self.order.lock().unwrap_or_else(PoisonError::into_inner);
         order.follow(stream)?;
         enqueue()
+    }
+
+    /// [`Communicator::enqueue`] on a raw stream: refuses a stream of another context, orders
+    /// it behind the previous launch, runs `enqueue`, and records an event after it that the
+    /// next launch waits for (so the communicator keeps no handle to `stream`).
+    ///
+    /// # Safety
+    /// `stream` must be a live stream (or null, the legacy default stream) that stays valid
+    /// until the launches `enqueue` makes have completed.
+    pub(crate) unsafe fn enqueue_raw<R>(
+        &self,
+        op: &'static str,
+        stream: CUstream,
+        enqueue: impl FnOnce() -> Result<R>,
+    ) -> Result<R> {
+        let ctx = self.device.context();
+        ctx.bind_to_thread()?;
+        let mut stream_ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: `stream` is live (caller's contract); out-pointer to a CUcontext.
+        unsafe { sys::cuStreamGetCtx(stream, &mut stream_ctx).result()? };
+        if stream_ctx != ctx.cu_ctx() {
+            return Err(Error::ForeignContext { op, what: "stream" });
+        }
+        let mut order = self.order.lock().unwrap_or_else(PoisonError::into_inner);
+        // SAFETY: `stream` is a live stream of this context (checked above).
+        let ordered = unsafe { order.follow_raw(stream)? };
+        let r = enqueue()?;
+        if ordered {
+            // SAFETY: as above.
+            unsafe { order.recorded(ctx, stream)? };
+        }
+        Ok(r)
     }
 
     /// Checks `b` against this heap's data region.

@@ -277,6 +277,33 @@ impl<'a> AgGemmPlan<'a> {
             Ok(())
         })
     }
+    /// [`AgGemmPlan::launch`] on a raw `CUstream` (a stream a server got from elsewhere, e.g.
+    /// PyTorch's): refused unless it belongs to the communicator's context; ordered after the
+    /// communicator's previous launch, and the next one after it, through events.
+    ///
+    /// # Safety
+    /// `stream` must be a live stream (or null, the legacy default stream) that stays valid
+    /// until the launch has completed.
+    pub unsafe fn launch_raw(&self, stream: cudarc::driver::sys::CUstream) -> Result<()> {
+        // SAFETY: caller's contract for `stream`.
+        unsafe {
+            self.comm.enqueue_raw(OP, stream, || {
+                let cfg = Device::launch_config(&kernels::AG_GEMM_NK, self.policy.grid);
+                let mut params = [&self.args_addr as *const u64 as *mut std::ffi::c_void];
+                // SAFETY: mk_ag_gemm_bf16_nk(args), its one parameter; the plan's buffers and
+                // communicator outlive the launch as in `launch`.
+                cudarc::driver::result::launch_kernel(
+                    self.func.cu_function(),
+                    cfg.grid_dim,
+                    cfg.block_dim,
+                    cfg.shared_mem_bytes,
+                    stream,
+                    &mut params,
+                )?;
+                Ok(())
+            })
+        }
+    }
     /// CTAs moving A, and in total.
     pub fn split(&self) -> (u32, u32) {
         (self.policy.n_comm, self.policy.grid)

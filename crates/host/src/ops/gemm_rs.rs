@@ -616,6 +616,37 @@ impl<'a> GemmRsPlan<'a> {
             Ok(())
         })
     }
+    /// [`GemmRsPlan::launch`] on a raw `CUstream` (a stream a server got from elsewhere, e.g.
+    /// PyTorch's): refused unless it belongs to the communicator's context; ordered after the
+    /// communicator's previous launch, and the next one after it, through events.
+    ///
+    /// # Safety
+    /// `stream` must be a live stream (or null, the legacy default stream) that stays valid
+    /// until the launch has completed.
+    pub unsafe fn launch_raw(&self, stream: cudarc::driver::sys::CUstream) -> Result<()> {
+        let op = if self.ar_out.is_some() { "gemm_ar" } else { "gemm_rs" };
+        // SAFETY: caller's contract for `stream`.
+        unsafe {
+            self.comm.enqueue_raw(op, stream, || {
+                let cfg = Device::launch_config(&kernels::GEMM_RS_NK, self.policy.grid);
+                let mut params = [
+                    &self.args_addr as *const u64 as *mut std::ffi::c_void,
+                    &self.desc_addr as *const u64 as *mut std::ffi::c_void,
+                ];
+                // SAFETY: mk_gemm_rs_bf16_nk(args, desc), its two parameters; the plan's buffers
+                // and communicator outlive the launch as in `launch`.
+                cudarc::driver::result::launch_kernel(
+                    self.func.cu_function(),
+                    cfg.grid_dim,
+                    cfg.block_dim,
+                    cfg.shared_mem_bytes,
+                    stream,
+                    &mut params,
+                )?;
+                Ok(())
+            })
+        }
+    }
     /// The AllReduce output in the heap (`None` for a ReduceScatter plan).
     pub fn all_reduce_output(&self) -> Option<SymBuffer> {
         self.ar_out

@@ -14,8 +14,9 @@
 //! (as [`crate::GemmPlan`] does): the buffers cannot be dropped, written or read elsewhere,
 //! and the communicator (whose drop unmaps the heap the plan's kernels use) cannot be dropped
 //! while the plan exists. The constructors over raw device addresses (`new_raw`) are
-//! `unsafe`, for servers that manage their own memory. Launches go through the
-//! communicator's launch lock (see [`crate::Communicator`]).
+//! `unsafe`, for servers that manage their own memory, as is `launch_raw`, which launches on a
+//! raw `CUstream`. Launches go through the communicator's launch lock (see
+//! [`crate::Communicator`]).
 //!
 //! Borrowing fixes the buffers for the plan's lifetime: a plan made by `new` is launched on
 //! the data its inputs held when it was planned (or that its own launches left there), and its
