@@ -134,8 +134,9 @@ pub fn choose(
         None => None,
         Some((var, v)) => Some((
             format!("{var}={}", v.trim()),
-            BackendKind::parse(&v)
-                .ok_or_else(|| TransportError::Config(format!("{var}={v:?}: expected tcp, ibverbs, efa or emulated")))?,
+            BackendKind::parse(&v).ok_or_else(|| {
+                TransportError::Config(format!("{var}={v:?}: expected tcp, ibverbs, efa or emulated"))
+            })?,
         )),
     };
     let looked = format!("{}/class/infiniband", sysfs_root.display());
@@ -171,7 +172,11 @@ pub fn choose(
             }
             let nic = pick_nic(topology, sysfs_root, gpu_bus_id, &get)?
                 .ok_or_else(|| TransportError::NoDevice(format!("{why}, but there is nothing under {looked}")))?;
-            let want = if kind == BackendKind::EfaSrd { NicKind::Efa } else { NicKind::Rc };
+            let want = if kind == BackendKind::EfaSrd {
+                NicKind::Efa
+            } else {
+                NicKind::Rc
+            };
             if nic.nic.kind != want {
                 return Err(TransportError::Config(format!(
                     "{why}, but the NIC for this GPU, {}, is {:?}",
@@ -224,14 +229,20 @@ pub fn choose(
         }
         NicKind::Rc => match caps.gpu_registration(sysfs_root) {
             Ok(how) => {
-                let reason = format!("{} port {}: {}; GPU memory via {how}", nic.nic.name, nic.port, nic.reason);
+                let reason = format!(
+                    "{} port {}: {}; GPU memory via {how}",
+                    nic.nic.name, nic.port, nic.reason
+                );
                 Ok(BackendChoice {
                     kind: BackendKind::IbverbsRc,
                     nic: Some(nic),
                     reason,
                 })
             }
-            Err(e) => Ok(tcp(format!("{} found but it cannot reach GPU memory: {e}", nic.nic.name))),
+            Err(e) => Ok(tcp(format!(
+                "{} found but it cannot reach GPU memory: {e}",
+                nic.nic.name
+            ))),
         },
     }
 }
@@ -291,10 +302,20 @@ mod tests {
         );
         // An explicit choice beats emulated nodes: TCP between emulated nodes of one host.
         let both = vars(&[("MKERNEL_EMULATED_NODES", "2"), ("MKERNEL_TRANSPORT", "tcp")]);
-        assert_eq!(choose(&two, &t.0, None, &caps(true), both).unwrap().kind, BackendKind::Tcp);
+        assert_eq!(
+            choose(&two, &t.0, None, &caps(true), both).unwrap().kind,
+            BackendKind::Tcp
+        );
         let e = choose(&two, &t.0, None, &caps(true), vars(&[("MKERNEL_TRANSPORT", "ibverbs")])).unwrap_err();
         assert!(e.to_string().contains("nothing under"), "{e}");
-        let e = choose(&two, &t.0, None, &caps(true), vars(&[("MKERNEL_TRANSPORT", "emulated")])).unwrap_err();
+        let e = choose(
+            &two,
+            &t.0,
+            None,
+            &caps(true),
+            vars(&[("MKERNEL_TRANSPORT", "emulated")]),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("2 real nodes"), "{e}");
         let e = choose(&two, &t.0, None, &caps(true), vars(&[("MKERNEL_TRANSPORT", "udp")])).unwrap_err();
         assert!(e.to_string().contains("MKERNEL_TRANSPORT=\"udp\""), "{e}");
@@ -328,7 +349,14 @@ mod tests {
         let c = choose(&two, &t.0, Some("0000:23:00.0"), &caps(false), vars(&[])).unwrap();
         assert_eq!(c.kind, BackendKind::Tcp);
         assert!(c.reason.contains("cannot reach GPU memory"), "{}", c.reason);
-        let e = choose(&two, &t.0, None, &caps(false), vars(&[("MKERNEL_TRANSPORT", "ibverbs")])).unwrap_err();
+        let e = choose(
+            &two,
+            &t.0,
+            None,
+            &caps(false),
+            vars(&[("MKERNEL_TRANSPORT", "ibverbs")]),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("nvidia-peermem"), "{e}");
         // nvidia-peermem loaded is enough.
         std::fs::create_dir_all(t.0.join("module/nvidia_peermem")).unwrap();
@@ -354,6 +382,9 @@ mod tests {
         );
         let c = choose(&two, &e.0, None, &caps(false), vars(&[])).unwrap();
         assert_eq!(c.kind, BackendKind::EfaSrd);
-        assert_eq!(BackendKind::parse(BackendKind::EfaSrd.name()), Some(BackendKind::EfaSrd));
+        assert_eq!(
+            BackendKind::parse(BackendKind::EfaSrd.name()),
+            Some(BackendKind::EfaSrd)
+        );
     }
 }

@@ -23,8 +23,10 @@ const WAIT: Duration = Duration::from_secs(20);
 const DEAD_PEER_BOUND: Duration = Duration::from_secs(5);
 
 /// The job's store inside one process.
+type Table = (Mutex<HashMap<String, Vec<u8>>>, Condvar);
+
 #[derive(Clone, Default)]
-struct MemStore(Arc<(Mutex<HashMap<String, Vec<u8>>>, Condvar)>);
+struct MemStore(Arc<Table>);
 
 impl Exchange for MemStore {
     fn publish(&self, key: &str, value: &[u8]) -> Result<(), String> {
@@ -75,11 +77,7 @@ struct RankSide {
     proxy: Option<Proxy>,
 }
 
-fn start_rank(
-    topo: Topology,
-    fabric: &Arc<CpuFabric>,
-    links: TcpLinks,
-) -> RankSide {
+fn start_rank(topo: Topology, fabric: &Arc<CpuFabric>, links: TcpLinks) -> RankSide {
     let r = topo.rank();
     let fifo = Fifo::new(HeapFifo::new(16, r as u32).unwrap()).unwrap();
     let regions = Regions::symmetric(&topo, fabric.data_bytes(), fabric.flag_bytes());
@@ -135,9 +133,16 @@ fn all_to_all(side: &RankSide, fabric: &CpuFabric, world: usize, block: u64, epo
             if e % 3 == 0 {
                 // Flagless halves, then a SIGNAL: the flag must cover both.
                 let h = block / 2;
-                p.push(&CommandBody::put_no_flag(d as u32, src, dst, h, e as u32)).unwrap();
-                p.push(&CommandBody::put_no_flag(d as u32, src + h, dst + h, block - h, e as u32))
+                p.push(&CommandBody::put_no_flag(d as u32, src, dst, h, e as u32))
                     .unwrap();
+                p.push(&CommandBody::put_no_flag(
+                    d as u32,
+                    src + h,
+                    dst + h,
+                    block - h,
+                    e as u32,
+                ))
+                .unwrap();
                 last = Some(p.push(&CommandBody::signal(d as u32, flag, e, e as u32)).unwrap());
             } else {
                 last = Some(
@@ -148,11 +153,18 @@ fn all_to_all(side: &RankSide, fabric: &CpuFabric, world: usize, block: u64, epo
         }
         for &s in &peers {
             let flag = (parity * world as u64 + s as u64) * 8;
-            assert!(fabric.wait_flag(r, flag, e, WAIT), "rank {r} epoch {e}: no flag from {s}");
+            assert!(
+                fabric.wait_flag(r, flag, e, WAIT),
+                "rank {r} epoch {e}: no flag from {s}"
+            );
             let got = fabric
                 .read(r, (parity * world as u64 + s as u64) * block, block as usize)
                 .unwrap();
-            if let Some(j) = got.iter().enumerate().position(|(j, &b)| b != pattern(s, r, e, j as u64)) {
+            if let Some(j) = got
+                .iter()
+                .enumerate()
+                .position(|(j, &b)| b != pattern(s, r, e, j as u64))
+            {
                 panic!("rank {r} epoch {e}: byte {j} from rank {s} is wrong");
             }
         }
@@ -234,7 +246,11 @@ fn tcp_child_process() {
     cfg.ifname = std::env::var("MKTCP_IFNAME").ok();
     let topo = Topology::new(2, 1, rank).unwrap();
     let links = TcpLinks::establish(&topo, &cfg, &ex, Some(&store_addr), WAIT).unwrap();
-    println!("rank {rank}: listening on {} ({})", links.local_addr(), links.address_reason());
+    println!(
+        "rank {rank}: listening on {} ({})",
+        links.local_addr(),
+        links.address_reason()
+    );
     let block = 150_000u64;
     let fabric = CpuFabric::new(2, (6 * block) as usize, 4);
     let mut side = start_rank(topo, &fabric, links);
@@ -260,7 +276,10 @@ fn tcp_child_process() {
             let t0 = Instant::now();
             let proxy = side.proxy.take().unwrap();
             while !proxy.is_finished() {
-                assert!(t0.elapsed() < DEAD_PEER_BOUND + Duration::from_secs(5), "the dead peer was never noticed");
+                assert!(
+                    t0.elapsed() < DEAD_PEER_BOUND + Duration::from_secs(5),
+                    "the dead peer was never noticed"
+                );
                 std::thread::sleep(Duration::from_millis(5));
             }
             let e = proxy.join().unwrap_err();
@@ -368,7 +387,11 @@ fn two_processes(mode: &str, store: &str, prefixes: [&[String]; 2], ifnames: [Op
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 #[test]
@@ -403,12 +426,18 @@ impl Netns {
             if o.status.success() {
                 Ok(())
             } else {
-                Err(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&o.stderr).trim()))
+                Err(format!(
+                    "ip {}: {}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&o.stderr).trim()
+                ))
             }
         };
         ip(&["netns", "add", &names[0]])?;
         ip(&["netns", "add", &names[1]])?;
-        ip(&["link", "add", &veth[0], "netns", &names[0], "type", "veth", "peer", "name", &veth[1], "netns", &names[1]])?;
+        ip(&[
+            "link", "add", &veth[0], "netns", &names[0], "type", "veth", "peer", "name", &veth[1], "netns", &names[1],
+        ])?;
         for i in 0..2 {
             let addr = format!("{net}.{}/24", i + 1);
             ip(&["-n", &names[i], "addr", "add", &addr, "dev", &veth[i]])?;
@@ -496,7 +525,10 @@ fn expect_refusal(mut v: Victim, send: impl FnOnce(&mut TcpLinks), reason: &str)
     println!("{e}");
     assert!(e.contains("peer 1") && e.contains(reason), "{e}");
     assert!(v.side.fifo.error_record().unwrap().message().contains("peer 1"));
-    assert!(v.fabric.read(0, 0, 8192).unwrap().iter().all(|&b| b == 0), "bytes were written");
+    assert!(
+        v.fabric.read(0, 0, 8192).unwrap().iter().all(|&b| b == 0),
+        "bytes were written"
+    );
     assert!((0..4).all(|i| v.fabric.flag(0, i * 8) == 0), "a flag was written");
 }
 

@@ -130,6 +130,7 @@ impl Verbs {
                 let d = unsafe { *list.add(i) };
                 // SAFETY: libibverbs returns a NUL-terminated name for a listed device.
                 (!d.is_null()).then(|| {
+                    // SAFETY: as above.
                     unsafe { CStr::from_ptr((self.ibv_get_device_name)(d)) }
                         .to_string_lossy()
                         .into_owned()
@@ -158,6 +159,7 @@ impl Verbs {
         for i in 0..n as usize {
             // SAFETY: the list has `n` entries; names are NUL-terminated.
             let d = unsafe { *list.add(i) };
+            // SAFETY: as above.
             let dn = unsafe { CStr::from_ptr((self.ibv_get_device_name)(d)) }
                 .to_string_lossy()
                 .into_owned();
@@ -205,6 +207,7 @@ impl Verbs {
 pub unsafe fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr) -> c_int {
     // SAFETY: guaranteed by the caller.
     match unsafe { (*(*qp).context).ops.post_send } {
+        // SAFETY: the provider's implementation of the verb, with the caller's arguments.
         Some(f) => unsafe { f(qp, wr, bad) },
         None => libc::ENOSYS,
     }
@@ -217,6 +220,7 @@ pub unsafe fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut *mut ib
 pub unsafe fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
     // SAFETY: guaranteed by the caller.
     match unsafe { (*(*qp).context).ops.post_recv } {
+        // SAFETY: the provider's implementation of the verb, with the caller's arguments.
         Some(f) => unsafe { f(qp, wr, bad) },
         None => libc::ENOSYS,
     }
@@ -229,6 +233,7 @@ pub unsafe fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut *mut ib
 pub unsafe fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
     // SAFETY: guaranteed by the caller.
     match unsafe { (*(*cq).context).ops.poll_cq } {
+        // SAFETY: as above.
         Some(f) => unsafe { f(cq, n, wc) },
         None => -libc::ENOSYS,
     }

@@ -243,7 +243,9 @@ impl Limits {
             }
             KIND_SIGNAL => {
                 if h.a % crate::protocol::FLAG_BYTES != 0
-                    || h.a.checked_add(crate::protocol::FLAG_BYTES).is_none_or(|e| e > self.flag_bytes)
+                    || h.a
+                        .checked_add(crate::protocol::FLAG_BYTES)
+                        .is_none_or(|e| e > self.flag_bytes)
                 {
                     return Err(format!(
                         "flag offset {} is unaligned or outside the {}-byte flag array",

@@ -56,7 +56,9 @@ impl TcpConfig {
                 None => Ok(None),
                 Some(v) => match v.trim().parse::<u64>() {
                     Ok(x) if (lo..=hi).contains(&x) => Ok(Some(x)),
-                    _ => Err(TransportError::Config(format!("{k}={v:?}: expected a number in {lo}..={hi}"))),
+                    _ => Err(TransportError::Config(format!(
+                        "{k}={v:?}: expected a number in {lo}..={hi}"
+                    ))),
                 },
             }
         };
@@ -199,9 +201,19 @@ pub(crate) fn tune(s: &TcpStream, timeout: Duration) -> Result<(), TransportErro
     let opts: [(i32, i32, i32, &str); 5] = [
         (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1, "SO_KEEPALIVE"),
         (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, idle, "TCP_KEEPIDLE"),
-        (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, idle.clamp(1, 5), "TCP_KEEPINTVL"),
+        (
+            libc::IPPROTO_TCP,
+            libc::TCP_KEEPINTVL,
+            idle.clamp(1, 5),
+            "TCP_KEEPINTVL",
+        ),
         (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3, "TCP_KEEPCNT"),
-        (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, secs * 1000, "TCP_USER_TIMEOUT"),
+        (
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            secs * 1000,
+            "TCP_USER_TIMEOUT",
+        ),
     ];
     for (level, name, value, what) in opts {
         // SAFETY: valid socket, pointer to an int of the given size.
@@ -281,7 +293,9 @@ fn parse_record(rank: usize, v: &[u8]) -> Result<PeerRecord, TransportError> {
     let s = std::str::from_utf8(v).map_err(|_| bad("not UTF-8"))?;
     let (a, t) = s.split_once(' ').ok_or_else(|| bad("no token"))?;
     let addr: SocketAddr = a.parse().map_err(|_| bad("address"))?;
-    let t = unhex(t).filter(|t| t.len() == TOKEN_BYTES).ok_or_else(|| bad("token"))?;
+    let t = unhex(t)
+        .filter(|t| t.len() == TOKEN_BYTES)
+        .ok_or_else(|| bad("token"))?;
     let mut token = [0u8; TOKEN_BYTES];
     token.copy_from_slice(&t);
     Ok(PeerRecord { addr, token })
@@ -436,13 +450,20 @@ fn accept_all(
         };
         let hello = (|| -> Result<Hello, String> {
             s.set_nonblocking(false).map_err(|e| e.to_string())?;
-            s.set_read_timeout(Some(deadline.saturating_duration_since(now).clamp(Duration::from_millis(10), Duration::from_secs(5))))
-                .map_err(|e| e.to_string())?;
+            s.set_read_timeout(Some(
+                deadline
+                    .saturating_duration_since(now)
+                    .clamp(Duration::from_millis(10), Duration::from_secs(5)),
+            ))
+            .map_err(|e| e.to_string())?;
             let mut b = [0u8; HELLO_BYTES];
             s.read_exact(&mut b).map_err(|e| e.to_string())?;
             let h = Hello::from_bytes(&b).map_err(|e| e.to_string())?;
             if h.to as usize != me || !ct_eq(&h.token, token) {
-                return Err(format!("hello from rank {} for rank {} without this rank's secret", h.from, h.to));
+                return Err(format!(
+                    "hello from rank {} for rank {} without this rank's secret",
+                    h.from, h.to
+                ));
             }
             Ok(h)
         })();
@@ -517,7 +538,10 @@ fn connect_all(
             let peer_err = |detail: String| TransportError::Peer { peer: p, detail };
             let mut s = loop {
                 let left = deadline.saturating_duration_since(Instant::now());
-                match TcpStream::connect_timeout(&rec.addr, left.clamp(Duration::from_millis(1), Duration::from_secs(5))) {
+                match TcpStream::connect_timeout(
+                    &rec.addr,
+                    left.clamp(Duration::from_millis(1), Duration::from_secs(5)),
+                ) {
                     Ok(s) => break s,
                     Err(e) if Instant::now() < deadline && e.kind() == std::io::ErrorKind::ConnectionRefused => {
                         std::thread::sleep(Duration::from_millis(20))
@@ -534,13 +558,18 @@ fn connect_all(
                 status: 0,
                 token: rec.token,
             };
-            let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(10));
+            let left = deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(10));
             s.set_read_timeout(Some(left)).map_err(|e| io_err("SO_RCVTIMEO", e))?;
             s.write_all(&hello.to_bytes())
                 .map_err(|e| peer_err(format!("sending the hello on socket {lane}: {e}")))?;
             let mut b = [0u8; HELLO_BYTES];
-            s.read_exact(&mut b)
-                .map_err(|e| peer_err(format!("no answer to the hello on socket {lane} ({e}): wrong address or secret?")))?;
+            s.read_exact(&mut b).map_err(|e| {
+                peer_err(format!(
+                    "no answer to the hello on socket {lane} ({e}): wrong address or secret?"
+                ))
+            })?;
             let a = Hello::from_bytes(&b).map_err(|e| peer_err(format!("answer on socket {lane}: {e}")))?;
             if a.from as usize != p || a.to as usize != me || a.lane as usize != lane {
                 return Err(peer_err(format!(
@@ -581,7 +610,10 @@ mod tests {
         ]
         .into();
         let c = TcpConfig::from_vars(|k| m.get(k).map(|s| s.to_string())).unwrap();
-        assert_eq!((c.sockets, c.chunk, c.addr), (4, 64 << 10, Some("10.1.2.3".parse().unwrap())));
+        assert_eq!(
+            (c.sockets, c.chunk, c.addr),
+            (4, 64 << 10, Some("10.1.2.3".parse().unwrap()))
+        );
         assert!(TcpConfig::from_vars(|k| (k == "MKERNEL_TCP_SOCKETS").then(|| "0".into())).is_err());
         assert!(TcpConfig::from_vars(|k| (k == "MKERNEL_SOCKET_ADDR").then(|| "eth0".into())).is_err());
         assert_eq!(TcpConfig::from_vars(|_| None).unwrap(), TcpConfig::default());

@@ -61,8 +61,15 @@ enum RxMsg {
 }
 
 enum ReadState {
-    Header { got: usize, bytes: [u8; HEADER_BYTES] },
-    Payload { hdr: Header, buf: Option<usize>, got: usize },
+    Header {
+        got: usize,
+        bytes: [u8; HEADER_BYTES],
+    },
+    Payload {
+        hdr: Header,
+        buf: Option<usize>,
+        got: usize,
+    },
 }
 
 struct RxLane {
@@ -325,12 +332,8 @@ impl<E: DeviceStaging> TcpTransport<E> {
                         Some((b, l)) => &self.engine.buffer(b)[..l],
                         None => &[],
                     };
-                    let n = send_parts(&lane.sock, &m.hdr, payload, m.written).map_err(|e| {
-                        lost(
-                            p.rank,
-                            format!("connection lost while sending on socket {li}: {e}"),
-                        )
-                    })?;
+                    let n = send_parts(&lane.sock, &m.hdr, payload, m.written)
+                        .map_err(|e| lost(p.rank, format!("connection lost while sending on socket {li}: {e}")))?;
                     let Some(n) = n else { break };
                     m.written += n;
                     if m.written < total {
@@ -642,7 +645,8 @@ impl<E: DeviceStaging> Transport for TcpTransport<E> {
                     }
                     let chunk = p.chunk as u64;
                     let n = bytes.div_ceil(chunk);
-                    let n32 = u32::try_from(n).map_err(|_| lost(dst, format!("a put of {bytes} bytes is too large")))?;
+                    let n32 =
+                        u32::try_from(n).map_err(|_| lost(dst, format!("a put of {bytes} bytes is too large")))?;
                     *self.op_chunks.entry(seq).or_insert(0) += n32;
                     for i in 0..n {
                         let off = i * chunk;
@@ -692,7 +696,10 @@ impl<E: DeviceStaging> Transport for TcpTransport<E> {
                     .collect();
                 return Err(lost(
                     stuck.first().copied().unwrap_or(self.me),
-                    format!("flush timed out after {:?}: data for ranks {stuck:?} still unsent", self.timeout),
+                    format!(
+                        "flush timed out after {:?}: data for ranks {stuck:?} still unsent",
+                        self.timeout
+                    ),
                 ));
             }
             std::thread::yield_now();
