@@ -4,7 +4,7 @@
 //!
 //! The namespace test needs root (or CAP_NET_ADMIN) and `ip` (iproute2); without them it prints
 //! `SKIPPED` and passes. Addresses: 127.0.0.1 and 10.231.x.{1,2} inside the test's own namespaces.
-use mkernel_bootstrap::{JobKey, Store, StoreServer};
+use mkernel_bootstrap::{Bootstrap, JobKey, Store, StoreServer};
 use mkernel_proxy::emulated::CpuFabric;
 use mkernel_proxy::protocol::CommandBody;
 use mkernel_proxy::tcp::{frame, store_key, CpuStaging, Exchange, TcpConfig, TcpLinks, TcpTransport};
@@ -48,9 +48,9 @@ impl Exchange for MemStore {
 }
 
 /// The bootstrap store (its own TCP server on rank 0) as the transport's exchange.
-struct BootStore(Store);
+struct BootStore<'a>(&'a Store);
 
-impl Exchange for BootStore {
+impl Exchange for BootStore<'_> {
     fn publish(&self, key: &str, value: &[u8]) -> Result<(), String> {
         self.0.set(key, value).map_err(|e| e.to_string())
     }
@@ -233,18 +233,29 @@ fn tcp_child_process() {
     let Ok(mode) = std::env::var("MKTCP_MODE") else {
         return; // only as a child of the tests below
     };
-    let rank: usize = std::env::var("MKTCP_RANK").unwrap().parse().unwrap();
-    let store_addr = std::env::var("MKTCP_STORE").unwrap();
-    let key = JobKey::new(std::env::var("MKTCP_KEY").unwrap().into_bytes()).unwrap();
-    let store = if rank == 0 {
-        Store::host(StoreServer::start(&store_addr, 2, key).unwrap(), WAIT).unwrap()
+    // "launched": started by `cargo xtask launch` (RANK, WORLD_SIZE, ... from the launcher).
+    let boot;
+    let own;
+    let (store, topo, store_addr): (&Store, Topology, String) = if mode == "launched" {
+        boot = Bootstrap::from_env(WAIT).unwrap();
+        let i = boot.info();
+        let t = Topology::new(i.nnodes(), i.local_world_size(), i.rank()).unwrap();
+        (boot.store(), t, i.store_addr())
     } else {
-        Store::connect(&store_addr, rank, 2, &key, WAIT).unwrap()
+        let rank: usize = std::env::var("MKTCP_RANK").unwrap().parse().unwrap();
+        let store_addr = std::env::var("MKTCP_STORE").unwrap();
+        let key = JobKey::new(std::env::var("MKTCP_KEY").unwrap().into_bytes()).unwrap();
+        own = if rank == 0 {
+            Store::host(StoreServer::start(&store_addr, 2, key).unwrap(), WAIT).unwrap()
+        } else {
+            Store::connect(&store_addr, rank, 2, &key, WAIT).unwrap()
+        };
+        (&own, Topology::new(2, 1, rank).unwrap(), store_addr)
     };
+    let (rank, world) = (topo.rank(), topo.world_size());
     let ex = BootStore(store);
     let mut cfg = config(2, 32 << 10);
     cfg.ifname = std::env::var("MKTCP_IFNAME").ok();
-    let topo = Topology::new(2, 1, rank).unwrap();
     let links = TcpLinks::establish(&topo, &cfg, &ex, Some(&store_addr), WAIT).unwrap();
     println!(
         "rank {rank}: listening on {} ({})",
@@ -252,16 +263,17 @@ fn tcp_child_process() {
         links.address_reason()
     );
     let block = 150_000u64;
-    let fabric = CpuFabric::new(2, (6 * block) as usize, 4);
+    let fabric = CpuFabric::new(world, 3 * world * block as usize, 2 * world);
+    let npeers = topo.proxy_peers().len() as u64;
     let mut side = start_rank(topo, &fabric, links);
-    all_to_all(&side, &fabric, 2, block, 10);
+    all_to_all(&side, &fabric, world, block, 10);
     println!("rank {rank}: traffic ok");
     match mode.as_str() {
-        "traffic" => {
+        "traffic" | "launched" => {
             ex.0.barrier("traffic-done", WAIT).unwrap();
             side.producer.push(&CommandBody::quit(10)).unwrap();
             let st = side.proxy.take().unwrap().join().unwrap();
-            assert_eq!(st.bytes, 10 * block);
+            assert_eq!(st.bytes, 10 * block * npeers);
             ex.0.barrier("proxies-stopped", WAIT).unwrap();
             println!("rank {rank}: DONE");
         }
