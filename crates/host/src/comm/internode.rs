@@ -207,7 +207,18 @@ impl InterNode {
         let fifo = Fifo::new(view).map_err(proxy_err)?;
         match fifo.error_record() {
             None => Ok(()),
-            Some(rec) => Err(Error::Proxy(format!("{rec:?}"))),
+            Some(rec) => Err(Error::Proxy(format!(
+                "the {} proxy of rank {} stopped (error code {}, command {}): {}",
+                self.choice.kind,
+                rec.rank,
+                rec.code,
+                if rec.seq == mkernel_proxy::protocol::NO_SEQ {
+                    "none".to_string()
+                } else {
+                    rec.seq.to_string()
+                },
+                rec.message()
+            ))),
         }
     }
 }
