@@ -331,6 +331,8 @@ pub struct GpuStaging {
     count: usize,
     out_pending: VecDeque<(u64, CudaEvent)>,
     in_pending: VecDeque<(u64, CudaEvent)>,
+    /// Completed events, recorded again (creating one per call costs a driver round trip).
+    spare: Vec<CudaEvent>,
     bound: bool,
 }
 
@@ -353,6 +355,7 @@ impl GpuStaging {
             count: 0,
             out_pending: VecDeque::new(),
             in_pending: VecDeque::new(),
+            spare: Vec::new(),
             bound: false,
         })
     }
@@ -361,6 +364,21 @@ impl GpuStaging {
             self.ctx.bind_to_thread().map_err(cuda)?;
             self.bound = true;
         }
+        Ok(())
+    }
+    /// Records an event on the outgoing (`out`) or incoming stream for `token`.
+    fn track(&mut self, out: bool, token: u64) -> Result<(), TransportError> {
+        let ev = match self.spare.pop() {
+            Some(e) => e,
+            None => self.ctx.new_event(None).map_err(cuda)?,
+        };
+        let (stream, q) = if out {
+            (&self.out, &mut self.out_pending)
+        } else {
+            (&self.inn, &mut self.in_pending)
+        };
+        ev.record(stream).map_err(cuda)?;
+        q.push_back((token, ev));
         Ok(())
     }
     fn host_ptr(&self, buf: usize, len: usize) -> Result<*mut u8, TransportError> {
@@ -404,10 +422,7 @@ impl DeviceStaging for GpuStaging {
         // `dst` holds `len` bytes of pinned memory.
         unsafe { sys::cuMemcpyDtoHAsync_v2(dst.cast(), self.heap + src_offset, len, self.out.cu_stream()).result() }
             .map_err(cuda)?;
-        let ev = self.ctx.new_event(None).map_err(cuda)?;
-        ev.record(&self.out).map_err(cuda)?;
-        self.out_pending.push_back((token, ev));
-        Ok(())
+        self.track(true, token)
     }
     fn to_device(&mut self, token: u64, buf: usize, dst_offset: u64, len: usize) -> Result<(), TransportError> {
         self.bind()?;
@@ -415,10 +430,7 @@ impl DeviceStaging for GpuStaging {
         // SAFETY: the frame was checked against this rank's data region; `src` holds `len` bytes.
         unsafe { sys::cuMemcpyHtoDAsync_v2(self.heap + dst_offset, src.cast(), len, self.inn.cu_stream()).result() }
             .map_err(cuda)?;
-        let ev = self.ctx.new_event(None).map_err(cuda)?;
-        ev.record(&self.inn).map_err(cuda)?;
-        self.in_pending.push_back((token, ev));
-        Ok(())
+        self.track(false, token)
     }
     fn write_flag(&mut self, token: u64, flag_offset: u64, value: u64) -> Result<(), TransportError> {
         self.bind()?;
@@ -431,10 +443,7 @@ impl DeviceStaging for GpuStaging {
         // puts the store after every earlier copy into the heap.
         unsafe { sys::cuMemsetD32Async(self.heap + flag_offset, value as u32, 1, self.inn.cu_stream()).result() }
             .map_err(cuda)?;
-        let ev = self.ctx.new_event(None).map_err(cuda)?;
-        ev.record(&self.inn).map_err(cuda)?;
-        self.in_pending.push_back((token, ev));
-        Ok(())
+        self.track(false, token)
     }
     fn poll(&mut self, completed: &mut Vec<u64>) -> Result<(), TransportError> {
         for q in [&mut self.out_pending, &mut self.in_pending] {
@@ -442,7 +451,9 @@ impl DeviceStaging for GpuStaging {
                 match ev.try_is_complete() {
                     Ok(true) => {
                         completed.push(*token);
-                        q.pop_front();
+                        if let Some((_, ev)) = q.pop_front() {
+                            self.spare.push(ev);
+                        }
                     }
                     Ok(false) => break,
                     Err(e) => return Err(cuda(e)),
