@@ -20,7 +20,7 @@ pub(crate) fn open_library(names: &[&str]) -> Result<Library, String> {
     for n in names {
         // SAFETY: loading runs the library's initializers; rdma-core's libraries have no
         // initializers with preconditions on the caller.
-        match unsafe { Library::open(Some(n), RTLD_NOW | RTLD_LOCAL) } {
+        match unsafe { Library::open(Some(*n), RTLD_NOW | RTLD_LOCAL) } {
             Ok(l) => return Ok(l),
             Err(e) => tried.push(format!("{n}: {e}")),
         }
