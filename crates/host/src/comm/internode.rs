@@ -395,7 +395,9 @@ impl GpuStaging {
 
 impl DeviceStaging for GpuStaging {
     fn alloc_buffers(&mut self, count: usize, bytes: usize) -> Result<(), TransportError> {
-        self.bind()?;
+        // Called on the thread that builds the transport, not the proxy thread: bind here
+        // without marking the proxy thread bound.
+        self.ctx.bind_to_thread().map_err(cuda)?;
         let total = count
             .checked_mul(bytes)
             .ok_or_else(|| TransportError::Config(format!("{count} x {bytes} staging bytes overflow")))?;
