@@ -609,3 +609,69 @@ fn dummy() -> TcpLinks {
     let ex = MemStore::default();
     TcpLinks::establish(&Topology::new(1, 1, 0).unwrap(), &config(1, 4096), &ex, None, WAIT).unwrap()
 }
+
+// ---------------------------------------------------------------------------------------------
+// A large transfer through few staging buffers (backpressure on both sides), with the CPU loop's
+// latency and rate printed. The numbers describe this test's setup (gentle backoff: proxies sleep
+// 50 us when idle; byte-atomic CPU "GPU" memory), not the transport on a GPU host.
+
+#[test]
+fn loopback_latency_and_bandwidth() {
+    let big: u64 = 16 << 20;
+    let fabric = CpuFabric::new(2, 2 * big as usize, 4);
+    let cfg = TcpConfig {
+        sockets: 2,
+        chunk: 256 << 10,
+        rx_buffers: 2,
+        tx_buffers: 4,
+        ..TcpConfig::default()
+    };
+    let links = establish_all(2, 1, &cfg, &MemStore::default());
+    let mut sides: Vec<RankSide> = links
+        .into_iter()
+        .enumerate()
+        .map(|(r, l)| start_rank(Topology::new(2, 1, r).unwrap(), &fabric, l))
+        .collect();
+    // Latency: 8-byte PUTs from rank 0, each waited for at rank 1.
+    let p = sides[0].producer.clone();
+    let mut lat = vec![];
+    for i in 1..=300u64 {
+        let t0 = Instant::now();
+        p.push(&CommandBody::put(1, 0, 0, 8, 0, i, 0)).unwrap();
+        assert!(fabric.wait_flag(1, 0, i, WAIT));
+        if i > 50 {
+            lat.push(t0.elapsed());
+        }
+    }
+    lat.sort();
+    // Bandwidth: 16 MiB in 8 puts of 2 MiB (64 frames through 4 staging buffers), one flag.
+    let pattern: Vec<u8> = (0..big).map(|j| (j * 7 + (j >> 12)) as u8).collect();
+    fabric.write(0, big, &pattern).unwrap();
+    let t0 = Instant::now();
+    for k in 0..8u64 {
+        let piece = big / 8;
+        p.push(&CommandBody::put_no_flag(1, big + k * piece, k * piece, piece, 1))
+            .unwrap();
+    }
+    p.push(&CommandBody::signal(1, 8, 1, 1)).unwrap();
+    assert!(fabric.wait_flag(1, 8, 1, WAIT));
+    let dt = t0.elapsed();
+    assert!(
+        fabric.read(1, 0, big as usize).unwrap() == pattern,
+        "16 MiB arrived corrupted"
+    );
+    println!(
+        "[tcp loopback, CPU staging] 8-byte put one-way p50 {:?} p99 {:?}; 16 MiB in {dt:?} = {:.2} GB/s",
+        lat[lat.len() / 2],
+        lat[lat.len() * 99 / 100],
+        big as f64 / dt.as_secs_f64() / 1e9
+    );
+    for (r, side) in sides.iter_mut().enumerate() {
+        side.producer.push(&CommandBody::quit(1)).unwrap();
+        side.proxy
+            .take()
+            .unwrap()
+            .join()
+            .unwrap_or_else(|e| panic!("rank {r}: {e}"));
+    }
+}
