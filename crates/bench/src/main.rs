@@ -116,6 +116,14 @@ fn main() -> Result<()> {
         "fixed" => false,
         other => anyhow::bail!("--order: `{other}` is neither `shuffled` nor `fixed`"),
     });
+    report::shared_gpu_banner();
+    if let (Some(path), Some(n)) = (&args.tune_out, report::shared_gpu()) {
+        anyhow::bail!(
+            "refusing to write the tune cache {}: {n} ranks share this GPU (MPS), so the sweep would pick splits \
+             for a fraction of a GPU, not for NVLink peers",
+            path.display()
+        );
+    }
     let rows = match args.op {
         Op::Gemm => gemm::run(&mkernel::Device::new(0)?, &args)?,
         Op::Allgather => collectives::run(&args, collectives::Coll::AllGather)?,
@@ -130,6 +138,7 @@ fn main() -> Result<()> {
     if std::env::var("RANK").map_or(true, |r| r == "0") {
         report::write_json(&args.json, &format!("{:?}", args.op).to_lowercase(), &args.order, &rows)?;
         println!("wrote {}", args.json.display());
+        report::shared_gpu_banner();
     }
     Ok(())
 }
