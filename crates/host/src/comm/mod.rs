@@ -13,6 +13,7 @@ pub mod heap;
 pub mod internode;
 #[cfg(feature = "rdma")]
 mod rdma;
+mod residency;
 
 use crate::error::{Error, Result};
 use crate::runtime::Device;
@@ -126,6 +127,8 @@ impl Communicator {
             });
         }
         device.context().bind_to_thread()?;
+        // Before any kernel can wait for a peer: ranks sharing a GPU must fit on it together.
+        residency::check(device, &boot, cfg.bootstrap_timeout)?;
         let nnodes = info.nnodes() as u32;
         let wire_bytes = if nnodes > 1 { cfg.internode_scratch_bytes } else { 0 };
         let heap = SymmetricHeap::new(
