@@ -3,7 +3,8 @@
 //! One host: `launch -n 4 -- prog`; emulated nodes on one host: `launch -n 4 --nodes 2 -- prog`
 //! (ranks 0,1 form node 0 and ranks 2,3 node 1; their traffic between nodes goes through the
 //! proxy over the emulated wire). Real nodes: run `launch -n 8 --nnodes 2 --node-rank R
-//! --master-addr HOST0 --job-key KEY -- prog` on each node.
+//! --master-addr HOST0 --job-key KEY -- prog` on each node (the proxy picks TCP, ibverbs or EFA:
+//! docs/internode.md).
 //!
 //! Each process gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK, NNODES,
 //! MASTER_ADDR, MASTER_PORT, MKERNEL_JOB_KEY (the bootstrap store refuses other keys),
@@ -225,17 +226,17 @@ pub fn run(args: LaunchArgs) -> Result<()> {
         // Own process group, so stopping a rank also stops what it started.
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         if let Some(mps) = &mps {
-            let sharing = per_gpu(r.device);
-            mps.configure(
-                &mut cmd,
-                args.mps_percent
-                    .unwrap_or_else(|| crate::mps::default_sm_percent(sharing)),
-            );
-            cmd.env("MKERNEL_SHARED_GPU", sharing.to_string());
+            mps.configure(&mut cmd);
+            let persistent = std::env::var("MKERNEL_PERSISTENT_SM_PERCENT").ok();
+            for (k, v) in shared_rank_env(per_gpu(r.device), args.mps_percent, persistent.as_deref()) {
+                cmd.env(k, v);
+            }
         }
         if args.nodes > 1 {
             cmd.env("MKERNEL_EMULATED_NODES", args.nodes.to_string());
-            // The emulated wire's proxy thread moves data with CUDA calls in the rank's context.
+        }
+        if args.nodes > 1 || args.nnodes.is_some_and(|n| n > 1) {
+            // The proxy thread (emulated wire, TCP) moves data with CUDA calls in the rank's context.
             // A lazily loaded module (the first cuBLAS call at a new shape) synchronizes that
             // context, which waits for a running fused kernel that waits for the proxy: every
             // module is loaded at start instead (docs/internode.md, "CUDA calls during a fused
@@ -315,6 +316,22 @@ pub fn run(args: LaunchArgs) -> Result<()> {
     }
 }
 
+/// The variables of a rank that shares its GPU with `sharing` ranks (itself included):
+/// its MPS share, how many share, and the part of its share its persistent grids use (an
+/// explicit `MKERNEL_PERSISTENT_SM_PERCENT` in the launcher's environment wins).
+fn shared_rank_env(sharing: usize, mps_percent: Option<u32>, persistent: Option<&str>) -> Vec<(&'static str, String)> {
+    let share = mps_percent.unwrap_or_else(|| crate::mps::default_sm_percent(sharing));
+    let persistent = persistent.map_or_else(
+        || crate::mps::persistent_sm_percent(sharing).to_string(),
+        str::to_string,
+    );
+    vec![
+        ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", share.to_string()),
+        ("MKERNEL_SHARED_GPU", sharing.to_string()),
+        ("MKERNEL_PERSISTENT_SM_PERCENT", persistent),
+    ]
+}
+
 /// The rank processes of one launch; those still running are killed (their whole process
 /// group) when it is stopped or dropped.
 struct Ranks(Vec<(usize, Child)>);
@@ -359,6 +376,16 @@ mod tests {
             mps_percent: None,
             cmd: vec!["true".into()],
         }
+    }
+    #[test]
+    fn shared_ranks_get_their_share_and_grid_size() {
+        let env = shared_rank_env(4, None, None);
+        assert!(env.contains(&("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "25".into())));
+        assert!(env.contains(&("MKERNEL_SHARED_GPU", "4".into())));
+        assert!(env.contains(&("MKERNEL_PERSISTENT_SM_PERCENT", "80".into())));
+        let env = shared_rank_env(2, Some(40), Some("50"));
+        assert!(env.contains(&("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "40".into())));
+        assert!(env.contains(&("MKERNEL_PERSISTENT_SM_PERCENT", "50".into())));
     }
     #[test]
     fn shared_ranks_spread_round_robin() {

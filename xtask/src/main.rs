@@ -5,6 +5,7 @@ mod gpu_tests;
 mod launch;
 mod mps;
 mod ptx;
+mod sanitize;
 mod util;
 
 use anyhow::Result;
@@ -99,6 +100,16 @@ enum Task {
         #[arg(last = true)]
         rest: Vec<String>,
     },
+    /// compute-sanitizer (memcheck, racecheck, synccheck) over the single-GPU kernel test
+    /// binaries of a bundle (GPU host): every run must end with `ERROR SUMMARY: 0 errors`.
+    Sanitize {
+        /// Folder of test binaries (a bundle's `tests/`).
+        #[arg(long, default_value = "tests")]
+        dir: std::path::PathBuf,
+        /// Tools to run.
+        #[arg(long, value_delimiter = ',', default_values_t = sanitize::TOOLS.map(String::from))]
+        tools: Vec<String>,
+    },
     /// Start one process per GPU with torchrun-style variables (RANK, LOCAL_RANK, WORLD_SIZE,
     /// LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT, MKERNEL_JOB_KEY).
     Launch(launch::LaunchArgs),
@@ -119,6 +130,7 @@ fn main() -> Result<()> {
             rest,
         } => bench(&op, nproc, share_gpu, &rest),
         Task::Launch(args) => launch::run(args),
+        Task::Sanitize { dir, tools } => sanitize::run(&dir, &tools),
         Task::GpuTests {
             dir,
             only,

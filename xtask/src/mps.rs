@@ -163,11 +163,10 @@ impl Mps {
         Ok(mps)
     }
 
-    /// The variables that connect a rank to this daemon and cap its share of the SMs.
-    pub fn configure(&self, cmd: &mut Command, sm_percent: u32) {
+    /// The variables that connect a rank to this daemon.
+    pub fn configure(&self, cmd: &mut Command) {
         cmd.env("CUDA_MPS_PIPE_DIRECTORY", &self.pipe_dir)
-            .env("CUDA_MPS_LOG_DIRECTORY", &self.log_dir)
-            .env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", sm_percent.to_string());
+            .env("CUDA_MPS_LOG_DIRECTORY", &self.log_dir);
     }
 
     fn log_tail(&self) -> String {

@@ -92,8 +92,7 @@ struct Args {
     /// to the peers themselves) or `pull`.
     #[arg(long, value_delimiter = ',', default_values_t = ["0".to_string(), "4".into(), "8".into(), "pull".into()])]
     paths: Vec<String>,
-    /// GEMM+RS/AR: rasterization groups (`group_m`) swept (clamped to a part's row tiles; 16
-    /// beat 8 by ~1% at M = 4096 and 8192 on 2 x H200).
+    /// GEMM+RS/AR: rasterization groups (`group_m`) swept (clamped to a part's row tiles).
     #[arg(long, value_delimiter = ',', default_values_t = [1u32, 8, 16])]
     groups: Vec<u32>,
     /// GEMM+RS/AR: stager threads swept (`on`: where they can run - one node of 2 ranks,

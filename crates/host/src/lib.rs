@@ -30,5 +30,6 @@ pub use cudarc;
 pub use error::{Error, Result};
 pub use gemm::{BLayout, GemmPlan, GemmShape, OutDtype};
 pub use mkernel_bootstrap as bootstrap;
+pub use mkernel_proxy as proxy;
 pub use ops::{AgGemmPlan, GemmRsPlan, RsSplit};
 pub use runtime::Device;
