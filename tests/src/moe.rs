@@ -114,6 +114,7 @@ pub fn up_row(x: &[bf16], w_up: &[bf16], d: Dims, t: usize, e: usize, acc: f64) 
 /// row `slots[p]` for pair `p`; `u32::MAX`: pair not routed): (value, tolerance) per element
 /// of `T x H`. Tolerance: the output's rounding (`out_rel`), each down-projection value's
 /// bf16 rounding and f32 accumulation, weighted.
+#[allow(clippy::too_many_arguments)]
 pub fn output(
     hid: &[bf16],
     slots: &[u32],

@@ -5,7 +5,7 @@
 use half::bf16;
 use mkernel::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use mkernel::cudarc::driver::{CudaSlice, CudaStream};
-use mkernel::ops::moe::{Activation, MoePlan, MoeShape};
+use mkernel::ops::moe::{padded_offsets, Activation, GroupedGemmPlan, GroupedGemmShape, MoePlan, MoeShape};
 use mkernel::{Device, Error};
 use mkernel_tests::data::random_bf16;
 use mkernel_tests::gpu::device_or_skip;
@@ -80,9 +80,9 @@ fn check(
     }
     assert_eq!(g.counts, counts, "{label}: counts");
     let mut off = 0u32;
-    for e in 0..s.experts {
+    for (e, c) in counts.iter().enumerate() {
         assert_eq!(g.offsets[e], off, "{label}: offset of expert {e}");
-        off += counts[e].div_ceil(128) * 128;
+        off += c.div_ceil(128) * 128;
     }
     assert_eq!(g.offsets[s.experts], off, "{label}: rows in use");
     let mut seen = vec![false; s.capacity_rows()];
@@ -186,7 +186,8 @@ fn moe_matches_cpu_reference() {
     };
     use Activation::*;
     // (label, shape, routing)
-    let cases: Vec<(&str, MoeShape, (Vec<i32>, Vec<f32>), bool)> = vec![
+    type Case = (&'static str, MoeShape, (Vec<i32>, Vec<f32>), bool);
+    let cases: Vec<Case> = vec![
         (
             "uniform",
             shape(256, 16, 4, 256, 128, SwiGlu),
@@ -328,4 +329,80 @@ fn moe_out_of_range_expert_is_an_error() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("ids holds 10"), "{e}");
+}
+
+#[test]
+#[ignore = "needs a Hopper GPU"]
+fn grouped_gemm_alone_matches_cpu_reference() {
+    let Some(dev) = device_or_skip("grouped_gemm_alone_matches_cpu_reference") else {
+        return;
+    };
+    let stream = dev.default_stream();
+    let counts: Vec<u32> = vec![300, 0, 5, 128, 129, 1];
+    let off = padded_offsets(&counts);
+    let used = *off.last().unwrap() as usize;
+    for (act, n, k) in [(Activation::SwiGlu, 200, 264), (Activation::None, 136, 512)] {
+        let s = GroupedGemmShape {
+            groups: counts.len(),
+            capacity_rows: used + 128,
+            n,
+            k,
+            act,
+        };
+        let a = random_bf16(s.capacity_rows * k, 70);
+        let w = random_bf16(s.groups * s.w_rows() * k, 71);
+        let (da, dw) = (stream.clone_htod(&a).unwrap(), stream.clone_htod(&w).unwrap());
+        let dn = stream.clone_htod(&counts).unwrap();
+        let mut dc = stream.alloc_zeros::<bf16>(s.capacity_rows * n).unwrap();
+        let mut plan = GroupedGemmPlan::new(&dev, &stream, s, &da, &dw, &mut dc, &dn, None).unwrap();
+        plan.launch(&stream).unwrap();
+        plan.take_error(&stream).unwrap();
+        let dev_off = stream.clone_dtoh(&plan.offsets()).unwrap();
+        assert_eq!(dev_off, off, "device offsets");
+        drop(plan);
+        let c = stream.clone_dtoh(&dc).unwrap();
+        let d = Dims {
+            tokens: s.capacity_rows,
+            experts: s.groups,
+            top_k: 1,
+            hidden: k,
+            ffn: n,
+            swiglu: act == Activation::SwiGlu,
+        };
+        let mut wrong = 0;
+        for (g, &cnt) in counts.iter().enumerate() {
+            for r in 0..cnt as usize {
+                let row = off[g] as usize + r;
+                let want = up_row(&a, &w, d, row, g, F32_ACC);
+                for (col, (v, tol)) in want.iter().enumerate() {
+                    let got = c[row * n + col].to_f64();
+                    if !((got - v).abs() <= *tol) {
+                        if wrong == 0 {
+                            eprintln!("group {g} row {r} col {col}: got {got}, want {v} +- {tol}");
+                        }
+                        wrong += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(wrong, 0, "grouped gemm {act:?}");
+        println!("grouped gemm alone {act:?}: groups {counts:?}, n={n} k={k}: correct");
+    }
+    // Capacity too small for the padded groups: an error, nothing written past C.
+    let s = GroupedGemmShape {
+        groups: counts.len(),
+        capacity_rows: 512,
+        n: 64,
+        k: 64,
+        act: Activation::None,
+    };
+    let da = stream.alloc_zeros::<bf16>(512 * 64).unwrap();
+    let dw = stream.alloc_zeros::<bf16>(s.groups * 64 * 64).unwrap();
+    let dn = stream.clone_htod(&counts).unwrap();
+    let mut dc = stream.alloc_zeros::<bf16>(512 * 64).unwrap();
+    let mut plan = GroupedGemmPlan::new(&dev, &stream, s, &da, &dw, &mut dc, &dn, None).unwrap();
+    plan.launch(&stream).unwrap();
+    let e = plan.take_error(&stream).unwrap_err().to_string();
+    assert!(e.contains("exceed capacity_rows"), "{e}");
+    println!("grouped gemm alone, capacity too small: {e}");
 }

@@ -235,6 +235,28 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
             let t = median_ms_interleaved(&stream, args.warmup, args.iters, &mut [&mut ours, &mut theirs])?;
             (t[0], t[1])
         };
+        // Diagnostic: each stage alone (on the state the full launches left).
+        let stages = {
+            use mkernel::ops::moe::MoeStage;
+            let mut fs: Vec<Box<dyn FnMut() -> Result<()>>> = vec![];
+            for st in MoeStage::ALL {
+                let (plan, stream, x, dids, dw) = (&plan, &stream, &x, &dids, &dw);
+                let out = std::cell::RefCell::new(stream.alloc_zeros::<bf16>(s.tokens * s.hidden)?);
+                fs.push(Box::new(move || {
+                    Ok(plan.launch_stage(st, stream, x, dids, dw, &mut *out.borrow_mut())?)
+                }));
+            }
+            let mut refs: Vec<&mut dyn FnMut() -> Result<()>> = fs.iter_mut().map(|f| &mut **f as _).collect();
+            median_ms_interleaved(&stream, args.warmup, args.iters, &mut refs)?
+        };
+        println!(
+            "#   stages alone (us): route {:.1}, gather {:.1}, up {:.1}, down {:.1}, combine {:.1}",
+            stages[0] * 1e3,
+            stages[1] * 1e3,
+            stages[2] * 1e3,
+            stages[3] * 1e3,
+            stages[4] * 1e3
+        );
         plan.take_error(&stream)?;
         let tf = |ms: f64| s.flops() / (ms * 1e-3) / 1e12;
         let (torch_layer, torch_gemm) = (torch.map(|t| t.0), torch.map(|t| t.1));

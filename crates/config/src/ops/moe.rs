@@ -108,6 +108,11 @@ pub struct GroupedGemmArgs {
     pub rows: u64,
     /// Expert of every row tile.
     pub tile_expert: u64,
+    /// Rows per expert and the first row of every expert's group (the routing kernel's
+    /// `counts` and `offsets`): a consumer warpgroup whose 64 rows of a tile are all padding
+    /// skips its wgmmas and its stores.
+    pub counts: u64,
+    pub offsets: u64,
     /// Columns of C (`F` up, `H` down).
     pub n: u32,
     /// The reduction length (`H` up, `F` down).
@@ -186,6 +191,11 @@ pub const MOE_ROUTE: KernelSpec = KernelSpec {
     min_blocks_per_sm: 1,
     dynamic_smem: ROUTE_SMEM_BYTES,
 };
+/// The grouped GEMM alone: its groups' padded offsets and tiles from rows per group.
+pub const MOE_GROUP_TILES: KernelSpec = KernelSpec {
+    name: "mk_moe_group_tiles",
+    ..MOE_ROUTE
+};
 pub const MOE_GATHER: KernelSpec = KernelSpec {
     name: "mk_moe_gather",
     max_threads: ROW_THREADS,
@@ -214,9 +224,9 @@ pub const fn max_tiles(pairs: u32, experts: u32) -> u32 {
 
 const _: () = {
     assert!(ROUTE_THREADS >= MAX_EXPERTS, "the scan gives every expert a thread");
-    assert!(ROUTE_THREADS % crate::WARP_SIZE == 0);
+    assert!(ROUTE_THREADS.is_multiple_of(crate::WARP_SIZE));
     assert!(ROUTE_SMEM_BYTES <= 48 * 1024);
-    assert!(SWIGLU_TILE_COLS % GemmTile::EPILOGUE_BOX_COLS == 0);
+    assert!(SWIGLU_TILE_COLS.is_multiple_of(GemmTile::EPILOGUE_BOX_COLS));
     assert!(GROUPED_GEMM_ROLES[1].first_warpgroup + GROUPED_GEMM_ROLES[1].warpgroups == TILE.threads() / 128);
 };
 

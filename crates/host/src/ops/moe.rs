@@ -120,6 +120,31 @@ impl MoeShape {
     }
 }
 
+/// The kernel launches of [`MoePlan::launch`], in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoeStage {
+    /// `mk_moe_route`: counts, padded offsets, tile experts, slots, error record.
+    Route,
+    /// `mk_moe_gather`: token rows to their slots.
+    Gather,
+    /// `mk_moe_grouped_gemm`: up projection with the activation.
+    Up,
+    /// `mk_moe_grouped_gemm`: down projection.
+    Down,
+    /// `mk_moe_combine`: top-k weighted sum in token order.
+    Combine,
+}
+
+impl MoeStage {
+    pub const ALL: [MoeStage; 5] = [
+        MoeStage::Route,
+        MoeStage::Gather,
+        MoeStage::Up,
+        MoeStage::Down,
+        MoeStage::Combine,
+    ];
+}
+
 /// What the grouped buffers held after a launch ([`MoePlan::inspect`]; diagnostics and tests).
 #[derive(Clone, Debug)]
 pub struct MoeGrouped {
@@ -145,7 +170,8 @@ pub struct MoePlan<'a> {
     combine: CudaFunction,
     /// Tensor maps and argument blocks (see `ARG_*`).
     args: CudaSlice<u8>,
-    xp: CudaSlice<bf16>,
+    /// The grouped token rows (kept alive for the kernels; read by the up projection).
+    _xp: CudaSlice<bf16>,
     hid: CudaSlice<bf16>,
     yp: CudaSlice<bf16>,
     /// counts (E) | offsets (E + 1) | rows (1) | error record (4) | tile_expert | slots.
@@ -296,6 +322,8 @@ impl<'a> MoePlan<'a> {
             map_c: map_at(2),
             rows,
             tile_expert,
+            counts,
+            offsets,
             n: f as u32,
             k: h as u32,
             b_rows: shape.up_rows() as u32,
@@ -307,6 +335,8 @@ impl<'a> MoePlan<'a> {
             map_c: map_at(5),
             rows,
             tile_expert,
+            counts,
+            offsets,
             n: h as u32,
             k: f as u32,
             b_rows: h as u32,
@@ -342,7 +372,7 @@ impl<'a> MoePlan<'a> {
             gemm: device.function(&cfg::MOE_GROUPED_GEMM)?,
             combine: device.function(&cfg::MOE_COMBINE)?,
             args,
-            xp,
+            _xp: xp,
             hid,
             yp,
             words,
@@ -356,6 +386,24 @@ impl<'a> MoePlan<'a> {
     /// i32) and `weights` (`T x top_k` f32); `out` is `T x H`, bf16 or f32.
     pub fn launch<O: GemmOutput>(
         &self,
+        stream: &Arc<CudaStream>,
+        x: &CudaSlice<bf16>,
+        ids: &CudaSlice<i32>,
+        weights: &CudaSlice<f32>,
+        out: &mut CudaSlice<O>,
+    ) -> Result<()> {
+        for stage in MoeStage::ALL {
+            self.launch_stage(stage, stream, x, ids, weights, out)?;
+        }
+        Ok(())
+    }
+
+    /// Enqueues one stage of [`MoePlan::launch`] (diagnostics: each stage reads what the
+    /// earlier ones left in the plan's buffers, so a stage can be timed alone once the
+    /// earlier ones ran).
+    pub fn launch_stage<O: GemmOutput>(
+        &self,
+        stage: MoeStage,
         stream: &Arc<CudaStream>,
         x: &CudaSlice<bf16>,
         ids: &CudaSlice<i32>,
@@ -378,38 +426,51 @@ impl<'a> MoePlan<'a> {
         }
         let a = self.args.device_ptr(stream).0;
         let f32_out = (O::DTYPE == OutDtype::F32) as u32;
-        // SAFETY (all launches): argument lists match the kernels' (`mkernel_config::ops::moe`
+        // SAFETY (every stage): the argument lists match the kernels' (`mkernel_config::ops::moe`
         // argument blocks at the uploaded addresses, then the launch-time buffers), the
         // buffers hold the shape's elements (checked above), the grouped buffers are the
         // plan's own.
         unsafe {
-            let at = a + ARG_ROUTE as u64;
-            stream
-                .launch_builder(&self.route)
-                .arg(&at)
-                .arg(ids)
-                .launch(Device::launch_config(&cfg::MOE_ROUTE, 1))?;
-            let at = a + ARG_GATHER as u64;
-            stream
-                .launch_builder(&self.gather)
-                .arg(&at)
-                .arg(x)
-                .launch(Device::launch_config(&cfg::MOE_GATHER, self.row_grid))?;
-            for (arg, grid) in [(ARG_UP, self.gemm_grid[0]), (ARG_DOWN, self.gemm_grid[1])] {
-                let at = a + arg as u64;
-                stream
-                    .launch_builder(&self.gemm)
-                    .arg(&at)
-                    .launch(Device::launch_config(&cfg::MOE_GROUPED_GEMM, grid))?;
+            match stage {
+                MoeStage::Route => {
+                    let at = a + ARG_ROUTE as u64;
+                    stream
+                        .launch_builder(&self.route)
+                        .arg(&at)
+                        .arg(ids)
+                        .launch(Device::launch_config(&cfg::MOE_ROUTE, 1))?;
+                }
+                MoeStage::Gather => {
+                    let at = a + ARG_GATHER as u64;
+                    stream
+                        .launch_builder(&self.gather)
+                        .arg(&at)
+                        .arg(x)
+                        .launch(Device::launch_config(&cfg::MOE_GATHER, self.row_grid))?;
+                }
+                MoeStage::Up | MoeStage::Down => {
+                    let (arg, grid) = if stage == MoeStage::Up {
+                        (ARG_UP, self.gemm_grid[0])
+                    } else {
+                        (ARG_DOWN, self.gemm_grid[1])
+                    };
+                    let at = a + arg as u64;
+                    stream
+                        .launch_builder(&self.gemm)
+                        .arg(&at)
+                        .launch(Device::launch_config(&cfg::MOE_GROUPED_GEMM, grid))?;
+                }
+                MoeStage::Combine => {
+                    let at = a + ARG_COMBINE as u64;
+                    stream
+                        .launch_builder(&self.combine)
+                        .arg(&at)
+                        .arg(weights)
+                        .arg(out)
+                        .arg(&f32_out)
+                        .launch(Device::launch_config(&cfg::MOE_COMBINE, self.row_grid))?;
+                }
             }
-            let at = a + ARG_COMBINE as u64;
-            stream
-                .launch_builder(&self.combine)
-                .arg(&at)
-                .arg(weights)
-                .arg(out)
-                .arg(&f32_out)
-                .launch(Device::launch_config(&cfg::MOE_COMBINE, self.row_grid))?;
         }
         Ok(())
     }
@@ -469,10 +530,6 @@ impl<'a> MoePlan<'a> {
     pub fn gemm_spec(&self) -> &'static KernelSpec {
         &cfg::MOE_GROUPED_GEMM
     }
-    #[allow(dead_code)]
-    fn grouped_rows_in(&self) -> &CudaSlice<bf16> {
-        &self.xp
-    }
 }
 
 #[cfg(test)]
@@ -511,5 +568,293 @@ mod tests {
         assert_eq!(s.capacity_rows(), (32768 / 128 + 64) * 128);
         let s1 = shape(1, 64, 8, 64, 64);
         assert_eq!(s1.capacity_rows(), 9 * 128); // 8 experts with one row each, tile 1
+    }
+}
+
+/// Sizes of a grouped GEMM run alone ([`GroupedGemmPlan`]): `C_g = act(A_g W_g^T)` for
+/// `groups` groups; W is `groups x w_rows x k` (`nn.Linear` layout per group; `w_rows = 2n`
+/// with SwiGLU - gate rows, then up rows - or `n`), A is `capacity_rows x k` and C
+/// `capacity_rows x n`, both in the padded grouped layout ([`padded_offsets`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupedGemmShape {
+    pub groups: usize,
+    /// Rows of A and C (a multiple of 128).
+    pub capacity_rows: usize,
+    /// Columns of C.
+    pub n: usize,
+    /// The reduction length.
+    pub k: usize,
+    pub act: Activation,
+}
+
+impl GroupedGemmShape {
+    /// Rows of W per group.
+    pub fn w_rows(&self) -> usize {
+        match self.act {
+            Activation::SwiGlu => 2 * self.n,
+            Activation::None => self.n,
+        }
+    }
+    /// Checks the sizes against the kernels' limits.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |reason: String| {
+            Err(Error::Shape {
+                op: "grouped gemm",
+                reason,
+            })
+        };
+        if self.groups == 0 || self.capacity_rows == 0 || self.n == 0 || self.k == 0 {
+            return bad(format!("empty dimension in {self:?}"));
+        }
+        if self.groups > MAX_EXPERTS as usize {
+            return bad(format!("{} groups; at most {MAX_EXPERTS}", self.groups));
+        }
+        if self.capacity_rows % ROW_ALIGN as usize != 0 || self.capacity_rows > i32::MAX as usize / 2 {
+            return bad(format!(
+                "capacity_rows={} must be a multiple of {ROW_ALIGN} below 2^30",
+                self.capacity_rows
+            ));
+        }
+        if self.n % 8 != 0 || self.k % 8 != 0 {
+            return bad(format!("n={} and k={} must be multiples of 8", self.n, self.k));
+        }
+        if self.groups * self.w_rows() > i32::MAX as usize / 2 {
+            return bad("groups x rows per group must stay below 2^30".into());
+        }
+        Ok(())
+    }
+}
+
+/// The padded grouped layout: group `g` starts at row `128 x (sum over g' < g of
+/// ceil(counts[g'] / 128))`; the last entry is the rows in use. What the plans compute on the
+/// device, for callers that know the counts on the host.
+pub fn padded_offsets(counts: &[u32]) -> Vec<u32> {
+    let mut v = Vec::with_capacity(counts.len() + 1);
+    let mut at = 0u32;
+    for &c in counts {
+        v.push(at);
+        at += c.div_ceil(ROW_ALIGN) * ROW_ALIGN;
+    }
+    v.push(at);
+    v
+}
+
+/// A grouped GEMM ready to launch alone: rows per group are read from a device buffer at
+/// every launch (no host round trip), so a launch captured in a CUDA graph follows new
+/// counts. Borrows A, W, C and the counts for `'a`. Padded rows that exceed the capacity are
+/// cut off and reported by [`GroupedGemmPlan::take_error`].
+pub struct GroupedGemmPlan<'a> {
+    shape: GroupedGemmShape,
+    tiles_fn: CudaFunction,
+    gemm: CudaFunction,
+    args: CudaSlice<u8>,
+    /// counts (G) | offsets (G + 1) | rows (1) | error record (4) | tile_group.
+    words: CudaSlice<u32>,
+    counts_in: u64,
+    grid: u32,
+    _buffers: PhantomData<&'a ()>,
+}
+
+impl<'a> GroupedGemmPlan<'a> {
+    /// Plans `c = act(a w_g^T)` per group, the rows per group in `counts` (`groups` u32).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        device: &Device,
+        stream: &Arc<CudaStream>,
+        shape: GroupedGemmShape,
+        a: &'a CudaSlice<bf16>,
+        w: &'a CudaSlice<bf16>,
+        c: &'a mut CudaSlice<bf16>,
+        counts: &'a CudaSlice<u32>,
+        sms: Option<u32>,
+    ) -> Result<Self> {
+        shape.validate()?;
+        let s = shape;
+        for (what, have, need) in [
+            ("A", a.len(), s.capacity_rows * s.k),
+            ("W", w.len(), s.groups * s.w_rows() * s.k),
+            ("C", c.len(), s.capacity_rows * s.n),
+            ("counts", counts.len(), s.groups),
+        ] {
+            if have < need {
+                return Err(Error::BufferTooSmall {
+                    op: "grouped gemm",
+                    what,
+                    have,
+                    need,
+                });
+            }
+        }
+        let (pa, _ra) = a.device_ptr(stream);
+        let (pw, _rw) = w.device_ptr(stream);
+        let (pc, _rc) = cudarc::driver::DevicePtrMut::device_ptr_mut(c, stream);
+        let (pn, _rn) = counts.device_ptr(stream);
+        // SAFETY: the buffers are borrowed for 'a and hold the shape's elements.
+        unsafe { Self::new_raw(device, stream, shape, pa, pw, pc, pn, sms) }
+    }
+
+    /// As [`GroupedGemmPlan::new`] on raw device addresses (A, W, C 16-byte aligned).
+    ///
+    /// # Safety
+    /// The addresses must hold the shape's elements on `device` (A `capacity_rows x k`, W
+    /// `groups x w_rows x k`, C `capacity_rows x n` bf16, `groups` u32 counts) and stay valid
+    /// while the plan is launched.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn new_raw(
+        device: &Device,
+        stream: &Arc<CudaStream>,
+        shape: GroupedGemmShape,
+        a: u64,
+        w: u64,
+        c: u64,
+        counts: u64,
+        sms: Option<u32>,
+    ) -> Result<Self> {
+        shape.validate()?;
+        for (what, ptr) in [("A", a), ("W", w), ("C", c)] {
+            if ptr % 16 != 0 {
+                return Err(Error::Alignment {
+                    op: "grouped gemm",
+                    what,
+                    ptr,
+                    align: 16,
+                });
+            }
+        }
+        let s = shape;
+        let g = s.groups;
+        let max_tiles = s.capacity_rows / ROW_ALIGN as usize;
+        let words = stream.alloc_zeros::<u32>(g + (g + 1) + 1 + 4 + max_tiles)?;
+        let base = words.device_ptr(stream).0;
+        let (counts_out, offsets) = (base, base + 4 * g as u64);
+        let rows = offsets + 4 * (g as u64 + 1);
+        let error = rows + 4;
+        let tile_expert = error + 16;
+        let t = TILE;
+        let swiglu = s.act == Activation::SwiGlu;
+        let map = |ptr: u64, cols: usize, rows: usize, box_cols: u32, box_rows: u32| -> Result<TensorMap> {
+            encode_bf16_sw128(
+                Tensor2d {
+                    ptr,
+                    cols: cols as u64,
+                    rows: rows as u64,
+                    row_stride_bytes: 2 * cols as u64,
+                },
+                box_cols,
+                box_rows,
+            )
+        };
+        let maps = [
+            map(a, s.k, s.capacity_rows, t.block_k, t.block_m)?,
+            map(
+                w,
+                s.k,
+                g * s.w_rows(),
+                t.block_k,
+                if swiglu { SWIGLU_TILE_COLS } else { t.block_n },
+            )?,
+            map(
+                c,
+                s.n,
+                s.capacity_rows,
+                GemmTile::EPILOGUE_BOX_COLS,
+                GemmTile::EPILOGUE_BOX_ROWS,
+            )?,
+        ];
+        let mut args = stream.alloc_zeros::<u8>(3 * MAP_BYTES + 256)?;
+        let abase = args.device_ptr(stream).0;
+        let route = MoeRouteArgs {
+            counts: counts_out,
+            offsets,
+            tile_expert,
+            rows,
+            slots: 0,
+            error,
+            pairs: 0,
+            experts: g as u32,
+            max_tiles: max_tiles as u32,
+            _pad: 0,
+        };
+        let gemm = GroupedGemmArgs {
+            map_a: abase,
+            map_b: abase + MAP_BYTES as u64,
+            map_c: abase + 2 * MAP_BYTES as u64,
+            rows,
+            tile_expert,
+            counts: counts_out,
+            offsets,
+            n: s.n as u32,
+            k: s.k as u32,
+            b_rows: s.w_rows() as u32,
+            act: if swiglu { act::SWIGLU } else { act::NONE },
+        };
+        let mut block = vec![0u8; 3 * MAP_BYTES + 256];
+        for (i, m) in maps.iter().enumerate() {
+            block[i * MAP_BYTES..(i + 1) * MAP_BYTES].copy_from_slice(bytes_of(m));
+        }
+        let r = bytes_of(&route);
+        block[3 * MAP_BYTES..3 * MAP_BYTES + r.len()].copy_from_slice(r);
+        let gb = bytes_of(&gemm);
+        block[3 * MAP_BYTES + 128..3 * MAP_BYTES + 128 + gb.len()].copy_from_slice(gb);
+        stream.memcpy_htod(&block, &mut args)?;
+        let cols = if swiglu { SWIGLU_TILE_COLS } else { t.block_n } as usize;
+        let sms = sms.unwrap_or(device.sm_count()).clamp(1, device.sm_count());
+        Ok(GroupedGemmPlan {
+            shape,
+            tiles_fn: device.function(&cfg::MOE_GROUP_TILES)?,
+            gemm: device.function(&cfg::MOE_GROUPED_GEMM)?,
+            args,
+            words,
+            counts_in: counts,
+            grid: (max_tiles * s.n.div_ceil(cols)).min(sms as usize).max(1) as u32,
+            _buffers: PhantomData,
+        })
+    }
+
+    /// Enqueues the group placement (one CTA) and the grouped GEMM on `stream`.
+    pub fn launch(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        let a = self.args.device_ptr(stream).0;
+        let (route, gemm) = (a + 3 * MAP_BYTES as u64, a + 3 * MAP_BYTES as u64 + 128);
+        // SAFETY: the argument lists match `mk_moe_group_tiles(args, counts)` and
+        // `mk_moe_grouped_gemm(args)`; the buffers are borrowed for 'a.
+        unsafe {
+            stream
+                .launch_builder(&self.tiles_fn)
+                .arg(&route)
+                .arg(&self.counts_in)
+                .launch(Device::launch_config(&cfg::MOE_GROUP_TILES, 1))?;
+            stream
+                .launch_builder(&self.gemm)
+                .arg(&gemm)
+                .launch(Device::launch_config(&cfg::MOE_GROUPED_GEMM, self.grid))?;
+        }
+        Ok(())
+    }
+
+    /// The padded offsets of the last launch's groups (`groups + 1` words on the device; the
+    /// last is the rows in use): where a device-side producer of A puts group `g`'s rows.
+    pub fn offsets(&self) -> cudarc::driver::CudaView<'_, u32> {
+        let g = self.shape.groups;
+        self.words.slice(g..2 * g + 1)
+    }
+
+    /// Reads and clears the error record (synchronizes): an error when the padded groups of a
+    /// launch exceeded `capacity_rows` (the rows past it were not computed).
+    pub fn take_error(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        let at = 2 * self.shape.groups + 2;
+        let mut rec = [0u32; 4];
+        stream.memcpy_dtoh(&self.words.slice(at..at + 4), &mut rec)?;
+        stream.synchronize()?;
+        if rec[0] == 0 {
+            return Ok(());
+        }
+        stream.memset_zeros(&mut self.words.slice_mut(at..at + 4))?;
+        Err(Error::Shape {
+            op: "grouped gemm",
+            reason: format!(
+                "the groups, each padded to {ROW_ALIGN} rows, exceed capacity_rows = {}; rows past it were not computed",
+                self.shape.capacity_rows
+            ),
+        })
     }
 }

@@ -20,9 +20,7 @@ pub unsafe extern "ptx-kernel" fn mk_moe_route(args: *const MoeRouteArgs, ids: *
     let base = smem::dynamic_smem_addr();
     let counts = |e: u32| base.add(ROUTE_SMEM_COUNTS + 4 * e);
     let cursor = |e: u32| base.add(ROUTE_SMEM_CURSOR + 4 * e);
-    let warp_tiles = |w: u32| base.add(ROUTE_SMEM_WARP_TILES + 4 * w);
     let tid = ids::thread_idx();
-    let (warp, lane) = (tid / 32, ids::lane_id());
     let experts = a.experts.min(MAX_EXPERTS);
     if tid < MAX_EXPERTS {
         unsafe { smem::st_shared_u32(counts(tid), 0) };
@@ -50,12 +48,41 @@ pub unsafe extern "ptx-kernel" fn mk_moe_route(args: *const MoeRouteArgs, ids: *
     }
     sync::sync_threads();
 
-    // 2. Scan of row tiles per expert (thread e has expert e).
+    // 2. Groups.
     let count = if tid < experts {
         unsafe { smem::ld_shared_u32(counts(tid)) }
     } else {
         0
     };
+    unsafe { place_groups(&a, experts, count) };
+
+    // 3. Slots.
+    let mut p = tid;
+    while p < a.pairs {
+        let e = unsafe { ids.add(p as usize).read() };
+        let slot = if (e as u32) < experts {
+            unsafe { smem::atom_add_shared_u32(cursor(e as u32), 1) }
+        } else {
+            u32::MAX
+        };
+        unsafe { (a.slots as *mut u32).add(p as usize).write(slot) };
+        p += ROUTE_THREADS;
+    }
+}
+
+/// Step 2 of the routing (every thread of the CTA calls it; thread `e < experts` brings
+/// expert `e`'s row count): scans the row tiles per expert (`ceil(count / ROW_ALIGN)`; warp
+/// scans, then a scan of the warp totals), writes counts, padded offsets, the expert of every
+/// row tile and the rows in use, and sets each expert's shared-memory cursor to its first
+/// row. Groups that would run past `max_tiles` are cut there (their tiles are not written and
+/// the rows in use stop at the capacity) and the error record's `flag` gets bit 1.
+#[inline(always)]
+unsafe fn place_groups(a: &MoeRouteArgs, experts: u32, count: u32) {
+    let base = smem::dynamic_smem_addr();
+    let cursor = |e: u32| base.add(ROUTE_SMEM_CURSOR + 4 * e);
+    let warp_tiles = |w: u32| base.add(ROUTE_SMEM_WARP_TILES + 4 * w);
+    let tid = ids::thread_idx();
+    let (warp, lane) = (tid / 32, ids::lane_id());
     let tiles = count.div_ceil(ROW_ALIGN);
     let inclusive = shuffle::warp_inclusive_sum_u32(tiles);
     if lane == 31 {
@@ -72,7 +99,9 @@ pub unsafe extern "ptx-kernel" fn mk_moe_route(args: *const MoeRouteArgs, ids: *
     if tid < experts {
         unsafe {
             (a.counts as *mut u32).add(tid as usize).write(count);
-            (a.offsets as *mut u32).add(tid as usize).write(first_tile * ROW_ALIGN);
+            (a.offsets as *mut u32)
+                .add(tid as usize)
+                .write(first_tile.min(a.max_tiles) * ROW_ALIGN);
             smem::st_shared_u32(cursor(tid), first_tile * ROW_ALIGN);
             let te = a.tile_expert as *mut u32;
             for i in 0..tiles {
@@ -82,7 +111,12 @@ pub unsafe extern "ptx-kernel" fn mk_moe_route(args: *const MoeRouteArgs, ids: *
             }
         }
         if tid == experts - 1 {
-            let rows = (first_tile + tiles) * ROW_ALIGN;
+            let total = first_tile + tiles;
+            if total > a.max_tiles {
+                let err = a.error as *mut MoeErrorRecord;
+                unsafe { memory::atom_acq_rel_add_u32(Scope::Gpu, &raw mut (*err).flag, 2) };
+            }
+            let rows = total.min(a.max_tiles) * ROW_ALIGN;
             unsafe {
                 (a.offsets as *mut u32).add(experts as usize).write(rows);
                 (a.rows as *mut u32).write(rows);
@@ -90,17 +124,20 @@ pub unsafe extern "ptx-kernel" fn mk_moe_route(args: *const MoeRouteArgs, ids: *
         }
     }
     sync::sync_threads();
+}
 
-    // 3. Slots.
-    let mut p = tid;
-    while p < a.pairs {
-        let e = unsafe { ids.add(p as usize).read() };
-        let slot = if (e as u32) < experts {
-            unsafe { smem::atom_add_shared_u32(cursor(e as u32), 1) }
-        } else {
-            u32::MAX
-        };
-        unsafe { (a.slots as *mut u32).add(p as usize).write(slot) };
-        p += ROUTE_THREADS;
-    }
+/// `mk_moe_group_tiles`: the grouped GEMM alone (`mkernel::ops::moe::GroupedGemmPlan`): from
+/// rows per group (`counts_in`, device memory, `experts` words) to padded offsets, the group
+/// of every row tile and the rows in use ([`place_groups`]); one CTA.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn mk_moe_group_tiles(args: *const MoeRouteArgs, counts_in: *const u32) {
+    let a = unsafe { args.read() };
+    let tid = ids::thread_idx();
+    let experts = a.experts.min(MAX_EXPERTS);
+    let count = if tid < experts {
+        unsafe { counts_in.add(tid as usize).read() }
+    } else {
+        0
+    };
+    unsafe { place_groups(&a, experts, count) };
 }
