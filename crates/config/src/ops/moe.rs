@@ -108,11 +108,6 @@ pub struct GroupedGemmArgs {
     pub rows: u64,
     /// Expert of every row tile.
     pub tile_expert: u64,
-    /// Rows per expert and the first row of every expert's group (the routing kernel's
-    /// `counts` and `offsets`): a consumer warpgroup whose 64 rows of a tile are all padding
-    /// skips its wgmmas and its stores.
-    pub counts: u64,
-    pub offsets: u64,
     /// Columns of C (`F` up, `H` down).
     pub n: u32,
     /// The reduction length (`H` up, `F` down).

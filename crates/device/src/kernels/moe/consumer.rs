@@ -1,11 +1,9 @@
 //! The grouped GEMM's consumer role (warpgroups 1 and 2): the plain GEMM's mainloop on each
 //! tile, then the activation (SwiGLU: `silu(gate) * up` folds the 256 accumulator columns
-//! into 128) and the TMA-store epilogue. A warpgroup whose 64 rows of the tile are all
-//! padding (past its expert's rows) only frees the tile's ring slots: no wgmma, no store
-//! (padding rows are never read).
+//! into 128) and the TMA-store epilogue.
 use super::grouped_gemm::Launch;
-use crate::arch::{mbarrier, regs, tma::TensorMap};
-use crate::gemm::consumer::{drain_tile, mma_tile};
+use crate::arch::{regs, tma::TensorMap};
+use crate::gemm::consumer::mma_tile;
 use crate::gemm::epilogue::{drain_tma_stores, store_boxes_tma_to, store_tile_tma, swiglu_in_place};
 use crate::gemm::ring::{Ring, RingPos};
 use crate::gemm::BLayout;
@@ -18,20 +16,7 @@ pub unsafe fn run(ring: &Ring, l: Launch, wg: u32) {
     let mut acc = [0f32; 128];
     let mut pos = RingPos::START;
     for tile in l.tiles() {
-        let first_row = tile.m0 + wg * TILE.rows_per_consumer();
-        let live = unsafe {
-            let a = &*l.args;
-            let e = (a.tile_expert as *const u32)
-                .add((tile.m0 / TILE.block_m) as usize)
-                .read() as usize;
-            let end = (a.offsets as *const u32).add(e).read() + (a.counts as *const u32).add(e).read();
-            first_row < end
-        };
         unsafe {
-            if !live {
-                drain_tile(ring, &mut pos, l.k_blocks, mbarrier::trap_after(mbarrier::HUNG_NS));
-                continue;
-            }
             mma_tile(ring, &mut pos, &mut acc, wg, BLayout::Nk, l.k_blocks);
             if l.swiglu {
                 swiglu_in_place(&mut acc);
