@@ -160,6 +160,33 @@ pub struct MoeGrouped {
     pub down: Vec<bf16>,
 }
 
+/// Grids of an [`MoePlan`]'s launches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeGrids {
+    /// CTAs of the up and the down grouped GEMM: one per SM (at most `sms`), fewer when the
+    /// worst routing has fewer tiles (persistent: each CTA loops over tiles, and one whose
+    /// tiles the routing left empty exits at once).
+    pub gemm: [u32; 2],
+    /// CTAs of the gather and the combine: one per token, at most 8 per SM (256 threads each:
+    /// 2048 resident threads per SM).
+    pub rows: u32,
+}
+
+/// The launch policy of [`MoePlan`]: grids from the shape and the SM count (`sms` caps the
+/// grouped GEMMs' CTAs). Fixed per plan, whatever the routing, so launches can be captured.
+pub fn moe_grids(shape: &MoeShape, sm_count: u32, sms: Option<u32>) -> MoeGrids {
+    let sms = sms.unwrap_or(sm_count).clamp(1, sm_count.max(1)) as usize;
+    let up_cols = match shape.act {
+        Activation::SwiGlu => SWIGLU_TILE_COLS,
+        Activation::None => TILE.block_n,
+    } as usize;
+    let grid = |n: usize, cols: usize| (shape.max_tiles() * n.div_ceil(cols)).clamp(1, sms) as u32;
+    MoeGrids {
+        gemm: [grid(shape.ffn, up_cols), grid(shape.hidden, TILE.block_n as usize)],
+        rows: shape.tokens.clamp(1, 8 * sm_count.max(1) as usize) as u32,
+    }
+}
+
 /// An MoE expert FFN ready to launch: arguments and TMA descriptors uploaded, the grouped
 /// buffers allocated (sized for the worst routing). Borrows the expert weights for `'a`.
 pub struct MoePlan<'a> {
@@ -358,9 +385,7 @@ impl<'a> MoePlan<'a> {
         put(&mut block, ARG_COMBINE, bytes_of(&combine));
         stream.memcpy_htod(&block, &mut args)?;
 
-        let sms = sms.unwrap_or(device.sm_count()).clamp(1, device.sm_count());
-        let up_cols = if swiglu { SWIGLU_TILE_COLS } else { t.block_n } as usize;
-        let grid = |n: usize, cols: usize| (max_tiles * n.div_ceil(cols)).min(sms as usize).max(1) as u32;
+        let grids = moe_grids(&shape, device.sm_count(), sms);
         Ok(MoePlan {
             shape,
             route: device.function(&cfg::MOE_ROUTE)?,
@@ -372,8 +397,8 @@ impl<'a> MoePlan<'a> {
             hid,
             yp,
             words,
-            gemm_grid: [grid(f, up_cols), grid(h, t.block_n as usize)],
-            row_grid: shape.tokens.min(8 * device.sm_count() as usize) as u32,
+            gemm_grid: grids.gemm,
+            row_grid: grids.rows,
             _weights: PhantomData,
         })
     }
@@ -552,6 +577,39 @@ mod tests {
         let e = shape(16, 8, 2, 100, 64).validate().unwrap_err().to_string();
         assert!(e.contains("multiples of 8"), "{e}");
         assert!(shape(0, 8, 2, 64, 64).validate().is_err());
+    }
+    #[test]
+    fn grids_follow_the_worst_routing_and_the_sm_cap() {
+        // T = 128, top-8 over 64 experts: 8 + 64 row tiles, 16 SwiGLU and 16 down column tiles.
+        let g = moe_grids(&shape(128, 64, 8, 4096, 2048), 132, None);
+        assert_eq!(
+            g,
+            MoeGrids {
+                gemm: [132, 132],
+                rows: 128
+            }
+        );
+        // One token, one expert: the capacity bound counts 2 row tiles (ceil(1 / 128) + 1),
+        // one column tile each.
+        let g = moe_grids(&shape(1, 1, 1, 256, 128), 132, None);
+        assert_eq!(g, MoeGrids { gemm: [2, 2], rows: 1 });
+        // A cap below the SM count; many tokens: 8 row CTAs per SM.
+        let g = moe_grids(&shape(65536, 16, 4, 4096, 1408), 132, Some(100));
+        assert_eq!(
+            g,
+            MoeGrids {
+                gemm: [100, 100],
+                rows: 1056
+            }
+        );
+    }
+    #[test]
+    fn padded_offsets_start_groups_on_row_tiles() {
+        assert_eq!(
+            padded_offsets(&[300, 0, 5, 128, 129, 1]),
+            vec![0, 384, 384, 512, 640, 896, 1024]
+        );
+        assert_eq!(padded_offsets(&[]), vec![0]);
     }
     #[test]
     fn flops_and_capacity() {
