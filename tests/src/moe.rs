@@ -160,3 +160,58 @@ pub fn output(
     });
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routings_pick_distinct_experts_with_normalized_weights() {
+        for (ids, w) in [
+            uniform_routing(500, 16, 4, 1),
+            skewed_routing(500, 16, 4, 2),
+            routing_among(500, &[0, 5, 31], 2, 3),
+        ] {
+            let k = ids.len() / 500;
+            for t in 0..500 {
+                let row = &ids[t * k..(t + 1) * k];
+                for j in 0..k {
+                    assert!(!row[..j].contains(&row[j]), "token {t}: {row:?}");
+                }
+                let s: f32 = w[t * k..(t + 1) * k].iter().sum();
+                assert!((s - 1.0).abs() < 1e-5 && w[t * k..(t + 1) * k].iter().all(|&x| x > 0.0));
+            }
+        }
+        let (ids, _) = routing_among(100, &[0, 5, 31], 2, 3);
+        assert!(ids.iter().all(|e| [0, 5, 31].contains(e)));
+    }
+
+    #[test]
+    fn skewed_routing_favours_low_experts() {
+        let (ids, _) = skewed_routing(4096, 64, 8, 4);
+        let mut counts = [0usize; 64];
+        for &e in &ids {
+            counts[e as usize] += 1;
+        }
+        // Without replacement inside a token the head flattens, but stays far above the tail.
+        assert!(counts[0] > 3 * counts[63], "{counts:?}");
+        assert!(counts[0] >= counts[8] && counts[8] >= counts[40], "{counts:?}");
+    }
+
+    #[test]
+    fn reference_swiglu_row_by_hand() {
+        // H = 2, F = 1, one expert: gate row [1, 0], up row [0, 2]; x = [2, 3].
+        let b = |v: &[f32]| v.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>();
+        let d = Dims {
+            tokens: 1,
+            experts: 1,
+            top_k: 1,
+            hidden: 2,
+            ffn: 1,
+            swiglu: true,
+        };
+        let r = up_row(&b(&[2.0, 3.0]), &b(&[1.0, 0.0, 0.0, 2.0]), d, 0, 0, 0.0);
+        let want = 2.0 / (1.0 + (-2.0f64).exp()) * 6.0;
+        assert!((r[0].0 - want).abs() < 1e-12, "{:?}", r[0]);
+    }
+}
