@@ -189,6 +189,8 @@ pub fn moe_grids(shape: &MoeShape, sm_count: u32, sms: Option<u32>) -> MoeGrids 
 
 /// An MoE expert FFN ready to launch: arguments and TMA descriptors uploaded, the grouped
 /// buffers allocated (sized for the worst routing). Borrows the expert weights for `'a`.
+/// The plan's launches share its grouped buffers: enqueue them in order (one stream, or
+/// streams ordered by events), never two at once.
 pub struct MoePlan<'a> {
     shape: MoeShape,
     route: CudaFunction,
