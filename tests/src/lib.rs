@@ -3,4 +3,5 @@
 
 pub mod data;
 pub mod gpu;
+pub mod moe;
 pub mod reference;

@@ -4,6 +4,7 @@
 mod collectives;
 mod fused;
 mod gemm;
+mod moe;
 mod nccl;
 mod proxy;
 mod report;
@@ -31,6 +32,8 @@ enum Op {
     GemmRs,
     /// Fused GEMM + AllReduce vs cuBLAS + NCCL AllReduce in sequence.
     GemmAr,
+    /// MoE expert FFN on one GPU vs a per-expert cuBLAS loop and torch._grouped_mm.
+    Moe,
 }
 
 #[derive(Parser, Debug)]
@@ -133,6 +136,7 @@ fn main() -> Result<()> {
         Op::AgGemm => fused::run(&args)?,
         Op::GemmRs => fused::run_rs(&args)?,
         Op::GemmAr => fused::run_ar(&args)?,
+        Op::Moe => moe::run(&mkernel::Device::new(0)?, &args)?,
     };
     // Under launch, rank 0 writes the JSON.
     if std::env::var("RANK").map_or(true, |r| r == "0") {

@@ -5,3 +5,4 @@ pub mod fused;
 pub mod gemm;
 pub mod internode;
 pub mod iota;
+pub mod moe;

@@ -1,0 +1,7 @@
+//! Operations, one module per operation: its plan (what a launch needs, uploaded once) and a
+//! pure policy function. Their config lives in `mkernel_config::ops` and their kernels in
+//! `crates/device/src/kernels/`.
+//!
+//! - [`moe`]: mixture-of-experts expert FFN on one GPU ([`moe::MoePlan`]).
+
+pub mod moe;
