@@ -121,6 +121,8 @@ pub const KERNELS: &[KernelSpec] = &[
     PROXY_PINGPONG,
     AG_GEMM_NK,
     GEMM_RS_NK,
+    crate::ops::attention::FLASH_ATTN_FWD_D64,
+    crate::ops::attention::FLASH_ATTN_FWD_D128,
 ];
 
 /// Looks a kernel up by its entry name.

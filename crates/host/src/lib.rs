@@ -15,6 +15,7 @@ pub mod comm;
 pub mod error;
 pub mod fused;
 pub mod gemm;
+pub mod ops;
 pub mod ptx;
 pub mod runtime;
 pub mod tensor_map;
