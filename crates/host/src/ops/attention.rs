@@ -154,6 +154,8 @@ pub struct FlashAttentionPlan<'a> {
     spec: &'static KernelSpec,
     /// Tensor maps (3 x 128 bytes) then the argument block.
     block: CudaSlice<u64>,
+    /// `block`'s address (launches inside a graph capture use it directly).
+    block_addr: u64,
     grid: u32,
     info: SequenceInfo,
     _buffers: PhantomData<&'a ()>,
@@ -312,21 +314,34 @@ impl<'a> FlashAttentionPlan<'a> {
         let arg_words: [u64; ARGS_WORDS] = unsafe { std::mem::transmute(args) };
         words[3 * MAP_WORDS..].copy_from_slice(&arg_words);
         stream.memcpy_htod(&words, &mut block)?;
+        // Launches may be captured on other streams: the upload must be complete.
+        stream.synchronize()?;
         let tiles = info.batch * hq * m_blocks;
         let grid = tiles.clamp(1, device.sm_count() as usize) as u32;
         Ok(FlashAttentionPlan {
             func: device.function(spec)?,
             spec,
             block,
+            block_addr: base,
             grid,
             info,
             _buffers: PhantomData,
         })
     }
 
-    /// Enqueues the kernel on `stream`.
+    /// Enqueues the kernel on `stream`; inside a CUDA graph capture too.
     pub fn launch(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        let (base, _r) = self.block.device_ptr(stream);
+        use cudarc::driver::sys::CUstreamCaptureStatus;
+        let capturing = stream.capture_status()? != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // Outside a capture the block is read through cudarc's tracking (a free of the plan
+        // waits for the launch). During one, a wait on the upload's event (recorded outside the
+        // capture) would be an isolation error; the upload finished when the plan was made.
+        let (base, _r) = if capturing {
+            (self.block_addr, None)
+        } else {
+            let (p, r) = self.block.device_ptr(stream);
+            (p, Some(r))
+        };
         let args = base + 8 * (3 * MAP_WORDS) as u64;
         let mut b = stream.launch_builder(&self.func);
         b.arg(&args);

@@ -4,7 +4,8 @@
 //! `O += P_{n-1} V_{n-1}` (RS wgmma: P in registers as bf16x2, V through the transpose bit),
 //! wait for S only, mask it and compute `P_n` and the new row maxima while the tensor cores
 //! still multiply P V, then wait for O and rescale it. Scores stay f32 from the wgmma to the
-//! exponent (`ex2` of `S * scale * log2 e - max`).
+//! exponent (`ex2` of `S * scale * log2 e - max`). The two consumers take turns issuing their
+//! wgmmas ([`turn_begin`]), so one's softmax overlaps the other's matmuls.
 //!
 //! Thread layout (see [`crate::arch::wgmma`]): thread `t` (warp `w`, lane `l`) holds rows
 //! `r = 16w + l/4` and `r + 8` of the warpgroup's 64; element `4j + 2h + e` of an accumulator is
@@ -15,7 +16,7 @@ use crate::arch::convert::pack_bf16x2;
 use crate::arch::shuffle::shfl_xor;
 use crate::arch::smem::SmemAddr;
 use crate::arch::wgmma::{self, Swizzle};
-use crate::arch::{ids, math, mbarrier};
+use crate::arch::{ids, math, mbarrier, sync};
 use crate::gemm::ring::RingPos;
 use mkernel_config::ops::attention::{AttentionArgs, SWIZZLE_ROW};
 
@@ -46,6 +47,29 @@ macro_rules! unroll64 {
 const K_STEP_BYTES: u32 = 32;
 /// Bytes of 16 rows of a 128-byte swizzled box (a K step of `P V` along the key rows).
 const ROWS16_BYTES: u32 = 16 * SWIZZLE_ROW;
+
+/// Named barrier of consumer 0's turn; consumer 1's is the next id (0 is `__syncthreads`).
+const TURN_BARRIER: u32 = 1;
+
+/// Waits for this consumer's turn at the tensor cores: the two consumers issue their wgmmas
+/// in alternation (barrier `TURN_BARRIER + wg`: this warpgroup syncs, the other arrives), so
+/// one's softmax runs while the other's matmuls occupy the tensor cores (FlashAttention-3's
+/// ping-pong). Every tile takes `n_blocks + 1` turns in both consumers.
+#[inline(always)]
+fn turn_begin(wg: u32) {
+    if cfg!(mk_variant = "no_pingpong") {
+        return;
+    }
+    sync::named_barrier_sync(TURN_BARRIER + wg, 256);
+}
+/// Hands the turn to the other consumer.
+#[inline(always)]
+fn turn_end(wg: u32) {
+    if cfg!(mk_variant = "no_pingpong") {
+        return;
+    }
+    sync::named_barrier_arrive(TURN_BARRIER + (1 - wg), 256);
+}
 
 /// One arrival per warp on `bar`.
 #[inline(always)]
@@ -187,6 +211,10 @@ pub unsafe fn run<const D: u32>(sm: &Smem, args: *const AttentionArgs, wg: u32) 
     let mut q_phase = 0u32;
     let mut i = ids::block_idx_reread();
     let (end, stride) = (total::<true>(a), ids::grid_dim());
+    // Consumer 0 takes the first turn.
+    if wg == 1 && !cfg!(mk_variant = "no_pingpong") {
+        sync::named_barrier_arrive(TURN_BARRIER, 256);
+    }
     while i < end {
         let w = unsafe { work::<true>(a, i) };
         i += stride;
@@ -202,9 +230,11 @@ pub unsafe fn run<const D: u32>(sm: &Smem, args: *const AttentionArgs, wg: u32) 
             // Key block 0.
             let mut s = [0f32; 64];
             unsafe { mbarrier::wait_parity(sm.k_full(kpos.stage), kpos.phase) };
+            turn_begin(wg);
             wgmma::fence();
             unsafe { issue_qk::<D>(&mut s, q_rows, sm.k(kpos.stage), q_box, kv_box) };
             wgmma::commit_group();
+            turn_end(wg);
             wgmma::wait_group::<0>();
             wgmma::fence_operands_64(&mut s);
             release(sm.k_empty(kpos.stage));
@@ -221,13 +251,14 @@ pub unsafe fn run<const D: u32>(sm: &Smem, args: *const AttentionArgs, wg: u32) 
             // Key blocks 1.. overlapped with P V of the block before.
             for n in 1..w.n_blocks {
                 unsafe { mbarrier::wait_parity(sm.k_full(kpos.stage), kpos.phase) };
+                unsafe { mbarrier::wait_parity(sm.v_full(vpos.stage), vpos.phase) };
+                turn_begin(wg);
                 wgmma::fence();
                 unsafe { issue_qk::<D>(&mut s, q_rows, sm.k(kpos.stage), q_box, kv_box) };
                 wgmma::commit_group();
-                unsafe { mbarrier::wait_parity(sm.v_full(vpos.stage), vpos.phase) };
-                wgmma::fence();
                 unsafe { issue_pv::<D>(&mut o, &p, sm.v(vpos.stage), kv_box, n > 1) };
                 wgmma::commit_group();
+                turn_end(wg);
                 wgmma::wait_group::<1>();
                 wgmma::fence_operands_64(&mut s);
                 release(sm.k_empty(kpos.stage));
@@ -264,15 +295,21 @@ pub unsafe fn run<const D: u32>(sm: &Smem, args: *const AttentionArgs, wg: u32) 
             }
             // The last block's P V.
             unsafe { mbarrier::wait_parity(sm.v_full(vpos.stage), vpos.phase) };
+            turn_begin(wg);
             wgmma::fence();
             unsafe { issue_pv::<D>(&mut o, &p, sm.v(vpos.stage), kv_box, w.n_blocks > 1) };
             wgmma::commit_group();
+            turn_end(wg);
             wgmma::wait_group::<0>();
             fence_o::<D>(&mut o);
             release(sm.v_empty(vpos.stage));
             vpos.advance(t.stages);
         }
         unsafe { store::<D>(a, &w, &mut o, m, l, row, col0, scale_log2) };
+    }
+    // Consumer 1's last turn handed one to consumer 0: take it, so no arrival is left pending.
+    if wg == 0 && !cfg!(mk_variant = "no_pingpong") {
+        sync::named_barrier_sync(TURN_BARRIER, 256);
     }
 }
 
