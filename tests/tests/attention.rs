@@ -33,7 +33,7 @@ fn compare(o: &[bf16], lse: &[f32], want_o: &[f64], want_lse: &[f64]) -> (usize,
     for (i, (g, w)) in o.iter().zip(want_o).enumerate() {
         let e = (g.to_f64() - w).abs();
         mo = mo.max(e);
-        if !(e <= O_ABS + O_REL * w.abs()) {
+        if e.is_nan() || e > O_ABS + O_REL * w.abs() {
             if wo == 0 {
                 first = format!("O[{i}] = {} want {w}", g.to_f64());
             }

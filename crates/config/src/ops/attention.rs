@@ -216,10 +216,13 @@ impl AttentionTile {
             "barriers after the V ring"
         );
         assert!(
-            l.q % 1024 == 0 && l.k % 1024 == 0 && l.v % 1024 == 0,
+            l.q.is_multiple_of(1024) && l.k.is_multiple_of(1024) && l.v.is_multiple_of(1024),
             "swizzled tiles 1024-aligned"
         );
-        assert!(self.kv_bytes() % 1024 == 0, "K/V slots keep 1024-byte alignment");
+        assert!(
+            self.kv_bytes().is_multiple_of(1024),
+            "K/V slots keep 1024-byte alignment"
+        );
         assert!(l.k_full + 8 * self.stages == l.k_empty, "one k_full per stage");
         assert!(l.v_empty + 8 * self.stages <= l.bytes, "barriers inside the struct");
         assert!(l.bytes <= crate::SM90_MAX_SMEM_PER_CTA, "shared memory exceeds 227 KiB");
@@ -234,7 +237,7 @@ impl AttentionTile {
             "setmaxnreg range"
         );
         assert!(
-            self.producer_regs % 8 == 0 && self.consumer_regs % 8 == 0,
+            self.producer_regs.is_multiple_of(8) && self.consumer_regs.is_multiple_of(8),
             "setmaxnreg multiples of 8"
         );
     }
