@@ -11,6 +11,7 @@
 //! the device error record into [`Error::CommTimeout`] naming the rank, role and flag that stalled.
 pub mod heap;
 pub mod internode;
+mod residency;
 
 use crate::error::{Error, Result};
 use crate::runtime::Device;
@@ -120,6 +121,8 @@ impl Communicator {
             });
         }
         device.context().bind_to_thread()?;
+        // Before any kernel can wait for a peer: ranks sharing a GPU must fit on it together.
+        residency::check(device, &boot, cfg.bootstrap_timeout)?;
         let nnodes = info.nnodes() as u32;
         let wire_bytes = if nnodes > 1 { cfg.internode_scratch_bytes } else { 0 };
         let heap = SymmetricHeap::new(
