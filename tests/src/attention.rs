@@ -78,3 +78,54 @@ pub fn attention(
     }
     (out, lse)
 }
+
+/// Zigzag sharding of a causal sequence over `world` ranks: the sequence is cut into
+/// `2 x world` equal chunks and rank `r` holds chunks `r` and `2 world - 1 - r` (in that order),
+/// so every rank gets the same causal work. Returns the two chunk indices.
+pub fn zigzag_chunks(rank: usize, world: usize) -> [usize; 2] {
+    [rank, 2 * world - 1 - rank]
+}
+
+/// Merges two partial attention results of the same query row over disjoint key sets, in f32:
+/// `(o, lse)` with `o` normalized over its keys. `lse = -inf` is an empty set.
+pub fn merge_f32(o_a: &mut [f32], lse_a: &mut f32, o_b: &[f32], lse_b: f32) {
+    if lse_b == f32::NEG_INFINITY {
+        return;
+    }
+    if *lse_a == f32::NEG_INFINITY {
+        o_a.copy_from_slice(o_b);
+        *lse_a = lse_b;
+        return;
+    }
+    let m = lse_a.max(lse_b);
+    let (wa, wb) = ((*lse_a - m).exp(), (lse_b - m).exp());
+    let s = wa + wb;
+    for (x, y) in o_a.iter_mut().zip(o_b) {
+        *x = (wa * *x + wb * y) / s;
+    }
+    *lse_a = m + s.ln();
+}
+
+/// Attention of one query row against the keys `keys` (indices into `k`/`v`, rows of `d`),
+/// f32 arithmetic as the kernel does it (scores, max, exponentials, sums in f32): `(o, lse)`,
+/// `o = 0, lse = -inf` for no keys.
+pub fn partial_f32(q: &[f32], k: &[f32], v: &[f32], keys: &[usize], d: usize, scale: f32) -> (Vec<f32>, f32) {
+    if keys.is_empty() {
+        return (vec![0.0; d], f32::NEG_INFINITY);
+    }
+    let s: Vec<f32> = keys
+        .iter()
+        .map(|&j| scale * (0..d).map(|x| q[x] * k[j * d + x]).sum::<f32>())
+        .collect();
+    let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let p: Vec<f32> = s.iter().map(|x| (x - m).exp()).collect();
+    let l: f32 = p.iter().sum();
+    let mut o = vec![0.0f32; d];
+    for (pj, &j) in p.iter().zip(keys) {
+        for x in 0..d {
+            o[x] += pj * v[j * d + x];
+        }
+    }
+    o.iter_mut().for_each(|x| *x /= l);
+    (o, m + l.ln())
+}

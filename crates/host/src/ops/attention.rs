@@ -62,8 +62,9 @@ impl AttentionHeads {
             return bad(format!("heads_q = {} is above 32768", self.heads_q));
         }
         if let Some(s) = self.softmax_scale {
-            if !s.is_finite() {
-                return bad(format!("softmax_scale {s} is not finite"));
+            // Masked scores are -inf before scaling: a scale <= 0 would turn them into +inf or NaN.
+            if !(s.is_finite() && s > 0.0) {
+                return bad(format!("softmax_scale {s} must be finite and positive"));
             }
         }
         Ok(())
@@ -399,6 +400,14 @@ mod tests {
         let e = heads(12, 8, 128).validate().unwrap_err().to_string();
         assert!(e.contains("not a multiple of heads_kv"), "{e}");
         assert!(heads(0, 1, 64).validate().is_err());
+        let e = AttentionHeads {
+            softmax_scale: Some(-0.1),
+            ..heads(4, 4, 64)
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("positive"), "{e}");
     }
     #[test]
     fn cu_seqlens_are_checked() {
