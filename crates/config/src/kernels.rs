@@ -126,6 +126,8 @@ pub const KERNELS: &[KernelSpec] = &[
     crate::ops::moe::MOE_GATHER,
     crate::ops::moe::MOE_GROUPED_GEMM,
     crate::ops::moe::MOE_COMBINE,
+    crate::ops::attention::FLASH_ATTN_FWD_D64,
+    crate::ops::attention::FLASH_ATTN_FWD_D128,
 ];
 
 /// Looks a kernel up by its entry name.
