@@ -1,15 +1,15 @@
-//! The fused communication + compute operations, one module per operation: its plan (what a
-//! launch needs, uploaded once) and a pure policy function (which splits and paths a shape
-//! gets, from the shape, the world size, the SM count and the tune cache; unit-tested on the
-//! CPU). Their config lives in `mkernel_config` and their kernels in `crates/device`.
+//! Operations, one module per operation: its plan (buffers borrowed for its lifetime,
+//! descriptors encoded once) and a pure policy function (which splits and paths a shape gets,
+//! from the shape, the world size, the SM count and the tune cache; unit-tested on the CPU).
+//! Their config lives in `mkernel_config` (`mkernel_config::ops`) and their kernels in
+//! `crates/device/src/kernels/`.
 //!
 //! - [`ag_gemm`]: AllGather + GEMM ([`AgGemmPlan`]).
 //! - [`gemm_rs`]: GEMM + ReduceScatter and GEMM + AllReduce ([`GemmRsPlan`]).
+//! - [`attention`]: FlashAttention forward on one GPU ([`attention::FlashAttentionPlan`]).
+//! - [`moe`]: mixture-of-experts expert FFN on one GPU ([`moe::MoePlan`]).
 //!
-//! Further operations (attention, MoE) go into `ops/attention.rs` and `ops/moe.rs` in the same
-//! shape.
-//!
-//! # Soundness
+//! # Soundness of the communicating plans
 //! A plan borrows its communicator and the buffers it was made from for its lifetime `'a`
 //! (as [`crate::GemmPlan`] does): the buffers cannot be dropped, written or read elsewhere,
 //! and the communicator (whose drop unmaps the heap the plan's kernels use) cannot be dropped
@@ -126,7 +126,9 @@
 //! # Ok(()) }
 //! ```
 pub mod ag_gemm;
+pub mod attention;
 pub mod gemm_rs;
+pub mod moe;
 
 pub use ag_gemm::AgGemmPlan;
 pub use gemm_rs::{GemmRsPlan, RsSplit};
