@@ -9,7 +9,6 @@ use super::heap::{import_and_map, Mapping};
 use crate::error::{Error, Result};
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
 use mkernel_bootstrap::{Bootstrap, JobDir, LocalPeers};
-use mkernel_config::comm::HEAP_CONTROL_BYTES;
 use mkernel_proxy::emulated::{CopyEngine, EmulatedTransport, WireModel};
 use mkernel_proxy::{Fifo, FifoConsumer, Proxy, ProxyConfig, RawFifo, Regions, Topology, TransportError, Validator};
 use std::collections::VecDeque;
@@ -112,10 +111,11 @@ impl InterNode {
         // SAFETY: as above; the view lives in the proxy thread, which stops before `fifo` drops.
         let raw = unsafe { RawFifo::from_raw(fifo.host, FIFO_CAPACITY) }.map_err(proxy_err)?;
 
-        // 3. The proxy: validate against the heap, move data with GPU copies.
+        // 3. The proxy: validate against the heap (puts confined to the data region, flags to
+        // this rank's column of the inter-node flags), move data with GPU copies.
         let nnodes = info.nnodes();
         let topology = Topology::new(nnodes, info.local_world_size(), rank).map_err(proxy_err)?;
-        let regions = Regions::symmetric(&topology, heap_bytes, HEAP_CONTROL_BYTES);
+        let regions = Regions::heap(&topology, heap_bytes);
         let consumer =
             FifoConsumer::new(Fifo::new(raw).map_err(proxy_err)?, Validator::new(regions)).map_err(proxy_err)?;
         let engine = GpuCopyEngine::new(ctx.clone(), bases)?;
@@ -160,8 +160,8 @@ fn proxy_err(e: mkernel_proxy::ProxyError) -> Error {
 }
 
 /// The emulated wire's copy engine: `cuMemcpyDtoDAsync` from this rank's heap into the
-/// destination's heap (mapped in this process), and the flag as a 4-byte `cuMemsetD32Async` on
-/// the same stream after the data (flags are epochs below 2^32 whose high word stays 0).
+/// destination's heap (mapped in this process), and the flag as two 4-byte `cuMemsetD32Async`
+/// on the same stream after the data (see `write_flag` for why the halves' order is safe).
 /// Completion is tracked with one event per call.
 pub struct GpuCopyEngine {
     ctx: Arc<CudaContext>,
@@ -229,15 +229,17 @@ impl CopyEngine for GpuCopyEngine {
     }
     fn write_flag(&mut self, token: u64, dst_rank: usize, flag_offset: u64, value: u64) -> Result<(), TransportError> {
         self.bind()?;
-        if value >> 32 != 0 {
-            return Err(TransportError::Copy(format!(
-                "flag value {value} does not fit the 4-byte store of the emulated wire"
-            )));
-        }
         let dst = self.base(dst_rank)? + flag_offset;
-        // SAFETY: validated flag offset inside the destination's control area; stream order puts
-        // it after the data copies issued before it.
-        unsafe { sys::cuMemsetD32Async(dst, value as u32, 1, self.stream.cu_stream()).result() }.map_err(cuda)?;
+        // A 64-bit flag as two 32-bit stores, low word first. Flags only grow, so a reader that
+        // sees the low word alone sees (old high, new low) <= the new value: never more than
+        // the new value, whose data is already in place (stream order), at worst a smaller
+        // value it keeps waiting past. (Epochs reach 2^32: probes use `epoch << 12 | i`.)
+        for (word, half) in [(0u64, value as u32), (4, (value >> 32) as u32)] {
+            // SAFETY: the proxy validated the flag offset (8-aligned, inside the inter-node
+            // flag region of the destination's heap); stream order puts it after the data
+            // copies issued before it.
+            unsafe { sys::cuMemsetD32Async(dst + word, half, 1, self.stream.cu_stream()).result() }.map_err(cuda)?;
+        }
         self.track(token)
     }
     fn poll(&mut self, completed: &mut Vec<u64>) -> Result<(), TransportError> {

@@ -410,6 +410,22 @@ impl Communicator {
                 reason: format!("bytes {bytes} (max {}), iters {iters} (1..4096)", w.max_bytes),
             });
         }
+        // A peer the proxy would refuse (out of range, this rank, or on this node) would abort
+        // the proxy and with it this communicator's inter-node path: refuse it here instead.
+        let topology =
+            mkernel_proxy::Topology::new(w.nnodes as usize, self.world as usize, self.global_rank() as usize)
+                .map_err(|e| Error::Proxy(e.to_string()))?;
+        if !topology.is_proxy_peer(peer as usize) {
+            return Err(Error::Shape {
+                op,
+                reason: format!(
+                    "peer {peer} is not a rank on another node (global rank {} of {}, {} ranks per node)",
+                    self.global_rank(),
+                    topology.world_size(),
+                    self.world
+                ),
+            });
+        }
         let out = stream.alloc_zeros::<u64>(iters as usize)?;
         let out_ptr = out.device_ptr(stream).0;
         let (desc, src_off, dst_off, init) = (self.desc_ptr(), w.stage.offset, w.recv.offset, initiator as u32);
