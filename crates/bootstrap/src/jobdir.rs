@@ -177,12 +177,12 @@ mod tests {
 
     #[test]
     fn names_differ_by_job_and_node() {
-        let k = JobKey::new("k").unwrap();
+        let k = JobKey::new("k-0123456789abcdef").unwrap();
         let a = dir_name(&k, "h:1", 0);
         assert_eq!(a.len(), "mkernel-".len() + 24);
         assert_ne!(a, dir_name(&k, "h:1", 1));
         assert_ne!(a, dir_name(&k, "h:2", 0));
-        assert_ne!(a, dir_name(&JobKey::new("j").unwrap(), "h:1", 0));
+        assert_ne!(a, dir_name(&JobKey::new("j-0123456789abcdef").unwrap(), "h:1", 0));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use crate::error::Refusal;
 const T: Duration = Duration::from_secs(10);
 
 fn key() -> JobKey {
-    JobKey::new("the right key").unwrap()
+    JobKey::new("the right key, 16+ bytes").unwrap()
 }
 
 /// A server for `world` ranks on a free port, and its address.
@@ -123,7 +123,7 @@ fn a_wrong_key_is_refused_while_the_right_ones_proceed() {
     let (srv, addr) = server(3);
     let intruder = {
         let addr = addr.clone();
-        thread::spawn(move || Store::connect(&addr, 1, 3, &JobKey::new("a wrong key").unwrap(), T).unwrap_err())
+        thread::spawn(move || Store::connect(&addr, 1, 3, &JobKey::new("a wrong key of 16+ bytes").unwrap(), T).unwrap_err())
     };
     let e = intruder.join().unwrap();
     assert!(
