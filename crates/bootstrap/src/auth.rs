@@ -179,7 +179,12 @@ mod tests {
         let k = JobKey::new("key-0123456789abcdef").unwrap();
         let t = tag(&k, label::CLIENT, &[b"a", b"b"]);
         assert!(verify(&k, label::CLIENT, &[b"a", b"b"], &t));
-        assert!(!verify(&JobKey::new("kez-0123456789abcdef").unwrap(), label::CLIENT, &[b"a", b"b"], &t));
+        assert!(!verify(
+            &JobKey::new("kez-0123456789abcdef").unwrap(),
+            label::CLIENT,
+            &[b"a", b"b"],
+            &t
+        ));
         assert!(!verify(&k, label::SERVER, &[b"a", b"b"], &t));
         assert!(!verify(&k, label::CLIENT, &[b"ab", b""], &t));
         assert!(!verify(&k, label::CLIENT, &[b"a", b"b"], &t[..31]));

@@ -172,8 +172,8 @@ fn handshake(
         .and_then(|()| stream.set_write_timeout(Some(ATTEMPT_TIMEOUT)))
         .map_err(|e| io_retry("setting up the connection to", e))?;
     let mut reader = DeadlineReader::new(&stream, hs_deadline);
-    let hello = protocol::read_msg(&mut reader, MAX_HANDSHAKE_FRAME)
-        .map_err(|e| io_retry("waiting for the greeting of", e))?;
+    let hello =
+        protocol::read_msg(&mut reader, MAX_HANDSHAKE_FRAME).map_err(|e| io_retry("waiting for the greeting of", e))?;
     let Msg::Hello {
         version,
         nonce: server_nonce,

@@ -155,7 +155,12 @@ pub(crate) fn write_msg_max(mut w: impl Write, msg: &Msg, max: usize) -> io::Res
     let len = u32::try_from(body.len())
         .ok()
         .filter(|&l| l as usize <= max)
-        .ok_or_else(|| frame(io::ErrorKind::InvalidInput, FrameError::TooLarge { len: body.len(), max }))?;
+        .ok_or_else(|| {
+            frame(
+                io::ErrorKind::InvalidInput,
+                FrameError::TooLarge { len: body.len(), max },
+            )
+        })?;
     let mut frame = Vec::with_capacity(4 + body.len());
     frame.extend_from_slice(&len.to_le_bytes());
     frame.extend_from_slice(&body);
@@ -566,7 +571,10 @@ mod tests {
             Msg::TooLarge { bytes: 9, max: 8 },
             Msg::Refused(Refusal::Truncated),
             Msg::Refused(Refusal::Malformed),
-            Msg::Refused(Refusal::FrameTooLarge { len: 1 << 31, max: 1024 }),
+            Msg::Refused(Refusal::FrameTooLarge {
+                len: 1 << 31,
+                max: 1024,
+            }),
             Msg::Refused(Refusal::HandshakeTimeout {
                 after: Duration::from_millis(1500),
             }),

@@ -399,12 +399,17 @@ fn handshake(stream: &TcpStream, accepted: Instant, gate: &Gate, state: &AtomicU
                 // The stream ended inside a frame.
                 (io::ErrorKind::UnexpectedEof, _) if reader.read > 0 => refuse(Refusal::Truncated),
                 _ => Rejected::Broken,
-            })
+            });
         }
     };
     // A recorded `Auth` sent again: its proof is for another store nonce, so it would fail
     // below anyway; the nonce says what it is.
-    let used = |n: &Tag| gate.used_nonces.lock().unwrap_or_else(PoisonError::into_inner).contains(n);
+    let used = |n: &Tag| {
+        gate.used_nonces
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(n)
+    };
     if used(&client_nonce) {
         return Err(refuse(Refusal::Replayed));
     }
