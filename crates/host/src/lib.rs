@@ -25,4 +25,5 @@ pub use cudarc;
 pub use error::{Error, Result};
 pub use gemm::{BLayout, GemmPlan, GemmShape, OutDtype};
 pub use mkernel_bootstrap as bootstrap;
+pub use mkernel_proxy as proxy;
 pub use runtime::Device;
