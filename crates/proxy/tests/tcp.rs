@@ -133,16 +133,9 @@ fn all_to_all(side: &RankSide, fabric: &CpuFabric, world: usize, block: u64, epo
             if e % 3 == 0 {
                 // Flagless halves, then a SIGNAL: the flag must cover both.
                 let h = block / 2;
-                p.push(&CommandBody::put_no_flag(d as u32, src, dst, h, e))
+                p.push(&CommandBody::put_no_flag(d as u32, src, dst, h, e)).unwrap();
+                p.push(&CommandBody::put_no_flag(d as u32, src + h, dst + h, block - h, e))
                     .unwrap();
-                p.push(&CommandBody::put_no_flag(
-                    d as u32,
-                    src + h,
-                    dst + h,
-                    block - h,
-                    e,
-                ))
-                .unwrap();
                 last = Some(p.push(&CommandBody::signal(d as u32, flag, e, e)).unwrap());
             } else {
                 last = Some(
