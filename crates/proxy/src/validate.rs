@@ -54,13 +54,82 @@ impl std::fmt::Display for Span {
     }
 }
 
-/// Where the proxy may write in one peer's memory, as that peer announced it.
+/// Where the proxy may write in one peer's memory, as that peer announced it. The checks are
+/// methods, so that a receiving side (a transport that applies other ranks' writes to this
+/// rank's memory) can apply the same rules to what arrives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PeerRegions {
     /// The target of puts.
     pub data: Span,
     /// The flag words that flags may raise.
     pub flags: Span,
+    /// `Some(n)`: the flag region is a matrix `[slot][source rank]` of `n` words per slot, and
+    /// a sender may only raise the words of its own column.
+    pub flag_columns: Option<u64>,
+}
+
+impl PeerRegions {
+    /// mkernel's symmetric heap of `heap_bytes` bytes (layout in `mkernel_config::comm`): data
+    /// `[HEAP_RESERVED_BYTES, heap_bytes)`, flags the inter-node flag region
+    /// `[REMOTE_FLAGS_OFFSET, + REMOTE_SLOTS * MAX_RANKS * 8)`, one column per source rank.
+    pub const fn heap(heap_bytes: u64) -> PeerRegions {
+        let end = if heap_bytes > HEAP_RESERVED_BYTES {
+            heap_bytes
+        } else {
+            HEAP_RESERVED_BYTES
+        };
+        PeerRegions {
+            data: Span::new(HEAP_RESERVED_BYTES, end),
+            flags: Span::new(
+                REMOTE_FLAGS_OFFSET,
+                REMOTE_FLAGS_OFFSET + REMOTE_SLOTS as u64 * MAX_RANKS as u64 * FLAG_BYTES,
+            ),
+            flag_columns: Some(MAX_RANKS as u64),
+        }
+    }
+
+    /// Checks a write of `bytes` at `offset` into this (rank `owner`'s) data region.
+    pub fn check_put(&self, owner: usize, offset: u64, bytes: u64) -> Result<(), Violation> {
+        if self.data.contains(offset, bytes) {
+            return Ok(());
+        }
+        Err(Violation::new(
+            ErrorCode::DstOutOfRange,
+            format!(
+                "dst_offset {offset} + bytes {bytes} outside rank {owner}'s data region {}",
+                self.data
+            ),
+        ))
+    }
+
+    /// Checks that `sender` may raise the flag word at `offset` of rank `owner` to `value`.
+    pub fn check_flag(&self, owner: usize, sender: usize, offset: u64, value: u64) -> Result<(), Violation> {
+        let flags = self.flags;
+        if offset & (FLAG_BYTES - 1) != 0 || !flags.contains(offset, FLAG_BYTES) {
+            return Err(Violation::new(
+                ErrorCode::BadFlagOffset,
+                format!("flag_offset {offset} not 8-aligned or outside rank {owner}'s flag region {flags}"),
+            ));
+        }
+        if let Some(n) = self.flag_columns.filter(|&n| n > 0) {
+            let column = (offset - flags.start) / FLAG_BYTES % n;
+            if column != sender as u64 {
+                return Err(Violation::new(
+                    ErrorCode::FlagNotOwned,
+                    format!(
+                        "flag_offset {offset} is rank {column}'s flag at rank {owner}; rank {sender} may only raise its own"
+                    ),
+                ));
+            }
+        }
+        if value == 0 {
+            return Err(Violation::new(
+                ErrorCode::ZeroFlagValue,
+                format!("flag_value 0 at flag_offset {offset}"),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// What the proxy may touch: its local data region and, per proxy peer, the peer's regions.
@@ -70,9 +139,6 @@ pub struct Regions {
     local_data: Span,
     /// Indexed by rank; `None` for ranks that are not proxy peers.
     peers: Vec<Option<PeerRegions>>,
-    /// `Some(n)`: the flag region is a matrix `[slot][source rank]` of `n` words per slot, and
-    /// this rank may only raise the words of its own column.
-    flag_columns: Option<u64>,
 }
 
 impl Regions {
@@ -80,14 +146,8 @@ impl Regions {
     /// laid out as in `mkernel_config::comm`; puts read and write `[HEAP_RESERVED_BYTES,
     /// heap_bytes)`, flags go to this rank's column of the inter-node flag region.
     pub fn heap(topology: &Topology, heap_bytes: u64) -> Regions {
-        let data = Span::new(HEAP_RESERVED_BYTES, heap_bytes.max(HEAP_RESERVED_BYTES));
-        let flags = Span::new(
-            REMOTE_FLAGS_OFFSET,
-            REMOTE_FLAGS_OFFSET + u64::from(REMOTE_SLOTS) * u64::from(MAX_RANKS) * FLAG_BYTES,
-        );
-        let mut r = Regions::with_spans(topology, data, PeerRegions { data, flags });
-        r.flag_columns = Some(u64::from(MAX_RANKS));
-        r
+        let peer = PeerRegions::heap(heap_bytes);
+        Regions::with_spans(topology, peer.data, peer)
     }
 
     /// Every proxy peer of `topology` has the same sizes as this rank (symmetric allocation):
@@ -100,6 +160,7 @@ impl Regions {
             PeerRegions {
                 data: Span::upto(data_bytes),
                 flags: Span::upto(flag_bytes),
+                flag_columns: None,
             },
         )
     }
@@ -122,7 +183,6 @@ impl Regions {
             rank: topology.rank(),
             local_data,
             peers,
-            flag_columns: None,
         }
     }
 
@@ -141,10 +201,6 @@ impl Regions {
     /// The regions of proxy peer `rank`.
     pub fn peer(&self, rank: usize) -> Option<PeerRegions> {
         self.peers.get(rank).copied().flatten()
-    }
-    /// Words per slot of the flag matrix when flags are confined to this rank's column.
-    pub fn flag_columns(&self) -> Option<u64> {
-        self.flag_columns
     }
 }
 
@@ -232,33 +288,8 @@ impl Validator {
         }
     }
 
-    fn flag(&self, dst_rank: u32, peer: PeerRegions, offset: u64, value: u64) -> Result<(), Violation> {
-        let flags = peer.flags;
-        if offset & (FLAG_BYTES - 1) != 0 || !flags.contains(offset, FLAG_BYTES) {
-            return Err(Violation::new(
-                ErrorCode::BadFlagOffset,
-                format!("flag_offset {offset} not 8-aligned or outside rank {dst_rank}'s flag region {flags}"),
-            ));
-        }
-        if let Some(n) = self.regions.flag_columns.filter(|&n| n > 0) {
-            let column = (offset - flags.start) / FLAG_BYTES % n;
-            if column != self.regions.rank as u64 {
-                return Err(Violation::new(
-                    ErrorCode::FlagNotOwned,
-                    format!(
-                        "flag_offset {offset} is rank {column}'s flag at rank {dst_rank}; rank {} may only raise its own",
-                        self.regions.rank
-                    ),
-                ));
-            }
-        }
-        if value == 0 {
-            return Err(Violation::new(
-                ErrorCode::ZeroFlagValue,
-                format!("flag_value 0 at flag_offset {offset}"),
-            ));
-        }
-        Ok(())
+    fn flag(&self, dst: usize, peer: PeerRegions, offset: u64, value: u64) -> Result<(), Violation> {
+        peer.check_flag(dst, self.regions.rank, offset, value)
     }
 
     /// Checks `c`; on success the epoch is remembered.
@@ -297,15 +328,7 @@ impl Validator {
                         ),
                     ));
                 }
-                if !peer.data.contains(c.dst_offset, c.bytes) {
-                    return Err(Violation::new(
-                        ErrorCode::DstOutOfRange,
-                        format!(
-                            "dst_offset {} + bytes {} outside rank {dst}'s data region {}",
-                            c.dst_offset, c.bytes, peer.data
-                        ),
-                    ));
-                }
+                peer.check_put(dst, c.dst_offset, c.bytes)?;
                 let flag = if c.flags & CMD_NO_FLAG != 0 {
                     if c.flag_offset != 0 || c.flag_value != 0 {
                         return Err(Violation::new(
@@ -315,7 +338,7 @@ impl Validator {
                     }
                     None
                 } else {
-                    self.flag(c.dst_rank, peer, c.flag_offset, c.flag_value)?;
+                    self.flag(dst, peer, c.flag_offset, c.flag_value)?;
                     Some((c.flag_offset, c.flag_value))
                 };
                 Checked::Put {
@@ -334,7 +357,7 @@ impl Validator {
                     ));
                 }
                 let (dst, peer) = self.peer(c.dst_rank)?;
-                self.flag(c.dst_rank, peer, c.flag_offset, c.flag_value)?;
+                self.flag(dst, peer, c.flag_offset, c.flag_value)?;
                 Checked::Signal {
                     dst,
                     flag_offset: c.flag_offset,
@@ -524,6 +547,7 @@ mod tests {
         let p = Some(PeerRegions {
             data: Span::upto(16),
             flags: Span::upto(8),
+            flag_columns: None,
         });
         let r = Regions::new(&t, Span::upto(32), vec![p, p, p]);
         assert_eq!((r.peer(0), r.peer(1), r.peer(2), r.peer(3)), (None, None, p, None));
@@ -678,5 +702,27 @@ mod tests {
         v.check(&sig(wrap << 12 | 1).in_sequence(crate::protocol::EPOCH_SEQ_PROBES))
             .unwrap();
         assert_eq!(v.last_epoch_of(2), Some(wrap << 12 | 1));
+    }
+
+    #[test]
+    fn a_receiver_applies_the_same_rules() {
+        use mkernel_config::comm::{remote_flag_offset, RemoteSlot, ABORT_OFFSET};
+        let me = PeerRegions::heap(HEAP_RESERVED_BYTES + 4096);
+        assert!(me.check_put(0, HEAP_RESERVED_BYTES, 4096).is_ok());
+        assert_eq!(me.check_put(0, 0, 8).unwrap_err().code, ErrorCode::DstOutOfRange);
+        let from_3 = remote_flag_offset(RemoteSlot::Data, 3);
+        assert!(me.check_flag(0, 3, from_3, 9).is_ok());
+        assert_eq!(
+            me.check_flag(0, 2, from_3, 9).unwrap_err().code,
+            ErrorCode::FlagNotOwned
+        );
+        assert_eq!(
+            me.check_flag(0, 3, ABORT_OFFSET, 9).unwrap_err().code,
+            ErrorCode::BadFlagOffset
+        );
+        assert_eq!(
+            me.check_flag(0, 3, from_3, 0).unwrap_err().code,
+            ErrorCode::ZeroFlagValue
+        );
     }
 }
