@@ -365,7 +365,7 @@ pub(super) unsafe fn rs_roles(args: *const GemmRsArgs, desc: *const CommDesc, en
                         tile,
                         it.k0,
                         it.k_len(),
-                        consumer_stall(ldesc()),
+                        producer_stall(ldesc()),
                         count,
                     )
                 };
@@ -509,7 +509,8 @@ pub(super) unsafe fn rs_roles(args: *const GemmRsArgs, desc: *const CommDesc, en
                 // (always completes) has landed.
                 drain_tma_stores();
                 if ready & STAGED != 0 {
-                    while !mbarrier::try_wait_parity(ring.aux(wg), (ready & STAGE_PARITY != 0) as u32) {}
+                    let parity = (ready & STAGE_PARITY != 0) as u32;
+                    let _ = wait_mbarrier(ring.aux(wg), parity, ldesc(), Role::Compute, wait_code::STAGING, wg);
                 }
                 // Keep freeing the ring's slots for this CTA's remaining work (without
                 // computing): the producer and the other consumer warpgroup, which stops at its
