@@ -59,9 +59,8 @@ unsafe fn wait_until(
             if !aborting && polls % 1024 == 0 && unsafe { memory::ld_relaxed_u32(Scope::Sys, fifo_abort) } != 0 {
                 // The proxy failed (its own error record says why): stop this rank's other waits
                 // too (a host's abort, if one came first, keeps its word).
-                let _ = unsafe {
-                    memory::atom_acq_rel_cas_u32(Scope::Gpu, abort as *mut u32, 0, abort_word::PROXY_FAILED)
-                };
+                let _ =
+                    unsafe { memory::atom_acq_rel_cas_u32(Scope::Gpu, abort as *mut u32, 0, abort_word::PROXY_FAILED) };
                 aborting = true;
             }
             let waited = time::globaltimer_ns().wrapping_sub(start);

@@ -136,7 +136,11 @@ pub(crate) unsafe fn report_give_up(c: &CommCtx, code_of_wait: u32, src: u32, ta
             (*rec).seen = seen;
             (*rec).waited_ns = waited;
             (*rec).abort_word = word;
-            let what = if word != 0 { ErrorCode::Aborted } else { ErrorCode::Timeout };
+            let what = if word != 0 {
+                ErrorCode::Aborted
+            } else {
+                ErrorCode::Timeout
+            };
             memory::st_release_u32(Scope::Gpu, code, what as u32);
         }
     }
@@ -180,7 +184,11 @@ pub fn local_stall<const ON_ABORT: bool>(desc: u64, role: Role, code: u32, index
         }
         unsafe {
             let c = CommCtx::with_epoch(desc as *const CommDesc, ids::block_idx(), role, 0);
-            let index = if index == THIS_WARPGROUP { ids::warpgroup_idx() } else { index };
+            let index = if index == THIS_WARPGROUP {
+                ids::warpgroup_idx()
+            } else {
+                index
+            };
             report_give_up(&c, code, index, 0, 0, stalled);
         }
         true
