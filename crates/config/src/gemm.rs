@@ -163,8 +163,8 @@ impl GemmTile {
     }
     /// Bytes after the descriptor copy for a copy of the launch's argument block
     /// (GEMM+ReduceScatter/AllReduce's `GemmRsArgs`, read there for the same reason: its tensor
-    /// map addresses, read right before the epilogue's bulk stores, cost ~1-2 us per tile
-    /// from global memory behind the SM's NVLink traffic).
+    /// map addresses are read right before the epilogue's bulk stores, and a global read there
+    /// queues behind the SM's outstanding NVLink traffic).
     pub const ARGS_COPY_BYTES: u32 = 272;
     /// Offset of the argument block copy (8-byte aligned).
     pub const fn args_copy_offset(&self) -> u32 {

@@ -12,6 +12,7 @@
 pub mod abort;
 pub mod heap;
 pub mod internode;
+mod residency;
 
 use crate::error::{Error, Result};
 use crate::runtime::Device;
@@ -123,6 +124,8 @@ impl Communicator {
             });
         }
         device.context().bind_to_thread()?;
+        // Before any kernel can wait for a peer: ranks sharing a GPU must fit on it together.
+        residency::check(device, &boot, cfg.bootstrap_timeout)?;
         let nnodes = info.nnodes() as u32;
         let wire_bytes = if nnodes > 1 { cfg.internode_scratch_bytes } else { 0 };
         let heap = SymmetricHeap::new(
