@@ -57,16 +57,9 @@ fn abort_stops_every_op_and_reset_makes_the_communicator_usable() {
         let mut src = stream.clone_htod(&mine).unwrap();
         let src_ptr = ptr(&mut src, &stream);
         let dst = comm.alloc(bytes * world as u64).unwrap();
-        let expected: Vec<bf16> = (0..world as u64)
-            .flat_map(|r| values(bytes as usize / 2, r))
-            .collect();
-        let check_data = |comm: &Communicator| {
-            assert_close(
-                "all_gather",
-                &read_heap(comm, &dst, expected.len()),
-                &expected,
-            )
-        };
+        let expected: Vec<bf16> = (0..world as u64).flat_map(|r| values(bytes as usize / 2, r)).collect();
+        let check_data =
+            |comm: &Communicator| assert_close("all_gather", &read_heap(comm, &dst, expected.len()), &expected);
         comm.all_gather(&stream, src_ptr, &dst, bytes, 8).unwrap();
         stream.synchronize().unwrap();
         comm.check().unwrap();
@@ -130,9 +123,7 @@ fn abort_stops_every_op_and_reset_makes_the_communicator_usable() {
             None => {
                 let zeros = vec![bf16::ZERO; out_elems];
                 // SAFETY: `c` holds at least `out_elems` elements; no kernel uses it now.
-                unsafe {
-                    mkernel::cudarc::driver::result::memcpy_htod_sync(c.device_ptr(&stream).0, &zeros).unwrap()
-                };
+                unsafe { mkernel::cudarc::driver::result::memcpy_htod_sync(c.device_ptr(&stream).0, &zeros).unwrap() };
             }
         };
         launch().unwrap();

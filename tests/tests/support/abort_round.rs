@@ -60,9 +60,7 @@ pub fn aborted_round(
         .synchronize()
         .unwrap_or_else(|e| panic!("rank {g}: {what}: the launch failed instead of ending: {e}"));
     let elapsed = start.elapsed();
-    let err = comm
-        .check()
-        .expect_err("an aborted communicator must report the abort");
+    let err = comm.check().expect_err("an aborted communicator must report the abort");
     match &err {
         Error::Aborted { by_rank, .. } => assert_eq!(*by_rank, ABORTER, "rank {g}: {what}: {err}"),
         other => panic!("rank {g}: {what}: expected Error::Aborted, got {other}"),

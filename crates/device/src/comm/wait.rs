@@ -115,7 +115,8 @@ pub unsafe fn signal_all_peers(c: &CommCtx, slot: FlagSlot) {
 /// global rank. It reads the rank's abort word: raised, the wait gave up because the rank is
 /// aborting ([`ErrorCode::Aborted`], the word kept in the record); else it timed out
 /// ([`ErrorCode::Timeout`]) and raises the abort word ([`abort_word::TIMED_OUT`]) so the rank's
-/// other waits stop at once. The first record of the rank wins (compare-and-swap on `code`).
+/// other waits stop at once - after claiming the record, so a wait stopped by that word cannot
+/// claim it first. The first record of the rank wins (compare-and-swap on `code`).
 /// (The word is read here, not passed: one more value live at every wait's call site cost the
 /// GEMM+ReduceScatter consumers spills.)
 pub(crate) unsafe fn report_give_up(c: &CommCtx, code_of_wait: u32, src: u32, target: u64, seen: u64, waited: u64) {
@@ -124,8 +125,7 @@ pub(crate) unsafe fn report_give_up(c: &CommCtx, code_of_wait: u32, src: u32, ta
     let code = rec as *mut u32;
     let abort = (local + ABORT_OFFSET) as *mut u32;
     unsafe {
-        // Raised unless it is up already (a host's abort keeps its value).
-        let word = memory::atom_acq_rel_cas_u32(Scope::Gpu, abort, 0, abort_word::TIMED_OUT);
+        let word = memory::ld_acquire_u32(Scope::Gpu, abort);
         if memory::atom_acq_rel_cas_u32(Scope::Gpu, code, 0, u32::MAX) == 0 {
             (*rec).rank = c.global_rank_now();
             (*rec).role = c.role as u32;
@@ -142,6 +142,10 @@ pub(crate) unsafe fn report_give_up(c: &CommCtx, code_of_wait: u32, src: u32, ta
                 ErrorCode::Timeout
             };
             memory::st_release_u32(Scope::Gpu, code, what as u32);
+        }
+        if word == 0 {
+            // Raised unless it went up meanwhile (a host's abort keeps its value).
+            let _ = memory::atom_acq_rel_cas_u32(Scope::Gpu, abort, 0, abort_word::TIMED_OUT);
         }
     }
 }
