@@ -1,13 +1,14 @@
-//! `Communicator::abort` while a kernel runs, on one node: an AllGather, then each fused op
-//! (AllGather+GEMM, GEMM+ReduceScatter, GEMM+AllReduce). In each round every rank's launch ends
-//! by itself within `ROUND_BOUND` (the device timeout is 60 s) and `check()` names rank 0 as the
-//! aborter; `reset()` then makes the communicator usable again: the next launch gives the same
-//! result as the launch before the abort.
+//! `Communicator::abort` while a kernel runs, on one node: an AllGather (LL, staged and direct
+//! paths), then each fused op (AllGather+GEMM, GEMM+ReduceScatter, GEMM+AllReduce); the kernels
+//! either wait for a lagging rank or run a queue of about 1.5 s of launches (`Mode`). In each
+//! round every rank's launches end by themselves within the round's bound (the device timeout
+//! is 60 s) and `check()` names rank 0 as the aborter; `reset()` then makes the communicator
+//! usable again: the next launch gives the same result as the launch before the abort.
 //! Run: `bundle/xtask launch -n 2 [--share-gpu] -- bundle/tests/mkernel-tests-abort`.
 #[path = "support/abort_round.rs"]
 mod abort_round;
 
-use abort_round::{aborted_round, assert_close, values, DEVICE_TIMEOUT};
+use abort_round::{aborted_round, assert_close, queued, values, Mode, DEVICE_TIMEOUT};
 use half::bf16;
 use mkernel::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use mkernel::fused::{AgGemmPlan, GemmRsPlan};
@@ -33,6 +34,13 @@ fn zero_heap(comm: &Communicator, b: &SymBuffer) {
     unsafe { mkernel::cudarc::driver::result::memcpy_htod_sync(comm.ptr(b), &zeros).unwrap() };
 }
 
+fn label(m: Mode) -> &'static str {
+    match m {
+        Mode::LaggingRank => "lagging",
+        Mode::Queued { .. } => "queued",
+    }
+}
+
 #[test]
 #[ignore = "needs GPU ranks (xtask launch -n 2 [--share-gpu]; cargo xtask test --gpu runs it)"]
 fn abort_stops_every_op_and_reset_makes_the_communicator_usable() {
@@ -50,9 +58,9 @@ fn abort_stops_every_op_and_reset_makes_the_communicator_usable() {
     let stream = dev.default_stream();
     let (rank, world) = (comm.rank(), comm.world() as usize);
 
-    // 1. AllGather (1 MiB per rank: the direct path, Ready/Done handshakes).
-    {
-        let bytes = 1u64 << 20;
+    // 1. AllGather on each path: LL (4 KiB per rank), staged (128 KiB), direct (1 MiB,
+    // Ready/Done handshakes); the direct one also with a queue of launches.
+    for (bytes, path) in [(4u64 << 10, "ll"), (128 << 10, "staged"), (1 << 20, "direct")] {
         let mine = values(bytes as usize / 2, rank as u64);
         let mut src = stream.clone_htod(&mine).unwrap();
         let src_ptr = ptr(&mut src, &stream);
@@ -64,17 +72,25 @@ fn abort_stops_every_op_and_reset_makes_the_communicator_usable() {
         stream.synchronize().unwrap();
         comm.check().unwrap();
         check_data(&comm);
-        aborted_round(&comm, &handle, &stream, "all_gather", &|| {
-            comm.all_gather(&stream, src_ptr, &dst, bytes, 8)
-        });
-        comm.reset().unwrap();
-        comm.check().unwrap();
-        zero_heap(&comm, &dst);
-        comm.all_gather(&stream, src_ptr, &dst, bytes, 8).unwrap();
-        stream.synchronize().unwrap();
-        comm.check().unwrap();
-        check_data(&comm);
-        println!("rank {rank}: all_gather after reset: correct");
+        let mut modes = vec![Mode::LaggingRank];
+        if path == "direct" {
+            let launch = || comm.all_gather(&stream, src_ptr, &dst, bytes, 8);
+            modes.push(queued(&comm, &stream, &format!("all_gather_{path}"), &launch));
+        }
+        for mode in modes {
+            let what = format!("all_gather_{path}_{}", label(mode));
+            aborted_round(&comm, &handle, &stream, &what, mode, &|| {
+                comm.all_gather(&stream, src_ptr, &dst, bytes, 8)
+            });
+            comm.reset().unwrap();
+            comm.check().unwrap();
+            zero_heap(&comm, &dst);
+            comm.all_gather(&stream, src_ptr, &dst, bytes, 8).unwrap();
+            stream.synchronize().unwrap();
+            comm.check().unwrap();
+            check_data(&comm);
+            println!("rank {rank}: {what}: after reset: correct");
+        }
     }
 
     // 2. The fused ops (shapes of tests/tests/support/fused_timeout.rs: two tiles and more per
@@ -130,14 +146,23 @@ fn abort_stops_every_op_and_reset_makes_the_communicator_usable() {
         stream.synchronize().unwrap();
         comm.check().unwrap();
         let before = read(&comm);
-        aborted_round(&comm, &handle, &stream, op, &*launch);
-        comm.reset().unwrap();
-        comm.check().unwrap();
-        clear(&comm);
-        launch().unwrap();
-        stream.synchronize().unwrap();
-        comm.check().unwrap();
-        assert_close(op, &read(&comm), &before);
-        println!("rank {rank}: {op} after reset: same result as before the abort");
+        // AllGather+GEMM is not queued: its consumers do not read the abort word (an aborted
+        // launch still runs its math on stale operands; docs/protocol.md).
+        let mut modes = vec![Mode::LaggingRank];
+        if op != "ag_gemm" {
+            modes.push(queued(&comm, &stream, op, &*launch));
+        }
+        for mode in modes {
+            let what = format!("{op}_{}", label(mode));
+            aborted_round(&comm, &handle, &stream, &what, mode, &*launch);
+            comm.reset().unwrap();
+            comm.check().unwrap();
+            clear(&comm);
+            launch().unwrap();
+            stream.synchronize().unwrap();
+            comm.check().unwrap();
+            assert_close(op, &read(&comm), &before);
+            println!("rank {rank}: {what}: after reset: same result as before the abort");
+        }
     }
 }

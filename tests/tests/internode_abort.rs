@@ -5,7 +5,7 @@
 #[path = "support/abort_round.rs"]
 mod abort_round;
 
-use abort_round::{aborted_round, values, DEVICE_TIMEOUT};
+use abort_round::{aborted_round, values, Mode, DEVICE_TIMEOUT};
 use mkernel::cudarc::driver::DevicePtrMut;
 use mkernel::{CommConfig, Communicator, Error};
 use mkernel_tests::gpu::launched_rank_or_skip;
@@ -40,9 +40,14 @@ fn abort_stops_an_internode_all_gather() {
     comm.all_gather(&stream, src_ptr, &out, bytes, 4).unwrap();
     stream.synchronize().unwrap();
     comm.check().unwrap();
-    aborted_round(&comm, &handle, &stream, "internode_all_gather", &|| {
-        comm.all_gather(&stream, src_ptr, &out, bytes, 4)
-    });
+    aborted_round(
+        &comm,
+        &handle,
+        &stream,
+        "internode_all_gather",
+        Mode::LaggingRank,
+        &|| comm.all_gather(&stream, src_ptr, &out, bytes, 4),
+    );
     match comm.reset() {
         Err(Error::Unsupported(why)) => println!("rank {g}: reset across nodes refused: {why}"),
         other => panic!("rank {g}: reset across nodes must be refused, got {other:?}"),

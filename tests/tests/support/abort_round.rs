@@ -19,17 +19,79 @@ pub const DEVICE_TIMEOUT: Duration = Duration::from_secs(60);
 /// When rank 0's watchdog aborts, after its launch.
 const ABORT_AFTER: Duration = Duration::from_millis(300);
 
+/// How the aborted round keeps the kernels busy when the abort comes.
+#[derive(Clone, Copy, Debug)]
+#[allow(dead_code)]
+pub enum Mode {
+    /// The last rank launches only after the abort: the others' kernels wait for it.
+    LaggingRank,
+    /// Every rank queues `n` launches at once (up to about 1.5 s of work, [`queue_length`];
+    /// `work_ms` as timed on this rank): the abort meets kernels that run and make progress,
+    /// and the queued rest.
+    Queued { n: u32, work_ms: u32 },
+}
+
+/// [`Mode::Queued`] with launches for about 1.5 s of work (100 to 20 000), timed on every
+/// rank (10 launches), the largest count of all ranks (collective).
+#[allow(dead_code)]
+pub fn queued(
+    comm: &Communicator,
+    stream: &Arc<CudaStream>,
+    what: &str,
+    launch: &dyn Fn() -> mkernel::Result<()>,
+) -> Mode {
+    let t = Instant::now();
+    for _ in 0..10 {
+        launch().unwrap();
+    }
+    stream.synchronize().unwrap();
+    comm.check().unwrap();
+    let one = t.elapsed().as_secs_f64() / 10.0;
+    let mine = ((1.5 / one) as u32).clamp(100, 20_000);
+    let all = comm
+        .bootstrap()
+        .store()
+        .all_gather(
+            &format!("abort-test/{what}/queue"),
+            &mine.to_le_bytes(),
+            Duration::from_secs(60),
+        )
+        .unwrap();
+    let n = all
+        .iter()
+        .map(|v| u32::from_le_bytes(v.as_slice().try_into().unwrap()))
+        .max()
+        .unwrap_or(mine);
+    Mode::Queued {
+        n,
+        work_ms: (n as f64 * one * 1e3) as u32,
+    }
+}
+
 /// Runs one aborted round of `launch` (see the module doc); returns what `check()` said.
 pub fn aborted_round(
     comm: &Communicator,
     handle: &AbortHandle,
     stream: &Arc<CudaStream>,
     what: &str,
+    mode: Mode,
     launch: &dyn Fn() -> mkernel::Result<()>,
 ) -> Error {
     let store = comm.bootstrap().store();
     let g = comm.global_rank();
-    let lagging = comm.world() * comm.nnodes() - 1;
+    let lagging = match mode {
+        Mode::LaggingRank => comm.world() * comm.nnodes() - 1,
+        Mode::Queued { .. } => u32::MAX,
+    };
+    let launches = match mode {
+        Mode::LaggingRank => 1,
+        Mode::Queued { n, .. } => n,
+    };
+    let launch_all = || {
+        for _ in 0..launches {
+            launch().unwrap();
+        }
+    };
     let key = format!("abort-test/{what}/aborted");
     let t = Duration::from_secs(60);
     store.barrier(&format!("abort-test/{what}/start"), t).unwrap();
@@ -37,23 +99,23 @@ pub fn aborted_round(
     if g == lagging {
         // The abort has landed (rank 0 wrote every reachable abort word before this key).
         store.get(&key, t).unwrap();
-        launch().unwrap();
+        launch_all();
     } else if g == ABORTER {
-        launch().unwrap();
         std::thread::scope(|s| {
             let watchdog = s.spawn(|| {
                 std::thread::sleep(ABORT_AFTER);
                 handle.abort().unwrap();
                 store.set(&key, b"1").unwrap();
             });
-            // The kernel runs (it waits for the lagging rank) while the watchdog aborts.
+            launch_all();
+            // The kernels run while the watchdog aborts.
             stream
                 .synchronize()
                 .unwrap_or_else(|e| panic!("rank {g}: {what}: the launch failed instead of ending: {e}"));
             watchdog.join().unwrap();
         });
     } else {
-        launch().unwrap();
+        launch_all();
     }
     // Every launch ends by itself; a trap would make this a sticky launch failure.
     stream
@@ -65,12 +127,17 @@ pub fn aborted_round(
         Error::Aborted { by_rank, .. } => assert_eq!(*by_rank, ABORTER, "rank {g}: {what}: {err}"),
         other => panic!("rank {g}: {what}: expected Error::Aborted, got {other}"),
     }
+    let bound = match mode {
+        // The queue held 1 s of work or more: ending well before, the abort cut it short.
+        Mode::Queued { work_ms, .. } if work_ms >= 1000 => Duration::from_millis(work_ms as u64 * 3 / 4),
+        _ => ROUND_BOUND,
+    };
     assert!(
-        elapsed < ROUND_BOUND,
-        "rank {g}: {what}: the aborted round took {elapsed:?}"
+        elapsed < bound,
+        "rank {g}: {what}: the aborted round took {elapsed:?} ({mode:?})"
     );
     println!(
-        "rank {g}: {what}: {err} (the round ended after {:.3} s)",
+        "rank {g}: {what} ({mode:?}): {err} (the round ended after {:.3} s)",
         elapsed.as_secs_f64()
     );
     err

@@ -350,10 +350,15 @@ pub(super) unsafe fn rs_roles(args: *const GemmRsArgs, desc: *const CommDesc, en
                 let it = unsafe { item(idx, w) };
                 w += 1;
                 let (tile, a_row) = (it.tile, it.a_row);
-                // Gives up once the rank aborted and the consumers stopped taking slots.
-                // Consumers that stop early keep freeing slots: every tile is loaded.
+                // Consumers that stop early keep freeing slots: every item's slots are filled -
+                // once the rank aborted, without data (an aborted launch does not stream its
+                // operands; the consumers stop at their next epilogue barrier).
                 // With a stager, its trickle follows the count of free slots ([`Ring::tick`]).
                 let count = stager_runs(a).then(|| ring.tick(0));
+                if unsafe { abort_word(ldesc()) } != 0 {
+                    let _ = unsafe { fill_without_data(&ring, &mut pos, it.k_len(), producer_stall(ldesc())) };
+                    continue;
+                }
                 let _ = unsafe {
                     load_tile_counted::<true>(
                         &ring,
