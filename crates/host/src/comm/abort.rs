@@ -192,9 +192,9 @@ fn holds_epochs(s: FlagSlot) -> bool {
 }
 
 /// The control and LL areas (`HEAP_ZEROED_BYTES`) after a reset to epoch `e`: every epoch flag
-/// and every epoch counter at `e` (the staging credit of the next two launches, `Done >= e + 1
-/// - 2`, holds at once; every other wait of epoch `e + 1` needs a flag of that launch), tile
-/// counters, error record, abort word, inter-node flags and LL words zero.
+/// and every epoch counter at `e` (the staging credit of the next two launches, which needs
+/// `Done` at two epochs back, holds at once; every other wait of epoch `e + 1` needs a flag of
+/// that launch), tile counters, error record, abort word, inter-node flags and LL words zero.
 fn reset_image(e: u64) -> Vec<u8> {
     let mut image = vec![0u8; HEAP_ZEROED_BYTES as usize];
     let mut put = |off: u64, v: u64| image[off as usize..off as usize + 8].copy_from_slice(&v.to_ne_bytes());
