@@ -148,6 +148,11 @@ pub(crate) fn status(local_base: u64, global_rank: u32) -> Result<()> {
     // SAFETY: ErrorRecord is repr(C) plain data, no larger than the bytes before the word.
     let rec: ErrorRecord = unsafe { std::ptr::read_unaligned(raw.as_ptr() as *const ErrorRecord) };
     let word = u32::from_ne_bytes(raw[raw.len() - 4..].try_into().expect("4 bytes"));
+    decode(&rec, word, global_rank)
+}
+
+/// [`status`] from the record and the abort word as read.
+fn decode(rec: &ErrorRecord, word: u32, global_rank: u32) -> Result<()> {
     let by_rank = |w: u32| abort_word::host_rank(w).unwrap_or(global_rank);
     match rec.code {
         0 if word == 0 => Ok(()),
@@ -306,6 +311,53 @@ mod tests {
         assert_eq!(at(&img, ERROR_RECORD_OFFSET), 0);
         assert_eq!(at(&img, ABORT_OFFSET), 0);
         assert!(img[FUSED_EPOCH_OFFSET as usize + 8..].iter().all(|b| *b == 0));
+    }
+
+    #[test]
+    fn status_names_the_aborting_rank_or_the_timeout() {
+        assert!(decode(&ErrorRecord::default(), 0, 3).is_ok());
+        // Aborted, no wait saw it.
+        match decode(&ErrorRecord::default(), abort_word::by_host(5), 3) {
+            Err(Error::Aborted {
+                rank: 3,
+                by_rank: 5,
+                during: None,
+            }) => {}
+            other => panic!("{other:?}"),
+        }
+        // A wait saw it.
+        let rec = ErrorRecord {
+            code: ErrorCode::Aborted as u32,
+            rank: 3,
+            role: Role::IntraComm as u32,
+            slot: FlagSlot::Ready as u32,
+            peer: 4,
+            cta: 2,
+            abort_word: abort_word::by_host(5),
+            ..Default::default()
+        };
+        let err = decode(&rec, abort_word::by_host(5), 3).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "rank 3: aborted by rank 5 (intra-node comm CTA 2 waited for rank 4's Ready flag (epoch))"
+        );
+        // A timeout's record wins over the word it raised.
+        let rec = ErrorRecord {
+            code: ErrorCode::Timeout as u32,
+            rank: 3,
+            slot: FlagSlot::Done as u32,
+            peer: 1,
+            waited_ns: 2_000_000_000,
+            ..Default::default()
+        };
+        assert!(matches!(
+            decode(&rec, abort_word::TIMED_OUT, 3),
+            Err(Error::CommTimeout {
+                peer: 1,
+                waited_ms: 2000,
+                ..
+            })
+        ));
     }
 
     #[test]
