@@ -3,6 +3,7 @@
 //! bundle/
 //!   xtask, mkernel-bench       (`./xtask bench --op gemm`, `./xtask launch -n 2 -- ...`)
 //!   tests/<crate>-<target>     every test binary of the workspace (release)
+//!   moe_torch.py               the PyTorch baseline of `./xtask bench --op moe`
 //!   mkernel.ptx                the PTX the binaries embed (for ptxas/ncu inspection)
 //!   run-tests.sh               runs every test binary with GPU tests on
 use crate::util::{self, root};
@@ -71,6 +72,8 @@ pub fn run(exclude: &[String]) -> Result<()> {
         std::fs::copy(root.join("target/release").join(bin), dir.join(bin))
             .with_context(|| format!("copying {bin}"))?;
     }
+    // The PyTorch baseline of `bench --op moe` (found next to mkernel-bench).
+    std::fs::copy(root.join("crates/bench/python/moe_torch.py"), dir.join("moe_torch.py"))?;
     let bins = test_binaries(exclude)?;
     for (name, exe) in &bins {
         std::fs::copy(exe, dir.join("tests").join(name))?;
@@ -121,6 +124,8 @@ pub fn variant(name: &str) -> Result<()> {
         std::fs::copy(root.join("target/release").join(bin), dir.join(bin))
             .with_context(|| format!("copying {bin}"))?;
     }
+    // The PyTorch baseline of `bench --op moe` (found next to mkernel-bench).
+    std::fs::copy(root.join("crates/bench/python/moe_torch.py"), dir.join("moe_torch.py"))?;
     let same = ptx == keep;
     println!(
         "bundle/{name}/: mkernel-bench + xtask on kernels built with --cfg mk_variant=\"{name}\"{}",

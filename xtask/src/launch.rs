@@ -3,7 +3,8 @@
 //! One host: `launch -n 4 -- prog`; emulated nodes on one host: `launch -n 4 --nodes 2 -- prog`
 //! (ranks 0,1 form node 0 and ranks 2,3 node 1; their traffic between nodes goes through the
 //! proxy over the emulated wire). Real nodes: run `launch -n 8 --nnodes 2 --node-rank R
-//! --master-addr HOST0 --job-key KEY -- prog` on each node.
+//! --master-addr HOST0 --job-key KEY -- prog` on each node (the proxy picks TCP, ibverbs or EFA:
+//! docs/internode.md).
 //!
 //! Each process gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK, NNODES,
 //! MASTER_ADDR, MASTER_PORT, MKERNEL_JOB_KEY (the bootstrap store refuses other keys),
@@ -233,7 +234,9 @@ pub fn run(args: LaunchArgs) -> Result<()> {
         }
         if args.nodes > 1 {
             cmd.env("MKERNEL_EMULATED_NODES", args.nodes.to_string());
-            // The emulated wire's proxy thread moves data with CUDA calls in the rank's context.
+        }
+        if args.nodes > 1 || args.nnodes.is_some_and(|n| n > 1) {
+            // The proxy thread (emulated wire, TCP) moves data with CUDA calls in the rank's context.
             // A lazily loaded module (the first cuBLAS call at a new shape) synchronizes that
             // context, which waits for a running fused kernel that waits for the proxy: every
             // module is loaded at start instead (docs/internode.md, "CUDA calls during a fused

@@ -1,9 +1,11 @@
 //! `mkernel-bench --op <op>`: ours beside the vendor baseline, one run, medians, JSON.
 //! Usually started as `cargo xtask bench --op gemm` (or `bundle/xtask bench --op gemm` on a GPU
 //! host with no Rust).
+mod attention;
 mod collectives;
 mod fused;
 mod gemm;
+mod moe;
 mod nccl;
 mod proxy;
 mod report;
@@ -31,6 +33,10 @@ enum Op {
     GemmRs,
     /// Fused GEMM + AllReduce vs cuBLAS + NCCL AllReduce in sequence.
     GemmAr,
+    /// MoE expert FFN on one GPU vs a per-expert cuBLAS loop and torch._grouped_mm.
+    Moe,
+    /// FlashAttention forward vs PyTorch SDPA (cuDNN and FlashAttention-2 backends, via python3).
+    Attention,
 }
 
 #[derive(Parser, Debug)]
@@ -133,6 +139,8 @@ fn main() -> Result<()> {
         Op::AgGemm => fused::run(&args)?,
         Op::GemmRs => fused::run_rs(&args)?,
         Op::GemmAr => fused::run_ar(&args)?,
+        Op::Moe => moe::run(&mkernel::Device::new(0)?, &args)?,
+        Op::Attention => attention::run(&mkernel::Device::new(0)?, &args)?,
     };
     // Under launch, rank 0 writes the JSON.
     if std::env::var("RANK").map_or(true, |r| r == "0") {

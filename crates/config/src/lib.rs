@@ -10,6 +10,7 @@ pub mod comm;
 pub mod fused;
 pub mod gemm;
 pub mod kernels;
+pub mod ops;
 pub mod stream_k;
 pub mod trace;
 

@@ -60,6 +60,16 @@ pub enum Error {
     /// `Communicator::abort` wrote the abort words but the writes did not complete in time.
     #[error("abort: the abort words' writes did not complete within {waited_ms} ms")]
     AbortUndelivered { waited_ms: u64 },
+    /// The routing gave a pair an expert id outside `0..experts` (the first one seen; the
+    /// pair was not routed).
+    #[error("moe: token {token}'s expert {k} has id {id}, outside 0..{experts} ({bad} pair(s) with a bad id)")]
+    MoeExpertId {
+        token: usize,
+        k: usize,
+        id: i32,
+        experts: usize,
+        bad: usize,
+    },
     /// The request is valid but not implemented (yet); the message says what is missing.
     #[error("unsupported: {0}")]
     Unsupported(String),
