@@ -275,10 +275,10 @@ pub mod wait_code {
     /// The proxy's completion watermark (`done`).
     pub const FIFO_DONE: u32 = 19;
     /// A GEMM ring slot's `full` mbarrier (the producer's TMA loads), awaited by a consumer
-    /// warpgroup; `peer` is the slot.
+    /// warpgroup; `peer` is the waiting warpgroup.
     pub const RING_FULL: u32 = 20;
     /// A GEMM ring slot's `empty` mbarrier (the consumers' release), awaited by the producer;
-    /// `peer` is the slot.
+    /// `peer` is the waiting warpgroup (0).
     pub const RING_EMPTY: u32 = 21;
     /// A consumer warpgroup's staging handshake with its stager or its own staged TMA load
     /// (`aux` mbarriers of GEMM+ReduceScatter/AllReduce); `peer` is the mbarrier's index.
