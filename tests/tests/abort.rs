@@ -12,7 +12,7 @@ mod abort_round;
 use abort_round::{aborted_round, assert_close, queued, values, Mode, DEVICE_TIMEOUT};
 use half::bf16;
 use mkernel::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
-use mkernel::fused::{AgGemmPlan, GemmRsPlan};
+use mkernel::ops::{AgGemmPlan, GemmRsPlan, RsSplit};
 use mkernel::{CommConfig, Communicator, SymBuffer};
 use mkernel_tests::gpu::launched_rank_or_skip;
 use std::sync::Arc;
@@ -25,14 +25,14 @@ fn ptr<T>(s: &mut CudaSlice<T>, stream: &Arc<CudaStream>) -> u64 {
 fn read_heap(comm: &Communicator, b: &SymBuffer, elems: usize) -> Vec<bf16> {
     let mut v = vec![bf16::ZERO; elems];
     // SAFETY: `b` holds at least `elems` bf16 of this rank's heap; the stream is idle.
-    unsafe { mkernel::cudarc::driver::result::memcpy_dtoh_sync(&mut v, comm.ptr(b)).unwrap() };
+    unsafe { mkernel::cudarc::driver::result::memcpy_dtoh_sync(&mut v, comm.ptr(b).unwrap()).unwrap() };
     v
 }
 
 fn zero_heap(comm: &Communicator, b: &SymBuffer) {
-    let zeros = vec![0u8; b.bytes as usize];
+    let zeros = vec![0u8; b.bytes() as usize];
     // SAFETY: `b` is this rank's heap buffer of `b.bytes` bytes; no kernel uses it now.
-    unsafe { mkernel::cudarc::driver::result::memcpy_htod_sync(comm.ptr(b), &zeros).unwrap() };
+    unsafe { mkernel::cudarc::driver::result::memcpy_htod_sync(comm.ptr(b).unwrap(), &zeros).unwrap() };
 }
 
 /// Whether to add the queued rounds ([`abort_round::QUEUED_VAR`]).
@@ -59,7 +59,7 @@ fn abort_stops_every_op_and_reset_makes_the_communicator_usable() {
         timeout: DEVICE_TIMEOUT,
         ..Default::default()
     };
-    let mut comm = Communicator::new(&dev, boot, cfg).unwrap();
+    let comm = Communicator::new(&dev, boot, cfg).unwrap();
     let handle = comm.abort_handle();
     let stream = dev.default_stream();
     let (rank, world) = (comm.rank(), comm.world() as usize);
@@ -68,30 +68,29 @@ fn abort_stops_every_op_and_reset_makes_the_communicator_usable() {
     // Ready/Done handshakes); the direct one also with a queue of launches.
     for (bytes, path) in [(4u64 << 10, "ll"), (128 << 10, "staged"), (1 << 20, "direct")] {
         let mine = values(bytes as usize / 2, rank as u64);
-        let mut src = stream.clone_htod(&mine).unwrap();
-        let src_ptr = ptr(&mut src, &stream);
+        let src = stream.clone_htod(&mine).unwrap();
         let dst = comm.alloc(bytes * world as u64).unwrap();
         let expected: Vec<bf16> = (0..world as u64).flat_map(|r| values(bytes as usize / 2, r)).collect();
         let check_data =
             |comm: &Communicator| assert_close("all_gather", &read_heap(comm, &dst, expected.len()), &expected);
-        comm.all_gather(&stream, src_ptr, &dst, bytes, 8).unwrap();
+        comm.all_gather(&stream, &src, &dst, 8).unwrap();
         stream.synchronize().unwrap();
         comm.check().unwrap();
         check_data(&comm);
         let mut modes = vec![Mode::LaggingRank];
         if path == "direct" && queued_rounds() {
-            let launch = || comm.all_gather(&stream, src_ptr, &dst, bytes, 8);
+            let launch = || comm.all_gather(&stream, &src, &dst, 8);
             modes.push(queued(&comm, &stream, &format!("all_gather_{path}"), &launch));
         }
         for mode in modes {
             let what = format!("all_gather_{path}_{}", label(mode));
             aborted_round(&comm, &handle, &stream, &what, mode, &|| {
-                comm.all_gather(&stream, src_ptr, &dst, bytes, 8)
+                comm.all_gather(&stream, &src, &dst, 8)
             });
             comm.reset().unwrap();
             comm.check().unwrap();
             zero_heap(&comm, &dst);
-            comm.all_gather(&stream, src_ptr, &dst, bytes, 8).unwrap();
+            comm.all_gather(&stream, &src, &dst, 8).unwrap();
             stream.synchronize().unwrap();
             comm.check().unwrap();
             check_data(&comm);
@@ -109,25 +108,24 @@ fn abort_stops_every_op_and_reset_makes_the_communicator_usable() {
     let mut c = stream.alloc_zeros::<bf16>(m * n).unwrap();
     let (pa, pb, pc) = (ptr(&mut a, &stream), ptr(&mut b, &stream), ptr(&mut c, &stream));
     for op in ["ag_gemm", "gemm_rs", "gemm_ar"] {
+        // The raw constructors: the outputs are read between launches.
         // SAFETY: buffers sized for every plan's shape (A shard <= m x k, out <= m x n), alive
-        // to the end.
-        let (launch, ar_out): (Box<dyn Fn() -> mkernel::Result<()>>, Option<SymBuffer>) = unsafe {
+        // to the end; nothing else touches them while a launch runs.
+        let (launch, ar_out): (Box<dyn Fn() -> mkernel::Result<()> + '_>, Option<SymBuffer>) = unsafe {
+            let s = &stream;
             match op {
                 "ag_gemm" => {
-                    let plan = AgGemmPlan::new(&mut comm, &stream, pa, pb, pc, m, n, k, 2).unwrap();
-                    let s = stream.clone();
-                    (Box::new(move || plan.launch(&s)), None)
+                    let plan = AgGemmPlan::new_raw(&comm, s, pa, pb, pc, m, n, k, 2).unwrap();
+                    (Box::new(move || plan.launch(s)), None)
                 }
                 "gemm_rs" => {
-                    let plan = GemmRsPlan::new(&mut comm, &stream, pa, pb, pc, m, n, k, 1).unwrap();
-                    let s = stream.clone();
-                    (Box::new(move || plan.launch(&s)), None)
+                    let plan = GemmRsPlan::new_raw(&comm, s, pa, pb, Some(pc), m, n, k, RsSplit::parts(1)).unwrap();
+                    (Box::new(move || plan.launch(s)), None)
                 }
                 _ => {
-                    let plan = GemmRsPlan::new_all_reduce(&mut comm, &stream, pa, pb, m, n, k, 1).unwrap();
+                    let plan = GemmRsPlan::new_raw(&comm, s, pa, pb, None, m, n, k, RsSplit::parts(1)).unwrap();
                     let out = plan.all_reduce_output();
-                    let s = stream.clone();
-                    (Box::new(move || plan.launch(&s)), out)
+                    (Box::new(move || plan.launch(s)), out)
                 }
             }
         };

@@ -6,7 +6,6 @@
 mod abort_round;
 
 use abort_round::{aborted_round, values, Mode, DEVICE_TIMEOUT};
-use mkernel::cudarc::driver::DevicePtrMut;
 use mkernel::{CommConfig, Communicator, Error};
 use mkernel_tests::gpu::launched_rank_or_skip;
 
@@ -26,18 +25,14 @@ fn abort_stops_an_internode_all_gather() {
         internode_scratch_bytes: 16 << 20,
         ..Default::default()
     };
-    let mut comm = Communicator::new(&dev, boot, cfg).unwrap();
+    let comm = Communicator::new(&dev, boot, cfg).unwrap();
     let handle = comm.abort_handle();
     let stream = dev.default_stream();
     let (g, nglobal) = (comm.global_rank(), comm.world() * comm.nnodes());
     let bytes = 64u64 << 10;
-    let mut src = stream.clone_htod(&values(bytes as usize / 2, g as u64)).unwrap();
-    let src_ptr = {
-        let (p, _g) = src.device_ptr_mut(&stream);
-        p
-    };
+    let src = stream.clone_htod(&values(bytes as usize / 2, g as u64)).unwrap();
     let out = comm.alloc(bytes * nglobal as u64).unwrap();
-    comm.all_gather(&stream, src_ptr, &out, bytes, 4).unwrap();
+    comm.all_gather(&stream, &src, &out, 4).unwrap();
     stream.synchronize().unwrap();
     comm.check().unwrap();
     aborted_round(
@@ -46,7 +41,7 @@ fn abort_stops_an_internode_all_gather() {
         &stream,
         "internode_all_gather",
         Mode::LaggingRank,
-        &|| comm.all_gather(&stream, src_ptr, &out, bytes, 4),
+        &|| comm.all_gather(&stream, &src, &out, 4),
     );
     match comm.reset() {
         Err(Error::Unsupported(why)) => println!("rank {g}: reset across nodes refused: {why}"),

@@ -234,7 +234,8 @@ impl Communicator {
 
     /// Makes the communicator usable again after an abort or a timeout. Collective: every
     /// local rank calls it, after its streams' work on this communicator has ended (it waits
-    /// for the whole context), and no abort may be in progress. It waits until every rank's
+    /// for the whole context), and no abort may be in progress; it holds the launch lock (no
+    /// launch of this process interleaves), and plans made before stay valid. It waits until every rank's
     /// kernels ended (store barrier), then puts every rank's epochs in step: all per-CTA epoch
     /// counters, the fused launch epoch and every epoch flag at `e` = (the largest epoch any
     /// rank reached) + 1, tile counters, error record and abort word at zero, LL words cleared
@@ -242,12 +243,13 @@ impl Communicator {
     /// ([`Error::Unsupported`]): an aborted kernel may have claimed a proxy FIFO slot it never
     /// filled, which the proxy waits for forever - across nodes an aborted communicator is
     /// dead: drop it and build a new one.
-    pub fn reset(&mut self) -> Result<()> {
+    pub fn reset(&self) -> Result<()> {
         if self.wire.is_some() {
             return Err(Error::Unsupported(
                 "reset across nodes: an aborted kernel may leave a claimed but unwritten proxy FIFO slot; drop the communicator and build a new one".into(),
             ));
         }
+        let _launches = self.order.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let timeout = self.aborter.reset_timeout;
         let n = self.aborter.resets.fetch_add(1, Ordering::Relaxed);
         let ctx = self.device.context();
