@@ -363,6 +363,12 @@ mod tests {
     }
 
     #[test]
+    fn the_handle_goes_to_other_threads() {
+        fn send_sync<T: Send + Sync + 'static>() {}
+        send_sync::<AbortHandle>();
+    }
+
+    #[test]
     fn abort_words_name_the_rank() {
         assert_eq!(abort_word::host_rank(abort_word::by_host(13)), Some(13));
         assert_eq!(abort_word::host_rank(abort_word::TIMED_OUT), None);
