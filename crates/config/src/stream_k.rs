@@ -60,10 +60,9 @@ impl StreamK {
     /// round when it is under half full (so each CTA gets at least half a tile of K: a tile
     /// has at most 3 contributors). None (0) when the rounds are whole, the tiles fewer than
     /// one round, K too short, the partial round small and alone, or over 2/3 full: a CTA's
-    /// stream-K pieces cost ~10 us more than a whole tile's (the contributor's 64 KiB write
-    /// per warpgroup and its flag, the owner's wait and add, two pipeline refills; 2 x H200),
-    /// which ate the saving at 1024 tiles on 132 SMs (0.76 full: -0.6 to +0.4%; 0.52 full:
-    /// +0.5 to +3.6%, docs/fused.md).
+    /// stream-K pieces cost more than a whole tile's (the contributor's 64 KiB write per
+    /// warpgroup and its flag, the owner's wait and add, two pipeline refills), which eats the
+    /// saving of a nearly full round (measurements in docs/fused.md).
     pub const fn choose(tiles: u32, grid: u32, k_blocks: u32) -> u32 {
         if grid == 0 || tiles < grid || k_blocks < Self::MIN_K_BLOCKS || !Self::fits_u32(grid, 2 * grid, k_blocks) {
             return 0;
@@ -88,6 +87,9 @@ impl StreamK {
     }
 
     /// The plan; an `sk_tiles` that breaks the rules (above) falls back to none.
+    // (`grid > 0` is tested first, so the plain `%` is safe and `is_multiple_of`'s zero test
+    // would only add a branch to the device code.)
+    #[allow(clippy::manual_is_multiple_of)]
     #[inline(always)]
     pub const fn new(tiles: u32, grid: u32, k_blocks: u32, sk_tiles: u32) -> StreamK {
         let ok = grid > 0

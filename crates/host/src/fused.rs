@@ -17,7 +17,8 @@ use crate::error::{Error, Result};
 use crate::runtime::Device;
 use crate::tensor_map::{encode_bf16_sw128, Tensor2d};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, PushKernelArg};
-use mkernel_config::fused::{AgGemmArgs, GemmRsArgs, SK_SLOT_BYTES};
+use mkernel_config::ops::ag_gemm::AgGemmArgs;
+use mkernel_config::ops::gemm_rs::{GemmRsArgs, SK_SLOT_BYTES};
 use mkernel_config::stream_k::StreamK;
 use mkernel_config::{kernels, GemmTile};
 use std::sync::Arc;
@@ -202,7 +203,7 @@ impl AgGemmPlan {
 
 /// How a GEMM+ReduceScatter/AllReduce plan splits its work: `parts` per row chunk (0: the tune
 /// cache's or the default), comm CTAs ([`RsSplit::AUTO`]: the default,
-/// `mkernel_config::fused::rs_comm_ctas` - the tune cache holds `parts` only;
+/// `mkernel_config::ops::gemm_rs::rs_comm_ctas` - the tune cache holds `parts` only;
 /// [`RsSplit::NO_COMM_CTAS`]: none, the compute CTAs store partials straight into the peers'
 /// receive buffers) and the rasterization group.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -433,7 +434,7 @@ impl GemmRsPlan {
                     ),
                 })
             }
-            RsSplit::AUTO => mkernel_config::fused::rs_comm_ctas(world as u32, out.is_none()),
+            RsSplit::AUTO => mkernel_config::ops::gemm_rs::rs_comm_ctas(world as u32, out.is_none()),
             RsSplit::NO_COMM_CTAS => 0,
             n => n,
         };
@@ -447,7 +448,7 @@ impl GemmRsPlan {
                 ),
             });
         }
-        // Rows are node-blocked (mkernel_config::fused::rs_source_row): a local rank's chunk of
+        // Rows are node-blocked (mkernel_config::ops::gemm_rs::rs_source_row): a local rank's chunk of
         // m / world rows is `nodes` blocks of m / global_world rows, one per node's rank of
         // its rail.
         let (chunk_rows, block_rows) = ((m / world) as u64, (m / global_world) as u64);
@@ -529,10 +530,10 @@ impl GemmRsPlan {
             && n_comm == 0
             && !pull
             && !split.no_stager
-            && mkernel_config::fused::stager_items_fit(tiles_all, sms - n_comm);
+            && mkernel_config::ops::gemm_rs::stager_items_fit(tiles_all, sms - n_comm);
         // Where a stager stores (the peers' receive buffers, the outputs): its pieces' height.
         let store_rows = if stager {
-            mkernel_config::fused::STAGER_STORE_ROWS
+            mkernel_config::ops::gemm_rs::STAGER_STORE_ROWS
         } else {
             GemmTile::EPILOGUE_BOX_ROWS
         };

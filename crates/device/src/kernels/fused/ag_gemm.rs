@@ -147,7 +147,7 @@ pub(super) unsafe fn wait_chunk(c: &CommCtx, src: u32, chunk: u32) -> bool {
 /// The persistent GEMM over the gathered A, waiting for each 128-row chunk before loading it.
 #[inline(always)]
 pub(super) unsafe fn compute_role(a: &AgGemmArgs, idx: u32) {
-    let ring = Ring::new(smem::dynamic_smem_addr(), TILE);
+    let ring = Ring::new(smem::dynamic_smem_addr(), ag_op::RING);
     let (map_a, map_b, map_c) = (
         TensorMap(a.map_a as *const u8),
         TensorMap(a.map_b as *const u8),
@@ -186,7 +186,7 @@ pub(super) unsafe fn compute_role(a: &AgGemmArgs, idx: u32) {
     let wg = ids::warpgroup_idx();
     let mut pos = RingPos::START;
     if wg == 0 {
-        regs::setmaxnreg_dec::<{ GemmTile::FUSED.producer_regs }>();
+        regs::setmaxnreg_dec::<{ ag_op::TILE.producer_regs }>();
         if ids::thread_idx() == 0 {
             let (world, global_rank, shard_rows, tiles, k_blocks) = setup();
             // The context is built only where a wait needs it (once per chunk or remote
@@ -260,7 +260,7 @@ pub(super) unsafe fn compute_role(a: &AgGemmArgs, idx: u32) {
             }
         }
     } else {
-        regs::setmaxnreg_inc::<{ GemmTile::FUSED.consumer_regs }>();
+        regs::setmaxnreg_inc::<{ ag_op::TILE.consumer_regs }>();
         let (_, _, _, tiles, k_blocks) = setup();
         let mut acc = [0f32; 128];
         for tile in tiles {

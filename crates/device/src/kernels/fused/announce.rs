@@ -9,7 +9,7 @@ pub(super) struct Pendings {
 }
 
 /// Epilogue bulk-store groups per tile and consumer warpgroup (one per staging box).
-pub(super) const TILE_GROUPS: u32 = GemmTile::FUSED_RS.block_n / GemmTile::EPILOGUE_BOX_COLS;
+pub(super) const TILE_GROUPS: u32 = RS_TILE.block_n / GemmTile::EPILOGUE_BOX_COLS;
 
 /// Whether another rank waits for a tile's announcement before the end of its tile loop: a
 /// partial for a local peer, or part of a node sum for another node.

@@ -202,7 +202,8 @@ pub(super) unsafe fn finish_reduce_launch(c: &CommCtx, a: &GemmRsArgs, lane: u32
 }
 
 /// The GEMM+ReduceScatter/AllReduce ring (whole-tile epilogue staging).
-pub(super) const RS_TILE: GemmTile = GemmTile::FUSED_RS;
+pub(super) const RS_TILE: GemmTile = rs_op::TILE;
+pub(super) const RS_RING: RingLayout = rs_op::RING;
 /// Bits of a consumer's `ready` word above the local ranks' `FusedReady` bits: the current own
 /// tile's first peer partial is staged; the parity of the next staged phase of `aux(wg)`.
 pub(super) const STAGED: u32 = 1 << 29;
@@ -216,7 +217,7 @@ pub(super) fn node_blocks(c: &CommCtx, m: u32) -> (u32, u32, u32) {
 
 #[inline(always)]
 pub(super) unsafe fn rs_roles(args: *const GemmRsArgs, desc: *const CommDesc, entered: u64) {
-    let ring = Ring::new(smem::dynamic_smem_addr(), RS_TILE);
+    let ring = Ring::new(smem::dynamic_smem_addr(), RS_RING);
     if ids::thread_idx_reread() == 0 {
         unsafe {
             // Every role below reads the descriptor and the arguments from these copies
@@ -253,9 +254,7 @@ pub(super) unsafe fn rs_roles(args: *const GemmRsArgs, desc: *const CommDesc, en
         unsafe { fill_item_table(ids::block_idx_reread() - a.n_comm) };
     }
     if ids::thread_idx_reread() == 0 {
-        unsafe {
-            ((smem::dynamic_smem() as u64 + RS_TILE.epoch_copy_offset() as u64) as *mut u64).write_volatile(epoch)
-        };
+        unsafe { ((smem::dynamic_smem() as u64 + rs_op::EPOCH_OFFSET as u64) as *mut u64).write_volatile(epoch) };
     }
     sync::sync_threads();
     if ids::block_idx_reread() == 0 {
@@ -324,7 +323,7 @@ pub(super) unsafe fn rs_roles(args: *const GemmRsArgs, desc: *const CommDesc, en
                         )
                     };
                 }
-                unsafe { mbarrier::arrive(Ring::new(smem::dynamic_smem_addr(), RS_TILE).aux(0)) };
+                unsafe { mbarrier::arrive(Ring::new(smem::dynamic_smem_addr(), RS_RING).aux(0)) };
                 if all && a.all_reduce != 0 {
                     for q in 0..c.global_world {
                         if q / c.world != node && !unsafe { proxy::wait_remote(&c, RemoteSlot::FusedOut, q) } {
@@ -338,11 +337,11 @@ pub(super) unsafe fn rs_roles(args: *const GemmRsArgs, desc: *const CommDesc, en
                 let mut relay = c;
                 relay.timeout_ns = c.timeout_ns.saturating_mul(2);
                 let _ = unsafe { wait_flag_of_cta(&relay, FlagSlot::FusedReady, c.rank, 1, c.epoch) };
-                unsafe { mbarrier::arrive(Ring::new(smem::dynamic_smem_addr(), RS_TILE).aux(0)) };
+                unsafe { mbarrier::arrive(Ring::new(smem::dynamic_smem_addr(), RS_RING).aux(0)) };
             }
         }
         if tid == 0 {
-            let ring = Ring::new(smem::dynamic_smem_addr(), RS_TILE);
+            let ring = Ring::new(smem::dynamic_smem_addr(), RS_RING);
             let (mut w, items) = (0, stream_k().items(idx));
             // The consumers' work items: whole tiles, then stream-K pieces (K ranges), each read
             // from the work-item table ([`item`]).
@@ -384,7 +383,7 @@ pub(super) unsafe fn rs_roles(args: *const GemmRsArgs, desc: *const CommDesc, en
         return;
     }
     let (wg, idx) = (ids::warpgroup_idx_reread(), compute_idx());
-    let ring = Ring::new(smem::dynamic_smem_addr(), RS_TILE);
+    let ring = Ring::new(smem::dynamic_smem_addr(), RS_RING);
     // Only the tile loop's own state lives across the mainloop (next to 128 accumulators):
     // the context is re-read from the descriptor in each tile (volatile reads, so nothing
     // derived from it is hoisted out of the loop and kept live, which ptxas spills).
@@ -598,21 +597,21 @@ pub(super) const HALVES: u64 = TILE.consumer_warpgroups as u64;
 /// generic address (written by thread 0 before the role split; `GemmTile::desc_copy_offset`).
 #[inline(always)]
 pub(super) fn ldesc() -> u64 {
-    smem::dynamic_smem() as u64 + RS_TILE.desc_copy_offset() as u64
+    smem::dynamic_smem() as u64 + rs_op::DESC_OFFSET as u64
 }
 
 /// The launch's copy of its `GemmRsArgs` in shared memory, as a generic address (written by
 /// thread 0 before the role split; `GemmTile::args_copy_offset`).
 #[inline(always)]
 pub(super) fn largs() -> u64 {
-    smem::dynamic_smem() as u64 + RS_TILE.args_copy_offset() as u64
+    smem::dynamic_smem() as u64 + rs_op::ARGS_OFFSET as u64
 }
 
 /// The launch epoch, from its shared-memory copy (written at setup by thread 0; volatile:
 /// re-read wherever called).
 #[inline(always)]
 pub(super) fn lepoch() -> u64 {
-    unsafe { ((smem::dynamic_smem() as u64 + RS_TILE.epoch_copy_offset() as u64) as *const u64).read_volatile() }
+    unsafe { ((smem::dynamic_smem() as u64 + rs_op::EPOCH_OFFSET as u64) as *const u64).read_volatile() }
 }
 
 /// `(rank, world)` read from the descriptor (volatile: re-read wherever called).

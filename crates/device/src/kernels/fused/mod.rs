@@ -28,7 +28,9 @@ use mkernel_config::comm::{
     flag_offset, CommDesc, FlagSlot, RemoteSlot, Role, ABORT_OFFSET, FIFO_HEAD_OFFSET, FUSED_EPOCH_OFFSET,
     FUSED_EXITS_OFFSET,
 };
-use mkernel_config::fused::{rs_source_row, AgGemmArgs, GemmRsArgs, SK_SLOT_BYTES, STAGER_STORE_ROWS};
+use mkernel_config::gemm::RingLayout;
+use mkernel_config::ops::ag_gemm::{self as ag_op, AgGemmArgs};
+use mkernel_config::ops::gemm_rs::{self as rs_op, rs_source_row, GemmRsArgs, SK_SLOT_BYTES, STAGER_STORE_ROWS};
 use mkernel_config::stream_k::StreamK;
 use mkernel_config::trace::{tile_kind, End, Mark};
 use mkernel_config::GemmTile;
@@ -154,7 +156,8 @@ unsafe fn exit_launch_by_cta_then(c: &CommCtx, epoch: u64, last: impl FnOnce(u32
     sync::sync_warp();
     let mut is_last = 0u32;
     if ids::lane_id() == 0 {
-        let word = (smem::dynamic_smem() as u64 + RS_TILE.tick_offset() as u64 + 4) as *mut u32;
+        let word =
+            (smem::dynamic_smem() as u64 + RS_RING.tick as u64 + 4 * rs_op::TICK_EXITED_WARPS as u64) as *mut u32;
         let warps = ids::block_dim() / 32;
         if unsafe { memory::atom_acq_rel_add_u32(Scope::Cta, word, 1) } + 1 == warps {
             let local = c.heap(c.rank);

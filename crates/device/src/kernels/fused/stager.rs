@@ -77,7 +77,7 @@ pub(super) unsafe fn stager_ready(cw: u32, tile: Tile, parity: u32) -> u32 {
     let a = unsafe { &*(largs() as *const GemmRsArgs) };
     let (rank, world) = unsafe { rank_world(ldesc()) };
     let chunk_rows = a.m / world;
-    let ready = Ring::new(smem::dynamic_smem_addr(), RS_TILE).aux(1 + cw);
+    let ready = Ring::new(smem::dynamic_smem_addr(), RS_RING).aux(1 + cw);
     if tile.m0 / chunk_rows != rank {
         unsafe { mbarrier::arrive(ready) };
         return ARRIVED;
@@ -87,7 +87,7 @@ pub(super) unsafe fn stager_ready(cw: u32, tile: Tile, parity: u32) -> u32 {
     let map = TensorMap(a.map_in as *const u8);
     let row0 = (rank + 1) % world * chunk_rows + (tile.m0 - rank * chunk_rows) + cw * TILE.rows_per_consumer();
     for q in 0..RS_TILE.epilogue_buffers {
-        let dst = Ring::new(smem::dynamic_smem_addr(), RS_TILE).staging(cw, q);
+        let dst = Ring::new(smem::dynamic_smem_addr(), RS_RING).staging(cw, q);
         // Read once: first to leave L2.
         unsafe {
             tma::load_2d_hinted(
@@ -134,7 +134,7 @@ pub(super) unsafe fn stager_role(idx: u32, cw: u32) {
         c.cta = idx;
         c
     };
-    let ring = || Ring::new(smem::dynamic_smem_addr(), RS_TILE);
+    let ring = || Ring::new(smem::dynamic_smem_addr(), RS_RING);
     let give_up = |stalled: u64| {
         if stalled > unsafe { fused_hung_ns(ldesc()) } {
             crate::arch::trap();
@@ -295,7 +295,7 @@ pub(super) unsafe fn stager_role(idx: u32, cw: u32) {
 pub(super) unsafe fn stager_store(map: u64, local: Tile, cw: u32, p: u32) {
     const PER_BOX: u32 = GemmTile::EPILOGUE_BOX_ROWS / STAGER_STORE_ROWS;
     let (q, r) = (p / PER_BOX, p % PER_BOX);
-    let src = Ring::new(smem::dynamic_smem_addr(), RS_TILE)
+    let src = Ring::new(smem::dynamic_smem_addr(), RS_RING)
         .staging(cw, q)
         .add(r * STAGER_STORE_ROWS * GemmTile::EPILOGUE_BOX_COLS * 2);
     let (c0, c1) = (

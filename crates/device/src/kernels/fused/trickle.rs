@@ -65,7 +65,7 @@ impl KBlockHook for Trickle {
         let q = RS_TILE.epilogue_buffers - self.left;
         if self.left > 0 && kb == (2 * q + 1) * k_blocks / (2 * RS_TILE.epilogue_buffers) {
             let cw = ids::warpgroup_idx() - 1;
-            unsafe { self.issue(&Ring::new(smem::dynamic_smem_addr(), RS_TILE), cw) };
+            unsafe { self.issue(&Ring::new(smem::dynamic_smem_addr(), RS_RING), cw) };
         }
     }
 }
