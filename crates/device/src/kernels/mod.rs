@@ -1,7 +1,8 @@
 //! Kernel entry points. Each is listed in `mkernel_config::KERNELS` with its launch bounds.
 
+pub mod ag_gemm;
 pub mod collectives;
-pub mod fused;
 pub mod gemm;
+pub mod gemm_rs;
 pub mod internode;
 pub mod iota;

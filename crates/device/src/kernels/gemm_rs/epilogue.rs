@@ -1,6 +1,23 @@
 //! GEMM+ReduceScatter/AllReduce's epilogue without stagers: partial loads and adds, stores,
 //! and (across nodes) the node sums.
-use super::*;
+use super::announce::{announce_newer, announce_older, awaited_in_loop, Pending, Pendings};
+use super::shared::{
+    fused_ctx_at, largs, ldesc, node_blocks, partials_of, rank_world, tile1_full, RS_TILE, STAGED, STAGE_PARITY,
+};
+use super::trickle::Trickle;
+use crate::arch::memory::Scope;
+use crate::arch::sync::named_barrier_or;
+use crate::arch::tma::TensorMap;
+use crate::arch::{ids, mbarrier, memory, sync, tma};
+use crate::comm::wait::wait_flag_of_cta;
+use crate::gemm::epilogue::{add_bf16_tile, add_staged_tile, store_tile_tma, store_tile_tma_to, MapTable, StagedOnly};
+use crate::gemm::ring::Ring;
+use crate::gemm::scheduler::Tile;
+use crate::gemm::TILE;
+use mkernel_config::comm::{flag_offset, CommDesc, FlagSlot};
+use mkernel_config::ops::gemm_rs::GemmRsArgs;
+use mkernel_config::trace::Mark;
+use mkernel_config::GemmTile;
 
 /// Before an own tile's mainloop: the peers' partial tiles it will add from global memory (all
 /// but a staged first one) are pulled into L2

@@ -1,6 +1,14 @@
 //! Announcing finished GEMM+ReduceScatter/AllReduce tiles (without stagers): the pending tiles
 //! and the rule that says when their bulk stores are complete.
-use super::*;
+use super::shared::{node_blocks, RS_TILE};
+use crate::arch::memory::Scope;
+use crate::arch::sync::named_barrier_or;
+use crate::arch::{ids, memory, tma};
+use crate::comm::CommCtx;
+use crate::gemm::TILE;
+use mkernel_config::comm::FlagSlot;
+use mkernel_config::ops::gemm_rs::GemmRsArgs;
+use mkernel_config::GemmTile;
 
 /// Tiles whose completion is still to be announced: the previous one and the one before it.
 pub(super) struct Pendings {

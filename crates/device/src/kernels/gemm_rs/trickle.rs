@@ -1,5 +1,12 @@
 //! A ReduceScatter peer tile's bulk stores spread over the next mainloop (without stagers).
-use super::*;
+use super::shared::{largs, RS_RING, RS_TILE};
+use crate::arch::tma::TensorMap;
+use crate::arch::{ids, smem};
+use crate::gemm::consumer::KBlockHook;
+use crate::gemm::epilogue::store_staged_box;
+use crate::gemm::ring::Ring;
+use crate::gemm::scheduler::Tile;
+use mkernel_config::ops::gemm_rs::GemmRsArgs;
 
 /// A ReduceScatter peer partial tile (pushed without comm CTAs) staged at its epilogue, whose bulk stores
 /// into the peer's receive buffer the warpgroup's leader issues during the next mainloop, one

@@ -1,6 +1,14 @@
 //! A compute CTA's work items (whole tiles, then stream-K pieces) and their table in shared
 //! memory.
-use super::*;
+use super::shared::{largs, ldesc, rank_world, RS_TILE};
+use super::stager::stager_runs;
+use crate::arch::{ids, smem};
+use crate::gemm::scheduler::{Tile, TileScheduler};
+use crate::gemm::TILE;
+use mkernel_config::comm::CommDesc;
+use mkernel_config::ops::gemm_rs as rs_op;
+use mkernel_config::ops::gemm_rs::{rs_source_row, GemmRsArgs};
+use mkernel_config::stream_k::StreamK;
 
 /// This launch's stream-K plan ([`StreamK`]): `GemmRsArgs::sk_tiles` where stagers run (the
 /// host sets it only there), none elsewhere. Read afresh (volatile) from the arguments' shared

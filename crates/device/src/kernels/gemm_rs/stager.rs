@@ -1,6 +1,22 @@
 //! The stagers: each consumer warpgroup's epilogue I/O (partial loads, bulk stores, trickled
 //! where they cross NVLink, announcements) on a producer-warpgroup thread.
-use super::*;
+use super::relay::RELAY_SLEEP_NS;
+use super::shared::{fused_ctx_at, largs, ldesc, lepoch, rank_world, tile1_full, RS_RING, RS_TILE, STAGE_PARITY};
+use super::work_items::{stream_k, table_item};
+use crate::arch::memory::Scope;
+use crate::arch::sync::named_barrier_or;
+use crate::arch::tma::TensorMap;
+use crate::arch::{ids, mbarrier, memory, smem, tma};
+use crate::comm::launch::{aborted, fused_hung_ns};
+use crate::comm::wait::{wait_flag_of_cta, wait_flag_of_cta_from};
+use crate::gemm::epilogue::{store_tile_tma_to, StagedOnly};
+use crate::gemm::ring::Ring;
+use crate::gemm::scheduler::Tile;
+use crate::gemm::{trace, TILE};
+use mkernel_config::comm::{CommDesc, FlagSlot, Role};
+use mkernel_config::ops::gemm_rs::{GemmRsArgs, STAGER_STORE_ROWS};
+use mkernel_config::trace::{End, Mark};
+use mkernel_config::GemmTile;
 
 /// Whether each consumer warpgroup's epilogue I/O is handed to a stager thread
 /// ([`stager_role`]; the host sets it on one node of 2 ranks, partials pushed by the compute
