@@ -57,14 +57,15 @@ pub const AG_GEMM_NK: KernelSpec = KernelSpec {
 
 /// What a warpgroup of an AllGather+GEMM CTA does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 pub enum Role {
     /// Comm CTA (the first `n_comm`), every warpgroup: CTA 0's threads `0..world` open this rank's
     /// gathered buffer to the local peers; thread 0 pushes the shard (bulk-copy ring).
-    Comm,
+    Comm = 0,
     /// Compute CTA, warpgroup 0: thread 0 waits for each chunk of A and issues the TMA loads.
-    Producer,
+    Producer = 1,
     /// Compute CTA, warpgroups 1 and 2: wgmma and the TMA-store epilogue.
-    Consumer,
+    Consumer = 2,
 }
 
 /// A compute CTA's warpgroups, by index.
@@ -74,13 +75,34 @@ const _: () = assert!(COMPUTE_WARPGROUPS.len() as u32 == 1 + TILE.consumer_warpg
 /// The role of warpgroup `wg` of CTA `cta` (of a launch with `n_comm` comm CTAs).
 #[inline(always)]
 pub const fn role(cta: u32, n_comm: u32, wg: u32) -> Role {
-    const LAST: usize = COMPUTE_WARPGROUPS.len() - 1;
     if cta < n_comm {
         Role::Comm
     } else {
-        COMPUTE_WARPGROUPS[if (wg as usize) < LAST { wg as usize } else { LAST }]
+        compute_role(wg)
     }
 }
+
+/// The role of warpgroup `wg` of a compute CTA ([`COMPUTE_WARPGROUPS`]). The table is one
+/// warpgroup, then warpgroups that all share a role (checked below), so the lookup is one
+/// comparison, as ptxas needs it around `setmaxnreg` (a lookup it cannot see through made it
+/// spill).
+#[inline(always)]
+pub const fn compute_role(wg: u32) -> Role {
+    if wg == 0 {
+        COMPUTE_WARPGROUPS[0]
+    } else {
+        COMPUTE_WARPGROUPS[COMPUTE_WARPGROUPS.len() - 1]
+    }
+}
+const _: () = {
+    let mut w = 0;
+    while w < COMPUTE_WARPGROUPS.len() {
+        assert!(role(1, 0, w as u32) as u8 == COMPUTE_WARPGROUPS[w] as u8);
+        w += 1;
+    }
+    assert!(matches!(COMPUTE_WARPGROUPS[0], Role::Producer));
+    assert!(matches!(role(0, 1, 0), Role::Comm));
+};
 
 // A comm CTA's bulk ring fits in the launch's shared memory (it overlays the unused GEMM ring).
 const _: () = assert!(size_of::<BulkSmem>() as u32 <= SMEM_BYTES);

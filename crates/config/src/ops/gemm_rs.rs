@@ -194,26 +194,27 @@ pub const GEMM_RS_NK: KernelSpec = KernelSpec {
 /// What a warp of a GEMM+ReduceScatter/AllReduce CTA does. The roles of warps 0-3 (the producer
 /// warpgroup, `TILE.producer_regs` registers) run on their lane 0; the others idle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 pub enum Role {
     /// Nothing (the warp exits).
-    Idle,
+    Idle = 0,
     /// Compute CTA, warp 0: the TMA loads of A and B for the consumers' work items.
-    Producer,
+    Producer = 1,
     /// Compute CTA, warp 1: with stagers the stager of consumer warpgroup 0; across nodes the
     /// sender of node block `idx` (one proxy PUT once the block's tiles are stored).
-    StagerOrSender,
+    StagerOrSender = 2,
     /// Compute CTA, warp 2: the relay (local tile counts turned into the peers' flags), where
     /// relays run.
-    Relay,
+    Relay = 3,
     /// Compute CTA, warp 3: with stagers the stager of consumer warpgroup 1; across nodes the
     /// receiver of the other nodes' sums of this rank's rows.
-    StagerOrReceiver,
+    StagerOrReceiver = 4,
     /// Compute CTA, warps 4-11: consumer warpgroups 0 and 1 (all threads: the mainloop and the
     /// epilogue).
-    Consumer,
+    Consumer = 5,
     /// Comm CTA (the first `n_comm`), warp 4: its lane 0 copies the partials' row tiles to the
     /// local peers (bulk-copy ring), with the consumers' registers.
-    Comm,
+    Comm = 6,
 }
 
 /// Warps of a CTA.
@@ -256,6 +257,9 @@ pub const COMM_WARPS: [Role; WARPS] = [
 const _: () = {
     let mut w = 0;
     while w < WARPS {
+        assert!(
+            role(false, w as u32) as u8 == COMPUTE_WARPS[w] as u8 && role(true, w as u32) as u8 == COMM_WARPS[w] as u8
+        );
         let producer_wg = w < 4;
         let c = COMPUTE_WARPS[w];
         assert!(
@@ -271,19 +275,43 @@ const _: () = {
     }
 };
 
-/// The role of warp `warp` (`< WARPS`) of a comm CTA or a compute CTA.
+/// The consumer warpgroup (0-based) whose epilogue I/O the stager in warp `warp` does (warps 1
+/// and 3: [`Role::StagerOrSender`], [`Role::StagerOrReceiver`]).
+#[inline(always)]
+pub const fn stager_consumer(warp: u32) -> u32 {
+    warp / 2
+}
+const _: () = assert!(
+    matches!(COMPUTE_WARPS[1], Role::StagerOrSender)
+        && matches!(COMPUTE_WARPS[3], Role::StagerOrReceiver)
+        && stager_consumer(1) == 0
+        && stager_consumer(3) == 1
+);
+
+/// A role table packed into one word, 4 bits per warp (what the device reads: a shift of a
+/// constant, where indexing the array would load a table from global memory).
+const fn pack(table: &[Role; WARPS]) -> u64 {
+    let (mut w, mut packed) = (0, 0u64);
+    while w < WARPS {
+        packed |= (table[w] as u64) << (4 * w);
+        w += 1;
+    }
+    packed
+}
+const COMPUTE_PACKED: u64 = pack(&COMPUTE_WARPS);
+const COMM_PACKED: u64 = pack(&COMM_WARPS);
+const _: () = assert!(WARPS * 4 <= 64);
+
+/// The role of warp `warp` of a comm CTA or a compute CTA (`Idle` past the last warp).
 #[inline(always)]
 pub const fn role(comm_cta: bool, warp: u32) -> Role {
-    let w = if (warp as usize) < WARPS {
-        warp as usize
-    } else {
-        WARPS - 1
-    };
-    if comm_cta {
-        COMM_WARPS[w]
-    } else {
-        COMPUTE_WARPS[w]
+    if warp as usize >= WARPS {
+        return Role::Idle;
     }
+    let packed = if comm_cta { COMM_PACKED } else { COMPUTE_PACKED };
+    let v = ((packed >> (4 * warp)) & 0xf) as u8;
+    // SAFETY: `v` is the discriminant of a `Role` of the table (`pack`), and `Role` is `repr(u8)`.
+    unsafe { core::mem::transmute::<u8, Role>(v) }
 }
 
 /// Rows of one bulk store issued by a stager (a piece of a 64-row staging box; the host

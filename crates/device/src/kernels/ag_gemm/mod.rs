@@ -20,8 +20,8 @@ use crate::comm::launch::{exit_launch, fused_ctx};
 use crate::gemm::ring::{Ring, RingPos};
 use crate::gemm::scheduler::TileScheduler;
 use crate::gemm::TILE;
-use mkernel_config::comm::{CommDesc, Role};
-use mkernel_config::ops::ag_gemm::{self as ag_op, AgGemmArgs};
+use mkernel_config::comm::{CommDesc, Role as CtxRole};
+use mkernel_config::ops::ag_gemm::{self as ag_op, AgGemmArgs, Role};
 
 mod comm;
 mod consumer;
@@ -33,11 +33,11 @@ pub unsafe extern "ptx-kernel" fn mk_ag_gemm_bf16_nk(args: *const AgGemmArgs) {
     // copy passed by reference would live on the stack.
     let a = unsafe { &*args };
     let (role, role_idx) = if ids::block_idx() < a.n_comm {
-        (Role::IntraComm, ids::block_idx())
+        (CtxRole::IntraComm, ids::block_idx())
     } else {
-        (Role::Compute, ids::block_idx() - a.n_comm)
+        (CtxRole::Compute, ids::block_idx() - a.n_comm)
     };
-    if role == Role::IntraComm {
+    if role == CtxRole::IntraComm {
         let c = unsafe { fused_ctx(a.desc, role) };
         let shard_rows = a.m / c.global_world;
         unsafe { comm::run(&c, a, role_idx, shard_rows / TILE.block_m, a.k as u64 * 2) };
@@ -70,7 +70,8 @@ unsafe fn compute(a: &AgGemmArgs, idx: u32) {
     sync::sync_threads();
     let wg = ids::warpgroup_idx();
     let pos = RingPos::START;
-    if wg == 0 {
+    // The warpgroup's role ([`ag_op::COMPUTE_WARPGROUPS`]): the producer, or a consumer.
+    if ag_op::compute_role(wg) == Role::Producer {
         regs::setmaxnreg_dec::<{ ag_op::TILE.producer_regs }>();
         if ids::thread_idx() == 0 {
             unsafe { producer::run(a, idx, &ring, pos, [map_a, map_a_local, map_b]) };

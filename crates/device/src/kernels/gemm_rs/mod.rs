@@ -13,8 +13,8 @@ use crate::comm::launch::exit_launch_by_cta_then;
 use crate::gemm::ring::RingPos;
 use crate::gemm::trace;
 use mkernel_config::comm::CommDesc;
-use mkernel_config::ops::gemm_rs as rs_op;
 use mkernel_config::ops::gemm_rs::GemmRsArgs;
+use mkernel_config::ops::gemm_rs::{self as rs_op, Role};
 use mkernel_config::trace::End;
 use node_send::{node_blocks_to_send, send_node_block};
 use relay::{relay_role, relays_run};
@@ -84,56 +84,77 @@ pub unsafe extern "ptx-kernel" fn mk_gemm_rs_bf16_nk(args: *const GemmRsArgs, de
     };
 }
 
-/// The launch's setup, then each thread's role.
+/// The launch's setup, the register split, then each warp's role ([`rs_op::role`]: one table for
+/// comm CTAs, one for compute CTAs).
 #[inline(always)]
 unsafe fn rs_roles(args: *const GemmRsArgs, desc: *const CommDesc, entered: u64) {
     unsafe { setup::run(args, desc, entered) };
     let a = unsafe { &*(largs() as *const GemmRsArgs) };
+    let pos = RingPos::START;
+    // Every CTA runs the same register split (a comm CTA's mover runs with the consumers'
+    // registers): role branches around setmaxnreg cost the consumers their larger register
+    // budget in ptxas (they spilled). The two warpgroup kinds' paths never join: code of the
+    // consumers reachable after `setmaxnreg.dec` makes ptxas ignore the split.
+    if ids::warpgroup_idx_reread() == 0 {
+        regs::setmaxnreg_dec::<{ RS_TILE.producer_regs }>();
+        unsafe { run_role::<true>(a, pos) };
+        return;
+    }
+    regs::setmaxnreg_inc::<{ RS_TILE.consumer_regs }>();
+    unsafe { run_role::<false>(a, pos) };
+}
+
+/// This warp's role, in the producer warpgroup (`PRODUCER_WG`) or a consumer warpgroup: the
+/// arms of the other kind are compiled out (the role tables keep each role in its warpgroup
+/// kind, checked at compile time in `mkernel_config::ops::gemm_rs`). The one-thread roles run
+/// on lane 0.
+#[inline(always)]
+unsafe fn run_role<const PRODUCER_WG: bool>(a: &GemmRsArgs, pos: RingPos) {
     // Each role derives its loop state after its setmaxnreg: values computed before the split
     // and kept live across it are what ptxas spills. Indices are read again for the same reason.
     // `idx`: this CTA among the compute CTAs.
     let compute_idx = || ids::block_idx_reread() - a.n_comm;
-    let pos = RingPos::START;
-    // Every CTA runs the same register split (a comm CTA's thread 128 moves the data, with
-    // the consumers' registers): role branches around setmaxnreg cost the consumers their
-    // larger register budget in ptxas (they spilled).
-    if ids::warpgroup_idx_reread() == 0 {
-        regs::setmaxnreg_dec::<{ RS_TILE.producer_regs }>();
-        if ids::block_idx_reread() < a.n_comm {
-            return;
+    let lane0 = ids::lane_id() == 0;
+    match rs_op::role(ids::block_idx_reread() < a.n_comm, ids::warp_idx_reread()) {
+        Role::Producer if PRODUCER_WG => {
+            if lane0 {
+                unsafe { producer::run(a, compute_idx(), pos) };
+            }
         }
-        let (idx, tid) = (compute_idx(), ids::thread_idx_reread());
-        if tid == 64 && relays_run(a) {
-            // Warp 2 (otherwise idle): raises the peers' flags of finished row tiles.
-            unsafe { relay_role(a, idx) };
-            unsafe { trace::end(a.trace, idx, End::RelayDone) };
+        Role::Relay if PRODUCER_WG => {
+            if lane0 && relays_run(a) {
+                let idx = compute_idx();
+                unsafe { relay_role(a, idx) };
+                unsafe { trace::end(a.trace, idx, End::RelayDone) };
+            }
         }
-        if (tid == 32 || tid == 96) && stager_runs(a) {
-            // Lane 0 of warps 1 and 3 (idle on one node): the stagers of consumer warpgroups
-            // 0 and 1.
-            unsafe { stager_role(idx, tid / 64) };
+        // Warps 1 and 3: the stagers of consumer warpgroups 0 and 1 (one node of 2 ranks), or
+        // across nodes (where no stager runs) the sender of node block `idx` and the receiver of
+        // the other nodes' sums. Nothing stays live across the stager's loop.
+        r @ (Role::StagerOrSender | Role::StagerOrReceiver) if PRODUCER_WG => {
+            if lane0 {
+                let receiver = r == Role::StagerOrReceiver;
+                if stager_runs(a) {
+                    // (The warp read again: derived from `r`, kept live across the check, ptxas
+                    // spilled in the stager.)
+                    let warp = ids::thread_idx_reread() / mkernel_config::WARP_SIZE;
+                    unsafe { stager_role(compute_idx(), rs_op::stager_consumer(warp)) };
+                } else if !receiver && compute_idx() < node_blocks_to_send(a) {
+                    unsafe { send_node_block(a, compute_idx()) };
+                } else if receiver && node_blocks_to_send(a) > 0 {
+                    unsafe { node_recv::run(a, compute_idx()) };
+                }
+            }
         }
-        if tid == 32 && idx < node_blocks_to_send(a) {
-            // Warp 1 of the producer warpgroup (otherwise idle) of compute CTA j: inter-node
-            // sender of node block j.
-            unsafe { send_node_block(a, idx) };
+        Role::Consumer if !PRODUCER_WG => unsafe { consumer::run(a, pos) },
+        Role::Comm if !PRODUCER_WG => {
+            if lane0 {
+                unsafe { comm::run(a) };
+            }
         }
-        if tid == 96 && node_blocks_to_send(a) > 0 {
-            unsafe { node_recv::run(a, idx) };
-        }
-        if tid == 0 {
-            unsafe { producer::run(a, idx, pos) };
-        }
-        return;
+        // Idle, and (never) a role of the other warpgroup kind.
+        _ => {}
     }
-    regs::setmaxnreg_inc::<{ RS_TILE.consumer_regs }>();
-    if ids::block_idx_reread() < a.n_comm {
-        if ids::thread_idx_reread() == crate::arch::ids::WARPGROUP_THREADS {
-            unsafe { comm::run(a) };
-        }
-        return;
-    }
-    unsafe { consumer::run(a, pos) };
 }
 
 /// The CTA's count of exited warps (tick word [`rs_op::TICK_EXITED_WARPS`], zeroed by
