@@ -97,8 +97,9 @@ pub(super) unsafe fn publish<const NEWER_GROUPS: u32>(
     let (nodes, _, block_rows) = node_blocks(c, a.m);
     let j = p.mt * TILE.block_m / block_rows;
     unsafe {
-        // Counted locally (a release at GPU scope: ~1 us where one at system scope stalled the
-        // warpgroup ~4.5 us per tile); comm CTAs or the relay warps carry it to the peers.
+        // Counted locally with a release at GPU scope (one at system scope stalls the
+        // warpgroup for the NVLink round trip); comm CTAs or the relay warps carry it to the
+        // peers.
         if p.dest != c.rank || (a.all_reduce != 0 && j + 1 == nodes && c.world > 1) {
             memory::red_release_add_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::Outbox, p.dest, p.mt), 1);
         }

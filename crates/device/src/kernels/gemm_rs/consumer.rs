@@ -3,6 +3,7 @@
 //! and the end of the launch's work (AllReduce: waiting for the other ranks' rows).
 use super::announce::{announce_newer, announce_older, Pendings};
 use super::epilogue::{prefetch_partials, rs_epilogue, stage_first_partial};
+use super::shared::staging_ready;
 use super::shared::{fused_ctx_at, ldesc, lepoch, node_blocks, rank_world, HALVES, RS_RING, STAGED, STAGE_PARITY};
 use super::stager::stager_epilogue;
 use super::stream_k::{add_sk_partials, write_sk_partial};
@@ -152,7 +153,7 @@ pub(super) unsafe fn run(a: &GemmRsArgs, pos: RingPos) {
                 // (always completes) has landed.
                 drain_tma_stores();
                 if ready & STAGED != 0 {
-                    while !mbarrier::try_wait_parity(ring.aux(wg), (ready & STAGE_PARITY != 0) as u32) {}
+                    while !mbarrier::try_wait_parity(staging_ready(&ring, wg), (ready & STAGE_PARITY != 0) as u32) {}
                 }
                 // Keep freeing the ring's slots for this CTA's remaining work (without
                 // computing): the producer and the other consumer warpgroup, which stops at its

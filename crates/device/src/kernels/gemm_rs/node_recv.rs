@@ -1,4 +1,5 @@
 //! Across nodes: the warp that waits for the other nodes' sums of this rank's rows.
+use super::shared::node_sums;
 use super::shared::{fused_ctx_at, ldesc, lepoch, RS_RING};
 use crate::arch::memory::Scope;
 use crate::arch::{mbarrier, memory, smem};
@@ -38,7 +39,7 @@ pub(super) unsafe fn run(a: &GemmRsArgs, idx: u32) {
                 )
             };
         }
-        unsafe { mbarrier::arrive(Ring::new(smem::dynamic_smem_addr(), RS_RING).aux(0)) };
+        unsafe { mbarrier::arrive(node_sums(&Ring::new(smem::dynamic_smem_addr(), RS_RING))) };
         if all && a.all_reduce != 0 {
             for q in 0..c.global_world {
                 if q / c.world != node && !unsafe { proxy::wait_remote(&c, RemoteSlot::FusedOut, q) } {
@@ -52,6 +53,6 @@ pub(super) unsafe fn run(a: &GemmRsArgs, idx: u32) {
         let mut relay = c;
         relay.timeout_ns = c.timeout_ns.saturating_mul(2);
         let _ = unsafe { wait_flag_of_cta(&relay, FlagSlot::FusedReady, c.rank, 1, c.epoch) };
-        unsafe { mbarrier::arrive(Ring::new(smem::dynamic_smem_addr(), RS_RING).aux(0)) };
+        unsafe { mbarrier::arrive(node_sums(&Ring::new(smem::dynamic_smem_addr(), RS_RING))) };
     }
 }

@@ -1,5 +1,6 @@
 //! The producer (lane 0 of warp 0 of a compute CTA): the TMA loads of A and B for each of the
 //! CTA's work items.
+use super::shared::free_slots;
 use super::shared::{ldesc, RS_RING};
 use super::stager::stager_runs;
 use super::work_items::{item, stream_k};
@@ -26,7 +27,7 @@ pub(super) unsafe fn run(a: &GemmRsArgs, idx: u32, pos: RingPos) {
         // Gives up once the rank aborted and the consumers stopped taking slots.
         // Consumers that stop early keep freeing slots: every tile is loaded.
         // With a stager, its trickle follows the count of free slots ([`Ring::tick`]).
-        let count = stager_runs(a).then(|| ring.tick(0));
+        let count = stager_runs(a).then(|| free_slots(&ring));
         let _ = unsafe {
             load_tile_counted::<true>(
                 &ring,

@@ -24,9 +24,9 @@ pub(super) unsafe fn run(args: *const GemmRsArgs, desc: *const CommDesc, entered
         unsafe {
             // Every role below reads the descriptor and the arguments from these copies
             // ([`ldesc`], [`largs`]). Both come as kernel parameters, so all their loads are in
-            // flight at once (one round trip; through `args.desc` it took two). All loads
-            // first, then the stores (interleaved, each load waited behind the previous
-            // volatile store).
+            // flight at once (one round trip, where reading the descriptor through `args.desc`
+            // takes two). All loads first, then the stores (interleaved, each load would wait
+            // behind the previous volatile store).
             const D: usize = core::mem::size_of::<CommDesc>() / 8;
             const G: usize = core::mem::size_of::<GemmRsArgs>() / 8;
             let dw: [u64; D] = core::array::from_fn(|i| (desc as *const u64).add(i).read());
@@ -97,8 +97,7 @@ pub(super) unsafe fn open_receive_buffers(c: &CommCtx, a: &GemmRsArgs) {
 /// launch: by CTA 0 before it raises `FusedReady`, and by the launch's last warp once every
 /// counter was seen full - so a launch starts with zeros and no CTA can read the previous
 /// launch's full counters before CTA 0 got to its prologue. (The heap base is read once and
-/// nothing is divided: at the launch's end, one lane rereading the base behind each store
-/// and dividing per counter took ~5 us.)
+/// nothing is divided: at the launch's end this is on the critical path.)
 #[inline(always)]
 pub(super) unsafe fn zero_counters(c: &CommCtx, a: &GemmRsArgs, t: u32, nt: u32, outbox: bool) {
     let row_tiles = a.m / c.world / TILE.block_m;

@@ -1,8 +1,10 @@
 //! What every role of GEMM+ReduceScatter/AllReduce reads: the shared-memory copies of the
-//! descriptor, the arguments and the epoch ([`GemmRsSmem`]), the launch's geometry and the counts
+//! descriptor, the arguments and the epoch ([`rs_op::GemmRsSmem`]), the launch's geometry and the counts
 //! that make a row tile full.
 use crate::arch::smem;
+use crate::arch::smem::SmemAddr;
 use crate::comm::CommCtx;
+use crate::gemm::ring::Ring;
 use crate::gemm::TILE;
 use mkernel_config::comm::{CommDesc, Role};
 use mkernel_config::gemm::RingLayout;
@@ -14,7 +16,7 @@ use mkernel_config::GemmTile;
 pub(super) const RS_TILE: GemmTile = rs_op::TILE;
 pub(super) const RS_RING: RingLayout = rs_op::RING;
 /// Bits of a consumer's `ready` word above the local ranks' `FusedReady` bits: the current own
-/// tile's first peer partial is staged; the parity of the next staged phase of `aux(wg)`.
+/// tile's first peer partial is staged; the parity of the next staged phase of `staging_ready(wg)`.
 pub(super) const STAGED: u32 = 1 << 29;
 pub(super) const STAGE_PARITY: u32 = 1 << 30;
 
@@ -85,4 +87,31 @@ pub(super) unsafe fn fused_ctx_at(desc: u64, epoch: u64) -> CommCtx {
     let mut c = unsafe { CommCtx::with_epoch(desc as *const CommDesc, 0, Role::Compute, epoch) };
     c.epoch_seq = mkernel_config::comm::fifo::EPOCH_SEQ_FUSED;
     c
+}
+
+/// The ring's auxiliary mbarrier [`rs_op::AUX_STAGING_READY`] of consumer warpgroup `wg`
+/// (1-based): its staging is ready (a staged peer partial has landed; with a stager: the
+/// staging is free or holds the partial).
+#[inline(always)]
+pub(super) fn staging_ready(ring: &Ring, wg: u32) -> SmemAddr {
+    ring.aux(rs_op::AUX_STAGING_READY + wg - 1)
+}
+
+/// The ring's auxiliary mbarrier [`rs_op::AUX_TILE_STAGED`] of consumer warpgroup `wg`
+/// (1-based): it wrote its tile into its staging (with a stager).
+#[inline(always)]
+pub(super) fn tile_staged(ring: &Ring, wg: u32) -> SmemAddr {
+    ring.aux(rs_op::AUX_TILE_STAGED + wg - 1)
+}
+
+/// The ring's auxiliary mbarrier [`rs_op::AUX_NODE_SUMS`]: the other nodes' sums have landed.
+#[inline(always)]
+pub(super) fn node_sums(ring: &Ring) -> SmemAddr {
+    ring.aux(rs_op::AUX_NODE_SUMS)
+}
+
+/// The ring's tick word [`rs_op::TICK_FREE_SLOTS`]: ring slots the producer found free.
+#[inline(always)]
+pub(super) fn free_slots(ring: &Ring) -> SmemAddr {
+    ring.tick(rs_op::TICK_FREE_SLOTS)
 }
