@@ -8,6 +8,9 @@ use crate::arch::{ids, mbarrier, memory, memory::Scope, sync};
 use crate::comm::CommCtx;
 use mkernel_config::comm::{CommDesc, Role, ABORT_OFFSET, FUSED_EPOCH_OFFSET, FUSED_EXITS_OFFSET};
 
+///
+/// # Safety
+/// `c` is this launch's context (its own heap mapped).
 #[inline(always)]
 pub unsafe fn launch_epoch(c: &CommCtx) -> u64 {
     unsafe { ((c.heap(c.rank) + FUSED_EPOCH_OFFSET) as *const u64).read_volatile() + 1 }
@@ -16,6 +19,9 @@ pub unsafe fn launch_epoch(c: &CommCtx) -> u64 {
 /// Whether this rank gave up (a wait timed out or the host aborted): GEMM+ReduceScatter/AllReduce
 /// reads it at each tile's start (each consumer warpgroup's leader) and ORs it into that tile's
 /// epilogue barriers.
+///
+/// # Safety
+/// `desc` is the address of this launch's `CommDesc` (global memory or a shared copy).
 #[inline(always)]
 pub unsafe fn aborted(desc: u64) -> bool {
     unsafe { abort_word(desc) != 0 }
@@ -23,6 +29,9 @@ pub unsafe fn aborted(desc: u64) -> bool {
 
 /// The rank's abort word (nonzero: aborted), as loaded: a caller that compares it later keeps
 /// the load's latency off its path until then.
+///
+/// # Safety
+/// `desc` is the address of this launch's `CommDesc` (global memory or a shared copy).
 #[inline(always)]
 pub unsafe fn abort_word(desc: u64) -> u32 {
     let d = unsafe { &*(desc as *const CommDesc) };
@@ -32,6 +41,9 @@ pub unsafe fn abort_word(desc: u64) -> u32 {
 
 /// How long a fused kernel's GEMM ring may stall before the wait is declared hung (a trap): past
 /// every communication wait it can be behind (a relayed wait takes twice the timeout).
+///
+/// # Safety
+/// `desc` is the address of this launch's `CommDesc` (global memory or a shared copy).
 #[inline(always)]
 pub unsafe fn fused_hung_ns(desc: u64) -> u64 {
     unsafe { (*(desc as *const CommDesc)).timeout_ns }
@@ -54,6 +66,9 @@ pub fn consumer_stall(desc: u64) -> impl Fn(u64) -> bool + Copy {
 /// `setmaxnreg` (rather than one built before the role split and kept live across it, which
 /// ptxas had to spill in the 56-register producer). Every warp reads the launch epoch before it
 /// exits, and the epoch only advances after the last warp exited, so all reads agree.
+///
+/// # Safety
+/// `desc` is the address of this launch's `CommDesc` (global memory or a shared copy).
 #[inline(always)]
 pub unsafe fn fused_ctx(desc: u64, role: Role) -> CommCtx {
     let mut c = unsafe { CommCtx::new(desc as *const CommDesc, 0, role) };
@@ -65,6 +80,9 @@ pub unsafe fn fused_ctx(desc: u64, role: Role) -> CommCtx {
 /// The last warp of the launch to get here advances the launch epoch. Counted per warp with
 /// `bar.warp.sync` (no CTA-wide barrier: after the role split the producer's lane 0 runs long
 /// after the rest of its warpgroup, and an aligned CTA barrier reached divergently is undefined).
+///
+/// # Safety
+/// Every warp of the launch calls it (or [`exit_launch_then`]) once, after its work, with this launch's context and epoch.
 #[inline(always)]
 pub unsafe fn exit_launch(c: &CommCtx, epoch: u64) {
     unsafe { exit_launch_then(c, epoch, || {}) };
@@ -72,6 +90,9 @@ pub unsafe fn exit_launch(c: &CommCtx, epoch: u64) {
 
 /// As [`exit_launch`]; the last warp's lane 0 first runs `last` (every other warp of the launch
 /// has exited, and the exit counter's acquire/release chain orders their work before it).
+///
+/// # Safety
+/// As [`exit_launch`].
 #[inline(always)]
 pub unsafe fn exit_launch_then(c: &CommCtx, epoch: u64, last: impl FnOnce()) {
     sync::sync_warp();
@@ -82,6 +103,9 @@ pub unsafe fn exit_launch_then(c: &CommCtx, epoch: u64, last: impl FnOnce()) {
 
 /// One exit of `exits` in the launch (lane 0, after its warp's or CTA's work): the last one runs
 /// `last`, resets the counter and advances the launch epoch.
+///
+/// # Safety
+/// Called by lane 0 once per exiting unit, `exits` times in the launch in all, with this launch's context and epoch.
 #[inline(always)]
 pub unsafe fn count_exit(c: &CommCtx, epoch: u64, exits: u32, last: impl FnOnce()) {
     let local = c.heap(c.rank);
@@ -103,6 +127,9 @@ pub unsafe fn count_exit(c: &CommCtx, epoch: u64, exits: u32, last: impl FnOnce(
 /// every warp's work before the launch's last warp runs `last(lane, 32)` - in all its lanes
 /// (ordered after lane 0's acquire by the warp barrier, and before lane 0's release of the
 /// next epoch by another), which share its end-of-launch stores.
+///
+/// # Safety
+/// Every warp of the launch calls it once, after its work; `word` is a generic address of a shared-memory word of this CTA, zero before the CTA's first barrier and used for nothing else.
 #[inline(always)]
 pub unsafe fn exit_launch_by_cta_then(c: &CommCtx, epoch: u64, word: *mut u32, last: impl FnOnce(u32, u32)) {
     sync::sync_warp();

@@ -3,7 +3,7 @@
 //! - CTAs `0..n_comm` (role IntraComm) copy this rank's shard, 128-row chunk by chunk, into the
 //!   gathered A buffer of every local peer over NVLink and raise flag `(Tile0, rank, chunk)` at
 //!   the receiver after each chunk; across nodes they also stage the shard for one proxy PUT to
-//!   every remote rank (see `comm_role`).
+//!   every remote rank ([`comm::run`]).
 //! - CTAs `n_comm..` (role Compute) run the persistent GEMM; tile rows are visited from this
 //!   rank's shard on: those tiles read A in place from the shard (no copy, no wait), the peers'
 //!   rows come from the gathered buffer, and the producer waits for a chunk's flag before its
@@ -14,7 +14,9 @@
 //! ended).
 //!
 //! Roles ([`mkernel_config::ops::ag_gemm::Role`]): [`comm`] (comm CTAs), [`producer`] and
-//! [`consumer`] (compute CTAs); the launch's epoch and exit are `crate::comm::launch`.
+//! [`consumer`] (compute CTAs); the launch's epoch and exit are `crate::comm::launch`. Config
+//! (arguments, shared memory, role table): `mkernel_config::ops::ag_gemm`; host plan:
+//! `mkernel::fused::AgGemmPlan`.
 use crate::arch::{ids, regs, smem, sync, tma, tma::TensorMap};
 use crate::comm::launch::{exit_launch, fused_ctx};
 use crate::gemm::ring::{Ring, RingPos};
@@ -27,6 +29,12 @@ mod comm;
 mod consumer;
 mod producer;
 
+/// The kernel.
+///
+/// # Safety
+/// Launched as `mkernel_config::ops::ag_gemm::AG_GEMM_NK` says, by every rank of the
+/// communicator at once, with `args` the device address of this launch's argument block (the
+/// host's `AgGemmPlan` does both).
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_ag_gemm_bf16_nk(args: *const AgGemmArgs) {
     // Fields are read from the kernel argument block in global memory where used; a by-value

@@ -1,6 +1,6 @@
-//! GEMM+ReduceScatter/AllReduce (`mk_gemm_rs_bf16_nk`): the launch's setup, the role split and
-//! the compute CTAs' tile loop, the comm CTAs, the counters' zeroing, and the shared copies of
-//! the arguments and the descriptor every role reads.
+//! GEMM+ReduceScatter/AllReduce (`mk_gemm_rs_bf16_nk`): the kernel entry, the register split and
+//! the dispatch of each warp to its role. Config (arguments, shared memory, role table):
+//! `mkernel_config::ops::gemm_rs`; host plan: `mkernel::fused::GemmRsPlan`.
 //!
 //! Modules, one per role ([`mkernel_config::ops::gemm_rs::Role`]): [`producer`], [`consumer`]
 //! (the tile loop; its epilogue in [`epilogue`] without stagers, announcing through
@@ -41,7 +41,7 @@ mod work_items;
 /// product `P_r = A_r * B_r^T` (M x N; K is split over ranks); global rank `g` reduces row chunk
 /// `g` of `sum_r P_r` in f32. Rows are visited node-blocked ([`rs_source_row`]): local rank
 /// `l`'s chunk (`M / world` rows) is its rail's global chunks, other nodes' first, own last.
-/// CTAs `0..n_comm` move partials ([`rs_comm_role`]); the others compute, in the chunked order
+/// CTAs `0..n_comm` move partials ([`comm::run`]); the others compute, in the chunked order
 /// of [`TileScheduler::chunked`] over those chunks (per part: the peers' chunks first, the own
 /// chunk last):
 /// - a peer's tile is stored with TMA into the local outbox (with comm CTAs, which copy each
@@ -60,11 +60,17 @@ mod work_items;
 ///   (AllReduce, then a relay raises `(Tile2, rank, row tile)` at every peer; across nodes the
 ///   completed block is PUT to every remote rank's output, raising `FusedOut`). An AllReduce
 ///   launch ends once every other rank's reduced rows are in this rank's output.
+///
 /// CTA 0 first zeroes this rank's incoming counters, then raises `FusedReady` at every peer
 /// (and, through the proxy, at every remote rank): senders add to the counters only after that,
 /// and all additions of a launch have landed before the receiver's launch ends, whose last warp
 /// zeroes the counters again (so no CTA of the next launch can meet a full counter before CTA 0
 /// ran) and, across nodes, waits until the proxy has read every PUT source.
+///
+/// # Safety
+/// Launched as `mkernel_config::ops::gemm_rs::GEMM_RS_NK` says, by every rank of the
+/// communicator at once, with `args` and `desc` the device addresses of this launch's argument
+/// block and this rank's descriptor (the host's `GemmRsPlan` does both).
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_gemm_rs_bf16_nk(args: *const GemmRsArgs, desc: *const CommDesc) {
     // (The clock read before the arguments: their load is part of the entry.)
@@ -147,11 +153,7 @@ unsafe fn run_role<const PRODUCER_WG: bool>(a: &GemmRsArgs, pos: RingPos) {
             }
         }
         Role::Consumer if !PRODUCER_WG => unsafe { consumer::run(a, pos) },
-        Role::Comm if !PRODUCER_WG => {
-            if lane0 {
-                unsafe { comm::run(a) };
-            }
-        }
+        Role::Comm if !PRODUCER_WG && lane0 => unsafe { comm::run(a) },
         // Idle, and (never) a role of the other warpgroup kind.
         _ => {}
     }

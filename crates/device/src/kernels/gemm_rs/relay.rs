@@ -28,6 +28,7 @@ pub(super) fn relays_run(a: &GemmRsArgs) -> bool {
 ///   is raised by the full count;
 /// - an own AllReduce row tile: once full (stored into every local rank's output),
 ///   `(Tile2, rank, mt)` at every local peer.
+///
 /// The release is cumulative: the consumers' releases of the local counter, which this
 /// thread's acquire saw, order their completed stores before the peer's flag. Deadlock-free
 /// like the comm CTAs' walk: an item of part g waits only for tiles whose waits concern parts

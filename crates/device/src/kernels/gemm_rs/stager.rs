@@ -306,6 +306,8 @@ pub(super) unsafe fn stager_role(idx: u32, cw: u32) {
 /// staging box). Nothing reads it again soon (a peer's partial only rounds later, at its
 /// owner; an output tile not in this launch), so its lines are the first to leave L2, ahead of
 /// the operands the mainloops still read (docs/fused.md measures the cache policies).
+// (`PER_BOX` is 1 at `STAGER_STORE_ROWS` = 64; the arithmetic holds for smaller pieces too.)
+#[allow(clippy::modulo_one)]
 #[inline(always)]
 pub(super) unsafe fn stager_store(map: u64, local: Tile, cw: u32, p: u32) {
     const PER_BOX: u32 = GemmTile::EPILOGUE_BOX_ROWS / STAGER_STORE_ROWS;
