@@ -192,8 +192,8 @@ enum Rule {
     /// The kernel's: at each epilogue the tile two back; before an own tile's wait also the
     /// previous one if another rank waits for it during the loop.
     Kernel,
-    /// Wait for the next own tile's inputs *before* announcing anything (the first version of
-    /// the staged partial load waited there and deadlocked on the GPU).
+    /// Wait for the next own tile's inputs *before* announcing anything (a wait there, before
+    /// the earlier tiles are announced, can close a cycle between ranks).
     WaitFirst,
     /// Always two tiles late, also before a wait.
     NoFlush,
@@ -428,9 +428,8 @@ fn the_stager_order_cannot_deadlock() {
 #[test]
 fn other_announcement_orders_can_deadlock() {
     // The simulation can fail: with the wait moved before the announcements, or with every
-    // announcement two tiles late even before a wait, some small configurations deadlock (the
-    // first as the first staged-partial version did on 2 x H200), while the kernel's rule passes
-    // them all.
+    // announcement two tiles late even before a wait, some small configurations deadlock, while
+    // the kernel's rule passes them all.
     for rule in [Rule::WaitFirst, Rule::NoFlush] {
         let mut deadlocks = 0;
         for (nodes, world) in [(1u32, 2u32), (1, 4), (2, 1), (2, 2)] {

@@ -3,12 +3,56 @@
 //! bundle/
 //!   xtask, mkernel-bench       (`./xtask bench --op gemm`, `./xtask launch -n 2 -- ...`)
 //!   tests/<crate>-<target>     every test binary of the workspace (release)
+//!   moe_torch.py               the PyTorch baseline of `./xtask bench --op moe`
 //!   mkernel.ptx                the PTX the binaries embed (for ptxas/ncu inspection)
 //!   run-tests.sh               runs every test binary with GPU tests on
 use crate::util::{self, root};
 use anyhow::{Context, Result};
 use std::io::BufRead;
 use std::process::{Command, Stdio};
+
+/// `bundle/run-tests.sh`: the GPU suite (`crate::gpu_tests`) over the bundled test binaries.
+const RUN_TESTS_SH: &str = r#"#!/bin/sh
+# Runs every bundled mkernel test binary with its GPU tests on. Multi-rank binaries run under
+# `xtask launch` at 2 and 4 ranks (fused* and internode* also as 2 emulated nodes x 2), sharing the
+# GPUs through MPS when the host has fewer GPUs than ranks; the summary names each run's mode.
+# Usage: bundle/run-tests.sh [--only NAME]... [--ranks 2,4] [--timeout-s S] [-- test-binary args]
+cd "$(dirname "$0")" || exit 1
+export MKERNEL_GPU_TESTS=1 NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+exec ./xtask gpu-tests --dir tests "$@"
+"#;
+
+/// Every test binary of the workspace (release), built: `(bundle name, path)`.
+pub fn test_binaries(exclude: &[String]) -> Result<Vec<(String, std::path::PathBuf)>> {
+    let mut child = util::cargo()
+        .current_dir(root())
+        .args(["test", "--release", "--workspace", "--no-run", "--message-format=json"])
+        .args(exclude.iter().flat_map(|e| ["--exclude", e.as_str()]))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let mut out = vec![];
+    for line in std::io::BufReader::new(child.stdout.take().unwrap()).lines() {
+        let v: serde_json::Value = match serde_json::from_str(&line?) {
+            Ok(v) => v,
+            Err(_) => continue,
+        };
+        let is_test = v["profile"]["test"].as_bool() == Some(true);
+        if let (true, Some(exe)) = (is_test, v["executable"].as_str()) {
+            let krate = v["package_id"].as_str().and_then(crate_name).unwrap_or("crate");
+            let target = v["target"]["name"].as_str().unwrap_or("t");
+            let name = if target.replace('-', "_") == krate.replace('-', "_") {
+                krate.to_string()
+            } else {
+                format!("{krate}-{target}")
+            };
+            out.push((name, exe.into()));
+        }
+    }
+    anyhow::ensure!(child.wait()?.success(), "building test binaries failed");
+    Ok(out)
+}
 
 pub fn run(exclude: &[String]) -> Result<()> {
     let root = root();
@@ -28,53 +72,18 @@ pub fn run(exclude: &[String]) -> Result<()> {
         std::fs::copy(root.join("target/release").join(bin), dir.join(bin))
             .with_context(|| format!("copying {bin}"))?;
     }
-    let mut child = util::cargo()
-        .current_dir(&root)
-        .args(["test", "--release", "--workspace", "--no-run", "--message-format=json"])
-        .args(exclude.iter().flat_map(|e| ["--exclude", e.as_str()]))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()?;
-    let mut copied = 0;
-    for line in std::io::BufReader::new(child.stdout.take().unwrap()).lines() {
-        let v: serde_json::Value = match serde_json::from_str(&line?) {
-            Ok(v) => v,
-            Err(_) => continue,
-        };
-        let is_test = v["profile"]["test"].as_bool() == Some(true);
-        if let (true, Some(exe)) = (is_test, v["executable"].as_str()) {
-            let krate = v["package_id"].as_str().and_then(crate_name).unwrap_or("crate");
-            let target = v["target"]["name"].as_str().unwrap_or("t");
-            let name = if target.replace('-', "_") == krate.replace('-', "_") {
-                krate.to_string()
-            } else {
-                format!("{krate}-{target}")
-            };
-            std::fs::copy(exe, dir.join("tests").join(&name))?;
-            copied += 1;
-        }
+    // The PyTorch baseline of `bench --op moe` (found next to mkernel-bench).
+    std::fs::copy(root.join("crates/bench/python/moe_torch.py"), dir.join("moe_torch.py"))?;
+    let bins = test_binaries(exclude)?;
+    for (name, exe) in &bins {
+        std::fs::copy(exe, dir.join("tests").join(name))?;
     }
-    anyhow::ensure!(child.wait()?.success(), "building test binaries failed");
+    let copied = bins.len();
+    // Symbols are half of each binary's size; the device tool carries 64 MiB per call.
+    strip_all(&dir)?;
     std::fs::copy(root.join("crates/host/ptx/mkernel.ptx"), dir.join("mkernel.ptx"))?;
     let script = dir.join("run-tests.sh");
-    std::fs::write(
-        &script,
-        "#!/bin/sh\n# Runs every mkernel test binary with GPU tests on; multi-rank tests (collective*, fused*)\n\
-         # run under `xtask launch -n <GPUs>` (fused* and internode* also across 2 emulated nodes). Usage: bundle/run-tests.sh [test-binary args]\n\
-         cd \"$(dirname \"$0\")\" || exit 1\nexport MKERNEL_GPU_TESTS=1 NCCL_NVLS_ENABLE=0\n\
-         export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}\n\
-         NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')\nfail=0\n\
-         for t in tests/*; do\n  echo \"== $t\"\n  case \"$t\" in\n\
-         *collective*) if [ \"$NGPU\" -ge 2 ]; then ./xtask launch -n \"$NGPU\" --timeout-s 600 -- \"$t\" --include-ignored --test-threads=1 --nocapture \"$@\" || { echo \"FAILED: $t\"; fail=1; }; \\\n\
-         else \"$t\" --nocapture || fail=1; fi ;;\n\
-         *fused*) if [ \"$NGPU\" -ge 2 ]; then ./xtask launch -n \"$NGPU\" --timeout-s 600 -- \"$t\" --include-ignored --test-threads=1 --nocapture \"$@\" || { echo \"FAILED: $t\"; fail=1; }; \\\n\
-         ./xtask launch -n \"$NGPU\" --nodes 2 --timeout-s 600 -- \"$t\" --include-ignored --test-threads=1 --nocapture \"$@\" || { echo \"FAILED: $t (2 nodes)\"; fail=1; }; \\\n\
-         else \"$t\" --nocapture || fail=1; fi ;;\n\
-         *internode*) if [ \"$NGPU\" -ge 2 ]; then ./xtask launch -n \"$NGPU\" --nodes 2 --timeout-s 600 -- \"$t\" --include-ignored --test-threads=1 --nocapture \"$@\" || { echo \"FAILED: $t\"; fail=1; }; \\\n\
-         else \"$t\" --nocapture || fail=1; fi ;;\n\
-         *) \"$t\" --include-ignored --test-threads=1 \"$@\" || { echo \"FAILED: $t\"; fail=1; } ;;\n  esac\ndone\n\
-         [ $fail = 0 ] && echo 'ALL TEST BINARIES PASSED'\nexit $fail\n",
-    )?;
+    std::fs::write(&script, RUN_TESTS_SH)?;
     Command::new("chmod").arg("+x").arg(&script).status()?;
     let size: u64 = walk_size(&dir)?;
     println!(
@@ -115,6 +124,8 @@ pub fn variant(name: &str) -> Result<()> {
         std::fs::copy(root.join("target/release").join(bin), dir.join(bin))
             .with_context(|| format!("copying {bin}"))?;
     }
+    // The PyTorch baseline of `bench --op moe` (found next to mkernel-bench).
+    std::fs::copy(root.join("crates/bench/python/moe_torch.py"), dir.join("moe_torch.py"))?;
     let same = ptx == keep;
     println!(
         "bundle/{name}/: mkernel-bench + xtask on kernels built with --cfg mk_variant=\"{name}\"{}",
@@ -159,6 +170,23 @@ fn crate_names_from_package_ids() {
         Some("mkernel-tests")
     );
     assert_eq!(crate_name("path+file:///w/xtask#0.1.0"), Some("xtask"));
+}
+
+/// `strip` every file in `dir` and `dir/tests` (where `strip` exists; the PTX and script fail it
+/// harmlessly and are left as they are).
+fn strip_all(dir: &std::path::Path) -> Result<()> {
+    if crate::mps::find_on_path("strip").is_none() {
+        return Ok(());
+    }
+    for d in [dir.to_path_buf(), dir.join("tests")] {
+        for e in std::fs::read_dir(&d)? {
+            let p = e?.path();
+            if p.is_file() && p.extension().is_none() && !p.ends_with("run-tests.sh") {
+                let _ = Command::new("strip").arg(&p).stderr(Stdio::null()).status();
+            }
+        }
+    }
+    Ok(())
 }
 
 fn walk_size(dir: &std::path::Path) -> Result<u64> {

@@ -3,17 +3,24 @@
 //! One host: `launch -n 4 -- prog`; emulated nodes on one host: `launch -n 4 --nodes 2 -- prog`
 //! (ranks 0,1 form node 0 and ranks 2,3 node 1; their traffic between nodes goes through the
 //! proxy over the emulated wire). Real nodes: run `launch -n 8 --nnodes 2 --node-rank R
-//! --master-addr HOST0 --job-key KEY -- prog` on each node.
+//! --master-addr HOST0 --job-key KEY -- prog` on each node (the proxy picks TCP, ibverbs or EFA:
+//! docs/internode.md).
 //!
 //! Each process gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK, NNODES,
 //! MASTER_ADDR, MASTER_PORT, MKERNEL_JOB_KEY (the bootstrap store refuses other keys),
 //! MKERNEL_DEVICE (the GPU ordinal to open) and MKERNEL_EMULATED_NODES when nodes are emulated.
-//! Output lines are prefixed with `[rank R]`. When a process fails the others are stopped and
-//! the failing rank is named.
+//! Output lines are prefixed with `[rank R]`. When a process fails, times out, or the launcher is
+//! interrupted (SIGINT/SIGTERM), the others are stopped and the failing rank is named.
+//!
+//! Ranks sharing GPUs: `launch -n 4 --share-gpu [--gpus G] -- prog` spreads the ranks round-robin
+//! over G GPUs (default: the visible ones) and runs them under NVIDIA MPS (`crate::mps`), each with
+//! `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` of its GPU and `MKERNEL_SHARED_GPU` = ranks on that GPU
+//! (benchmarks mark their results as not NVLink timings). Works with `--nodes K`.
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 #[derive(Args, Debug)]
@@ -42,6 +49,16 @@ pub struct LaunchArgs {
     /// Stop every process after this many seconds.
     #[arg(long)]
     pub timeout_s: Option<u64>,
+    /// Let several ranks share a GPU through NVIDIA MPS (ranks spread round-robin over the GPUs).
+    #[arg(long)]
+    pub share_gpu: bool,
+    /// With --share-gpu: GPUs to spread the ranks over (default: every GPU nvidia-smi lists).
+    #[arg(long, requires = "share_gpu")]
+    pub gpus: Option<usize>,
+    /// With --share-gpu: MPS share of each rank in percent of its GPU's SMs (default: 100 / ranks
+    /// on that GPU; persistent grids use 80% of the share, docs/testing.md "Co-residency").
+    #[arg(long, requires = "share_gpu", value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub mps_percent: Option<u32>,
     /// The command to run in each process.
     #[arg(last = true, required = true)]
     pub cmd: Vec<String>,
@@ -59,6 +76,9 @@ impl LaunchArgs {
             master_port: None,
             job_key: None,
             timeout_s: None,
+            share_gpu: false,
+            gpus: None,
+            mps_percent: None,
             cmd,
         }
     }
@@ -77,10 +97,16 @@ pub struct RankEnv {
 }
 
 /// Rank layout for `args`: emulated nodes split this host's GPUs; real nodes stack hosts.
-pub fn layout(args: &LaunchArgs) -> Result<Vec<RankEnv>> {
+/// `shared_gpus`: with `--share-gpu`, the GPUs this host's processes are spread over
+/// round-robin (process i on GPU i % G); without it, process i opens GPU i.
+pub fn layout(args: &LaunchArgs, shared_gpus: Option<usize>) -> Result<Vec<RankEnv>> {
     if args.nproc == 0 {
         bail!("-n must be at least 1");
     }
+    if shared_gpus == Some(0) {
+        bail!("--gpus must be at least 1");
+    }
+    let device = |i: usize| shared_gpus.map_or(i, |g| i % g);
     if let Some(nnodes) = args.nnodes {
         if args.nodes != 1 {
             bail!("--nodes (emulated) and --nnodes (real) cannot be combined");
@@ -96,7 +122,7 @@ pub fn layout(args: &LaunchArgs) -> Result<Vec<RankEnv>> {
                 local_world_size: args.nproc,
                 node_rank: args.node_rank,
                 nnodes,
-                device: i,
+                device: device(i),
             })
             .collect());
     }
@@ -116,7 +142,7 @@ pub fn layout(args: &LaunchArgs) -> Result<Vec<RankEnv>> {
             local_world_size: local,
             node_rank: r / local,
             nnodes: args.nodes,
-            device: r,
+            device: device(r),
         })
         .collect())
 }
@@ -134,8 +160,39 @@ fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// Set by SIGINT/SIGTERM: the launch stops its ranks (and the MPS daemon it started) and fails.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
 pub fn run(args: LaunchArgs) -> Result<()> {
-    let ranks = layout(&args)?;
+    let shared_gpus = match (args.share_gpu, args.gpus) {
+        (false, _) => None,
+        (true, Some(g)) => Some(g),
+        (true, None) => Some(crate::util::gpu_count()?),
+    };
+    let ranks = layout(&args, shared_gpus)?;
+    // The handler can be installed once per process; a second launch in the same process (the
+    // launcher's own tests) keeps the first.
+    let _ = ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst));
+    // Started before any rank, stopped after every rank is gone (also on errors: `Drop`).
+    let mps = match shared_gpus {
+        Some(_) => Some(crate::mps::Mps::start()?),
+        None => None,
+    };
+    let per_gpu = |d: usize| ranks.iter().filter(|r| r.device == d).count();
+    if let Some(g) = shared_gpus {
+        let busiest = (0..g).map(per_gpu).max().unwrap_or(1);
+        let pct = args
+            .mps_percent
+            .unwrap_or_else(|| crate::mps::default_sm_percent(busiest));
+        println!(
+            "launch: {} ranks sharing {} GPU(s) through MPS, up to {busiest} per GPU at {pct}% of its SMs each, \
+             persistent grids on {}% of that (correctness runs: timings are not NVLink timings)",
+            ranks.len(),
+            g.min(ranks.len()),
+            std::env::var("MKERNEL_PERSISTENT_SM_PERCENT")
+                .unwrap_or_else(|_| crate::mps::persistent_sm_percent(busiest).to_string())
+        );
+    }
     let port = match (args.master_port, args.nnodes) {
         (Some(p), _) => p,
         (None, Some(_)) => 29500,
@@ -147,7 +204,8 @@ pub fn run(args: LaunchArgs) -> Result<()> {
         (None, Err(_)) if args.nnodes.is_some() => bail!("multi-node launch needs --job-key (the same on every node)"),
         (None, Err(_)) => random_key(),
     };
-    let mut children: Vec<(usize, Child)> = vec![];
+    // Killed on every way out of this function, an error while starting a later rank included.
+    let mut children = Ranks(vec![]);
     let mut printers = vec![];
     for r in &ranks {
         let mut cmd = Command::new(&args.cmd[0]);
@@ -167,9 +225,18 @@ pub fn run(args: LaunchArgs) -> Result<()> {
             .stderr(Stdio::piped());
         // Own process group, so stopping a rank also stops what it started.
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        if let Some(mps) = &mps {
+            mps.configure(&mut cmd);
+            let persistent = std::env::var("MKERNEL_PERSISTENT_SM_PERCENT").ok();
+            for (k, v) in shared_rank_env(per_gpu(r.device), args.mps_percent, persistent.as_deref()) {
+                cmd.env(k, v);
+            }
+        }
         if args.nodes > 1 {
             cmd.env("MKERNEL_EMULATED_NODES", args.nodes.to_string());
-            // The emulated wire's proxy thread moves data with CUDA calls in the rank's context.
+        }
+        if args.nodes > 1 || args.nnodes.is_some_and(|n| n > 1) {
+            // The proxy thread (emulated wire, TCP) moves data with CUDA calls in the rank's context.
             // A lazily loaded module (the first cuBLAS call at a new shape) synchronizes that
             // context, which waits for a running fused kernel that waits for the proxy: every
             // module is loaded at start instead (docs/internode.md, "CUDA calls during a fused
@@ -201,13 +268,13 @@ pub fn run(args: LaunchArgs) -> Result<()> {
                 }
             }));
         }
-        children.push((r.rank, child));
+        children.0.push((r.rank, child));
     }
     let start = Instant::now();
     let mut failed: Option<String> = None;
-    let mut running: Vec<bool> = vec![true; children.len()];
+    let mut running: Vec<bool> = vec![true; children.0.len()];
     while running.iter().any(|&r| r) && failed.is_none() {
-        for (i, (rank, child)) in children.iter_mut().enumerate() {
+        for (i, (rank, child)) in children.0.iter_mut().enumerate() {
             if running[i] {
                 if let Some(status) = child.try_wait()? {
                     running[i] = false;
@@ -217,9 +284,13 @@ pub fn run(args: LaunchArgs) -> Result<()> {
                 }
             }
         }
+        if failed.is_none() && INTERRUPTED.load(Ordering::SeqCst) {
+            failed = Some("interrupted (SIGINT/SIGTERM)".to_string());
+        }
         if let Some(t) = args.timeout_s {
             if failed.is_none() && start.elapsed() > Duration::from_secs(t) {
                 let stuck: Vec<usize> = children
+                    .0
                     .iter()
                     .zip(&running)
                     .filter(|(_, r)| **r)
@@ -230,26 +301,60 @@ pub fn run(args: LaunchArgs) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    for (i, (_, child)) in children.iter_mut().enumerate() {
-        if running[i] {
-            // `kill -s KILL -- -PGID`: procps-ng parses `kill -KILL -PGID` differently (it returned 0
-            // without signalling the group here, and took down unrelated processes).
-            let _ = Command::new("kill")
-                .args(["-s", "KILL", "--", &format!("-{}", child.id())])
-                .status();
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
+    children.stop_all();
     for p in printers {
         let _ = p.join();
     }
+    // Every rank is gone: now the daemon can go too.
+    drop(mps);
     match failed {
         Some(why) => bail!("launch failed: {why}; the other ranks were stopped"),
         None => {
-            println!("launch: all {} ranks exited successfully", children.len());
+            println!("launch: all {} ranks exited successfully", children.0.len());
             Ok(())
         }
+    }
+}
+
+/// The variables of a rank that shares its GPU with `sharing` ranks (itself included):
+/// its MPS share, how many share, and the part of its share its persistent grids use (an
+/// explicit `MKERNEL_PERSISTENT_SM_PERCENT` in the launcher's environment wins).
+fn shared_rank_env(sharing: usize, mps_percent: Option<u32>, persistent: Option<&str>) -> Vec<(&'static str, String)> {
+    let share = mps_percent.unwrap_or_else(|| crate::mps::default_sm_percent(sharing));
+    let persistent = persistent.map_or_else(
+        || crate::mps::persistent_sm_percent(sharing).to_string(),
+        str::to_string,
+    );
+    vec![
+        ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", share.to_string()),
+        ("MKERNEL_SHARED_GPU", sharing.to_string()),
+        ("MKERNEL_PERSISTENT_SM_PERCENT", persistent),
+    ]
+}
+
+/// The rank processes of one launch; those still running are killed (their whole process
+/// group) when it is stopped or dropped.
+struct Ranks(Vec<(usize, Child)>);
+
+impl Ranks {
+    fn stop_all(&mut self) {
+        for (_, child) in self.0.iter_mut() {
+            if let Ok(None) = child.try_wait() {
+                // `kill -s KILL -- -PGID`: procps-ng parses `kill -KILL -PGID` differently (it returned 0
+                // without signalling the group, and took down unrelated processes).
+                let _ = Command::new("kill")
+                    .args(["-s", "KILL", "--", &format!("-{}", child.id())])
+                    .status();
+                let _ = child.kill();
+            }
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        self.stop_all();
     }
 }
 
@@ -266,12 +371,61 @@ mod tests {
             master_port: None,
             job_key: None,
             timeout_s: None,
+            share_gpu: false,
+            gpus: None,
+            mps_percent: None,
             cmd: vec!["true".into()],
         }
     }
     #[test]
+    fn shared_ranks_get_their_share_and_grid_size() {
+        let env = shared_rank_env(4, None, None);
+        assert!(env.contains(&("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "25".into())));
+        assert!(env.contains(&("MKERNEL_SHARED_GPU", "4".into())));
+        assert!(env.contains(&("MKERNEL_PERSISTENT_SM_PERCENT", "80".into())));
+        let env = shared_rank_env(2, Some(40), Some("50"));
+        assert!(env.contains(&("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "40".into())));
+        assert!(env.contains(&("MKERNEL_PERSISTENT_SM_PERCENT", "50".into())));
+    }
+    #[test]
+    fn shared_ranks_spread_round_robin() {
+        let l = layout(&args(4, 1, None, 0), Some(1)).unwrap();
+        assert!(l.iter().all(|r| r.device == 0));
+        let l = layout(&args(4, 2, None, 0), Some(2)).unwrap();
+        assert_eq!(l.iter().map(|r| r.device).collect::<Vec<_>>(), [0, 1, 0, 1]);
+        assert_eq!(l[3].node_rank, 1);
+        let l = layout(&args(3, 1, Some(2), 1), Some(2)).unwrap();
+        assert_eq!(
+            l.iter().map(|r| (r.rank, r.device)).collect::<Vec<_>>(),
+            [(3, 0), (4, 1), (5, 0)]
+        );
+        assert!(layout(&args(2, 1, None, 0), Some(0)).is_err());
+    }
+    #[test]
+    fn a_timed_out_launch_stops_every_rank() {
+        let dir = std::env::temp_dir().join(format!("mkernel-launch-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut a = args(2, 1, None, 0);
+        a.timeout_s = Some(1);
+        a.cmd = vec![
+            "sh".into(),
+            "-c".into(),
+            format!("echo $$ > {}/$RANK; exec sleep 60", dir.display()),
+        ];
+        let e = run(a).unwrap_err().to_string();
+        assert!(e.contains("timeout") && e.contains("[0, 1]"), "{e}");
+        for r in 0..2 {
+            let pid = std::fs::read_to_string(dir.join(r.to_string())).unwrap();
+            assert!(
+                !std::path::Path::new(&format!("/proc/{}", pid.trim())).exists(),
+                "rank {r} (pid {pid}) still runs"
+            );
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    #[test]
     fn emulated_nodes_split_one_host() {
-        let l = layout(&args(4, 2, None, 0)).unwrap();
+        let l = layout(&args(4, 2, None, 0), None).unwrap();
         assert_eq!(
             l[3],
             RankEnv {
@@ -284,15 +438,15 @@ mod tests {
                 device: 3
             }
         );
-        assert!(layout(&args(3, 2, None, 0)).is_err());
+        assert!(layout(&args(3, 2, None, 0), None).is_err());
     }
     #[test]
     fn real_nodes_stack_hosts() {
-        let l = layout(&args(8, 1, Some(2), 1)).unwrap();
+        let l = layout(&args(8, 1, Some(2), 1), None).unwrap();
         assert_eq!(l[0].rank, 8);
         assert_eq!(l[0].world_size, 16);
         assert_eq!(l[7].local_rank, 7);
-        assert!(layout(&args(8, 1, Some(2), 2)).is_err());
+        assert!(layout(&args(8, 1, Some(2), 2), None).is_err());
     }
     #[test]
     fn a_failing_rank_is_named_and_others_stopped() {

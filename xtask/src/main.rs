@@ -1,8 +1,11 @@
 //! `cargo xtask <task>`: every build, test, benchmark and launch step of mkernel in one place.
 //! Run with no arguments for help. Flags are declared once here (clap derive).
 mod bundle;
+mod gpu_tests;
 mod launch;
+mod mps;
 mod ptx;
+mod sanitize;
 mod util;
 
 use anyhow::Result;
@@ -56,6 +59,10 @@ enum Task {
         /// Collectives: processes (GPUs) to launch (default: every GPU nvidia-smi lists).
         #[arg(long)]
         nproc: Option<usize>,
+        /// Let the ranks share GPUs through MPS (automatic when --nproc exceeds the GPUs): a
+        /// correctness smoke run, marked `"shared_gpu": true`, not an NVLink timing.
+        #[arg(long)]
+        share_gpu: bool,
         /// Extra arguments for mkernel-bench (e.g. `-- --iters 50 --b-layout kn`).
         #[arg(last = true)]
         rest: Vec<String>,
@@ -73,6 +80,36 @@ enum Task {
         #[arg(last = true)]
         rest: Vec<String>,
     },
+    /// The GPU suite over built test binaries (what `bundle/run-tests.sh` runs): single-process
+    /// binaries once, multi-rank ones under `launch` at 2 and 4 ranks and as emulated nodes,
+    /// sharing GPUs through MPS where the host has fewer GPUs than ranks.
+    GpuTests {
+        /// Folder of test binaries (a bundle's `tests/`).
+        #[arg(long, default_value = "tests")]
+        dir: std::path::PathBuf,
+        /// Only binaries whose name contains this (repeatable).
+        #[arg(long)]
+        only: Vec<String>,
+        /// Multi-rank binaries only at these rank counts (e.g. `--ranks 2,4`).
+        #[arg(long, value_delimiter = ',')]
+        ranks: Vec<usize>,
+        /// Limit of each multi-rank launch.
+        #[arg(long, default_value_t = 300)]
+        timeout_s: u64,
+        /// Arguments for every test binary.
+        #[arg(last = true)]
+        rest: Vec<String>,
+    },
+    /// compute-sanitizer (memcheck, racecheck, synccheck) over the single-GPU kernel test
+    /// binaries of a bundle (GPU host): every run must end with `ERROR SUMMARY: 0 errors`.
+    Sanitize {
+        /// Folder of test binaries (a bundle's `tests/`).
+        #[arg(long, default_value = "tests")]
+        dir: std::path::PathBuf,
+        /// Tools to run.
+        #[arg(long, value_delimiter = ',', default_values_t = sanitize::TOOLS.map(String::from))]
+        tools: Vec<String>,
+    },
     /// Start one process per GPU with torchrun-style variables (RANK, LOCAL_RANK, WORLD_SIZE,
     /// LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT, MKERNEL_JOB_KEY).
     Launch(launch::LaunchArgs),
@@ -86,8 +123,31 @@ fn main() -> Result<()> {
         Task::Bundle {
             variant: Some(name), ..
         } => bundle::variant(&name),
-        Task::Bench { op, nproc, rest } => bench(&op, nproc, &rest),
+        Task::Bench {
+            op,
+            nproc,
+            share_gpu,
+            rest,
+        } => bench(&op, nproc, share_gpu, &rest),
         Task::Launch(args) => launch::run(args),
+        Task::Sanitize { dir, tools } => sanitize::run(&dir, &tools),
+        Task::GpuTests {
+            dir,
+            only,
+            ranks,
+            timeout_s,
+            rest,
+        } => {
+            let suite = gpu_tests::Suite {
+                binaries: gpu_tests::binaries_in(&dir)?,
+                only,
+                ranks,
+                timeout_s,
+                test_args: rest,
+            };
+            anyhow::ensure!(gpu_tests::run(&suite)?, "GPU tests failed (summary above)");
+            Ok(())
+        }
         Task::Tune { op, nproc, rest } => {
             anyhow::ensure!(
                 matches!(op.as_str(), "ag-gemm" | "gemm-rs" | "gemm-ar"),
@@ -97,7 +157,7 @@ fn main() -> Result<()> {
             let file = std::path::absolute(&file)?.display().to_string();
             let mut rest = rest;
             rest.extend(["--tune-out".to_string(), file]);
-            bench(&op, nproc, &rest)
+            bench(&op, nproc, false, &rest)
         }
     }
 }
@@ -123,13 +183,31 @@ fn test(gpu: bool) -> Result<()> {
         util::add_cuda_libs(&mut cmd);
     }
     util::run(&mut cmd)?;
+    if gpu {
+        // The multi-rank binaries printed SKIPPED above (not launched as ranks): now under launch.
+        let binaries: Vec<_> = bundle::test_binaries(&[])?
+            .into_iter()
+            .filter(|(name, _)| !gpu_tests::layouts(name).is_empty())
+            .map(|(_, path)| path)
+            .collect();
+        std::env::set_var("MKERNEL_GPU_TESTS", "1");
+        std::env::set_var("LD_LIBRARY_PATH", util::cuda_lib_path());
+        let suite = gpu_tests::Suite {
+            binaries,
+            only: vec![],
+            ranks: vec![],
+            timeout_s: 300,
+            test_args: vec![],
+        };
+        anyhow::ensure!(gpu_tests::run(&suite)?, "multi-rank GPU tests failed (summary above)");
+    }
     if !gpu {
         println!("NOTE: GPU tests are ignored in a CPU-only run; on a Hopper GPU host run `cargo xtask test --gpu` or `bundle/run-tests.sh`");
     }
     Ok(())
 }
 
-fn bench(op: &str, nproc: Option<usize>, rest: &[String]) -> Result<()> {
+fn bench(op: &str, nproc: Option<usize>, share_gpu: bool, rest: &[String]) -> Result<()> {
     // Inside a bundle, the benchmark binary sits next to this executable.
     let here = std::env::current_exe()?;
     let sibling = here.with_file_name("mkernel-bench");
@@ -150,10 +228,11 @@ fn bench(op: &str, nproc: Option<usize>, rest: &[String]) -> Result<()> {
         argv.extend(["--json".into(), format!("results/{op}.json")]);
     }
     argv.extend(rest.iter().cloned());
+    // MoE runs on one GPU (grouped expert FFN) unless --nproc asks for ranks.
     let multi_rank = matches!(
         op,
-        "allgather" | "reducescatter" | "allreduce" | "proxy" | "ag-gemm" | "gemm-rs" | "gemm-ar"
-    );
+        "allgather" | "reducescatter" | "allreduce" | "proxy" | "ag-gemm" | "gemm-rs" | "gemm-ar" | "ring-attention"
+    ) || (op == "moe" && nproc.is_some());
     if multi_rank && std::env::var("RANK").is_err() {
         let n = match nproc {
             Some(n) => n,
@@ -161,6 +240,14 @@ fn bench(op: &str, nproc: Option<usize>, rest: &[String]) -> Result<()> {
         };
         std::env::set_var("LD_LIBRARY_PATH", util::cuda_lib_path());
         let mut launch_args = launch::LaunchArgs::single_host(n, argv);
+        let gpus = util::gpu_count().unwrap_or(0);
+        if share_gpu || n > gpus {
+            if !share_gpu {
+                println!("bench: {n} ranks on {gpus} GPU(s): the ranks share the GPUs through MPS");
+            }
+            launch_args.share_gpu = true;
+            launch_args.gpus = Some(gpus.max(1));
+        }
         if op == "proxy" {
             launch_args.nodes = 2; // emulated nodes: the inter-node path
         }

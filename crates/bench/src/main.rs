@@ -1,9 +1,11 @@
 //! `mkernel-bench --op <op>`: ours beside the vendor baseline, one run, medians, JSON.
 //! Usually started as `cargo xtask bench --op gemm` (or `bundle/xtask bench --op gemm` on a GPU
 //! host with no Rust).
+mod attention;
 mod collectives;
 mod fused;
 mod gemm;
+mod moe;
 mod nccl;
 mod proxy;
 mod report;
@@ -31,6 +33,10 @@ enum Op {
     GemmRs,
     /// Fused GEMM + AllReduce vs cuBLAS + NCCL AllReduce in sequence.
     GemmAr,
+    /// MoE expert FFN on one GPU vs a per-expert cuBLAS loop and torch._grouped_mm.
+    Moe,
+    /// FlashAttention forward vs PyTorch SDPA (cuDNN and FlashAttention-2 backends, via python3).
+    Attention,
 }
 
 #[derive(Parser, Debug)]
@@ -92,8 +98,7 @@ struct Args {
     /// to the peers themselves) or `pull`.
     #[arg(long, value_delimiter = ',', default_values_t = ["0".to_string(), "4".into(), "8".into(), "pull".into()])]
     paths: Vec<String>,
-    /// GEMM+RS/AR: rasterization groups (`group_m`) swept (clamped to a part's row tiles; 16
-    /// beat 8 by ~1% at M = 4096 and 8192 on 2 x H200).
+    /// GEMM+RS/AR: rasterization groups (`group_m`) swept (clamped to a part's row tiles).
     #[arg(long, value_delimiter = ',', default_values_t = [1u32, 8, 16])]
     groups: Vec<u32>,
     /// GEMM+RS/AR: stager threads swept (`on`: where they can run - one node of 2 ranks,
@@ -117,6 +122,14 @@ fn main() -> Result<()> {
         "fixed" => false,
         other => anyhow::bail!("--order: `{other}` is neither `shuffled` nor `fixed`"),
     });
+    report::shared_gpu_banner();
+    if let (Some(path), Some(n)) = (&args.tune_out, report::shared_gpu()) {
+        anyhow::bail!(
+            "refusing to write the tune cache {}: {n} ranks share this GPU (MPS), so the sweep would pick splits \
+             for a fraction of a GPU, not for NVLink peers",
+            path.display()
+        );
+    }
     let rows = match args.op {
         Op::Gemm => gemm::run(&mkernel::Device::new(0)?, &args)?,
         Op::Allgather => collectives::run(&args, collectives::Coll::AllGather)?,
@@ -126,11 +139,14 @@ fn main() -> Result<()> {
         Op::AgGemm => fused::run(&args)?,
         Op::GemmRs => fused::run_rs(&args)?,
         Op::GemmAr => fused::run_ar(&args)?,
+        Op::Moe => moe::run(&mkernel::Device::new(0)?, &args)?,
+        Op::Attention => attention::run(&mkernel::Device::new(0)?, &args)?,
     };
     // Under launch, rank 0 writes the JSON.
     if std::env::var("RANK").map_or(true, |r| r == "0") {
         report::write_json(&args.json, &format!("{:?}", args.op).to_lowercase(), &args.order, &rows)?;
         println!("wrote {}", args.json.display());
+        report::shared_gpu_banner();
     }
     Ok(())
 }

@@ -1,11 +1,16 @@
-//! `--op proxy`: latency and bandwidth of the GPU-initiated inter-node path over the emulated
-//! wire: GPU posts a PUT into the host-mapped FIFO -> the proxy thread drains it -> the emulated
-//! wire copies the data and then raises the flag -> the peer's GPU sees the flag. Measured on
-//! the GPU (`%globaltimer`) as put-and-answer round trips; one-way = round trip / 2.
-//! Run under `xtask launch -n 2 --nodes 2` (`xtask bench --op proxy` does that).
+//! `--op proxy`: latency and bandwidth of the GPU-initiated inter-node path: GPU posts a PUT
+//! into the host-mapped FIFO -> the proxy thread drains it -> the transport moves the data and
+//! then raises the flag -> the peer's GPU sees the flag. Measured on the GPU (`%globaltimer`) as
+//! put-and-answer round trips; one-way = round trip / 2.
+//!
+//! Between emulated nodes (`xtask launch -n 2 --nodes 2`, what `xtask bench --op proxy` does)
+//! it measures the emulated wire and then the TCP transport (over loopback) in the same run,
+//! each on a communicator of its own (the second bootstraps on `MASTER_PORT + 1`). On real
+//! nodes, or with `MKERNEL_TRANSPORT` set, it measures the one transport the job uses.
 use crate::Args;
 use anyhow::{bail, Result};
-use mkernel::bootstrap::Bootstrap;
+use mkernel::bootstrap::{Bootstrap, RankInfo};
+use mkernel::proxy::backend::BackendKind;
 use mkernel::{CommConfig, Communicator, Device};
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -16,20 +21,45 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
 }
 
 pub fn run(args: &Args) -> Result<Vec<Value>> {
-    let boot = Bootstrap::from_env(Duration::from_secs(60))?;
-    let info = boot.info().clone();
+    let info = RankInfo::from_env()?;
     if info.nnodes() < 2 {
         bail!("--op proxy needs two (emulated) nodes: `xtask bench --op proxy` launches them, or `xtask launch -n 2 --nodes 2 -- mkernel-bench --op proxy`");
     }
+    let forced = std::env::var("MKERNEL_TRANSPORT").is_ok_and(|v| !v.trim().is_empty());
+    let transports = if info.emulated_nodes().is_some() && !forced {
+        vec![Some(BackendKind::Emulated), Some(BackendKind::Tcp)]
+    } else {
+        vec![None]
+    };
     let dev = Device::new(info.device())?;
+    let mut rows = vec![];
+    for (i, t) in transports.into_iter().enumerate() {
+        let port = info.master_port().checked_add(i as u16).unwrap_or(info.master_port());
+        let info_i = RankInfo::from_lookup(|k| {
+            if k == "MASTER_PORT" {
+                Some(port.to_string())
+            } else {
+                std::env::var(k).ok()
+            }
+        })?;
+        rows.extend(measure(args, &dev, info_i, t)?);
+    }
+    Ok(rows)
+}
+
+fn measure(args: &Args, dev: &Device, info: RankInfo, transport: Option<BackendKind>) -> Result<Vec<Value>> {
+    let boot = Bootstrap::new(info.clone(), Duration::from_secs(60))?;
     let comm = Communicator::new(
-        &dev,
+        dev,
         boot,
         CommConfig {
             heap_bytes: 16 << 20,
+            transport,
             ..Default::default()
         },
     )?;
+    let choice = comm.transport().cloned();
+    let name = choice.as_ref().map_or("none", |c| c.kind.name());
     let stream = dev.default_stream();
     let (g, local, world) = (
         info.rank() as u32,
@@ -44,15 +74,20 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
         (g + world - local) % world
     };
     if g == 0 {
-        println!(
-            "# proxy path over the emulated wire ({}), rank {g} <-> rank {peer}; one-way = GPU-timed round trip / 2",
+        let model = if name == "emulated" {
             std::env::var("MKERNEL_EMU_GBPS")
-                .map(|v| format!("{v} Gb/s"))
-                .unwrap_or_else(|_| "400 Gb/s + 2 us model".into())
+                .map(|v| format!(", {v} Gb/s"))
+                .unwrap_or_else(|_| ", 400 Gb/s + 2 us model".into())
+        } else {
+            String::new()
+        };
+        println!(
+            "# proxy path over the {name} transport{model} ({}), rank {g} <-> rank {peer}; one-way = GPU-timed round trip / 2",
+            choice.as_ref().map_or("", |c| c.reason.as_str())
         );
         println!(
-            "{:>10} {:>6} | {:>12} {:>12} {:>12} | {:>10}",
-            "bytes", "iters", "p50 (us)", "p99 (us)", "min (us)", "GB/s (p50)"
+            "{:>9} {:>10} {:>6} | {:>12} {:>12} {:>12} | {:>10}",
+            "transport", "bytes", "iters", "p50 (us)", "p99 (us)", "min (us)", "GB/s (p50)"
         );
     }
     let mut rows = vec![];
@@ -70,9 +105,9 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
             );
             let gbps = bytes as f64 / (p50 * 1e-6) / 1e9;
             if g == 0 {
-                println!("{bytes:>10} {iters:>6} | {p50:>12.2} {p99:>12.2} {min:>12.2} | {gbps:>10.2}");
+                println!("{name:>9} {bytes:>10} {iters:>6} | {p50:>12.2} {p99:>12.2} {min:>12.2} | {gbps:>10.2}");
             }
-            rows.push(json!({ "bytes": bytes, "iters": iters, "one_way_p50_us": p50, "one_way_p99_us": p99, "one_way_min_us": min, "gbytes_per_s": gbps, "rank": g, "peer": peer }));
+            rows.push(json!({ "transport": name, "bytes": bytes, "iters": iters, "one_way_p50_us": p50, "one_way_p99_us": p99, "one_way_min_us": min, "gbytes_per_s": gbps, "rank": g, "peer": peer }));
         }
         bytes *= 8;
     }

@@ -44,7 +44,7 @@ fn round_order(round: usize, n: usize) -> Vec<usize> {
 /// the same sequence, but GPUs differ by a few percent). Each round runs the competitors in a
 /// shuffled order ([`set_shuffled`]): in a fixed order each one always follows the same
 /// kernel, and what runs before a kernel changes its time (a GEMM right before another leaves
-/// the GPU at its power limit: up to 7% slower on 2 x H200, `mkernel-bench --contexts`), so a
+/// the GPU at its power limit and slows it; `mkernel-bench --contexts` measures this), so a
 /// fixed order favors whoever follows the lightest predecessor.
 pub fn median_ms_aligned(
     stream: &Arc<CudaStream>,

@@ -91,6 +91,13 @@ pub const KERNELS: &[KernelSpec] = &[
     PROXY_PINGPONG,
     AG_GEMM_NK,
     GEMM_RS_NK,
+    crate::ops::moe::MOE_ROUTE,
+    crate::ops::moe::MOE_GROUP_TILES,
+    crate::ops::moe::MOE_GATHER,
+    crate::ops::moe::MOE_GROUPED_GEMM,
+    crate::ops::moe::MOE_COMBINE,
+    crate::ops::attention::FLASH_ATTN_FWD_D64,
+    crate::ops::attention::FLASH_ATTN_FWD_D128,
 ];
 
 /// Looks a kernel up by its entry name.

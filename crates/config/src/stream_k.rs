@@ -61,8 +61,8 @@ impl StreamK {
     /// has at most 3 contributors). None (0) when the rounds are whole, the tiles fewer than
     /// one round, K too short, the partial round small and alone, or over 2/3 full: a CTA's
     /// stream-K pieces cost more than a whole tile's (the contributor's 64 KiB write per
-    /// warpgroup and its flag, the owner's wait and add, two pipeline refills), which eats the
-    /// saving of a nearly full round (measurements in docs/fused.md).
+    /// warpgroup and its flag, the owner's wait and add, two pipeline refills), which outweighs
+    /// the idle SMs of a nearly full last round (measurements: docs/fused.md).
     pub const fn choose(tiles: u32, grid: u32, k_blocks: u32) -> u32 {
         if grid == 0 || tiles < grid || k_blocks < Self::MIN_K_BLOCKS || !Self::fits_u32(grid, 2 * grid, k_blocks) {
             return 0;

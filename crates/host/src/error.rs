@@ -47,6 +47,16 @@ pub enum Error {
         seen: u64,
         waited_ms: u64,
     },
+    /// The routing gave a pair an expert id outside `0..experts` (the first one seen; the
+    /// pair was not routed).
+    #[error("moe: token {token}'s expert {k} has id {id}, outside 0..{experts} ({bad} pair(s) with a bad id)")]
+    MoeExpertId {
+        token: usize,
+        k: usize,
+        id: i32,
+        experts: usize,
+        bad: usize,
+    },
     /// The request is valid but not implemented (yet); the message says what is missing.
     #[error("unsupported: {0}")]
     Unsupported(String),
@@ -56,6 +66,22 @@ pub enum Error {
     /// Bootstrap (store, fd passing, environment) failed.
     #[error("bootstrap: {0}")]
     Bootstrap(#[from] mkernel_bootstrap::Error),
+    /// Ranks that share a GPU ask for more SMs for their persistent grids than it can hold at once.
+    #[error(
+        "ranks {ranks:?} share one GPU and their persistent grids need {ctas} SMs together, more than \
+         {limit_percent}% of its {gpu_sms}: their kernels could not run at the same time. Launch them with \
+         `xtask launch --share-gpu` (MPS shares and grid sizes that fit), or lower MKERNEL_PERSISTENT_SM_PERCENT \
+         or CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (docs/testing.md, \"Co-residency\")"
+    )]
+    NotCoResident {
+        ranks: Vec<usize>,
+        ctas: u32,
+        gpu_sms: u32,
+        limit_percent: u32,
+    },
+    /// An environment variable that mkernel reads has a value it cannot use.
+    #[error("environment variable {var}: {reason}")]
+    Environment { var: &'static str, reason: String },
     /// The embedded PTX lacks a kernel the runtime expected (a build mismatch).
     #[error("kernel `{0}` is missing from the embedded PTX")]
     MissingKernel(&'static str),

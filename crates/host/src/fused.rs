@@ -219,7 +219,7 @@ pub struct RsSplit {
     pub pull: bool,
     /// The consumer warpgroups issue their epilogue bulk stores and partial loads themselves
     /// even where a stager thread could (on one node of 2 ranks, pushed without comm CTAs:
-    /// there the stager is the default, measured faster at M >= 8192 on 2 x H200).
+    /// there the stager is the default; docs/fused.md, "Stagers").
     pub no_stager: bool,
     /// Whole tiles only: no stream-K tail ([`mkernel_config::stream_k::StreamK`]; it runs
     /// where the stagers do, on the tiles [`StreamK::choose`] picks).

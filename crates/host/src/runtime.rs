@@ -13,6 +13,26 @@ pub fn driver_present() -> bool {
     unsafe { cudarc::driver::sys::is_culib_present() }
 }
 
+/// Percentage (1-100) of the SMs this process sees that persistent grids use.
+///
+/// Ranks sharing a GPU through MPS need the sum of their persistent grids resident at once, and
+/// a rank whose grid fills its whole MPS share leaves no SM for its own other work (the emulated
+/// wire's copies between ranks of one GPU) until that grid ends. `xtask launch --share-gpu` sets
+/// it (docs/testing.md, "Co-residency"); unset, grids use every SM the driver reports.
+pub const PERSISTENT_SM_PERCENT_VAR: &str = "MKERNEL_PERSISTENT_SM_PERCENT";
+
+/// The persistent-grid SM count from the driver's count and [`PERSISTENT_SM_PERCENT_VAR`].
+fn persistent_sms(reported: u32, percent: Option<&str>) -> Result<u32> {
+    let Some(p) = percent else { return Ok(reported) };
+    match p.trim().parse::<u32>() {
+        Ok(p @ 1..=100) => Ok((reported * p / 100).max(1)),
+        _ => Err(Error::Environment {
+            var: PERSISTENT_SM_PERCENT_VAR,
+            reason: format!("{p:?} is not a whole percentage from 1 to 100"),
+        }),
+    }
+}
+
 /// Number of CUDA devices, or [`Error::NoDriver`].
 pub fn device_count() -> Result<usize> {
     if !driver_present() {
@@ -33,6 +53,7 @@ struct Inner {
     module: Arc<CudaModule>,
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
     sm_count: u32,
+    reported_sm_count: u32,
 }
 
 impl Device {
@@ -51,7 +72,8 @@ impl Device {
         if major != 9 {
             return Err(Error::UnsupportedDevice { ordinal, major, minor });
         }
-        let sm_count = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+        let reported = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+        let sm_count = persistent_sms(reported, std::env::var(PERSISTENT_SM_PERCENT_VAR).ok().as_deref())?;
         let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(MKERNEL_PTX))?;
         Ok(Device {
             inner: Arc::new(Inner {
@@ -60,6 +82,7 @@ impl Device {
                 module,
                 functions: Mutex::new(HashMap::new()),
                 sm_count,
+                reported_sm_count: reported,
             }),
         })
     }
@@ -76,9 +99,15 @@ impl Device {
     pub fn default_stream(&self) -> Arc<CudaStream> {
         self.inner.ctx.default_stream()
     }
-    /// Streaming multiprocessors on this GPU.
+    /// Streaming multiprocessors that persistent grids size themselves to: the SMs the driver
+    /// reports for this context (under MPS, the client's share), scaled by
+    /// `MKERNEL_PERSISTENT_SM_PERCENT` when it is set ([`PERSISTENT_SM_PERCENT_VAR`]).
     pub fn sm_count(&self) -> u32 {
         self.inner.sm_count
+    }
+    /// SMs the driver reports for this context (under MPS: this client's share).
+    pub fn reported_sm_count(&self) -> u32 {
+        self.inner.reported_sm_count
     }
 
     /// The loaded kernel for `spec`, with its dynamic shared memory limit raised to what the
@@ -127,5 +156,20 @@ impl Device {
         // SAFETY: argument list matches mk_iota_u32(out: *mut u32, len: u32, offset: u32).
         unsafe { b.launch(Self::launch_config(spec, grid)) }?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn persistent_sm_percent_scales_the_reported_count() {
+        assert_eq!(persistent_sms(33, None).unwrap(), 33);
+        assert_eq!(persistent_sms(33, Some("80")).unwrap(), 26);
+        assert_eq!(persistent_sms(132, Some("100")).unwrap(), 132);
+        assert_eq!(persistent_sms(1, Some("1")).unwrap(), 1);
+        for bad in ["0", "101", "x", "-5", ""] {
+            assert!(persistent_sms(132, Some(bad)).is_err(), "{bad}");
+        }
     }
 }

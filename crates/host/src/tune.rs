@@ -8,8 +8,8 @@
 
 use std::path::PathBuf;
 
-/// AllGather+GEMM's split when the cache has no entry for a shape: 4 comm CTAs (the best
-/// measured on 2 x H200; 4 x H200 wants 8-16, see docs/fused.md).
+/// AllGather+GEMM's split when the cache has no entry for a shape: 4 comm CTAs (the sweep's
+/// choice on 2 GPUs; 4 GPUs choose more, docs/fused.md).
 pub const DEFAULT_SPLIT: u32 = 4;
 /// GEMM+ReduceScatter/AllReduce's `parts` when the cache has no entry: 1, valid for every shape
 /// and the best on 2 x H200.

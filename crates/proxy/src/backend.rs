@@ -1,10 +1,13 @@
 //! Which backend carries this rank's inter-node traffic.
 //!
-//! 1. `MKERNEL_EMULATED_NODES` set (by `cargo xtask launch --nodes N`): the emulated wire.
-//! 2. `MKERNEL_NET_BACKEND=emulated|ibverbs|efa`: that one.
-//! 3. No RDMA device in sysfs: the emulated wire if the job is on one host; an error if it
-//!    spans real nodes (the emulated wire cannot leave the host).
-//! 4. Otherwise the NIC nearest the GPU decides: EFA -> SRD, anything else -> RC.
+//! 1. `MKERNEL_TRANSPORT=tcp|ibverbs|efa|emulated` (`MKERNEL_NET_BACKEND` is read when it is
+//!    unset): that one, or an error naming what this host lacks for it.
+//! 2. `MKERNEL_EMULATED_NODES` set (by `cargo xtask launch --nodes N`): the emulated wire.
+//! 3. An RDMA device nearest the GPU (`/sys/class/infiniband`): EFA -> SRD; InfiniBand/RoCE ->
+//!    RC if GPU memory can be registered with it (nvidia-peermem loaded, or dma-buf: the GPU
+//!    exports dma-bufs and libibverbs has `ibv_reg_dmabuf_mr`). The RDMA backends also need this
+//!    build's `rdma` cargo feature and a loadable libibverbs.
+//! 4. Otherwise TCP.
 use crate::error::TransportError;
 use crate::ibverbs::sysfs::{choose_nic, gpu_location, list_nics, NicChoice, NicKind};
 use crate::topology::Topology;
@@ -15,13 +18,44 @@ use std::path::Path;
 pub enum BackendKind {
     /// [`crate::emulated`].
     Emulated,
+    /// [`crate::tcp`].
+    Tcp,
     /// [`crate::ibverbs`] (InfiniBand / RoCE RC).
     IbverbsRc,
     /// [`crate::efa`] (EFA SRD).
     EfaSrd,
 }
 
-/// The choice and why (print it: users should see what was picked).
+impl BackendKind {
+    /// The name `MKERNEL_TRANSPORT` uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Emulated => "emulated",
+            BackendKind::Tcp => "tcp",
+            BackendKind::IbverbsRc => "ibverbs",
+            BackendKind::EfaSrd => "efa",
+        }
+    }
+
+    /// Parses a `MKERNEL_TRANSPORT` value.
+    pub fn parse(s: &str) -> Option<BackendKind> {
+        Some(match s.trim() {
+            "emulated" => BackendKind::Emulated,
+            "tcp" => BackendKind::Tcp,
+            "ibverbs" | "rc" => BackendKind::IbverbsRc,
+            "efa" | "srd" => BackendKind::EfaSrd,
+            _ => return None,
+        })
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The choice and why (log it: users should see what was picked).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BackendChoice {
     /// The backend.
@@ -32,86 +66,206 @@ pub struct BackendChoice {
     pub reason: String,
 }
 
-/// Chooses with the real `/sys` and environment.
-pub fn choose_from_env(topology: &Topology, gpu_bus_id: Option<&str>) -> Result<BackendChoice, TransportError> {
-    choose(topology, Path::new("/sys"), gpu_bus_id, |k| std::env::var(k).ok())
+/// What this host and build can do beyond sysfs (detected by [`HostCaps::detect`]; tests
+/// build it by hand).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostCaps {
+    /// Built with the `rdma` cargo feature.
+    pub rdma_built: bool,
+    /// libibverbs loaded: `Ok(has ibv_reg_dmabuf_mr)`, or why not.
+    pub libibverbs: Result<bool, String>,
+    /// The GPU can export its memory as dma-buf (`CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`).
+    pub gpu_dmabuf: bool,
 }
 
-/// Chooses from `sysfs_root` and the variables given by `get`.
+impl HostCaps {
+    /// This build and host; `gpu_dmabuf` comes from the CUDA driver.
+    pub fn detect(gpu_dmabuf: bool) -> HostCaps {
+        #[cfg(feature = "rdma")]
+        let libibverbs = crate::ibverbs::dl::verbs()
+            .map(|v| v.ibv_reg_dmabuf_mr.is_some())
+            .map_err(|e| e.to_string());
+        #[cfg(not(feature = "rdma"))]
+        let libibverbs = Err("not loaded (built without the `rdma` feature)".to_string());
+        HostCaps {
+            rdma_built: cfg!(feature = "rdma"),
+            libibverbs,
+            gpu_dmabuf,
+        }
+    }
+
+    /// How GPU memory can be registered with an InfiniBand/RoCE NIC, or why it cannot.
+    pub fn gpu_registration(&self, sysfs_root: &Path) -> Result<String, String> {
+        for m in ["nvidia_peermem", "nv_peer_mem"] {
+            if sysfs_root.join("module").join(m).exists() {
+                return Ok(format!("{m} loaded"));
+            }
+        }
+        match (&self.libibverbs, self.gpu_dmabuf) {
+            (Ok(true), true) => Ok("dma-buf (GPU export + ibv_reg_dmabuf_mr)".into()),
+            (Ok(false), true) => Err("libibverbs has no ibv_reg_dmabuf_mr (rdma-core < 34) and nvidia-peermem is not loaded".into()),
+            (_, false) => Err("the GPU cannot export dma-bufs (open kernel modules and Linux 5.12+ needed) and nvidia-peermem is not loaded".into()),
+            (Err(e), true) => Err(format!("libibverbs: {e}")),
+        }
+    }
+}
+
+/// Chooses with the real `/sys` and environment.
+pub fn choose_from_env(
+    topology: &Topology,
+    gpu_bus_id: Option<&str>,
+    caps: &HostCaps,
+) -> Result<BackendChoice, TransportError> {
+    choose(topology, Path::new("/sys"), gpu_bus_id, caps, |k| std::env::var(k).ok())
+}
+
+/// Chooses from `sysfs_root`, `caps` and the variables given by `get`.
 pub fn choose(
     topology: &Topology,
     sysfs_root: &Path,
     gpu_bus_id: Option<&str>,
+    caps: &HostCaps,
     get: impl Fn(&str) -> Option<String>,
 ) -> Result<BackendChoice, TransportError> {
-    if let Some(n) = get("MKERNEL_EMULATED_NODES").filter(|v| !v.trim().is_empty()) {
+    let nonempty = |k: &str| get(k).filter(|v| !v.trim().is_empty()).map(|v| (k.to_string(), v));
+    let forced = nonempty("MKERNEL_TRANSPORT").or_else(|| nonempty("MKERNEL_NET_BACKEND"));
+    let emulated = nonempty("MKERNEL_EMULATED_NODES");
+    let forced = match forced {
+        None => None,
+        Some((var, v)) => Some((
+            format!("{var}={}", v.trim()),
+            BackendKind::parse(&v).ok_or_else(|| {
+                TransportError::Config(format!("{var}={v:?}: expected tcp, ibverbs, efa or emulated"))
+            })?,
+        )),
+    };
+    let looked = format!("{}/class/infiniband", sysfs_root.display());
+    match forced {
+        Some((why, BackendKind::Emulated)) => {
+            if emulated.is_none() && topology.nnodes() > 1 {
+                return Err(TransportError::Config(format!(
+                    "{why}, but the job spans {} real nodes and the emulated wire only connects ranks of one host (launch with --nodes for emulated nodes)",
+                    topology.nnodes()
+                )));
+            }
+            return Ok(BackendChoice {
+                kind: BackendKind::Emulated,
+                nic: None,
+                reason: why,
+            });
+        }
+        Some((why, BackendKind::Tcp)) => {
+            return Ok(BackendChoice {
+                kind: BackendKind::Tcp,
+                nic: None,
+                reason: why,
+            })
+        }
+        Some((why, kind)) => {
+            if !caps.rdma_built {
+                return Err(TransportError::Config(format!(
+                    "{why}, but this build has no RDMA backends (cargo feature `rdma` of mkernel / mkernel-proxy)"
+                )));
+            }
+            if let Err(e) = &caps.libibverbs {
+                return Err(TransportError::NoDevice(format!("{why}, but {e}")));
+            }
+            let nic = pick_nic(topology, sysfs_root, gpu_bus_id, &get)?
+                .ok_or_else(|| TransportError::NoDevice(format!("{why}, but there is nothing under {looked}")))?;
+            let want = if kind == BackendKind::EfaSrd {
+                NicKind::Efa
+            } else {
+                NicKind::Rc
+            };
+            if nic.nic.kind != want {
+                return Err(TransportError::Config(format!(
+                    "{why}, but the NIC for this GPU, {}, is {:?}",
+                    nic.nic.name, nic.nic.kind
+                )));
+            }
+            if kind == BackendKind::IbverbsRc {
+                caps.gpu_registration(sysfs_root).map_err(|e| {
+                    TransportError::NoDevice(format!("{why}: {} cannot reach GPU memory: {e}", nic.nic.name))
+                })?;
+            }
+            let reason = format!("{why}: {} port {} ({})", nic.nic.name, nic.port, nic.reason);
+            return Ok(BackendChoice {
+                kind,
+                nic: Some(nic),
+                reason,
+            });
+        }
+        None => {}
+    }
+    if let Some((_, n)) = emulated {
         return Ok(BackendChoice {
             kind: BackendKind::Emulated,
             nic: None,
             reason: format!("emulated nodes requested (MKERNEL_EMULATED_NODES={n})"),
         });
     }
-    let forced = get("MKERNEL_NET_BACKEND").filter(|v| !v.trim().is_empty());
-    match forced.as_deref().map(str::trim) {
-        None | Some("ibverbs") | Some("efa") => {}
-        Some("emulated") => {
-            return Ok(BackendChoice {
-                kind: BackendKind::Emulated,
-                nic: None,
-                reason: "MKERNEL_NET_BACKEND=emulated".into(),
+    let tcp = |why: String| BackendChoice {
+        kind: BackendKind::Tcp,
+        nic: None,
+        reason: why,
+    };
+    if !caps.rdma_built {
+        return Ok(tcp("built without the `rdma` feature".into()));
+    }
+    let Some(nic) = pick_nic(topology, sysfs_root, gpu_bus_id, &get)? else {
+        return Ok(tcp(format!("no RDMA device (nothing under {looked})")));
+    };
+    if let Err(e) = &caps.libibverbs {
+        return Ok(tcp(format!("{} found but {e}", nic.nic.name)));
+    }
+    match nic.nic.kind {
+        NicKind::Efa => {
+            let reason = format!("{} port {}: {}", nic.nic.name, nic.port, nic.reason);
+            Ok(BackendChoice {
+                kind: BackendKind::EfaSrd,
+                nic: Some(nic),
+                reason,
             })
         }
-        Some(other) => {
-            return Err(TransportError::Config(format!(
-                "MKERNEL_NET_BACKEND={other:?}: expected emulated, ibverbs or efa"
-            )))
-        }
+        NicKind::Rc => match caps.gpu_registration(sysfs_root) {
+            Ok(how) => {
+                let reason = format!(
+                    "{} port {}: {}; GPU memory via {how}",
+                    nic.nic.name, nic.port, nic.reason
+                );
+                Ok(BackendChoice {
+                    kind: BackendKind::IbverbsRc,
+                    nic: Some(nic),
+                    reason,
+                })
+            }
+            Err(e) => Ok(tcp(format!(
+                "{} found but it cannot reach GPU memory: {e}",
+                nic.nic.name
+            ))),
+        },
     }
+}
+
+/// The NIC for this GPU, `None` when sysfs lists none.
+fn pick_nic(
+    topology: &Topology,
+    sysfs_root: &Path,
+    gpu_bus_id: Option<&str>,
+    get: &impl Fn(&str) -> Option<String>,
+) -> Result<Option<NicChoice>, TransportError> {
     let nics = list_nics(sysfs_root)?;
     if nics.is_empty() {
-        let looked = format!("nothing under {}/class/infiniband", sysfs_root.display());
-        if forced.is_some() || topology.nnodes() > 1 {
-            let why = if forced.is_some() {
-                "MKERNEL_NET_BACKEND asks for RDMA".to_string()
-            } else {
-                format!(
-                    "the job spans {} real nodes and the emulated wire only connects ranks of one host",
-                    topology.nnodes()
-                )
-            };
-            return Err(TransportError::NoDevice(format!("{looked}; {why}")));
-        }
-        return Ok(BackendChoice {
-            kind: BackendKind::Emulated,
-            nic: None,
-            reason: format!("no RDMA device found ({looked}); one node"),
-        });
+        return Ok(None);
     }
     let gpu = gpu_bus_id.and_then(|b| gpu_location(sysfs_root, b).ok());
-    let nic = choose_nic(
+    choose_nic(
         &nics,
         gpu.as_ref(),
         topology.local_rank(),
         get("MKERNEL_NET_DEVICE").as_deref(),
-    )?;
-    let kind = match (forced.as_deref().map(str::trim), nic.nic.kind) {
-        (Some("ibverbs"), NicKind::Efa) | (Some("efa"), NicKind::Rc) => {
-            return Err(TransportError::Config(format!(
-                "MKERNEL_NET_BACKEND={} but {} is {:?}",
-                forced.unwrap_or_default(),
-                nic.nic.name,
-                nic.nic.kind
-            )));
-        }
-        (_, NicKind::Efa) => BackendKind::EfaSrd,
-        (_, NicKind::Rc) => BackendKind::IbverbsRc,
-    };
-    let reason = format!("{} port {}: {}", nic.nic.name, nic.port, nic.reason);
-    Ok(BackendChoice {
-        kind,
-        nic: Some(nic),
-        reason,
-    })
+    )
+    .map(Some)
 }
 
 #[cfg(test)]
@@ -125,54 +279,98 @@ mod tests {
         move |k| m.get(k).cloned()
     }
 
+    fn caps(dmabuf: bool) -> HostCaps {
+        HostCaps {
+            rdma_built: true,
+            libibverbs: Ok(true),
+            gpu_dmabuf: dmabuf,
+        }
+    }
+
     #[test]
-    fn no_device_means_emulated_on_one_host_and_an_error_across_hosts() {
+    fn no_device_means_tcp_and_forcing_rdma_names_what_is_missing() {
         let t = TempDir::new("backend-none");
-        let one = Topology::new(1, 4, 0).unwrap();
         let two = Topology::new(2, 4, 0).unwrap();
-        let c = choose(&one, &t.0, None, vars(&[])).unwrap();
-        assert_eq!(c.kind, BackendKind::Emulated);
-        assert!(c.reason.contains("no RDMA device found"), "{}", c.reason);
-        let e = choose(&two, &t.0, None, vars(&[])).unwrap_err();
-        assert!(
-            e.to_string().starts_with("no RDMA device found") && e.to_string().contains("2 real nodes"),
-            "{e}"
-        );
-        // Emulated nodes on one host (the launcher sets MKERNEL_EMULATED_NODES).
+        let c = choose(&two, &t.0, None, &caps(true), vars(&[])).unwrap();
+        assert_eq!(c.kind, BackendKind::Tcp);
+        assert!(c.reason.contains("no RDMA device"), "{}", c.reason);
         assert_eq!(
-            choose(&two, &t.0, None, vars(&[("MKERNEL_EMULATED_NODES", "2")]))
+            choose(&two, &t.0, None, &caps(true), vars(&[("MKERNEL_EMULATED_NODES", "2")]))
                 .unwrap()
                 .kind,
             BackendKind::Emulated
         );
-        assert!(choose(&one, &t.0, None, vars(&[("MKERNEL_NET_BACKEND", "ibverbs")])).is_err());
-        assert!(choose(&one, &t.0, None, vars(&[("MKERNEL_NET_BACKEND", "tcp")])).is_err());
+        // An explicit choice beats emulated nodes: TCP between emulated nodes of one host.
+        let both = vars(&[("MKERNEL_EMULATED_NODES", "2"), ("MKERNEL_TRANSPORT", "tcp")]);
+        assert_eq!(
+            choose(&two, &t.0, None, &caps(true), both).unwrap().kind,
+            BackendKind::Tcp
+        );
+        let e = choose(&two, &t.0, None, &caps(true), vars(&[("MKERNEL_TRANSPORT", "ibverbs")])).unwrap_err();
+        assert!(e.to_string().contains("nothing under"), "{e}");
+        let e = choose(
+            &two,
+            &t.0,
+            None,
+            &caps(true),
+            vars(&[("MKERNEL_TRANSPORT", "emulated")]),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("2 real nodes"), "{e}");
+        let e = choose(&two, &t.0, None, &caps(true), vars(&[("MKERNEL_TRANSPORT", "udp")])).unwrap_err();
+        assert!(e.to_string().contains("MKERNEL_TRANSPORT=\"udp\""), "{e}");
+        let unbuilt = HostCaps {
+            rdma_built: false,
+            ..caps(true)
+        };
+        let e = choose(&two, &t.0, None, &unbuilt, vars(&[("MKERNEL_TRANSPORT", "efa")])).unwrap_err();
+        assert!(e.to_string().contains("feature `rdma`"), "{e}");
+        let nolib = HostCaps {
+            libibverbs: Err("libibverbs is not usable (libibverbs.so.1: not found)".into()),
+            ..caps(true)
+        };
+        let e = choose(&two, &t.0, None, &nolib, vars(&[("MKERNEL_NET_BACKEND", "ibverbs")])).unwrap_err();
+        assert!(e.to_string().contains("libibverbs.so.1"), "{e}");
     }
 
     #[test]
-    fn the_nic_decides_between_rc_and_srd() {
+    fn the_nic_and_gpu_registration_decide() {
         let t = TempDir::new("backend-nics");
         fake_tree(&t.0);
         let two = Topology::new(2, 4, 1).unwrap();
-        let c = choose(&two, &t.0, Some("0000:23:00.0"), vars(&[])).unwrap();
+        // mlx5 present, dma-buf works: RC.
+        let c = choose(&two, &t.0, Some("0000:23:00.0"), &caps(true), vars(&[])).unwrap();
         assert_eq!(
             (c.kind, c.nic.as_ref().map(|n| n.nic.name.as_str())),
             (BackendKind::IbverbsRc, Some("mlx5_1"))
         );
         println!("{}", c.reason);
+        // No way to register GPU memory: TCP, and forcing RC says why.
+        let c = choose(&two, &t.0, Some("0000:23:00.0"), &caps(false), vars(&[])).unwrap();
+        assert_eq!(c.kind, BackendKind::Tcp);
+        assert!(c.reason.contains("cannot reach GPU memory"), "{}", c.reason);
+        let e = choose(
+            &two,
+            &t.0,
+            None,
+            &caps(false),
+            vars(&[("MKERNEL_TRANSPORT", "ibverbs")]),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("nvidia-peermem"), "{e}");
+        // nvidia-peermem loaded is enough.
+        std::fs::create_dir_all(t.0.join("module/nvidia_peermem")).unwrap();
         assert_eq!(
-            choose(&two, &t.0, None, vars(&[("MKERNEL_EMULATED_NODES", "2")]))
+            choose(&two, &t.0, None, &caps(false), vars(&[])).unwrap().kind,
+            BackendKind::IbverbsRc
+        );
+        assert!(choose(&two, &t.0, None, &caps(true), vars(&[("MKERNEL_TRANSPORT", "efa")])).is_err());
+        assert_eq!(
+            choose(&two, &t.0, None, &caps(true), vars(&[("MKERNEL_TRANSPORT", "tcp")]))
                 .unwrap()
                 .kind,
-            BackendKind::Emulated
+            BackendKind::Tcp
         );
-        assert_eq!(
-            choose(&two, &t.0, None, vars(&[("MKERNEL_NET_BACKEND", "emulated")]))
-                .unwrap()
-                .kind,
-            BackendKind::Emulated
-        );
-        assert!(choose(&two, &t.0, None, vars(&[("MKERNEL_NET_BACKEND", "efa")])).is_err());
         let e = TempDir::new("backend-efa");
         nic(
             &e.0,
@@ -182,7 +380,11 @@ mod tests {
             "efa",
             "4: ACTIVE\n",
         );
-        let c = choose(&two, &e.0, None, vars(&[])).unwrap();
+        let c = choose(&two, &e.0, None, &caps(false), vars(&[])).unwrap();
         assert_eq!(c.kind, BackendKind::EfaSrd);
+        assert_eq!(
+            BackendKind::parse(BackendKind::EfaSrd.name()),
+            Some(BackendKind::EfaSrd)
+        );
     }
 }

@@ -29,6 +29,7 @@ mod mem;
 mod producer;
 pub mod protocol;
 mod proxy;
+pub mod tcp;
 mod topology;
 mod transport;
 mod validate;

@@ -340,7 +340,8 @@ pub const fn rs_source_row(v: u32, m: u32, world: u32, nodes: u32, node: u32) ->
 
 /// GEMM+ReduceScatter/AllReduce's comm CTAs by default (`world` local ranks): none. The
 /// compute CTAs store the partials straight into the peers' receive buffers (on one node of 2
-/// ranks through their stagers); docs/fused.md has the measurements with comm CTAs.
+/// ranks through their stagers); comm CTAs take SMs from the GEMM and were slower in the
+/// benchmark's sweeps (docs/fused.md).
 pub const fn rs_comm_ctas(world: u32, all_reduce: bool) -> u32 {
     let _ = (world, all_reduce);
     0

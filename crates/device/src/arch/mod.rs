@@ -8,6 +8,7 @@
 pub mod convert;
 pub mod cp_async;
 pub mod ids;
+pub mod math;
 pub mod matrix;
 pub mod mbarrier;
 pub mod memory;

@@ -28,6 +28,30 @@ pub fn shfl_down(v: u32, delta: u32) -> u32 {
     };
     r
 }
+/// `shfl.sync.up.b32 d, v, delta, 0, 0xffffffff;` (lanes below `delta` keep their own `v`)
+#[inline(always)]
+pub fn shfl_up(v: u32, delta: u32) -> u32 {
+    let r: u32;
+    unsafe {
+        asm!("shfl.sync.up.b32 {0}, {1}, {2}, 0, 0xffffffff;", out(reg32) r, in(reg32) v, in(reg32) delta, options(nostack, nomem))
+    };
+    r
+}
+/// Inclusive prefix sum of `v` over the warp's lanes (5 steps).
+#[inline(always)]
+pub fn warp_inclusive_sum_u32(v: u32) -> u32 {
+    let lane = super::ids::lane_id();
+    let mut x = v;
+    let mut d = 1;
+    while d < 32 {
+        let y = shfl_up(x, d);
+        if lane >= d {
+            x += y;
+        }
+        d *= 2;
+    }
+    x
+}
 /// Sum of `v` over the warp (butterfly, 5 steps), in every lane.
 #[inline(always)]
 pub fn warp_sum_f32(v: f32) -> f32 {

@@ -69,3 +69,28 @@ pub unsafe fn ld_volatile_shared_u32(a: SmemAddr) -> u32 {
     unsafe { asm!("ld.volatile.shared.u32 {0}, [{1}];", out(reg32) r, in(reg32) a.0, options(nostack, readonly)) };
     r
 }
+
+/// Relaxed shared-memory add returning the old value: `atom.shared.add.u32 d, [a], v;`
+#[inline(always)]
+pub unsafe fn atom_add_shared_u32(a: SmemAddr, v: u32) -> u32 {
+    let r: u32;
+    unsafe { asm!("atom.shared.add.u32 {0}, [{1}], {2};", out(reg32) r, in(reg32) a.0, in(reg32) v, options(nostack)) };
+    r
+}
+/// Relaxed shared-memory add with no result: `red.shared.add.u32 [a], v;`
+#[inline(always)]
+pub unsafe fn red_add_shared_u32(a: SmemAddr, v: u32) {
+    unsafe { asm!("red.shared.add.u32 [{0}], {1};", in(reg32) a.0, in(reg32) v, options(nostack)) };
+}
+/// `st.shared.u32 [a], v;`
+#[inline(always)]
+pub unsafe fn st_shared_u32(a: SmemAddr, v: u32) {
+    unsafe { asm!("st.shared.u32 [{0}], {1};", in(reg32) a.0, in(reg32) v, options(nostack)) };
+}
+/// `ld.shared.u32 d, [a];`
+#[inline(always)]
+pub unsafe fn ld_shared_u32(a: SmemAddr) -> u32 {
+    let r: u32;
+    unsafe { asm!("ld.shared.u32 {0}, [{1}];", out(reg32) r, in(reg32) a.0, options(nostack, readonly)) };
+    r
+}

@@ -70,9 +70,9 @@ impl KBlockHook for NoHook {
 /// K x N it has no effect):
 /// each slot's wgmma descriptors are worked out before the wait for its data, so only the
 /// wgmma issue follows the data's arrival - for a kernel whose mainloop state lives in vector
-/// registers (GEMM+ReduceScatter/AllReduce: ~15 instructions from the wait to the first wgmma
-/// instead of ~30, 1.3-2.2% faster on 2 x H200). The plain GEMM keeps its descriptors in
-/// uniform registers; there the opaque moves cost 1.3%.
+/// registers (GEMM+ReduceScatter/AllReduce: it halves the instructions between the wait and
+/// the first wgmma). The plain GEMM keeps its descriptors in uniform registers and does not
+/// use it: there the opaque moves only add instructions.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn mma_tile_hooked<const EARLY_DESC: bool>(

@@ -163,6 +163,22 @@ pub unsafe fn store_tile_tma_to(
     acc: &mut [f32; 128],
     add_staged: bool,
 ) {
+    unsafe { store_boxes_tma_to::<4>(ring, maps, tile, wg, acc, add_staged) };
+}
+
+/// As [`store_tile_tma_to`], only the first `BOXES` (1..=4) 64 x 64 boxes of the warpgroup's
+/// rows: columns `tile.n0 .. tile.n0 + 64 BOXES` from accumulator columns `0 .. 64 BOXES` (an
+/// epilogue that folded the accumulators into fewer columns, e.g. SwiGLU's gate x up).
+#[inline(always)]
+pub unsafe fn store_boxes_tma_to<const BOXES: u32>(
+    ring: &Ring,
+    maps: impl TileDestinations,
+    tile: Tile,
+    wg: u32,
+    acc: &mut [f32; 128],
+    add_staged: bool,
+) {
+    const { assert!(BOXES >= 1 && BOXES <= 4) };
     let t = ids::thread_in_warpgroup();
     let (warp, lane) = (t / 32, t % 32);
     let leader = t == 0;
@@ -175,7 +191,7 @@ pub unsafe fn store_tile_tma_to(
     // had a mainloop to drain); double-buffered: before each box, for the store two boxes back.
     let whole = ring.whole_tile_staging();
     macro_rules! store_box {
-        ($q:literal, $buf:literal) => {{
+        ($q:literal, $buf:literal) => {if $q < BOXES {
             let staging = ring.staging(wg, if whole { $q } else { $buf });
             if !whole || $q == 0 {
                 if leader {
@@ -191,7 +207,7 @@ pub unsafe fn store_tile_tma_to(
             // Only staged (no destination): one fence and one barrier after the last box are
             // enough (the fence orders all of this thread's earlier writes); its stores are
             // issued later, after that barrier.
-            if maps.count() > 0 || $q == 3 {
+            if maps.count() > 0 || $q == BOXES - 1 {
                 memory::fence_proxy_async_shared();
                 sync::named_barrier_sync(barrier, 128);
             }
@@ -375,4 +391,16 @@ unsafe fn store_pair<const CHECKED: bool>(out: &Output, row: u32, col: u32, x: f
             }
         }
     }
+}
+
+/// SwiGLU over a tile whose 256 accumulator columns are 128 gate columns then the 128 up
+/// columns of the same outputs: columns `0..128` become `silu(gate) * up` (f32). In the wgmma
+/// layout a thread holds the same position of every n8 block, so gate value `i` and its up
+/// value `i + 64` are the same thread's.
+#[inline(always)]
+pub fn swiglu_in_place(acc: &mut [f32; 128]) {
+    unroll_32!(j => {
+        acc[2 * j] = crate::arch::math::silu(acc[2 * j]) * acc[2 * j + 64];
+        acc[2 * j + 1] = crate::arch::math::silu(acc[2 * j + 1]) * acc[2 * j + 65];
+    });
 }

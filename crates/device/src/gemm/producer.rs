@@ -82,6 +82,40 @@ pub unsafe fn load_tile_counted<const B_EVICT_FIRST: bool>(
     true
 }
 
+/// As [`load_tile`] with B stored N x K, the slot's B rows taken from two ranges of
+/// `block_n / 2` rows each (`b` encoded with a 64 x `block_n / 2` box): rows `b_rows[0]..` fill
+/// the slot's first half, `b_rows[1]..` its second (a grouped GEMM's SwiGLU tile: gate and up
+/// rows of the same outputs). The slot's byte count is the plain load's.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn load_tile_split_b(
+    ring: &Ring,
+    pos: &mut RingPos,
+    a: TensorMap,
+    a_row: u32,
+    b: TensorMap,
+    b_rows: [u32; 2],
+    k_blocks: u32,
+    give_up: impl Fn(u64) -> bool + Copy,
+) -> bool {
+    const HALF_BYTES: u32 = TILE.b_stage_bytes() / 2;
+    for kb in 0..k_blocks {
+        let s = pos.stage;
+        let k0 = kb * TILE.block_k;
+        unsafe {
+            if !mbarrier::wait_parity_or(ring.empty(s), pos.phase ^ 1, give_up) {
+                return false;
+            }
+            mbarrier::arrive_expect_tx(ring.full(s), TILE.stage_tx_bytes());
+            tma::load_2d(ring.a(s), a, k0, a_row, ring.full(s));
+            tma::load_2d(ring.b(s), b, k0, b_rows[0], ring.full(s));
+            tma::load_2d(ring.b(s).add(HALF_BYTES), b, k0, b_rows[1], ring.full(s));
+        }
+        pos.advance(ring.stages());
+    }
+    true
+}
+
 /// Completes the next `k_blocks` slots without data (one arrival, no bytes): once a fused
 /// kernel's producer cannot get a tile's data (a communication wait failed; the error record
 /// is written), the consumers run through the remaining tiles on stale operands and the launch

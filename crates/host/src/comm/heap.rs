@@ -66,6 +66,23 @@ fn prop(device: i32) -> sys::CUmemAllocationProp {
         type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
         id: device,
     };
+    // The RDMA backends register the heap with the NIC (dma-buf or nvidia-peermem), which a
+    // cuMem allocation allows only when created GPUDirect-RDMA capable (NCCL sets the same flag
+    // whenever the device supports it).
+    if cfg!(feature = "rdma") {
+        let mut ok = 0;
+        // SAFETY: out-pointer to an int; `device` is an ordinal the caller opened.
+        let r = unsafe {
+            sys::cuDeviceGetAttribute(
+                &mut ok,
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+                device,
+            )
+        };
+        if r == sys::CUresult::CUDA_SUCCESS && ok != 0 {
+            p.allocFlags.gpuDirectRDMACapable = 1;
+        }
+    }
     p
 }
 

@@ -1,17 +1,30 @@
 //! Inter-node transport of a communicator: the host-mapped command FIFO the kernels post to,
-//! the proxy thread that drains it (crates/proxy), and the emulated wire that carries its puts
-//! between emulated nodes on one host (GPU copies into peers' heaps, the flag written after
-//! the data on the same stream).
+//! the proxy thread that drains it (crates/proxy), and the backend that carries its puts:
 //!
-//! Real NICs (ibverbs RC, EFA SRD) are implemented in crates/proxy but not wired here yet:
-//! a job spanning real nodes gets [`Error::Unsupported`] from [`InterNode::new`].
+//! * `emulated`: ranks of one host play nodes; GPU copies into the peers' heaps (mapped here
+//!   over the host-wide fd exchange), the flag written after the data on the same stream;
+//! * `tcp`: any network; the proxy stages heap bytes through pinned host buffers
+//!   ([`GpuStaging`]), sockets carry them, the receiving proxy copies them into its heap and
+//!   then writes the flag;
+//! * `ibverbs` (RC) and `efa` (SRD), with the `rdma` cargo feature: the heap registered with the
+//!   NIC through dma-buf (`cuMemGetHandleForAddressRange`), queue pairs exchanged through the
+//!   store. Written and compiled; never run (no RDMA NIC was available).
+//!
+//! [`mkernel_proxy::backend::choose`] picks one (`MKERNEL_TRANSPORT`, else auto-detection);
+//! the choice is logged and [`InterNode::transport`] reports it.
 use super::heap::{import_and_map, Mapping};
+#[cfg(feature = "rdma")]
+use super::rdma;
 use crate::error::{Error, Result};
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
 use mkernel_bootstrap::{Bootstrap, JobDir, LocalPeers};
 use mkernel_config::comm::HEAP_CONTROL_BYTES;
+use mkernel_proxy::backend::{choose_from_env, BackendChoice, BackendKind, HostCaps};
 use mkernel_proxy::emulated::{CopyEngine, EmulatedTransport, WireModel};
-use mkernel_proxy::{Fifo, FifoConsumer, Proxy, ProxyConfig, RawFifo, Regions, Topology, TransportError, Validator};
+use mkernel_proxy::tcp::{DeviceStaging, Exchange, TcpConfig, TcpLinks, TcpTransport};
+use mkernel_proxy::{
+    Fifo, FifoConsumer, Proxy, ProxyConfig, RawFifo, Regions, Topology, Transport, TransportError, Validator,
+};
 use std::collections::VecDeque;
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
@@ -40,55 +53,70 @@ pub struct InterNode {
     fifo: PinnedFifo,
     /// Every rank's heap (index = global rank), mapped for the emulated wire.
     _mappings: Vec<Mapping>,
+    choice: BackendChoice,
 }
 
 // SAFETY: the raw FIFO pointer is only shared with the proxy thread through `RawFifo`.
 unsafe impl Send for InterNode {}
+// SAFETY: as above; `&InterNode` only reads the FIFO through atomics.
 unsafe impl Sync for InterNode {}
 
 impl InterNode {
-    /// Sets up the FIFO, maps every rank's heap over the host-wide fd exchange (emulated nodes
-    /// only), and starts the proxy. Collective over all ranks of the job.
+    /// Chooses the backend (`transport` overrides `MKERNEL_TRANSPORT`), sets up the FIFO and the
+    /// backend's connections, and starts the proxy. Collective over all ranks of the job.
     pub fn new(
         ctx: &Arc<CudaContext>,
         boot: &Bootstrap,
         heap_fd: BorrowedFd<'_>,
+        heap_base: u64,
         heap_bytes: u64,
+        transport: Option<BackendKind>,
         timeout: Duration,
     ) -> Result<InterNode> {
         let info = boot.info().clone();
-        if info.emulated_nodes().is_none() {
-            return Err(Error::Unsupported(
-                "this job spans real nodes; the ibverbs RC / EFA SRD transports are implemented in mkernel-proxy but not wired into the communicator yet (emulated nodes only: `xtask launch --nodes K`)".into(),
-            ));
-        }
         let (rank, world) = (info.rank(), info.world_size());
-        // 1. Host-wide fd exchange: all ranks of this host are one domain for the wire.
-        let dir = if rank == 0 {
-            let path = JobDir::for_rank(&info)?.path().with_extension("wire");
-            let dir = JobDir::open(&path)?;
-            boot.store()
-                .set("mkernel/wire-dir", path.to_string_lossy().as_bytes())?;
-            dir
-        } else {
-            let path = String::from_utf8_lossy(&boot.store().get("mkernel/wire-dir", timeout)?).to_string();
-            JobDir::open(path)?
-        };
-        let mut peers = LocalPeers::bind_in(dir, rank, world)?;
-        boot.store().barrier("mkernel/wire-bound", timeout)?;
-        let fds = peers.exchange_fds(&[heap_fd], timeout)?;
-        let device = ctx.ordinal() as i32;
-        let mut mappings = Vec::with_capacity(world);
-        for (r, mut v) in fds.into_iter().enumerate() {
-            let fd = v.pop().ok_or_else(|| Error::Shape {
-                op: "inter-node wire",
-                reason: format!("rank {r} sent no heap handle"),
-            })?;
-            mappings.push(import_and_map(&fd, heap_bytes, device)?);
+        let topology = Topology::new(info.nnodes(), info.local_world_size(), rank).map_err(proxy_err)?;
+        let dmabuf = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)
+            .unwrap_or(0)
+            != 0;
+        let bus_id = pci_bus_id(ctx);
+        let choice = match transport {
+            Some(k) => mkernel_proxy::backend::choose(
+                &topology,
+                std::path::Path::new("/sys"),
+                bus_id.as_deref(),
+                &HostCaps::detect(dmabuf),
+                |v| {
+                    if v == "MKERNEL_TRANSPORT" {
+                        Some(k.name().to_string())
+                    } else {
+                        std::env::var(v).ok()
+                    }
+                },
+            ),
+            None => choose_from_env(&topology, bus_id.as_deref(), &HostCaps::detect(dmabuf)),
         }
-        let bases: Vec<u64> = mappings.iter().map(|m| m.va).collect();
+        .map_err(transport_err)?;
+        tracing::info!(rank, transport = %choice.kind, reason = %choice.reason, "mkernel inter-node transport");
+        // Every rank must agree: a job whose ranks picked different backends cannot talk.
+        let kinds = boot
+            .store()
+            .all_gather("mkernel/transport", choice.kind.name().as_bytes(), timeout)?;
+        if let Some((r, k)) = kinds
+            .iter()
+            .enumerate()
+            .find(|(_, k)| k.as_slice() != choice.kind.name().as_bytes())
+        {
+            return Err(Error::Proxy(format!(
+                "rank {rank} chose the {} transport ({}), rank {r} chose {}: set MKERNEL_TRANSPORT the same on every node",
+                choice.kind,
+                choice.reason,
+                String::from_utf8_lossy(k)
+            )));
+        }
 
-        // 2. The FIFO in pinned host memory the GPU writes over PCIe.
+        // The FIFO in pinned host memory the GPU writes over PCIe.
         let bytes = mkernel_proxy::protocol::fifo_bytes(FIFO_CAPACITY);
         let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
         // SAFETY: out-pointer; flags request a device mapping.
@@ -111,23 +139,60 @@ impl InterNode {
         unsafe { RawFifo::init(fifo.host, FIFO_CAPACITY, rank as u32) }.map_err(proxy_err)?;
         // SAFETY: as above; the view lives in the proxy thread, which stops before `fifo` drops.
         let raw = unsafe { RawFifo::from_raw(fifo.host, FIFO_CAPACITY) }.map_err(proxy_err)?;
-
-        // 3. The proxy: validate against the heap, move data with GPU copies.
-        let nnodes = info.nnodes();
-        let topology = Topology::new(nnodes, info.local_world_size(), rank).map_err(proxy_err)?;
         let regions = Regions::symmetric(&topology, heap_bytes, HEAP_CONTROL_BYTES);
         let consumer =
             FifoConsumer::new(Fifo::new(raw).map_err(proxy_err)?, Validator::new(regions)).map_err(proxy_err)?;
-        let engine = GpuCopyEngine::new(ctx.clone(), bases)?;
-        let model = WireModel::from_env().map_err(|e| Error::Proxy(e.to_string()))?;
-        let transport = EmulatedTransport::new(rank, engine, model);
+
+        let mut mappings = Vec::new();
+        let transport: Box<dyn Transport> = match choice.kind {
+            BackendKind::Emulated => {
+                mappings = map_every_heap(ctx, boot, &info, heap_fd, heap_bytes, world, timeout)?;
+                let bases: Vec<u64> = mappings.iter().map(|m| m.va).collect();
+                let engine = GpuCopyEngine::new(ctx.clone(), bases)?;
+                let model = WireModel::from_env().map_err(transport_err)?;
+                Box::new(EmulatedTransport::new(rank, engine, model))
+            }
+            BackendKind::Tcp => {
+                let cfg = TcpConfig::from_env().map_err(transport_err)?;
+                let links =
+                    TcpLinks::establish(&topology, &cfg, &StoreExchange(boot), Some(&info.store_addr()), timeout)
+                        .map_err(transport_err)?;
+                tracing::info!(rank, addr = %links.local_addr(), why = %links.address_reason(), sockets = cfg.sockets, "tcp transport connected");
+                let engine = GpuStaging::new(ctx.clone(), heap_base)?;
+                Box::new(TcpTransport::new(links, engine, heap_bytes, HEAP_CONTROL_BYTES).map_err(transport_err)?)
+            }
+            #[cfg(feature = "rdma")]
+            BackendKind::IbverbsRc | BackendKind::EfaSrd => rdma::connect(
+                ctx,
+                boot,
+                &choice,
+                topology.clone(),
+                heap_base,
+                heap_bytes,
+                bus_id,
+                timeout,
+            )?,
+            #[cfg(not(feature = "rdma"))]
+            BackendKind::IbverbsRc | BackendKind::EfaSrd => {
+                return Err(Error::Unsupported(format!(
+                    "the {} transport needs mkernel built with the `rdma` feature",
+                    choice.kind
+                )))
+            }
+        };
         let proxy = Proxy::spawn(consumer, transport, ProxyConfig::default()).map_err(proxy_err)?;
         boot.store().barrier("mkernel/proxies-up", timeout)?;
         Ok(InterNode {
             proxy: Some(proxy),
             fifo,
             _mappings: mappings,
+            choice,
         })
+    }
+
+    /// The backend carrying this rank's inter-node traffic, and why it was chosen.
+    pub fn transport(&self) -> &BackendChoice {
+        &self.choice
     }
 
     /// Device address of the FIFO (for `CommDesc::fifo`).
@@ -142,7 +207,18 @@ impl InterNode {
         let fifo = Fifo::new(view).map_err(proxy_err)?;
         match fifo.error_record() {
             None => Ok(()),
-            Some(rec) => Err(Error::Proxy(format!("{rec:?}"))),
+            Some(rec) => Err(Error::Proxy(format!(
+                "the {} proxy of rank {} stopped (error code {}, command {}): {}",
+                self.choice.kind,
+                rec.rank,
+                rec.code,
+                if rec.seq == mkernel_proxy::protocol::NO_SEQ {
+                    "none".to_string()
+                } else {
+                    rec.seq.to_string()
+                },
+                rec.message()
+            ))),
         }
     }
 }
@@ -157,6 +233,245 @@ impl Drop for InterNode {
 
 fn proxy_err(e: mkernel_proxy::ProxyError) -> Error {
     Error::Proxy(e.to_string())
+}
+
+fn transport_err(e: TransportError) -> Error {
+    Error::Proxy(e.to_string())
+}
+
+/// `cuDeviceGetPCIBusId` of the context's device (for NIC locality).
+fn pci_bus_id(ctx: &CudaContext) -> Option<String> {
+    let mut buf = [0 as std::ffi::c_char; 32];
+    // SAFETY: the buffer holds 32 bytes, NUL-terminated by the driver.
+    unsafe { sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, ctx.cu_device()).result() }.ok()?;
+    // SAFETY: NUL-terminated by the driver.
+    Some(
+        unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned(),
+    )
+}
+
+/// Host-wide fd exchange: every rank of this host imports and maps every other's heap (the
+/// emulated wire's domain is the host).
+fn map_every_heap(
+    ctx: &Arc<CudaContext>,
+    boot: &Bootstrap,
+    info: &mkernel_bootstrap::RankInfo,
+    heap_fd: BorrowedFd<'_>,
+    heap_bytes: u64,
+    world: usize,
+    timeout: Duration,
+) -> Result<Vec<Mapping>> {
+    let rank = info.rank();
+    let dir = if rank == 0 {
+        let path = JobDir::for_rank(info)?.path().with_extension("wire");
+        let dir = JobDir::open(&path)?;
+        boot.store()
+            .set("mkernel/wire-dir", path.to_string_lossy().as_bytes())?;
+        dir
+    } else {
+        let path = String::from_utf8_lossy(&boot.store().get("mkernel/wire-dir", timeout)?).to_string();
+        JobDir::open(path)?
+    };
+    let mut peers = LocalPeers::bind_in(dir, rank, world)?;
+    boot.store().barrier("mkernel/wire-bound", timeout)?;
+    let fds = peers.exchange_fds(&[heap_fd], timeout)?;
+    let device = ctx.ordinal() as i32;
+    let mut mappings = Vec::with_capacity(world);
+    for (r, mut v) in fds.into_iter().enumerate() {
+        let fd = v.pop().ok_or_else(|| Error::Shape {
+            op: "inter-node wire",
+            reason: format!("rank {r} sent no heap handle"),
+        })?;
+        mappings.push(import_and_map(&fd, heap_bytes, device)?);
+    }
+    Ok(mappings)
+}
+
+/// The bootstrap store as the TCP transport's address exchange.
+struct StoreExchange<'a>(&'a Bootstrap);
+
+impl Exchange for StoreExchange<'_> {
+    fn publish(&self, key: &str, value: &[u8]) -> std::result::Result<(), String> {
+        self.0.store().set(key, value).map_err(|e| e.to_string())
+    }
+    fn lookup(&self, key: &str, timeout: Duration) -> std::result::Result<Vec<u8>, String> {
+        self.0.store().get(key, timeout).map_err(|e| e.to_string())
+    }
+}
+
+/// Pinned host memory from `cuMemHostAlloc`.
+struct PinnedHost {
+    ptr: *mut u8,
+    bytes: usize,
+}
+
+impl Drop for PinnedHost {
+    fn drop(&mut self) {
+        if !self.ptr.is_null() {
+            // SAFETY: allocated by cuMemHostAlloc; no copy uses it any more (the proxy thread,
+            // which owns the engine, synchronizes its streams before dropping it).
+            unsafe { sys::cuMemFreeHost(self.ptr.cast()) };
+        }
+    }
+}
+
+/// The TCP transport's GPU side: `cuMemcpyDtoHAsync` from this rank's heap into pinned staging
+/// buffers on one stream, `cuMemcpyHtoDAsync` into the heap and the flag as a 4-byte
+/// `cuMemsetD32Async` after them on another (stream order puts the flag after the data; flags
+/// are epochs below 2^32 whose high word stays 0, as on the emulated wire). One event per call.
+pub struct GpuStaging {
+    ctx: Arc<CudaContext>,
+    out: Arc<CudaStream>,
+    inn: Arc<CudaStream>,
+    heap: u64,
+    host: PinnedHost,
+    chunk: usize,
+    count: usize,
+    out_pending: VecDeque<(u64, CudaEvent)>,
+    in_pending: VecDeque<(u64, CudaEvent)>,
+    /// Completed events, recorded again (creating one per call costs a driver round trip).
+    spare: Vec<CudaEvent>,
+    bound: bool,
+}
+
+// SAFETY: used by the proxy thread alone, which binds the context first; the pinned memory is
+// owned by the value.
+unsafe impl Send for GpuStaging {}
+
+impl GpuStaging {
+    fn new(ctx: Arc<CudaContext>, heap: u64) -> Result<GpuStaging> {
+        Ok(GpuStaging {
+            out: ctx.new_stream()?,
+            inn: ctx.new_stream()?,
+            ctx,
+            heap,
+            host: PinnedHost {
+                ptr: std::ptr::null_mut(),
+                bytes: 0,
+            },
+            chunk: 0,
+            count: 0,
+            out_pending: VecDeque::new(),
+            in_pending: VecDeque::new(),
+            spare: Vec::new(),
+            bound: false,
+        })
+    }
+    fn bind(&mut self) -> Result<(), TransportError> {
+        if !self.bound {
+            self.ctx.bind_to_thread().map_err(cuda)?;
+            self.bound = true;
+        }
+        Ok(())
+    }
+    /// Records an event on the outgoing (`out`) or incoming stream for `token`.
+    fn track(&mut self, out: bool, token: u64) -> Result<(), TransportError> {
+        let ev = match self.spare.pop() {
+            Some(e) => e,
+            None => self.ctx.new_event(None).map_err(cuda)?,
+        };
+        let (stream, q) = if out {
+            (&self.out, &mut self.out_pending)
+        } else {
+            (&self.inn, &mut self.in_pending)
+        };
+        ev.record(stream).map_err(cuda)?;
+        q.push_back((token, ev));
+        Ok(())
+    }
+    fn host_ptr(&self, buf: usize, len: usize) -> Result<*mut u8, TransportError> {
+        if buf >= self.count || len > self.chunk {
+            return Err(TransportError::Copy(format!(
+                "staging buffer {buf} of {} cannot hold {len} bytes",
+                self.count
+            )));
+        }
+        // SAFETY: in bounds of the allocation.
+        Ok(unsafe { self.host.ptr.add(buf * self.chunk) })
+    }
+}
+
+impl DeviceStaging for GpuStaging {
+    fn alloc_buffers(&mut self, count: usize, bytes: usize) -> Result<(), TransportError> {
+        // Called on the thread that builds the transport, not the proxy thread: bind here
+        // without marking the proxy thread bound.
+        self.ctx.bind_to_thread().map_err(cuda)?;
+        let total = count
+            .checked_mul(bytes)
+            .ok_or_else(|| TransportError::Config(format!("{count} x {bytes} staging bytes overflow")))?;
+        let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
+        // SAFETY: out-pointer; portable pinned memory.
+        unsafe { sys::cuMemHostAlloc(&mut p, total.max(1), sys::CU_MEMHOSTALLOC_PORTABLE).result() }.map_err(cuda)?;
+        self.host = PinnedHost {
+            ptr: p.cast(),
+            bytes: total,
+        };
+        self.chunk = bytes;
+        self.count = count;
+        Ok(())
+    }
+    fn buffer(&mut self, i: usize) -> &mut [u8] {
+        assert!(i < self.count && self.host.bytes >= (i + 1) * self.chunk);
+        // SAFETY: in bounds; the transport touches a buffer only while no copy uses it.
+        unsafe { std::slice::from_raw_parts_mut(self.host.ptr.add(i * self.chunk), self.chunk) }
+    }
+    fn to_host(&mut self, token: u64, src_offset: u64, buf: usize, len: usize) -> Result<(), TransportError> {
+        self.bind()?;
+        let dst = self.host_ptr(buf, len)?;
+        // SAFETY: the receiver's validator and the proxy's checked the range against the heap;
+        // `dst` holds `len` bytes of pinned memory.
+        unsafe { sys::cuMemcpyDtoHAsync_v2(dst.cast(), self.heap + src_offset, len, self.out.cu_stream()).result() }
+            .map_err(cuda)?;
+        self.track(true, token)
+    }
+    fn to_device(&mut self, token: u64, buf: usize, dst_offset: u64, len: usize) -> Result<(), TransportError> {
+        self.bind()?;
+        let src = self.host_ptr(buf, len)?;
+        // SAFETY: the frame was checked against this rank's data region; `src` holds `len` bytes.
+        unsafe { sys::cuMemcpyHtoDAsync_v2(self.heap + dst_offset, src.cast(), len, self.inn.cu_stream()).result() }
+            .map_err(cuda)?;
+        self.track(false, token)
+    }
+    fn write_flag(&mut self, token: u64, flag_offset: u64, value: u64) -> Result<(), TransportError> {
+        self.bind()?;
+        if value >> 32 != 0 {
+            return Err(TransportError::Copy(format!(
+                "flag value {value} does not fit the 4-byte flag store"
+            )));
+        }
+        // SAFETY: the frame's flag offset was checked against the control area; stream order
+        // puts the store after every earlier copy into the heap.
+        unsafe { sys::cuMemsetD32Async(self.heap + flag_offset, value as u32, 1, self.inn.cu_stream()).result() }
+            .map_err(cuda)?;
+        self.track(false, token)
+    }
+    fn poll(&mut self, completed: &mut Vec<u64>) -> Result<(), TransportError> {
+        for q in [&mut self.out_pending, &mut self.in_pending] {
+            while let Some((token, ev)) = q.front() {
+                match ev.try_is_complete() {
+                    Ok(true) => {
+                        completed.push(*token);
+                        if let Some((_, ev)) = q.pop_front() {
+                            self.spare.push(ev);
+                        }
+                    }
+                    Ok(false) => break,
+                    Err(e) => return Err(cuda(e)),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for GpuStaging {
+    fn drop(&mut self) {
+        // Copies may still read or write the pinned buffers: wait for them before freeing.
+        let _ = self.out.synchronize();
+        let _ = self.inn.synchronize();
+    }
 }
 
 /// The emulated wire's copy engine: `cuMemcpyDtoDAsync` from this rank's heap into the

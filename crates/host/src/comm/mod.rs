@@ -11,6 +11,9 @@
 //! the device error record into [`Error::CommTimeout`] naming the rank, role and flag that stalled.
 pub mod heap;
 pub mod internode;
+#[cfg(feature = "rdma")]
+mod rdma;
+mod residency;
 
 use crate::error::{Error, Result};
 use crate::runtime::Device;
@@ -67,6 +70,9 @@ pub struct CommConfig {
     /// Jobs of several nodes: heap bytes reserved for inter-node staging (split into a
     /// source stage, a node-sum buffer and one receive slot per node).
     pub internode_scratch_bytes: u64,
+    /// Jobs of several nodes: the inter-node backend; `None` reads `MKERNEL_TRANSPORT` or
+    /// detects one (docs/internode.md, "Which backend").
+    pub transport: Option<mkernel_proxy::backend::BackendKind>,
 }
 
 impl Default for CommConfig {
@@ -76,6 +82,7 @@ impl Default for CommConfig {
             timeout: Duration::from_secs(10),
             bootstrap_timeout: Duration::from_secs(60),
             internode_scratch_bytes: 256 << 20,
+            transport: None,
         }
     }
 }
@@ -120,6 +127,8 @@ impl Communicator {
             });
         }
         device.context().bind_to_thread()?;
+        // Before any kernel can wait for a peer: ranks sharing a GPU must fit on it together.
+        residency::check(device, &boot, cfg.bootstrap_timeout)?;
         let nnodes = info.nnodes() as u32;
         let wire_bytes = if nnodes > 1 { cfg.internode_scratch_bytes } else { 0 };
         let heap = SymmetricHeap::new(
@@ -138,7 +147,9 @@ impl Communicator {
                 device.context(),
                 &boot,
                 heap.own_fd(),
+                heap.local_base(),
                 heap.bytes(),
+                cfg.transport,
                 cfg.bootstrap_timeout,
             )?)
         } else {
@@ -206,6 +217,10 @@ impl Communicator {
     /// Nodes of the job (1 unless launched across nodes).
     pub fn nnodes(&self) -> u32 {
         self.wire.as_ref().map_or(1, |w| w.nnodes)
+    }
+    /// The inter-node backend and why it was chosen (`None` on one node).
+    pub fn transport(&self) -> Option<&mkernel_proxy::backend::BackendChoice> {
+        self.wire.as_ref().map(|w| w.node.transport())
     }
     /// This rank in the whole job.
     pub fn global_rank(&self) -> u32 {

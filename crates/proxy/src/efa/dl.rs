@@ -1,10 +1,9 @@
 //! The few efadv functions the SRD backend needs, declared here (rdma-sys has no efadv
-//! bindings) and resolved at run time from `libefa.so.1`.
+//! bindings) and resolved at run time from `libefa.so.1` with `libloading`.
 use crate::error::TransportError;
-use crate::ibverbs::dl::{open_library, sym, table};
-use libc::{c_int, c_void};
+use crate::ibverbs::dl::{open_library, table};
+use libc::c_int;
 use rdma_sys::{ibv_context, ibv_qp, ibv_qp_init_attr_ex};
-use std::ffi::CStr;
 use std::sync::OnceLock;
 
 /// `EFADV_QP_DRIVER_TYPE_SRD`.
@@ -72,8 +71,8 @@ static EFADV: OnceLock<Result<Efadv, String>> = OnceLock::new();
 pub fn efadv() -> Result<&'static Efadv, TransportError> {
     EFADV
         .get_or_init(|| {
-            let lib: *mut c_void = open_library(&[c"libefa.so.1", c"libefa.so"])?;
-            // SAFETY: `lib` is libefa; it is never closed.
+            let lib = open_library(&["libefa.so.1", "libefa.so"])?;
+            // SAFETY: `lib` is libefa; the table keeps it loaded.
             unsafe { Efadv::resolve(lib) }
         })
         .as_ref()

@@ -12,17 +12,20 @@
 //! So a flag guarantees that the data of every earlier put from the same sender to this
 //! receiver has landed, the same guarantee RC gives on one queue pair.
 //!
-//! libefa is opened at run time like libibverbs (no link-time dependency, no cargo feature):
-//! the code always builds, and on a host without libefa or without an EFA device, opening
+//! libefa is opened at run time like libibverbs (no link-time dependency); `dl` and `srd` need
+//! the `rdma` cargo feature. On a host without libefa or without an EFA device, opening
 //! returns "no RDMA device found: ...". EFA's RDMA write (needed for write-with-immediate)
 //! requires rdma-core 45+ and a device reporting `EFADV_DEVICE_ATTR_CAPS_RDMA_WRITE`.
+#[cfg(feature = "rdma")]
 pub mod dl;
 pub mod imm;
 pub mod plan;
 pub mod recv;
+#[cfg(feature = "rdma")]
 pub mod srd;
 
 pub use imm::{Imm, ImmKind, SignalRecord};
 pub use plan::{SrdPlanner, SrdWr};
 pub use recv::{FlagSink, RecvTracker, VecFlags};
+#[cfg(feature = "rdma")]
 pub use srd::{SrdConfig, SrdEndpoint, SrdTransport};

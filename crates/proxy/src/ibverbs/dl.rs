@@ -1,4 +1,4 @@
-//! libibverbs functions resolved at run time with `dlopen("libibverbs.so.1")`.
+//! libibverbs functions resolved at run time from `libibverbs.so.1` with `libloading`.
 //!
 //! Types come from `rdma-sys` (bindgen'd from the installed headers); the functions are looked
 //! up here rather than linked, like NCCL does, so a binary that contains this crate starts on
@@ -6,6 +6,7 @@
 //! (`ibv_post_send`, `ibv_poll_cq`, `ibv_post_recv`) go through the context's ops table.
 use crate::error::TransportError;
 use libc::{c_char, c_int, c_void};
+use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
 use rdma_sys::{
     _compat_ibv_port_attr, ibv_ah, ibv_ah_attr, ibv_comp_channel, ibv_context, ibv_cq, ibv_device, ibv_gid, ibv_mr,
     ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_ex, ibv_qp_init_attr, ibv_recv_wr, ibv_send_wr, ibv_wc, ibv_wc_status,
@@ -13,62 +14,47 @@ use rdma_sys::{
 use std::ffi::CStr;
 use std::sync::OnceLock;
 
-/// Resolves `name` in `lib`.
-///
-/// # Safety
-/// `lib` must be a handle returned by `dlopen`.
-pub(crate) unsafe fn sym(lib: *mut c_void, name: &CStr) -> Option<*mut c_void> {
-    // SAFETY: guaranteed by the caller; `name` is NUL-terminated.
-    let p = unsafe { libc::dlsym(lib, name.as_ptr()) };
-    (!p.is_null()).then_some(p)
-}
-
-/// `dlopen`s the first of `names` that loads; the error names what was tried.
-pub(crate) fn open_library(names: &[&CStr]) -> Result<*mut c_void, String> {
+/// Loads the first of `names` that loads (`RTLD_NOW | RTLD_LOCAL`); the error names what was tried.
+pub(crate) fn open_library(names: &[&str]) -> Result<Library, String> {
     let mut tried = vec![];
     for n in names {
-        // SAFETY: `n` is NUL-terminated; RTLD_NOW resolves everything up front.
-        let h = unsafe { libc::dlopen(n.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        if !h.is_null() {
-            return Ok(h);
+        // SAFETY: loading runs the library's initializers; rdma-core's libraries have no
+        // initializers with preconditions on the caller.
+        match unsafe { Library::open(Some(*n), RTLD_NOW | RTLD_LOCAL) } {
+            Ok(l) => return Ok(l),
+            Err(e) => tried.push(format!("{n}: {e}")),
         }
-        // SAFETY: dlerror returns null or a NUL-terminated message.
-        let e = unsafe { libc::dlerror() };
-        let msg = if e.is_null() {
-            "unknown error".to_string()
-        } else {
-            unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
-        };
-        tried.push(format!("{}: {msg}", n.to_string_lossy()));
     }
     Err(tried.join("; "))
 }
 
+/// Declares a table of C functions resolved from a [`Library`] the table keeps loaded.
 macro_rules! table {
     ($(#[$m:meta])* $vis:vis struct $T:ident { $($name:ident : fn($($arg:ty),*) -> $ret:ty;)* } optional { $($oname:ident : fn($($oarg:ty),*) -> $oret:ty;)* }) => {
         $(#[$m])*
         $vis struct $T {
+            _lib: libloading::os::unix::Library,
             $(pub(crate) $name: unsafe extern "C" fn($($arg),*) -> $ret,)*
             $(pub(crate) $oname: Option<unsafe extern "C" fn($($oarg),*) -> $oret>,)*
         }
         impl $T {
             /// # Safety
-            /// `lib` must be a `dlopen` handle of the library these prototypes describe.
-            unsafe fn resolve(lib: *mut c_void) -> Result<Self, String> {
+            /// `lib` must be the library whose C prototypes these are.
+            unsafe fn resolve(lib: libloading::os::unix::Library) -> Result<Self, String> {
                 Ok($T {
                     $($name: {
-                        let c = concat!(stringify!($name), "\0");
-                        // SAFETY: `c` is NUL-terminated; caller guarantees `lib`.
-                        let p = unsafe { sym(lib, CStr::from_bytes_with_nul_unchecked(c.as_bytes())) }.ok_or_else(|| format!("symbol {} missing", stringify!($name)))?;
                         // SAFETY: the symbol has this C prototype (see the library's header).
-                        unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($arg),*) -> $ret>(p) }
+                        let f = unsafe { lib.get::<unsafe extern "C" fn($($arg),*) -> $ret>(concat!(stringify!($name), "\0").as_bytes()) }
+                            .map_err(|e| format!("symbol {}: {e}", stringify!($name)))?;
+                        *f
                     },)*
                     $($oname: {
-                        let c = concat!(stringify!($oname), "\0");
                         // SAFETY: as above.
-                        unsafe { sym(lib, CStr::from_bytes_with_nul_unchecked(c.as_bytes())) }
-                            .map(|p| unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($oarg),*) -> $oret>(p) })
+                        unsafe { lib.get::<unsafe extern "C" fn($($oarg),*) -> $oret>(concat!(stringify!($oname), "\0").as_bytes()) }
+                            .ok()
+                            .map(|f| *f)
                     },)*
+                    _lib: lib,
                 })
             }
         }
@@ -105,7 +91,7 @@ table! {
     }
 }
 
-// SAFETY: a table of function pointers into a library that is never unloaded.
+// SAFETY: function pointers into a library the table keeps loaded; libibverbs is thread-safe.
 unsafe impl Send for Verbs {}
 // SAFETY: as above.
 unsafe impl Sync for Verbs {}
@@ -116,8 +102,8 @@ static VERBS: OnceLock<Result<Verbs, String>> = OnceLock::new();
 pub fn verbs() -> Result<&'static Verbs, TransportError> {
     VERBS
         .get_or_init(|| {
-            let lib = open_library(&[c"libibverbs.so.1", c"libibverbs.so"])?;
-            // SAFETY: `lib` is libibverbs; it is never closed.
+            let lib = open_library(&["libibverbs.so.1", "libibverbs.so"])?;
+            // SAFETY: `lib` is libibverbs; the table keeps it loaded for the process's life.
             unsafe { Verbs::resolve(lib) }
         })
         .as_ref()
@@ -144,6 +130,7 @@ impl Verbs {
                 let d = unsafe { *list.add(i) };
                 // SAFETY: libibverbs returns a NUL-terminated name for a listed device.
                 (!d.is_null()).then(|| {
+                    // SAFETY: as above.
                     unsafe { CStr::from_ptr((self.ibv_get_device_name)(d)) }
                         .to_string_lossy()
                         .into_owned()
@@ -172,6 +159,7 @@ impl Verbs {
         for i in 0..n as usize {
             // SAFETY: the list has `n` entries; names are NUL-terminated.
             let d = unsafe { *list.add(i) };
+            // SAFETY: as above.
             let dn = unsafe { CStr::from_ptr((self.ibv_get_device_name)(d)) }
                 .to_string_lossy()
                 .into_owned();
@@ -219,6 +207,7 @@ impl Verbs {
 pub unsafe fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr) -> c_int {
     // SAFETY: guaranteed by the caller.
     match unsafe { (*(*qp).context).ops.post_send } {
+        // SAFETY: the provider's implementation of the verb, with the caller's arguments.
         Some(f) => unsafe { f(qp, wr, bad) },
         None => libc::ENOSYS,
     }
@@ -231,6 +220,7 @@ pub unsafe fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut *mut ib
 pub unsafe fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
     // SAFETY: guaranteed by the caller.
     match unsafe { (*(*qp).context).ops.post_recv } {
+        // SAFETY: the provider's implementation of the verb, with the caller's arguments.
         Some(f) => unsafe { f(qp, wr, bad) },
         None => libc::ENOSYS,
     }
@@ -243,6 +233,7 @@ pub unsafe fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut *mut ib
 pub unsafe fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
     // SAFETY: guaranteed by the caller.
     match unsafe { (*(*cq).context).ops.poll_cq } {
+        // SAFETY: as above.
         Some(f) => unsafe { f(cq, n, wc) },
         None => -libc::ENOSYS,
     }
@@ -268,8 +259,9 @@ mod tests {
                 assert!(e.to_string().starts_with("no RDMA device found"));
             }
         }
-        assert!(open_library(&[c"libdefinitely-not-here.so.9"])
-            .unwrap_err()
+        assert!(open_library(&["libdefinitely-not-here.so.9"])
+            .err()
+            .unwrap()
             .contains("libdefinitely-not-here"));
     }
 }

@@ -9,17 +9,26 @@
 //! plain data), [`wr`] (`ibv_send_wr` chains), [`dl`] (libibverbs loaded at run time),
 //! [`device`] (owned verbs objects), [`rc`] (endpoint and transport). Everything up to `wr`
 //! is tested without a NIC.
+//!
+//! `dl`, `device`, `wr` and `rc` need the `rdma` cargo feature (rdma-sys's bindgen'd types);
+//! NIC choice, blobs and planning build and test without it.
 pub mod blob;
 pub mod config;
+#[cfg(feature = "rdma")]
 pub mod device;
+#[cfg(feature = "rdma")]
 pub mod dl;
 pub mod plan;
+#[cfg(feature = "rdma")]
 pub mod rc;
 pub mod sysfs;
+#[cfg(feature = "rdma")]
 pub mod wr;
 
 pub use blob::{BlobKind, ConnBlob, QpAddr, RemoteMem};
 pub use config::RcConfig;
+#[cfg(feature = "rdma")]
 pub use device::MemSource;
+#[cfg(feature = "rdma")]
 pub use rc::{NetSetup, RcEndpoint, RcTransport};
 pub use sysfs::{choose_nic, list_nics, NicChoice, NicInfo, NicKind};

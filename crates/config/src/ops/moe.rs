@@ -1,0 +1,256 @@
+//! Mixture-of-experts expert FFN on one GPU: device-side routing, row gather, grouped expert
+//! GEMMs (up projection with SwiGLU or no activation fused in the epilogue, down projection)
+//! and the top-k weighted combine. docs/moe.md describes the layouts and the limits.
+//!
+//! Launch sequence (one stream, no host round trip, capturable in a CUDA graph):
+//! 1. `mk_moe_route` (1 CTA): counts per expert, padded offsets (each expert's group starts at
+//!    a multiple of [`ROW_ALIGN`] rows), the expert of every row tile, a slot per (token, k)
+//!    pair; an out-of-range expert id gets no slot and sets the error record.
+//! 2. `mk_moe_gather`: token rows to their slots (one read of a token, `top_k` writes).
+//! 3. `mk_moe_grouped_gemm` (up): `Hid[slot] = act(Xp[slot] * W_up[e]^T)`.
+//! 4. `mk_moe_grouped_gemm` (down): `Yp[slot] = Hid[slot] * W_down[e]^T`.
+//! 5. `mk_moe_combine`: `out[t] = sum_j w[t, j] * Yp[slot(t, j)]`, f32 accumulation.
+use crate::gemm::{GemmTile, RingLayout, SMEM_ALIGN_SLACK};
+use crate::kernels::KernelSpec;
+
+/// The grouped GEMM's tile configuration (the plain GEMM's).
+pub const TILE: GemmTile = GemmTile::DEFAULT;
+/// The grouped GEMM's shared memory: its ring alone.
+#[repr(C)]
+pub struct GroupedGemmSmem {
+    pub ring: crate::ring_smem!(TILE),
+}
+/// The grouped GEMM ring's offsets.
+pub const RING: RingLayout = <crate::ring_smem!(TILE)>::layout(TILE);
+/// The grouped GEMM's dynamic shared memory.
+pub const GROUPED_GEMM_SMEM_BYTES: u32 = core::mem::size_of::<GroupedGemmSmem>() as u32 + SMEM_ALIGN_SLACK;
+const _: () = assert!(GROUPED_GEMM_SMEM_BYTES <= crate::SM90_MAX_SMEM_PER_CTA);
+/// Rows of one expert group are padded to a multiple of this (the tile's rows): no row tile
+/// holds rows of two experts, so every tile's bulk stores stay inside its expert's group.
+pub const ROW_ALIGN: u32 = TILE.block_m;
+/// Output columns of one up-projection tile with SwiGLU: the tile's 256 accumulator columns
+/// are 128 gate and 128 up columns of the same output columns.
+pub const SWIGLU_TILE_COLS: u32 = TILE.block_n / 2;
+
+/// Most experts (the routing kernel keeps a counter and a cursor per expert in shared memory).
+pub const MAX_EXPERTS: u32 = 1024;
+/// Most experts per token.
+pub const MAX_TOP_K: u32 = 32;
+/// Threads of the routing kernel (one CTA): one expert per thread in the scan.
+pub const ROUTE_THREADS: u32 = 1024;
+/// Threads of the gather and combine kernels (each thread moves 16-byte pieces of a row).
+pub const ROW_THREADS: u32 = 256;
+
+/// Activation fused into the up projection's epilogue (`GroupedGemmArgs::act`).
+pub mod act {
+    /// `Hid = X W^T`: W has `F` rows per expert.
+    pub const NONE: u32 = 0;
+    /// `Hid = silu(X Wg^T) * (X Wu^T)`: W has `2F` rows per expert, rows `0..F` gate, `F..2F` up.
+    pub const SWIGLU: u32 = 1;
+}
+
+/// The error record the routing kernel writes (device memory, 4 words; all zero: no error).
+/// The first bad pair wins `flag` (compare-and-swap 0 -> 1) and writes `pair` and `id`; every
+/// bad pair adds 1 to `bad`. Sticky until the host clears it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct MoeErrorRecord {
+    pub flag: u32,
+    /// Index `t * top_k + j` of the first bad pair seen (not necessarily the lowest).
+    pub pair: u32,
+    /// Its expert id (as given, i32).
+    pub id: i32,
+    /// Pairs with an out-of-range id in the launches since the record was cleared.
+    pub bad: u32,
+}
+
+/// `mk_moe_route`'s argument block (device memory; the kernel gets its address). Buffers are
+/// device addresses of u32 arrays.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct MoeRouteArgs {
+    /// Rows per expert (`experts`).
+    pub counts: u64,
+    /// Padded first row of every expert's group (`experts + 1`; the last is the total).
+    pub offsets: u64,
+    /// Expert of every row tile (`max_tiles`; only the first `rows / ROW_ALIGN` are written).
+    pub tile_expert: u64,
+    /// One word: padded rows in use (the grouped GEMMs' M).
+    pub rows: u64,
+    /// Row of pair `t * top_k + j` in the grouped buffers (`u32::MAX`: none, a bad id).
+    pub slots: u64,
+    /// The [`MoeErrorRecord`].
+    pub error: u64,
+    /// `tokens * top_k`.
+    pub pairs: u32,
+    pub experts: u32,
+    pub max_tiles: u32,
+    pub _pad: u32,
+}
+
+/// `mk_moe_gather`'s argument block: `Xp[slots[t * top_k + j]] = X[t]`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct MoeGatherArgs {
+    pub slots: u64,
+    /// The grouped rows (`capacity rows x hidden` bf16).
+    pub xp: u64,
+    pub tokens: u32,
+    pub top_k: u32,
+    /// Elements per row (a multiple of 8).
+    pub hidden: u32,
+    pub _pad: u32,
+}
+
+/// `mk_moe_grouped_gemm`'s argument block: for every row tile of the grouped A (row tile `i`
+/// belongs to expert `tile_expert[i]`), `C = act(A W_e^T)` with W stored as one
+/// `experts * b_rows x k` tensor (N x K per expert, `nn.Linear` layout).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct GroupedGemmArgs {
+    /// Tensor maps (global memory): A (capacity rows x k, box 64 x 128), W (`experts * b_rows`
+    /// x k, box 64 x 256, or 64 x 128 with SwiGLU: the gate and up halves load separately),
+    /// C (capacity rows x n, box 64 x 64).
+    pub map_a: u64,
+    pub map_b: u64,
+    pub map_c: u64,
+    /// One word: rows of A in use (padded; written by the routing kernel).
+    pub rows: u64,
+    /// Expert of every row tile.
+    pub tile_expert: u64,
+    /// Columns of C (`F` up, `H` down).
+    pub n: u32,
+    /// The reduction length (`H` up, `F` down).
+    pub k: u32,
+    /// Rows of W per expert (`2F` SwiGLU, `F` none, `H` down).
+    pub b_rows: u32,
+    /// [`act`].
+    pub act: u32,
+}
+
+/// `mk_moe_combine`'s argument block: `out[t] = sum_j w[t * top_k + j] * Yp[slots[..]]`
+/// (the weights, the output and its type - `f32_out` - are launch parameters).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct MoeCombineArgs {
+    pub slots: u64,
+    /// The down projection's grouped rows (`capacity rows x hidden` bf16).
+    pub yp: u64,
+    pub tokens: u32,
+    pub top_k: u32,
+    pub hidden: u32,
+    pub _pad: u32,
+}
+
+/// Shared memory of `mk_moe_route` (dynamic, this struct at its base).
+#[repr(C)]
+pub struct RouteSmem {
+    /// Rows per expert.
+    pub counts: [u32; MAX_EXPERTS as usize],
+    /// Next free row of every expert's group (starts at its padded offset).
+    pub cursor: [u32; MAX_EXPERTS as usize],
+    /// Per-warp totals of the tile scan.
+    pub warp_tiles: [u32; (ROUTE_THREADS / crate::WARP_SIZE) as usize],
+}
+
+/// Byte offsets inside [`RouteSmem`] (what the device code addresses).
+pub const ROUTE_SMEM_COUNTS: u32 = core::mem::offset_of!(RouteSmem, counts) as u32;
+pub const ROUTE_SMEM_CURSOR: u32 = core::mem::offset_of!(RouteSmem, cursor) as u32;
+pub const ROUTE_SMEM_WARP_TILES: u32 = core::mem::offset_of!(RouteSmem, warp_tiles) as u32;
+pub const ROUTE_SMEM_BYTES: u32 = core::mem::size_of::<RouteSmem>() as u32;
+
+/// One warp role of a kernel: warpgroups `first..first + count`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Role {
+    pub name: &'static str,
+    pub first_warpgroup: u32,
+    pub warpgroups: u32,
+}
+
+/// Roles of `mk_moe_grouped_gemm` (the plain GEMM's split).
+pub const GROUPED_GEMM_ROLES: [Role; 2] = [
+    Role {
+        name: "producer",
+        first_warpgroup: 0,
+        warpgroups: 1,
+    },
+    Role {
+        name: "consumer",
+        first_warpgroup: 1,
+        warpgroups: TILE.consumer_warpgroups,
+    },
+];
+
+/// Index into [`GROUPED_GEMM_ROLES`] of warpgroup `wg`.
+pub const fn grouped_gemm_role(wg: u32) -> usize {
+    if wg == 0 {
+        0
+    } else {
+        1
+    }
+}
+
+pub const MOE_ROUTE: KernelSpec = KernelSpec {
+    name: "mk_moe_route",
+    max_threads: ROUTE_THREADS,
+    min_blocks_per_sm: 1,
+    dynamic_smem: ROUTE_SMEM_BYTES,
+};
+/// The grouped GEMM alone: its groups' padded offsets and tiles from rows per group.
+pub const MOE_GROUP_TILES: KernelSpec = KernelSpec {
+    name: "mk_moe_group_tiles",
+    ..MOE_ROUTE
+};
+pub const MOE_GATHER: KernelSpec = KernelSpec {
+    name: "mk_moe_gather",
+    max_threads: ROW_THREADS,
+    min_blocks_per_sm: 1,
+    dynamic_smem: 0,
+};
+pub const MOE_GROUPED_GEMM: KernelSpec = KernelSpec {
+    name: "mk_moe_grouped_gemm",
+    max_threads: TILE.threads(),
+    min_blocks_per_sm: 1,
+    dynamic_smem: GROUPED_GEMM_SMEM_BYTES,
+};
+pub const MOE_COMBINE: KernelSpec = KernelSpec {
+    name: "mk_moe_combine",
+    max_threads: ROW_THREADS,
+    min_blocks_per_sm: 1,
+    dynamic_smem: 0,
+};
+
+/// Row tiles the grouped buffers may need: every expert that gets rows rounds up by less than
+/// one tile, so `ceil(pairs / ROW_ALIGN) + min(experts, pairs)` tiles always suffice.
+pub const fn max_tiles(pairs: u32, experts: u32) -> u32 {
+    let nonempty = if experts < pairs { experts } else { pairs };
+    pairs.div_ceil(ROW_ALIGN) + nonempty
+}
+
+const _: () = {
+    assert!(ROUTE_THREADS >= MAX_EXPERTS, "the scan gives every expert a thread");
+    assert!(ROUTE_THREADS.is_multiple_of(crate::WARP_SIZE));
+    assert!(ROUTE_SMEM_BYTES <= 48 * 1024);
+    assert!(SWIGLU_TILE_COLS.is_multiple_of(GemmTile::EPILOGUE_BOX_COLS));
+    assert!(GROUPED_GEMM_ROLES[1].first_warpgroup + GROUPED_GEMM_ROLES[1].warpgroups == TILE.threads() / 128);
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn capacity_covers_the_worst_padding() {
+        // Every expert gets 1 row: each pads to a whole tile.
+        assert!(max_tiles(64, 64) >= 64);
+        // All rows to one expert.
+        assert!(max_tiles(1000, 8) >= 1000u32.div_ceil(128));
+        // 129 rows each over 8 experts: 2 tiles each.
+        assert!(max_tiles(8 * 129, 8) >= 16);
+    }
+    #[test]
+    fn route_smem_offsets() {
+        assert_eq!(ROUTE_SMEM_COUNTS, 0);
+        assert_eq!(ROUTE_SMEM_CURSOR, 4 * MAX_EXPERTS);
+        assert_eq!(ROUTE_SMEM_WARP_TILES, 8 * MAX_EXPERTS);
+    }
+}

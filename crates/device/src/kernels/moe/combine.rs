@@ -1,0 +1,70 @@
+//! `mk_moe_combine`: `out[t] = sum_j w[t, j] * Yp[slot(t, j)]` in f32, j in order (the same
+//! sum on every run), stored as bf16 or f32. CTA `b` of `g` takes tokens `b, b + g, ...`;
+//! each thread 8 columns at a time, the `top_k` rows' loads issued four at a time before
+//! they are added.
+use crate::arch::{convert::pack_bf16x2, ids, memory};
+use mkernel_config::ops::moe::{MoeCombineArgs, ROW_THREADS};
+
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn mk_moe_combine(
+    args: *const MoeCombineArgs,
+    weights: *const f32,
+    out: *mut u8,
+    f32_out: u32,
+) {
+    let a = unsafe { args.read() };
+    let pieces = a.hidden / 8;
+    let row_bytes = a.hidden as u64 * 2;
+    let slots = a.slots as *const u32;
+    let mut t = ids::block_idx();
+    while t < a.tokens {
+        let pair0 = t * a.top_k;
+        let mut c = ids::thread_idx();
+        while c < pieces {
+            let mut acc = [0f32; 8];
+            let mut j = 0;
+            while j < a.top_k {
+                let mut v = [[0u32; 4]; 4];
+                let mut w = [0f32; 4];
+                for i in 0..4 {
+                    if j + i < a.top_k {
+                        let s = unsafe { slots.add((pair0 + j + i) as usize).read() };
+                        if s != u32::MAX {
+                            w[i as usize] = unsafe { weights.add((pair0 + j + i) as usize).read() };
+                            v[i as usize] =
+                                unsafe { memory::ld_v4((a.yp + s as u64 * row_bytes + 16 * c as u64) as *const u8) };
+                        }
+                    }
+                }
+                for i in 0..4 {
+                    for q in 0..4 {
+                        let x = v[i][q];
+                        acc[2 * q] += w[i] * f32::from_bits(x << 16);
+                        acc[2 * q + 1] += w[i] * f32::from_bits(x & 0xffff_0000);
+                    }
+                }
+                j += 4;
+            }
+            let at = t as u64 * a.hidden as u64 + 8 * c as u64;
+            if f32_out != 0 {
+                let p = out as u64 + 4 * at;
+                let lo = [acc[0].to_bits(), acc[1].to_bits(), acc[2].to_bits(), acc[3].to_bits()];
+                let hi = [acc[4].to_bits(), acc[5].to_bits(), acc[6].to_bits(), acc[7].to_bits()];
+                unsafe {
+                    memory::st_v4(p as *mut u8, lo);
+                    memory::st_v4((p + 16) as *mut u8, hi);
+                }
+            } else {
+                let v = [
+                    pack_bf16x2(acc[0], acc[1]),
+                    pack_bf16x2(acc[2], acc[3]),
+                    pack_bf16x2(acc[4], acc[5]),
+                    pack_bf16x2(acc[6], acc[7]),
+                ];
+                unsafe { memory::st_v4((out as u64 + 2 * at) as *mut u8, v) };
+            }
+            c += ROW_THREADS;
+        }
+        t += ids::grid_dim();
+    }
+}

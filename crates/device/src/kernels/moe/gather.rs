@@ -1,0 +1,29 @@
+//! `mk_moe_gather`: every token row to the rows of its experts' groups. CTA `b` of a grid of
+//! `g` takes tokens `b, b + g, ...`; each thread moves 16-byte pieces of the row, read once
+//! and written `top_k` times (pairs without a slot are skipped).
+use crate::arch::{ids, memory};
+use mkernel_config::ops::moe::{MoeGatherArgs, ROW_THREADS};
+
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn mk_moe_gather(args: *const MoeGatherArgs, x: *const u8) {
+    let a = unsafe { args.read() };
+    let pieces = a.hidden / 8;
+    let row_bytes = a.hidden as u64 * 2;
+    let slots = a.slots as *const u32;
+    let mut t = ids::block_idx();
+    while t < a.tokens {
+        let src = x as u64 + t as u64 * row_bytes;
+        let mut c = ids::thread_idx();
+        while c < pieces {
+            let v = unsafe { memory::ld_v4((src + 16 * c as u64) as *const u8) };
+            for j in 0..a.top_k {
+                let s = unsafe { slots.add((t * a.top_k + j) as usize).read() };
+                if s != u32::MAX {
+                    unsafe { memory::st_v4((a.xp + s as u64 * row_bytes + 16 * c as u64) as *mut u8, v) };
+                }
+            }
+            c += ROW_THREADS;
+        }
+        t += ids::grid_dim();
+    }
+}

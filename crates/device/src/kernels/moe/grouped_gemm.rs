@@ -1,0 +1,68 @@
+//! `mk_moe_grouped_gemm`: the persistent warp-specialized GEMM over grouped rows. Row tile `i`
+//! of A (capacity rows x k, every expert's group padded to whole tiles by the routing kernel)
+//! is multiplied by its expert's weights `W[tile_expert[i]]` (one `experts * b_rows x k`
+//! tensor, N x K per expert); the rows in use are read from device memory at the start, so
+//! the launch (grid, arguments) is the same whatever the routing: hot experts have many row
+//! tiles, empty experts none. The tile scheduler, ring, mainloop and epilogue are the plain
+//! GEMM's (`crate::gemm`); the roles are [`GROUPED_GEMM_ROLES`].
+//!
+//! With SwiGLU a tile covers 128 output columns: its 256 B rows are the 128 gate rows and the
+//! 128 up rows of those columns (two TMA boxes), and the epilogue stores
+//! `silu(gate) * up` (two 64 x 64 boxes per consumer warpgroup).
+use super::{consumer, producer};
+use crate::arch::{ids, smem, sync, tma, tma::TensorMap};
+use crate::gemm::ring::Ring;
+use crate::gemm::scheduler::TileScheduler;
+use mkernel_config::ops::moe::{
+    act, grouped_gemm_role, GroupedGemmArgs, GROUPED_GEMM_ROLES, RING, SWIGLU_TILE_COLS, TILE,
+};
+
+/// What both roles need of the launch.
+#[derive(Clone, Copy)]
+pub struct Launch {
+    pub args: *const GroupedGemmArgs,
+    pub swiglu: bool,
+    pub k_blocks: u32,
+}
+
+impl Launch {
+    /// The tiles of this CTA (the rows in use, read once per role).
+    #[inline(always)]
+    pub fn tiles(&self) -> TileScheduler {
+        let (rows, n) = unsafe { (((*self.args).rows as *const u32).read_volatile(), (*self.args).n) };
+        let block_n = if self.swiglu { SWIGLU_TILE_COLS } else { TILE.block_n };
+        TileScheduler::new(
+            rows,
+            n,
+            TILE.block_m,
+            block_n,
+            TILE.group_m,
+            ids::block_idx(),
+            ids::grid_dim(),
+        )
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn mk_moe_grouped_gemm(args: *const GroupedGemmArgs) {
+    let ring = Ring::new(smem::dynamic_smem_addr(), RING);
+    if ids::thread_idx() == 0 {
+        unsafe {
+            tma::prefetch(TensorMap((*args).map_a as *const u8));
+            tma::prefetch(TensorMap((*args).map_b as *const u8));
+            tma::prefetch(TensorMap((*args).map_c as *const u8));
+            ring.init();
+        }
+    }
+    sync::sync_threads();
+    let launch = Launch {
+        args,
+        swiglu: unsafe { (*args).act } == act::SWIGLU,
+        k_blocks: unsafe { (*args).k }.div_ceil(TILE.block_k),
+    };
+    let wg = ids::warpgroup_idx();
+    match GROUPED_GEMM_ROLES[grouped_gemm_role(wg)].first_warpgroup {
+        0 => unsafe { producer::run(&ring, launch) },
+        _ => unsafe { consumer::run(&ring, launch, wg - 1) },
+    }
+}

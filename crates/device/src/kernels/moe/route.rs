@@ -1,0 +1,143 @@
+//! `mk_moe_route`: one CTA of `ROUTE_THREADS` turns the router's top-k expert ids into the
+//! grouped layout, with no host round trip:
+//! 1. count rows per expert (shared-memory atomics); an id outside `0..experts` is counted in
+//!    the error record instead and gets no slot;
+//! 2. scan the row tiles per expert (`ceil(count / ROW_ALIGN)`, one expert per thread: warp
+//!    scans, then a scan of the warp totals): expert `e`'s group starts at row
+//!    `ROW_ALIGN x (tiles before e)`; write counts, offsets, every tile's expert and the rows in use;
+//! 3. give every pair a row of its expert's group (a shared-memory cursor per expert; the
+//!    order inside a group is whatever the atomics give - every row's result is the same
+//!    wherever it sits).
+use crate::arch::{ids, memory, memory::Scope, shuffle, smem, sync};
+use mkernel_config::ops::moe::{
+    MoeErrorRecord, MoeRouteArgs, MAX_EXPERTS, ROUTE_SMEM_COUNTS, ROUTE_SMEM_CURSOR, ROUTE_SMEM_WARP_TILES,
+    ROUTE_THREADS, ROW_ALIGN,
+};
+
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn mk_moe_route(args: *const MoeRouteArgs, ids: *const i32) {
+    let a = unsafe { args.read() };
+    let base = smem::dynamic_smem_addr();
+    let counts = |e: u32| base.add(ROUTE_SMEM_COUNTS + 4 * e);
+    let cursor = |e: u32| base.add(ROUTE_SMEM_CURSOR + 4 * e);
+    let tid = ids::thread_idx();
+    let experts = a.experts.min(MAX_EXPERTS);
+    if tid < MAX_EXPERTS {
+        unsafe { smem::st_shared_u32(counts(tid), 0) };
+    }
+    sync::sync_threads();
+
+    // 1. Counts.
+    let err = a.error as *mut MoeErrorRecord;
+    let mut p = tid;
+    while p < a.pairs {
+        let e = unsafe { ids.add(p as usize).read() };
+        if (e as u32) < experts {
+            unsafe { smem::red_add_shared_u32(counts(e as u32), 1) };
+        } else {
+            unsafe {
+                let rec = &raw mut (*err).flag;
+                if memory::atom_acq_rel_cas_u32(Scope::Gpu, rec, 0, 1) == 0 {
+                    (&raw mut (*err).pair).write_volatile(p);
+                    (&raw mut (*err).id).write_volatile(e);
+                }
+                memory::atom_acq_rel_add_u32(Scope::Gpu, &raw mut (*err).bad, 1);
+            }
+        }
+        p += ROUTE_THREADS;
+    }
+    sync::sync_threads();
+
+    // 2. Groups.
+    let count = if tid < experts {
+        unsafe { smem::ld_shared_u32(counts(tid)) }
+    } else {
+        0
+    };
+    unsafe { place_groups(&a, experts, count) };
+
+    // 3. Slots.
+    let mut p = tid;
+    while p < a.pairs {
+        let e = unsafe { ids.add(p as usize).read() };
+        let slot = if (e as u32) < experts {
+            unsafe { smem::atom_add_shared_u32(cursor(e as u32), 1) }
+        } else {
+            u32::MAX
+        };
+        unsafe { (a.slots as *mut u32).add(p as usize).write(slot) };
+        p += ROUTE_THREADS;
+    }
+}
+
+/// Step 2 of the routing (every thread of the CTA calls it; thread `e < experts` brings
+/// expert `e`'s row count): scans the row tiles per expert (`ceil(count / ROW_ALIGN)`; warp
+/// scans, then a scan of the warp totals), writes counts, padded offsets, the expert of every
+/// row tile and the rows in use, and sets each expert's shared-memory cursor to its first
+/// row. Groups that would run past `max_tiles` are cut there (their tiles are not written and
+/// the rows in use stop at the capacity) and the error record's `flag` gets bit 1.
+#[inline(always)]
+unsafe fn place_groups(a: &MoeRouteArgs, experts: u32, count: u32) {
+    let base = smem::dynamic_smem_addr();
+    let cursor = |e: u32| base.add(ROUTE_SMEM_CURSOR + 4 * e);
+    let warp_tiles = |w: u32| base.add(ROUTE_SMEM_WARP_TILES + 4 * w);
+    let tid = ids::thread_idx();
+    let (warp, lane) = (tid / 32, ids::lane_id());
+    let tiles = count.div_ceil(ROW_ALIGN);
+    let inclusive = shuffle::warp_inclusive_sum_u32(tiles);
+    if lane == 31 {
+        unsafe { smem::st_shared_u32(warp_tiles(warp), inclusive) };
+    }
+    sync::sync_threads();
+    if warp == 0 {
+        let w = unsafe { smem::ld_shared_u32(warp_tiles(lane)) };
+        let before = shuffle::warp_inclusive_sum_u32(w) - w;
+        unsafe { smem::st_shared_u32(warp_tiles(lane), before) };
+    }
+    sync::sync_threads();
+    let first_tile = unsafe { smem::ld_shared_u32(warp_tiles(warp)) } + inclusive - tiles;
+    if tid < experts {
+        unsafe {
+            (a.counts as *mut u32).add(tid as usize).write(count);
+            (a.offsets as *mut u32)
+                .add(tid as usize)
+                .write(first_tile.min(a.max_tiles) * ROW_ALIGN);
+            smem::st_shared_u32(cursor(tid), first_tile * ROW_ALIGN);
+            let te = a.tile_expert as *mut u32;
+            for i in 0..tiles {
+                if first_tile + i < a.max_tiles {
+                    te.add((first_tile + i) as usize).write(tid);
+                }
+            }
+        }
+        if tid == experts - 1 {
+            let total = first_tile + tiles;
+            if total > a.max_tiles {
+                let err = a.error as *mut MoeErrorRecord;
+                unsafe { memory::atom_acq_rel_add_u32(Scope::Gpu, &raw mut (*err).flag, 2) };
+            }
+            let rows = total.min(a.max_tiles) * ROW_ALIGN;
+            unsafe {
+                (a.offsets as *mut u32).add(experts as usize).write(rows);
+                (a.rows as *mut u32).write(rows);
+            }
+        }
+    }
+    sync::sync_threads();
+}
+
+/// `mk_moe_group_tiles`: the grouped GEMM alone (`mkernel::ops::moe::GroupedGemmPlan`): from
+/// rows per group (`counts_in`, device memory, `experts` words) to padded offsets, the group
+/// of every row tile and the rows in use ([`place_groups`]); one CTA.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn mk_moe_group_tiles(args: *const MoeRouteArgs, counts_in: *const u32) {
+    let a = unsafe { args.read() };
+    let tid = ids::thread_idx();
+    let experts = a.experts.min(MAX_EXPERTS);
+    let count = if tid < experts {
+        unsafe { counts_in.add(tid as usize).read() }
+    } else {
+        0
+    };
+    unsafe { place_groups(&a, experts, count) };
+}

@@ -1,0 +1,914 @@
+//! Mixture-of-experts expert FFN on one GPU: from the router's top-k expert ids and weights
+//! (GPU tensors) to the layer's output, in five kernel launches with no host round trip (a
+//! launch can be captured in a CUDA graph and replayed with new routing):
+//!
+//! ```text
+//! out[t] = sum_j w[t, j] * FFN_{e(t, j)}(x[t]),  FFN_e(x) = W_down[e] act(W_up[e] x)
+//! ```
+//!
+//! `act` is SwiGLU (`W_up[e]` has `2F` rows: `F` gate rows, then `F` up rows;
+//! `silu(gate) * up`) or none (`F` rows). Weights are stored as `nn.Linear` stores them:
+//! `W_up` is `E x up_rows x H`, `W_down` is `E x H x F`, bf16. Ids are `i32` (`T x top_k`,
+//! row-major), weights `f32`, x and the output `T x H`. An id outside `0..E` is not routed
+//! (its pair adds nothing) and is reported by [`MoePlan::take_error`]; it never causes a
+//! write outside the plan's buffers. docs/moe.md has the layouts and the measured numbers.
+use crate::error::{Error, Result};
+use crate::gemm::{GemmOutput, OutDtype};
+use crate::runtime::Device;
+use crate::tensor_map::{encode_bf16_sw128, Tensor2d, TensorMap};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, PushKernelArg};
+use half::bf16;
+use mkernel_config::ops::moe::{
+    self as cfg, act, GroupedGemmArgs, MoeCombineArgs, MoeErrorRecord, MoeGatherArgs, MoeRouteArgs, MAX_EXPERTS,
+    MAX_TOP_K, ROW_ALIGN, SWIGLU_TILE_COLS, TILE,
+};
+use mkernel_config::{GemmTile, KernelSpec};
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+const OP: &str = "moe";
+
+/// Activation between the up and the down projection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// `silu(x W_gate^T) * (x W_up^T)`: `W_up[e]` holds `2F` rows, gate rows first.
+    SwiGlu,
+    /// `x W_up^T`: `W_up[e]` holds `F` rows.
+    None,
+}
+
+/// Sizes of one MoE expert FFN.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeShape {
+    /// Tokens (`T`).
+    pub tokens: usize,
+    /// Experts (`E`).
+    pub experts: usize,
+    /// Experts per token.
+    pub top_k: usize,
+    /// Model width (`H`).
+    pub hidden: usize,
+    /// Expert FFN width (`F`).
+    pub ffn: usize,
+    pub act: Activation,
+}
+
+impl MoeShape {
+    /// Checks the sizes against the kernels' limits, with the reason when one is exceeded:
+    /// `1 <= E <= 1024`, `1 <= top_k <= 32`, `H` and `F` multiples of 8 (16-byte rows for
+    /// TMA), `T x top_k` and the grouped rows below 2^31, `E x up_rows` and `E x H` below 2^31.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |reason: String| Err(Error::Shape { op: OP, reason });
+        if self.tokens == 0 || self.experts == 0 || self.top_k == 0 || self.hidden == 0 || self.ffn == 0 {
+            return bad(format!("empty dimension in {self:?}"));
+        }
+        if self.experts > MAX_EXPERTS as usize {
+            return bad(format!("{} experts; at most {MAX_EXPERTS}", self.experts));
+        }
+        if self.top_k > MAX_TOP_K as usize {
+            return bad(format!("top_k={}; at most {MAX_TOP_K}", self.top_k));
+        }
+        if self.hidden % 8 != 0 || self.ffn % 8 != 0 {
+            return bad(format!(
+                "hidden={} and ffn={} must be multiples of 8 (16-byte rows for TMA)",
+                self.hidden, self.ffn
+            ));
+        }
+        let limit = (i32::MAX as usize) / 2;
+        if self.pairs() > limit || self.capacity_rows() > limit {
+            return bad(format!("tokens x top_k = {} is too large", self.pairs()));
+        }
+        if self.experts * self.up_rows() > limit || self.experts * self.hidden > limit {
+            return bad("experts x rows per expert must stay below 2^30".into());
+        }
+        if self.capacity_rows() * self.hidden.max(self.ffn) > (u32::MAX as usize) * 8 {
+            return bad("grouped buffers above 64 GiB".into());
+        }
+        Ok(())
+    }
+    /// (token, expert) pairs: `T x top_k`.
+    pub fn pairs(&self) -> usize {
+        self.tokens * self.top_k
+    }
+    /// Rows of `W_up` per expert: `2F` with SwiGLU, `F` without.
+    pub fn up_rows(&self) -> usize {
+        match self.act {
+            Activation::SwiGlu => 2 * self.ffn,
+            Activation::None => self.ffn,
+        }
+    }
+    /// Row tiles the grouped buffers hold (the worst case over all routings).
+    pub fn max_tiles(&self) -> usize {
+        cfg::max_tiles(self.pairs() as u32, self.experts as u32) as usize
+    }
+    /// Rows of the grouped buffers: every expert's group padded to whole row tiles.
+    pub fn capacity_rows(&self) -> usize {
+        cfg::max_tiles(self.pairs().min(u32::MAX as usize) as u32, self.experts as u32) as usize * ROW_ALIGN as usize
+    }
+    /// Elements of `W_up` and `W_down`.
+    pub fn weight_lens(&self) -> (usize, usize) {
+        (
+            self.experts * self.up_rows() * self.hidden,
+            self.experts * self.hidden * self.ffn,
+        )
+    }
+    /// Floating-point operations of the routed rows (padding not counted):
+    /// `2 T k H up_rows + 2 T k F H`.
+    pub fn flops(&self) -> f64 {
+        let r = self.pairs() as f64;
+        2.0 * r * self.hidden as f64 * self.up_rows() as f64 + 2.0 * r * self.ffn as f64 * self.hidden as f64
+    }
+}
+
+/// The kernel launches of [`MoePlan::launch`], in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoeStage {
+    /// `mk_moe_route`: counts, padded offsets, tile experts, slots, error record.
+    Route,
+    /// `mk_moe_gather`: token rows to their slots.
+    Gather,
+    /// `mk_moe_grouped_gemm`: up projection with the activation.
+    Up,
+    /// `mk_moe_grouped_gemm`: down projection.
+    Down,
+    /// `mk_moe_combine`: top-k weighted sum in token order.
+    Combine,
+}
+
+impl MoeStage {
+    pub const ALL: [MoeStage; 5] = [
+        MoeStage::Route,
+        MoeStage::Gather,
+        MoeStage::Up,
+        MoeStage::Down,
+        MoeStage::Combine,
+    ];
+}
+
+/// What the grouped buffers held after a launch ([`MoePlan::inspect`]; diagnostics and tests).
+#[derive(Clone, Debug)]
+pub struct MoeGrouped {
+    /// Rows per expert.
+    pub counts: Vec<u32>,
+    /// First row of every expert's group (`E + 1`, the last is the rows in use).
+    pub offsets: Vec<u32>,
+    /// Row of pair `t * top_k + j` (`u32::MAX`: not routed).
+    pub slots: Vec<u32>,
+    /// Up projection after the activation, `capacity_rows x F` (rows in use only are defined).
+    pub hidden_act: Vec<bf16>,
+    /// Down projection, `capacity_rows x H`.
+    pub down: Vec<bf16>,
+}
+
+/// Grids of an [`MoePlan`]'s launches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeGrids {
+    /// CTAs of the up and the down grouped GEMM: one per SM (at most `sms`), fewer when the
+    /// worst routing has fewer tiles (persistent: each CTA loops over tiles, and one whose
+    /// tiles the routing left empty exits at once).
+    pub gemm: [u32; 2],
+    /// CTAs of the gather and the combine: one per token, at most 8 per SM (256 threads each:
+    /// 2048 resident threads per SM).
+    pub rows: u32,
+}
+
+/// The launch policy of [`MoePlan`]: grids from the shape and the SM count (`sms` caps the
+/// grouped GEMMs' CTAs). Fixed per plan, whatever the routing, so launches can be captured.
+pub fn moe_grids(shape: &MoeShape, sm_count: u32, sms: Option<u32>) -> MoeGrids {
+    let sms = sms.unwrap_or(sm_count).clamp(1, sm_count.max(1)) as usize;
+    let up_cols = match shape.act {
+        Activation::SwiGlu => SWIGLU_TILE_COLS,
+        Activation::None => TILE.block_n,
+    } as usize;
+    let grid = |n: usize, cols: usize| (shape.max_tiles() * n.div_ceil(cols)).clamp(1, sms) as u32;
+    MoeGrids {
+        gemm: [grid(shape.ffn, up_cols), grid(shape.hidden, TILE.block_n as usize)],
+        rows: shape.tokens.clamp(1, 8 * sm_count.max(1) as usize) as u32,
+    }
+}
+
+/// An MoE expert FFN ready to launch: arguments and TMA descriptors uploaded, the grouped
+/// buffers allocated (sized for the worst routing). Borrows the expert weights for `'a`.
+/// The plan's launches share its grouped buffers: enqueue them in order (one stream, or
+/// streams ordered by events), never two at once.
+pub struct MoePlan<'a> {
+    shape: MoeShape,
+    route: CudaFunction,
+    gather: CudaFunction,
+    gemm: CudaFunction,
+    combine: CudaFunction,
+    /// Tensor maps and argument blocks (see `ARG_*`).
+    args: CudaSlice<u8>,
+    /// The grouped token rows (kept alive for the kernels; read by the up projection).
+    _xp: CudaSlice<bf16>,
+    hid: CudaSlice<bf16>,
+    yp: CudaSlice<bf16>,
+    /// counts (E) | offsets (E + 1) | rows (1) | error record (4) | tile_expert | slots.
+    words: CudaSlice<u32>,
+    gemm_grid: [u32; 2],
+    row_grid: u32,
+    _weights: PhantomData<&'a ()>,
+}
+
+/// Byte offsets in the uploaded block: six tensor maps (128 bytes each), then the argument
+/// blocks (128 bytes apart).
+const MAP_BYTES: usize = 128;
+const ARG_ROUTE: usize = 6 * MAP_BYTES;
+const ARG_GATHER: usize = ARG_ROUTE + 128;
+const ARG_UP: usize = ARG_GATHER + 128;
+const ARG_DOWN: usize = ARG_UP + 128;
+const ARG_COMBINE: usize = ARG_DOWN + 128;
+const ARG_BYTES: usize = ARG_COMBINE + 128;
+
+fn bytes_of<T: Copy>(v: &T) -> &[u8] {
+    // SAFETY: T is a repr(C) plain-data argument block or tensor map.
+    unsafe { std::slice::from_raw_parts(v as *const T as *const u8, std::mem::size_of::<T>()) }
+}
+
+impl<'a> MoePlan<'a> {
+    /// Plans the layer for `shape` with the expert weights `w_up` (`E x up_rows x H`) and
+    /// `w_down` (`E x H x F`). `sms` caps the grouped GEMMs' CTAs (default: every SM).
+    pub fn new(
+        device: &Device,
+        stream: &Arc<CudaStream>,
+        shape: MoeShape,
+        w_up: &'a CudaSlice<bf16>,
+        w_down: &'a CudaSlice<bf16>,
+        sms: Option<u32>,
+    ) -> Result<Self> {
+        shape.validate()?;
+        let (lu, ld) = shape.weight_lens();
+        for (what, have, need) in [("W_up", w_up.len(), lu), ("W_down", w_down.len(), ld)] {
+            if have < need {
+                return Err(Error::BufferTooSmall {
+                    op: OP,
+                    what,
+                    have,
+                    need,
+                });
+            }
+        }
+        let (pu, _ru) = w_up.device_ptr(stream);
+        let (pd, _rd) = w_down.device_ptr(stream);
+        // SAFETY: the weights are borrowed for 'a and hold the shape's elements.
+        unsafe { Self::new_raw(device, stream, shape, pu, pd, sms) }
+    }
+
+    /// As [`MoePlan::new`] on raw device addresses of the weights (16-byte aligned).
+    ///
+    /// # Safety
+    /// `w_up` and `w_down` must hold `shape.weight_lens()` bf16 elements on `device` and stay
+    /// valid while the plan is launched.
+    pub unsafe fn new_raw(
+        device: &Device,
+        stream: &Arc<CudaStream>,
+        shape: MoeShape,
+        w_up: u64,
+        w_down: u64,
+        sms: Option<u32>,
+    ) -> Result<Self> {
+        shape.validate()?;
+        for (what, ptr) in [("W_up", w_up), ("W_down", w_down)] {
+            if ptr % 16 != 0 {
+                return Err(Error::Alignment {
+                    op: OP,
+                    what,
+                    ptr,
+                    align: 16,
+                });
+            }
+        }
+        let (e, h, f) = (shape.experts, shape.hidden, shape.ffn);
+        let cap = shape.capacity_rows();
+        let max_tiles = shape.max_tiles();
+        let xp = stream.alloc_zeros::<bf16>(cap * h)?;
+        let hid = stream.alloc_zeros::<bf16>(cap * f)?;
+        let yp = stream.alloc_zeros::<bf16>(cap * h)?;
+        let n_words = e + (e + 1) + 1 + 4 + max_tiles + shape.pairs();
+        let words = stream.alloc_zeros::<u32>(n_words)?;
+        let base = words.device_ptr(stream).0;
+        let (counts, offsets) = (base, base + 4 * e as u64);
+        let rows = offsets + 4 * (e as u64 + 1);
+        let error = rows + 4;
+        let tile_expert = error + 16;
+        let slots = tile_expert + 4 * max_tiles as u64;
+        let (pxp, phid, pyp) = (
+            xp.device_ptr(stream).0,
+            hid.device_ptr(stream).0,
+            yp.device_ptr(stream).0,
+        );
+
+        let t = TILE;
+        let map = |ptr: u64, cols: usize, rows: usize, box_cols: u32, box_rows: u32| -> Result<TensorMap> {
+            encode_bf16_sw128(
+                Tensor2d {
+                    ptr,
+                    cols: cols as u64,
+                    rows: rows as u64,
+                    row_stride_bytes: 2 * cols as u64,
+                },
+                box_cols,
+                box_rows,
+            )
+        };
+        let swiglu = shape.act == Activation::SwiGlu;
+        let b_up_box = if swiglu { SWIGLU_TILE_COLS } else { t.block_n };
+        let maps = [
+            map(pxp, h, cap, t.block_k, t.block_m)?,
+            map(w_up, h, e * shape.up_rows(), t.block_k, b_up_box)?,
+            map(phid, f, cap, GemmTile::EPILOGUE_BOX_COLS, GemmTile::EPILOGUE_BOX_ROWS)?,
+            map(phid, f, cap, t.block_k, t.block_m)?,
+            map(w_down, f, e * h, t.block_k, t.block_n)?,
+            map(pyp, h, cap, GemmTile::EPILOGUE_BOX_COLS, GemmTile::EPILOGUE_BOX_ROWS)?,
+        ];
+        // Where the block will be: allocate first, then fill in addresses.
+        let mut args = stream.alloc_zeros::<u8>(ARG_BYTES)?;
+        let abase = args.device_ptr(stream).0;
+        let map_at = |i: usize| abase + (i * MAP_BYTES) as u64;
+        let route = MoeRouteArgs {
+            counts,
+            offsets,
+            tile_expert,
+            rows,
+            slots,
+            error,
+            pairs: shape.pairs() as u32,
+            experts: e as u32,
+            max_tiles: max_tiles as u32,
+            _pad: 0,
+        };
+        let gather = MoeGatherArgs {
+            slots,
+            xp: pxp,
+            tokens: shape.tokens as u32,
+            top_k: shape.top_k as u32,
+            hidden: h as u32,
+            _pad: 0,
+        };
+        let up = GroupedGemmArgs {
+            map_a: map_at(0),
+            map_b: map_at(1),
+            map_c: map_at(2),
+            rows,
+            tile_expert,
+            n: f as u32,
+            k: h as u32,
+            b_rows: shape.up_rows() as u32,
+            act: if swiglu { act::SWIGLU } else { act::NONE },
+        };
+        let down = GroupedGemmArgs {
+            map_a: map_at(3),
+            map_b: map_at(4),
+            map_c: map_at(5),
+            rows,
+            tile_expert,
+            n: h as u32,
+            k: f as u32,
+            b_rows: h as u32,
+            act: act::NONE,
+        };
+        let combine = MoeCombineArgs {
+            slots,
+            yp: pyp,
+            tokens: shape.tokens as u32,
+            top_k: shape.top_k as u32,
+            hidden: h as u32,
+            _pad: 0,
+        };
+        let mut block = vec![0u8; ARG_BYTES];
+        for (i, m) in maps.iter().enumerate() {
+            block[i * MAP_BYTES..i * MAP_BYTES + 128].copy_from_slice(bytes_of(m));
+        }
+        let put = |block: &mut Vec<u8>, at: usize, b: &[u8]| block[at..at + b.len()].copy_from_slice(b);
+        put(&mut block, ARG_ROUTE, bytes_of(&route));
+        put(&mut block, ARG_GATHER, bytes_of(&gather));
+        put(&mut block, ARG_UP, bytes_of(&up));
+        put(&mut block, ARG_DOWN, bytes_of(&down));
+        put(&mut block, ARG_COMBINE, bytes_of(&combine));
+        stream.memcpy_htod(&block, &mut args)?;
+
+        let grids = moe_grids(&shape, device.sm_count(), sms);
+        Ok(MoePlan {
+            shape,
+            route: device.function(&cfg::MOE_ROUTE)?,
+            gather: device.function(&cfg::MOE_GATHER)?,
+            gemm: device.function(&cfg::MOE_GROUPED_GEMM)?,
+            combine: device.function(&cfg::MOE_COMBINE)?,
+            args,
+            _xp: xp,
+            hid,
+            yp,
+            words,
+            gemm_grid: grids.gemm,
+            row_grid: grids.rows,
+            _weights: PhantomData,
+        })
+    }
+
+    /// Enqueues the layer on `stream`: `out = MoE(x)` with the routing `ids` (`T x top_k`
+    /// i32) and `weights` (`T x top_k` f32); `out` is `T x H`, bf16 or f32.
+    pub fn launch<O: GemmOutput>(
+        &self,
+        stream: &Arc<CudaStream>,
+        x: &CudaSlice<bf16>,
+        ids: &CudaSlice<i32>,
+        weights: &CudaSlice<f32>,
+        out: &mut CudaSlice<O>,
+    ) -> Result<()> {
+        for stage in MoeStage::ALL {
+            self.launch_stage(stage, stream, x, ids, weights, out)?;
+        }
+        Ok(())
+    }
+
+    /// Enqueues one stage of [`MoePlan::launch`] (diagnostics: each stage reads what the
+    /// earlier ones left in the plan's buffers, so a stage can be timed alone once the
+    /// earlier ones ran).
+    pub fn launch_stage<O: GemmOutput>(
+        &self,
+        stage: MoeStage,
+        stream: &Arc<CudaStream>,
+        x: &CudaSlice<bf16>,
+        ids: &CudaSlice<i32>,
+        weights: &CudaSlice<f32>,
+        out: &mut CudaSlice<O>,
+    ) -> Result<()> {
+        let s = &self.shape;
+        for (what, have, need) in [
+            ("x", x.len(), s.tokens * s.hidden),
+            ("ids", ids.len(), s.pairs()),
+            ("weights", weights.len(), s.pairs()),
+            ("out", out.len(), s.tokens * s.hidden),
+        ] {
+            if have != need {
+                return Err(Error::Shape {
+                    op: OP,
+                    reason: format!("{what} holds {have} elements; the plan's shape needs exactly {need}"),
+                });
+            }
+        }
+        let a = self.args.device_ptr(stream).0;
+        let f32_out = (O::DTYPE == OutDtype::F32) as u32;
+        // SAFETY (every stage): the argument lists match the kernels' (`mkernel_config::ops::moe`
+        // argument blocks at the uploaded addresses, then the launch-time buffers), the
+        // buffers hold the shape's elements (checked above), the grouped buffers are the
+        // plan's own.
+        unsafe {
+            match stage {
+                MoeStage::Route => {
+                    let at = a + ARG_ROUTE as u64;
+                    stream
+                        .launch_builder(&self.route)
+                        .arg(&at)
+                        .arg(ids)
+                        .launch(Device::launch_config(&cfg::MOE_ROUTE, 1))?;
+                }
+                MoeStage::Gather => {
+                    let at = a + ARG_GATHER as u64;
+                    stream
+                        .launch_builder(&self.gather)
+                        .arg(&at)
+                        .arg(x)
+                        .launch(Device::launch_config(&cfg::MOE_GATHER, self.row_grid))?;
+                }
+                MoeStage::Up | MoeStage::Down => {
+                    let (arg, grid) = if stage == MoeStage::Up {
+                        (ARG_UP, self.gemm_grid[0])
+                    } else {
+                        (ARG_DOWN, self.gemm_grid[1])
+                    };
+                    let at = a + arg as u64;
+                    stream
+                        .launch_builder(&self.gemm)
+                        .arg(&at)
+                        .launch(Device::launch_config(&cfg::MOE_GROUPED_GEMM, grid))?;
+                }
+                MoeStage::Combine => {
+                    let at = a + ARG_COMBINE as u64;
+                    stream
+                        .launch_builder(&self.combine)
+                        .arg(&at)
+                        .arg(weights)
+                        .arg(out)
+                        .arg(&f32_out)
+                        .launch(Device::launch_config(&cfg::MOE_COMBINE, self.row_grid))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads and clears the routing error record (synchronizes `stream`): an error naming
+    /// the first out-of-range expert id seen since the last call, and how many pairs had one.
+    pub fn take_error(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        let e = self.shape.experts;
+        let at = 2 * e + 2;
+        let mut rec = [0u32; 4];
+        let view = self.words.slice(at..at + 4);
+        stream.memcpy_dtoh(&view, &mut rec)?;
+        stream.synchronize()?;
+        if rec[0] == 0 {
+            return Ok(());
+        }
+        let mut view = self.words.slice_mut(at..at + 4);
+        stream.memset_zeros(&mut view)?;
+        let r = MoeErrorRecord {
+            flag: rec[0],
+            pair: rec[1],
+            id: rec[2] as i32,
+            bad: rec[3],
+        };
+        Err(Error::MoeExpertId {
+            token: r.pair as usize / self.shape.top_k,
+            k: r.pair as usize % self.shape.top_k,
+            id: r.id,
+            experts: e,
+            bad: r.bad as usize,
+        })
+    }
+
+    /// Copies the routing and the grouped buffers of the last launch back (synchronizes).
+    pub fn inspect(&self, stream: &Arc<CudaStream>) -> Result<MoeGrouped> {
+        let e = self.shape.experts;
+        let w = stream.clone_dtoh(&self.words)?;
+        let slots_at = 2 * e + 2 + 4 + self.shape.max_tiles();
+        Ok(MoeGrouped {
+            counts: w[..e].to_vec(),
+            offsets: w[e..2 * e + 1].to_vec(),
+            slots: w[slots_at..slots_at + self.shape.pairs()].to_vec(),
+            hidden_act: stream.clone_dtoh(&self.hid)?,
+            down: stream.clone_dtoh(&self.yp)?,
+        })
+    }
+
+    /// The planned shape.
+    pub fn shape(&self) -> MoeShape {
+        self.shape
+    }
+    /// CTAs of the up and down grouped GEMMs.
+    pub fn gemm_grid(&self) -> [u32; 2] {
+        self.gemm_grid
+    }
+    /// The grouped GEMMs' kernel spec.
+    pub fn gemm_spec(&self) -> &'static KernelSpec {
+        &cfg::MOE_GROUPED_GEMM
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    fn shape(tokens: usize, experts: usize, top_k: usize, hidden: usize, ffn: usize) -> MoeShape {
+        MoeShape {
+            tokens,
+            experts,
+            top_k,
+            hidden,
+            ffn,
+            act: Activation::SwiGlu,
+        }
+    }
+    #[test]
+    fn shapes_are_validated() {
+        assert!(shape(4096, 64, 8, 4096, 2048).validate().is_ok());
+        assert!(shape(1, 1, 1, 8, 8).validate().is_ok());
+        let e = shape(16, 2048, 8, 64, 64).validate().unwrap_err().to_string();
+        assert!(e.contains("at most 1024"), "{e}");
+        let e = shape(16, 8, 33, 64, 64).validate().unwrap_err().to_string();
+        assert!(e.contains("top_k=33"), "{e}");
+        let e = shape(16, 8, 2, 100, 64).validate().unwrap_err().to_string();
+        assert!(e.contains("multiples of 8"), "{e}");
+        assert!(shape(0, 8, 2, 64, 64).validate().is_err());
+    }
+    #[test]
+    fn grids_follow_the_worst_routing_and_the_sm_cap() {
+        // T = 128, top-8 over 64 experts: 8 + 64 row tiles, 16 SwiGLU and 16 down column tiles.
+        let g = moe_grids(&shape(128, 64, 8, 4096, 2048), 132, None);
+        assert_eq!(
+            g,
+            MoeGrids {
+                gemm: [132, 132],
+                rows: 128
+            }
+        );
+        // One token, one expert: the capacity bound counts 2 row tiles (ceil(1 / 128) + 1),
+        // one column tile each.
+        let g = moe_grids(&shape(1, 1, 1, 256, 128), 132, None);
+        assert_eq!(g, MoeGrids { gemm: [2, 2], rows: 1 });
+        // A cap below the SM count; many tokens: 8 row CTAs per SM.
+        let g = moe_grids(&shape(65536, 16, 4, 4096, 1408), 132, Some(100));
+        assert_eq!(
+            g,
+            MoeGrids {
+                gemm: [100, 100],
+                rows: 1056
+            }
+        );
+    }
+    #[test]
+    fn padded_offsets_start_groups_on_row_tiles() {
+        assert_eq!(
+            padded_offsets(&[300, 0, 5, 128, 129, 1]),
+            vec![0, 384, 384, 512, 640, 896, 1024]
+        );
+        assert_eq!(padded_offsets(&[]), vec![0]);
+    }
+    #[test]
+    fn flops_and_capacity() {
+        let s = shape(4096, 64, 8, 4096, 2048);
+        // (2 T k H 2F + 2 T k F H)
+        assert_eq!(
+            s.flops(),
+            2.0 * 32768.0 * 4096.0 * 4096.0 + 2.0 * 32768.0 * 2048.0 * 4096.0
+        );
+        assert_eq!(s.capacity_rows(), (32768 / 128 + 64) * 128);
+        let s1 = shape(1, 64, 8, 64, 64);
+        assert_eq!(s1.capacity_rows(), 9 * 128); // 8 experts with one row each, tile 1
+    }
+}
+
+/// Sizes of a grouped GEMM run alone ([`GroupedGemmPlan`]): `C_g = act(A_g W_g^T)` for
+/// `groups` groups; W is `groups x w_rows x k` (`nn.Linear` layout per group; `w_rows = 2n`
+/// with SwiGLU - gate rows, then up rows - or `n`), A is `capacity_rows x k` and C
+/// `capacity_rows x n`, both in the padded grouped layout ([`padded_offsets`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupedGemmShape {
+    pub groups: usize,
+    /// Rows of A and C (a multiple of 128).
+    pub capacity_rows: usize,
+    /// Columns of C.
+    pub n: usize,
+    /// The reduction length.
+    pub k: usize,
+    pub act: Activation,
+}
+
+impl GroupedGemmShape {
+    /// Rows of W per group.
+    pub fn w_rows(&self) -> usize {
+        match self.act {
+            Activation::SwiGlu => 2 * self.n,
+            Activation::None => self.n,
+        }
+    }
+    /// Checks the sizes against the kernels' limits.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |reason: String| {
+            Err(Error::Shape {
+                op: "grouped gemm",
+                reason,
+            })
+        };
+        if self.groups == 0 || self.capacity_rows == 0 || self.n == 0 || self.k == 0 {
+            return bad(format!("empty dimension in {self:?}"));
+        }
+        if self.groups > MAX_EXPERTS as usize {
+            return bad(format!("{} groups; at most {MAX_EXPERTS}", self.groups));
+        }
+        if self.capacity_rows % ROW_ALIGN as usize != 0 || self.capacity_rows > i32::MAX as usize / 2 {
+            return bad(format!(
+                "capacity_rows={} must be a multiple of {ROW_ALIGN} below 2^30",
+                self.capacity_rows
+            ));
+        }
+        if self.n % 8 != 0 || self.k % 8 != 0 {
+            return bad(format!("n={} and k={} must be multiples of 8", self.n, self.k));
+        }
+        if self.groups * self.w_rows() > i32::MAX as usize / 2 {
+            return bad("groups x rows per group must stay below 2^30".into());
+        }
+        Ok(())
+    }
+}
+
+/// The padded grouped layout: group `g` starts at row `128 x (sum over g' < g of
+/// ceil(counts[g'] / 128))`; the last entry is the rows in use. What the plans compute on the
+/// device, for callers that know the counts on the host.
+pub fn padded_offsets(counts: &[u32]) -> Vec<u32> {
+    let mut v = Vec::with_capacity(counts.len() + 1);
+    let mut at = 0u32;
+    for &c in counts {
+        v.push(at);
+        at += c.div_ceil(ROW_ALIGN) * ROW_ALIGN;
+    }
+    v.push(at);
+    v
+}
+
+/// A grouped GEMM ready to launch alone: rows per group are read from a device buffer at
+/// every launch (no host round trip), so a launch captured in a CUDA graph follows new
+/// counts. Borrows A, W, C and the counts for `'a`. Padded rows that exceed the capacity are
+/// cut off and reported by [`GroupedGemmPlan::take_error`].
+pub struct GroupedGemmPlan<'a> {
+    shape: GroupedGemmShape,
+    tiles_fn: CudaFunction,
+    gemm: CudaFunction,
+    args: CudaSlice<u8>,
+    /// counts (G) | offsets (G + 1) | rows (1) | error record (4) | tile_group.
+    words: CudaSlice<u32>,
+    counts_in: u64,
+    grid: u32,
+    _buffers: PhantomData<&'a ()>,
+}
+
+impl<'a> GroupedGemmPlan<'a> {
+    /// Plans `c = act(a w_g^T)` per group, the rows per group in `counts` (`groups` u32).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        device: &Device,
+        stream: &Arc<CudaStream>,
+        shape: GroupedGemmShape,
+        a: &'a CudaSlice<bf16>,
+        w: &'a CudaSlice<bf16>,
+        c: &'a mut CudaSlice<bf16>,
+        counts: &'a CudaSlice<u32>,
+        sms: Option<u32>,
+    ) -> Result<Self> {
+        shape.validate()?;
+        let s = shape;
+        for (what, have, need) in [
+            ("A", a.len(), s.capacity_rows * s.k),
+            ("W", w.len(), s.groups * s.w_rows() * s.k),
+            ("C", c.len(), s.capacity_rows * s.n),
+            ("counts", counts.len(), s.groups),
+        ] {
+            if have < need {
+                return Err(Error::BufferTooSmall {
+                    op: "grouped gemm",
+                    what,
+                    have,
+                    need,
+                });
+            }
+        }
+        let (pa, _ra) = a.device_ptr(stream);
+        let (pw, _rw) = w.device_ptr(stream);
+        let (pc, _rc) = cudarc::driver::DevicePtrMut::device_ptr_mut(c, stream);
+        let (pn, _rn) = counts.device_ptr(stream);
+        // SAFETY: the buffers are borrowed for 'a and hold the shape's elements.
+        unsafe { Self::new_raw(device, stream, shape, pa, pw, pc, pn, sms) }
+    }
+
+    /// As [`GroupedGemmPlan::new`] on raw device addresses (A, W, C 16-byte aligned).
+    ///
+    /// # Safety
+    /// The addresses must hold the shape's elements on `device` (A `capacity_rows x k`, W
+    /// `groups x w_rows x k`, C `capacity_rows x n` bf16, `groups` u32 counts) and stay valid
+    /// while the plan is launched.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn new_raw(
+        device: &Device,
+        stream: &Arc<CudaStream>,
+        shape: GroupedGemmShape,
+        a: u64,
+        w: u64,
+        c: u64,
+        counts: u64,
+        sms: Option<u32>,
+    ) -> Result<Self> {
+        shape.validate()?;
+        for (what, ptr) in [("A", a), ("W", w), ("C", c)] {
+            if ptr % 16 != 0 {
+                return Err(Error::Alignment {
+                    op: "grouped gemm",
+                    what,
+                    ptr,
+                    align: 16,
+                });
+            }
+        }
+        let s = shape;
+        let g = s.groups;
+        let max_tiles = s.capacity_rows / ROW_ALIGN as usize;
+        let words = stream.alloc_zeros::<u32>(g + (g + 1) + 1 + 4 + max_tiles)?;
+        let base = words.device_ptr(stream).0;
+        let (counts_out, offsets) = (base, base + 4 * g as u64);
+        let rows = offsets + 4 * (g as u64 + 1);
+        let error = rows + 4;
+        let tile_expert = error + 16;
+        let t = TILE;
+        let swiglu = s.act == Activation::SwiGlu;
+        let map = |ptr: u64, cols: usize, rows: usize, box_cols: u32, box_rows: u32| -> Result<TensorMap> {
+            encode_bf16_sw128(
+                Tensor2d {
+                    ptr,
+                    cols: cols as u64,
+                    rows: rows as u64,
+                    row_stride_bytes: 2 * cols as u64,
+                },
+                box_cols,
+                box_rows,
+            )
+        };
+        let maps = [
+            map(a, s.k, s.capacity_rows, t.block_k, t.block_m)?,
+            map(
+                w,
+                s.k,
+                g * s.w_rows(),
+                t.block_k,
+                if swiglu { SWIGLU_TILE_COLS } else { t.block_n },
+            )?,
+            map(
+                c,
+                s.n,
+                s.capacity_rows,
+                GemmTile::EPILOGUE_BOX_COLS,
+                GemmTile::EPILOGUE_BOX_ROWS,
+            )?,
+        ];
+        let mut args = stream.alloc_zeros::<u8>(3 * MAP_BYTES + 256)?;
+        let abase = args.device_ptr(stream).0;
+        let route = MoeRouteArgs {
+            counts: counts_out,
+            offsets,
+            tile_expert,
+            rows,
+            slots: 0,
+            error,
+            pairs: 0,
+            experts: g as u32,
+            max_tiles: max_tiles as u32,
+            _pad: 0,
+        };
+        let gemm = GroupedGemmArgs {
+            map_a: abase,
+            map_b: abase + MAP_BYTES as u64,
+            map_c: abase + 2 * MAP_BYTES as u64,
+            rows,
+            tile_expert,
+            n: s.n as u32,
+            k: s.k as u32,
+            b_rows: s.w_rows() as u32,
+            act: if swiglu { act::SWIGLU } else { act::NONE },
+        };
+        let mut block = vec![0u8; 3 * MAP_BYTES + 256];
+        for (i, m) in maps.iter().enumerate() {
+            block[i * MAP_BYTES..(i + 1) * MAP_BYTES].copy_from_slice(bytes_of(m));
+        }
+        let r = bytes_of(&route);
+        block[3 * MAP_BYTES..3 * MAP_BYTES + r.len()].copy_from_slice(r);
+        let gb = bytes_of(&gemm);
+        block[3 * MAP_BYTES + 128..3 * MAP_BYTES + 128 + gb.len()].copy_from_slice(gb);
+        stream.memcpy_htod(&block, &mut args)?;
+        let cols = if swiglu { SWIGLU_TILE_COLS } else { t.block_n } as usize;
+        let sms = sms.unwrap_or(device.sm_count()).clamp(1, device.sm_count());
+        Ok(GroupedGemmPlan {
+            shape,
+            tiles_fn: device.function(&cfg::MOE_GROUP_TILES)?,
+            gemm: device.function(&cfg::MOE_GROUPED_GEMM)?,
+            args,
+            words,
+            counts_in: counts,
+            grid: (max_tiles * s.n.div_ceil(cols)).min(sms as usize).max(1) as u32,
+            _buffers: PhantomData,
+        })
+    }
+
+    /// Enqueues the group placement (one CTA) and the grouped GEMM on `stream`.
+    pub fn launch(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        let a = self.args.device_ptr(stream).0;
+        let (route, gemm) = (a + 3 * MAP_BYTES as u64, a + 3 * MAP_BYTES as u64 + 128);
+        // SAFETY: the argument lists match `mk_moe_group_tiles(args, counts)` and
+        // `mk_moe_grouped_gemm(args)`; the buffers are borrowed for 'a.
+        unsafe {
+            stream
+                .launch_builder(&self.tiles_fn)
+                .arg(&route)
+                .arg(&self.counts_in)
+                .launch(Device::launch_config(&cfg::MOE_GROUP_TILES, 1))?;
+            stream
+                .launch_builder(&self.gemm)
+                .arg(&gemm)
+                .launch(Device::launch_config(&cfg::MOE_GROUPED_GEMM, self.grid))?;
+        }
+        Ok(())
+    }
+
+    /// The padded offsets of the last launch's groups (`groups + 1` words on the device; the
+    /// last is the rows in use): where a device-side producer of A puts group `g`'s rows.
+    pub fn offsets(&self) -> cudarc::driver::CudaView<'_, u32> {
+        let g = self.shape.groups;
+        self.words.slice(g..2 * g + 1)
+    }
+
+    /// Reads and clears the error record (synchronizes): an error when the padded groups of a
+    /// launch exceeded `capacity_rows` (the rows past it were not computed).
+    pub fn take_error(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        let at = 2 * self.shape.groups + 2;
+        let mut rec = [0u32; 4];
+        stream.memcpy_dtoh(&self.words.slice(at..at + 4), &mut rec)?;
+        stream.synchronize()?;
+        if rec[0] == 0 {
+            return Ok(());
+        }
+        stream.memset_zeros(&mut self.words.slice_mut(at..at + 4))?;
+        Err(Error::Shape {
+            op: "grouped gemm",
+            reason: format!(
+                "the groups, each padded to {ROW_ALIGN} rows, exceed capacity_rows = {}; rows past it were not computed",
+                self.shape.capacity_rows
+            ),
+        })
+    }
+}

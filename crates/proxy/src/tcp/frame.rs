@@ -1,0 +1,322 @@
+//! What travels on the TCP transport's sockets: a 64-byte hello when a socket is set up, then
+//! 32-byte frame headers (a data frame is followed by its payload). Little-endian throughout.
+//!
+//! Hello (both directions, once per socket):
+//!
+//! | offset | field | type | meaning |
+//! |---:|---|---|---|
+//! | 0 | `magic` | [u8; 4] | `"MKTH"` |
+//! | 4 | `version` | u32 | [`WIRE_VERSION`] |
+//! | 8 | `from` | u32 | sender's global rank |
+//! | 12 | `to` | u32 | receiver's global rank |
+//! | 16 | `lane` | u32 | socket index of this pair, `0..lanes` |
+//! | 20 | `lanes` | u32 | sockets per (sender, receiver) pair |
+//! | 24 | `max_payload` | u32 | largest data payload the sender of this hello accepts |
+//! | 28 | `status` | u32 | 0; in the answer, a [`Refused`] code |
+//! | 32 | `token` | [u8; 32] | the *receiver's* secret as published in the store |
+//!
+//! Frame header:
+//!
+//! | offset | field | type | DATA (1) | SIGNAL (2) | BYE (3) |
+//! |---:|---|---|---|---|---|
+//! | 0 | `kind` | u32 | 1 | 2 | 3 |
+//! | 4 | `reserved` | u32 | 0 | 0 | 0 |
+//! | 8 | `seq` | u64 | message number | message number | next message number |
+//! | 16 | `a` | u64 | destination offset in the data region | flag offset | 0 |
+//! | 24 | `b` | u64 | payload bytes (1..=max_payload) | flag value (nonzero) | 0 |
+//!
+//! Message numbers count every DATA and SIGNAL frame from one sender to one receiver over all
+//! of its sockets, from 0; on each socket they increase. The receiver carries frames out in
+//! message-number order, so the wire keeps the order of the FIFO as the emulated wire does.
+use crate::error::TransportError;
+
+/// `Hello::magic`.
+pub const HELLO_MAGIC: [u8; 4] = *b"MKTH";
+/// Version of this wire format.
+pub const WIRE_VERSION: u32 = 1;
+/// Bytes of a hello.
+pub const HELLO_BYTES: usize = 64;
+/// Bytes of a frame header.
+pub const HEADER_BYTES: usize = 32;
+/// Bytes of the per-rank secret.
+pub const TOKEN_BYTES: usize = 32;
+
+/// Frame kind: data follows.
+pub const KIND_DATA: u32 = 1;
+/// Frame kind: store a flag after every earlier message.
+pub const KIND_SIGNAL: u32 = 2;
+/// Frame kind: the sender closes this socket cleanly; nothing follows.
+pub const KIND_BYE: u32 = 3;
+
+/// Why an acceptor refused a socket (`Hello::status` of its answer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Refused {
+    /// Accepted.
+    Ok = 0,
+    /// The sockets-per-peer counts differ.
+    LaneCount = 1,
+    /// This (sender, lane) is already connected.
+    Duplicate = 2,
+    /// The sender is not a proxy peer of the acceptor.
+    NotPeer = 3,
+}
+
+/// The first 64 bytes on every socket, in both directions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hello {
+    /// Sender's rank.
+    pub from: u32,
+    /// Receiver's rank.
+    pub to: u32,
+    /// Socket index.
+    pub lane: u32,
+    /// Sockets per pair.
+    pub lanes: u32,
+    /// Largest payload the sender of this hello accepts.
+    pub max_payload: u32,
+    /// 0, or a [`Refused`] code in an answer.
+    pub status: u32,
+    /// The receiver's secret.
+    pub token: [u8; TOKEN_BYTES],
+}
+
+impl Hello {
+    /// The 64 bytes.
+    pub fn to_bytes(&self) -> [u8; HELLO_BYTES] {
+        let mut b = [0u8; HELLO_BYTES];
+        b[0..4].copy_from_slice(&HELLO_MAGIC);
+        b[4..8].copy_from_slice(&WIRE_VERSION.to_le_bytes());
+        for (i, v) in [self.from, self.to, self.lane, self.lanes, self.max_payload, self.status]
+            .iter()
+            .enumerate()
+        {
+            b[8 + 4 * i..12 + 4 * i].copy_from_slice(&v.to_le_bytes());
+        }
+        b[32..64].copy_from_slice(&self.token);
+        b
+    }
+
+    /// Parses and checks magic and version.
+    pub fn from_bytes(b: &[u8; HELLO_BYTES]) -> Result<Hello, TransportError> {
+        if b[0..4] != HELLO_MAGIC {
+            return Err(TransportError::Blob(format!(
+                "not an mkernel TCP hello (magic {:02x?})",
+                &b[0..4]
+            )));
+        }
+        let u = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        if u(4) != WIRE_VERSION {
+            return Err(TransportError::Blob(format!(
+                "TCP wire version {}, this build speaks {WIRE_VERSION}",
+                u(4)
+            )));
+        }
+        let mut token = [0u8; TOKEN_BYTES];
+        token.copy_from_slice(&b[32..64]);
+        Ok(Hello {
+            from: u(8),
+            to: u(12),
+            lane: u(16),
+            lanes: u(20),
+            max_payload: u(24),
+            status: u(28),
+            token,
+        })
+    }
+}
+
+/// A frame header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// `KIND_*`.
+    pub kind: u32,
+    /// Must be 0.
+    pub reserved: u32,
+    /// Message number.
+    pub seq: u64,
+    /// Destination offset (DATA) or flag offset (SIGNAL).
+    pub a: u64,
+    /// Payload bytes (DATA) or flag value (SIGNAL).
+    pub b: u64,
+}
+
+impl Header {
+    /// A DATA header.
+    pub fn data(seq: u64, dst_offset: u64, bytes: u64) -> Header {
+        Header {
+            kind: KIND_DATA,
+            reserved: 0,
+            seq,
+            a: dst_offset,
+            b: bytes,
+        }
+    }
+    /// A SIGNAL header.
+    pub fn signal(seq: u64, flag_offset: u64, value: u64) -> Header {
+        Header {
+            kind: KIND_SIGNAL,
+            reserved: 0,
+            seq,
+            a: flag_offset,
+            b: value,
+        }
+    }
+    /// A BYE header.
+    pub fn bye(next_seq: u64) -> Header {
+        Header {
+            kind: KIND_BYE,
+            reserved: 0,
+            seq: next_seq,
+            a: 0,
+            b: 0,
+        }
+    }
+
+    /// The 32 bytes.
+    pub fn to_bytes(&self) -> [u8; HEADER_BYTES] {
+        let mut out = [0u8; HEADER_BYTES];
+        out[0..4].copy_from_slice(&self.kind.to_le_bytes());
+        out[4..8].copy_from_slice(&self.reserved.to_le_bytes());
+        out[8..16].copy_from_slice(&self.seq.to_le_bytes());
+        out[16..24].copy_from_slice(&self.a.to_le_bytes());
+        out[24..32].copy_from_slice(&self.b.to_le_bytes());
+        out
+    }
+
+    /// Parses (no checks; see [`Limits::check`]).
+    pub fn from_bytes(x: &[u8; HEADER_BYTES]) -> Header {
+        let u64_at = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&x[i..i + 8]);
+            u64::from_le_bytes(w)
+        };
+        Header {
+            kind: u32::from_le_bytes([x[0], x[1], x[2], x[3]]),
+            reserved: u32::from_le_bytes([x[4], x[5], x[6], x[7]]),
+            seq: u64_at(8),
+            a: u64_at(16),
+            b: u64_at(24),
+        }
+    }
+}
+
+/// What a receiver accepts: its own region sizes and its payload limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Bytes of this rank's data region.
+    pub data_bytes: u64,
+    /// Bytes of this rank's flag array.
+    pub flag_bytes: u64,
+    /// Largest payload of one DATA frame.
+    pub max_payload: u64,
+}
+
+impl Limits {
+    /// Checks a header received on a socket whose next message number is `expect_at_least`
+    /// (message numbers on one socket increase). Returns the reason for refusing it.
+    pub fn check(&self, h: &Header, expect_at_least: u64) -> Result<(), String> {
+        if h.reserved != 0 {
+            return Err(format!("reserved field {:#x} is not 0", h.reserved));
+        }
+        if h.seq < expect_at_least {
+            return Err(format!(
+                "message number {} is below {expect_at_least} (replayed or reordered)",
+                h.seq
+            ));
+        }
+        match h.kind {
+            KIND_DATA => {
+                if h.b == 0 || h.b > self.max_payload {
+                    return Err(format!(
+                        "data frame of {} bytes (1..={} allowed)",
+                        h.b, self.max_payload
+                    ));
+                }
+                match h.a.checked_add(h.b) {
+                    Some(end) if end <= self.data_bytes => Ok(()),
+                    _ => Err(format!(
+                        "data [{}, +{}) outside the {}-byte data region",
+                        h.a, h.b, self.data_bytes
+                    )),
+                }
+            }
+            KIND_SIGNAL => {
+                if h.a % crate::protocol::FLAG_BYTES != 0
+                    || h.a
+                        .checked_add(crate::protocol::FLAG_BYTES)
+                        .is_none_or(|e| e > self.flag_bytes)
+                {
+                    return Err(format!(
+                        "flag offset {} is unaligned or outside the {}-byte flag array",
+                        h.a, self.flag_bytes
+                    ));
+                }
+                if h.b == 0 {
+                    return Err("flag value 0".into());
+                }
+                Ok(())
+            }
+            KIND_BYE => {
+                if h.a != 0 || h.b != 0 {
+                    return Err("goodbye frame with nonzero fields".into());
+                }
+                Ok(())
+            }
+            k => Err(format!("unknown frame kind {k}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_and_header_round_trip() {
+        let h = Hello {
+            from: 3,
+            to: 9,
+            lane: 1,
+            lanes: 2,
+            max_payload: 1 << 19,
+            status: 0,
+            token: [7; 32],
+        };
+        assert_eq!(Hello::from_bytes(&h.to_bytes()).unwrap(), h);
+        let mut bad = h.to_bytes();
+        bad[0] = b'X';
+        assert!(Hello::from_bytes(&bad).is_err());
+        let mut old = h.to_bytes();
+        old[4] = 9;
+        assert!(Hello::from_bytes(&old).unwrap_err().to_string().contains("version 9"));
+        let d = Header::data(5, 64, 128);
+        assert_eq!(Header::from_bytes(&d.to_bytes()), d);
+    }
+
+    #[test]
+    fn limits_refuse_every_bad_field() {
+        let l = Limits {
+            data_bytes: 1024,
+            flag_bytes: 64,
+            max_payload: 512,
+        };
+        assert!(l.check(&Header::data(4, 0, 512), 4).is_ok());
+        assert!(l.check(&Header::data(3, 0, 8), 4).unwrap_err().contains("below"));
+        assert!(l.check(&Header::data(4, 0, 513), 4).is_err());
+        assert!(l.check(&Header::data(4, 0, 0), 4).is_err());
+        assert!(l.check(&Header::data(4, 1000, 64), 4).unwrap_err().contains("outside"));
+        assert!(l.check(&Header::data(4, u64::MAX, 2), 4).is_err());
+        assert!(l.check(&Header::signal(4, 56, 1), 4).is_ok());
+        assert!(l.check(&Header::signal(4, 64, 1), 4).is_err());
+        assert!(l.check(&Header::signal(4, 4, 1), 4).is_err());
+        assert!(l.check(&Header::signal(4, 0, 0), 4).is_err());
+        assert!(l.check(&Header::bye(4), 4).is_ok());
+        let mut k = Header::bye(4);
+        k.kind = 9;
+        assert!(l.check(&k, 0).unwrap_err().contains("kind 9"));
+        let mut r = Header::signal(4, 0, 1);
+        r.reserved = 1;
+        assert!(l.check(&r, 0).is_err());
+    }
+}

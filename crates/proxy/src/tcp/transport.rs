@@ -1,0 +1,718 @@
+//! The TCP [`Transport`]: staging through host buffers, several sockets per peer, and a
+//! receiver that carries frames out in message order (data, then the flag).
+use super::frame::{Header, Limits, HEADER_BYTES, KIND_BYE, KIND_DATA, KIND_SIGNAL};
+use super::setup::TcpLinks;
+use super::staging::DeviceStaging;
+use crate::error::TransportError;
+use crate::transport::{Op, Transport};
+use std::collections::{HashMap, VecDeque};
+use std::io::{ErrorKind, Read};
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+const TOK_TX: u64 = 1 << 62;
+const TOK_RX: u64 = 2 << 62;
+const TOK_FLAG: u64 = 3 << 62;
+const TOK_KIND: u64 = 3 << 62;
+/// Frames one socket may hold received but not yet carried out, beyond its data buffers.
+const EXTRA_PENDING: usize = 64;
+
+/// A message waiting for a staging buffer (in FIFO order per peer).
+enum Backlog {
+    Data {
+        fifo_seq: u64,
+        src_offset: u64,
+        dst_offset: u64,
+        len: usize,
+    },
+    Signal {
+        flag_offset: u64,
+        value: u64,
+    },
+}
+
+struct TxMsg {
+    hdr: [u8; HEADER_BYTES],
+    /// Staging buffer and payload length.
+    payload: Option<(usize, usize)>,
+    ready: bool,
+    written: usize,
+}
+
+struct TxLane {
+    sock: TcpStream,
+    queue: VecDeque<TxMsg>,
+}
+
+struct TxPeer {
+    rank: usize,
+    lanes: Vec<TxLane>,
+    next_seq: u64,
+    backlog: VecDeque<Backlog>,
+    rr: usize,
+    last_lane: usize,
+    chunk: usize,
+}
+
+enum RxMsg {
+    Data { buf: usize, dst_offset: u64, len: usize },
+    Signal { flag_offset: u64, value: u64 },
+}
+
+enum ReadState {
+    Header {
+        got: usize,
+        bytes: [u8; HEADER_BYTES],
+    },
+    Payload {
+        hdr: Header,
+        buf: Option<usize>,
+        got: usize,
+    },
+}
+
+struct RxLane {
+    sock: TcpStream,
+    state: ReadState,
+    pending: VecDeque<(u64, RxMsg)>,
+    free: Vec<usize>,
+    buffers: usize,
+    /// Smallest acceptable next message number on this socket.
+    expect: u64,
+    /// The BYE's message number once received.
+    bye: Option<u64>,
+    closed: bool,
+}
+
+struct RxPeer {
+    rank: usize,
+    lanes: Vec<RxLane>,
+    next: u64,
+}
+
+/// Counters of a TCP transport.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TcpStats {
+    /// Data frames sent.
+    pub frames_sent: u64,
+    /// Payload bytes sent.
+    pub bytes_sent: u64,
+    /// Data frames received and landed.
+    pub frames_received: u64,
+    /// Payload bytes received.
+    pub bytes_received: u64,
+    /// Flags stored for peers.
+    pub flags_written: u64,
+}
+
+/// The TCP [`Transport`] over a [`DeviceStaging`] (see [`crate::tcp`]).
+pub struct TcpTransport<E: DeviceStaging> {
+    me: usize,
+    engine: E,
+    slot_of: Vec<Option<usize>>,
+    tx: Vec<TxPeer>,
+    rx: Vec<RxPeer>,
+    tx_free: Vec<usize>,
+    /// Per staging buffer: (peer slot, lane, FIFO seq) while it is in use.
+    tx_owner: Vec<Option<(usize, usize, u64)>>,
+    /// Per receive buffer: (peer slot, lane).
+    rx_owner: Vec<(usize, usize)>,
+    /// FIFO seq -> chunks of its put not yet staged.
+    op_chunks: HashMap<u64, u32>,
+    done: Vec<u64>,
+    tokens: Vec<u64>,
+    limits: Limits,
+    pollfds: Vec<libc::pollfd>,
+    poll_of: Vec<(usize, usize)>,
+    timeout: Duration,
+    /// The last `flush` emptied everything and nothing was posted since: close with BYE.
+    clean: bool,
+    stats: TcpStats,
+}
+
+fn lost(peer: usize, what: String) -> TransportError {
+    TransportError::Peer { peer, detail: what }
+}
+
+impl<E: DeviceStaging> TcpTransport<E> {
+    /// The transport over `links`, landing received data in this rank's data region of
+    /// `data_bytes` and flags in its flag array of `flag_bytes` through `engine`.
+    pub fn new(links: TcpLinks, mut engine: E, data_bytes: u64, flag_bytes: u64) -> Result<Self, TransportError> {
+        let cfg = links.config.clone();
+        let lanes = links.lanes;
+        let nrx = links.peers.len() * lanes * cfg.rx_buffers;
+        engine.alloc_buffers(cfg.tx_buffers + nrx, cfg.chunk)?;
+        let mut slot_of = vec![None; links.world];
+        for (s, &p) in links.peers.iter().enumerate() {
+            slot_of[p] = Some(s);
+        }
+        let tx = links
+            .tx
+            .into_iter()
+            .zip(links.peers.iter().zip(&links.peer_payload))
+            .map(|(socks, (&rank, &chunk))| TxPeer {
+                rank,
+                lanes: socks
+                    .into_iter()
+                    .map(|sock| TxLane {
+                        sock,
+                        queue: VecDeque::new(),
+                    })
+                    .collect(),
+                next_seq: 0,
+                backlog: VecDeque::new(),
+                rr: 0,
+                last_lane: 0,
+                chunk: chunk.min(cfg.chunk),
+            })
+            .collect();
+        let mut rx_owner = Vec::with_capacity(nrx);
+        let mut next_buf = cfg.tx_buffers;
+        let mut rx = Vec::with_capacity(links.peers.len());
+        let mut pollfds = vec![];
+        let mut poll_of = vec![];
+        for (slot, (socks, &rank)) in links.rx.into_iter().zip(links.peers.iter()).enumerate() {
+            let mut ls = Vec::with_capacity(lanes);
+            for (lane, sock) in socks.into_iter().enumerate() {
+                let free: Vec<usize> = (next_buf..next_buf + cfg.rx_buffers).collect();
+                next_buf += cfg.rx_buffers;
+                rx_owner.extend(std::iter::repeat_n((slot, lane), cfg.rx_buffers));
+                pollfds.push(libc::pollfd {
+                    fd: sock.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+                poll_of.push((slot, lane));
+                ls.push(RxLane {
+                    sock,
+                    state: ReadState::Header {
+                        got: 0,
+                        bytes: [0; HEADER_BYTES],
+                    },
+                    pending: VecDeque::new(),
+                    free,
+                    buffers: cfg.rx_buffers,
+                    expect: 0,
+                    bye: None,
+                    closed: false,
+                });
+            }
+            rx.push(RxPeer {
+                rank,
+                lanes: ls,
+                next: 0,
+            });
+        }
+        Ok(TcpTransport {
+            me: links.me,
+            engine,
+            slot_of,
+            tx,
+            rx,
+            tx_free: (0..cfg.tx_buffers).rev().collect(),
+            tx_owner: vec![None; cfg.tx_buffers],
+            rx_owner,
+            op_chunks: HashMap::new(),
+            done: Vec::new(),
+            tokens: Vec::new(),
+            limits: Limits {
+                data_bytes,
+                flag_bytes,
+                max_payload: cfg.chunk as u64,
+            },
+            pollfds,
+            poll_of,
+            timeout: cfg.timeout,
+            clean: false,
+            stats: TcpStats::default(),
+        })
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> TcpStats {
+        self.stats
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.me
+    }
+
+    fn engine_completions(&mut self) -> Result<(), TransportError> {
+        self.engine.poll(&mut self.tokens)?;
+        for t in std::mem::take(&mut self.tokens) {
+            let i = (t & !TOK_KIND) as usize;
+            match t & TOK_KIND {
+                TOK_TX => {
+                    let Some((slot, lane, fifo_seq)) = self.tx_owner.get(i).copied().flatten() else {
+                        return Err(TransportError::Copy(format!("staging completion for idle buffer {i}")));
+                    };
+                    if let Some(m) = self.tx[slot].lanes[lane]
+                        .queue
+                        .iter_mut()
+                        .find(|m| m.payload.map(|p| p.0) == Some(i))
+                    {
+                        m.ready = true;
+                    }
+                    if let Some(n) = self.op_chunks.get_mut(&fifo_seq) {
+                        *n -= 1;
+                        if *n == 0 {
+                            self.op_chunks.remove(&fifo_seq);
+                            self.done.push(fifo_seq);
+                        }
+                    }
+                }
+                TOK_RX => {
+                    let (slot, lane) = self.rx_owner[i - self.tx_owner.len()];
+                    self.rx[slot].lanes[lane].free.push(i);
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves backlogged messages into socket queues while staging buffers are free.
+    fn stage(&mut self) -> Result<(), TransportError> {
+        for slot in 0..self.tx.len() {
+            let p = &mut self.tx[slot];
+            while let Some(front) = p.backlog.front() {
+                let nl = p.lanes.len();
+                match *front {
+                    Backlog::Data {
+                        fifo_seq,
+                        src_offset,
+                        dst_offset,
+                        len,
+                    } => {
+                        let Some(buf) = self.tx_free.pop() else {
+                            return Ok(());
+                        };
+                        let lane = p.rr % nl;
+                        p.rr = p.rr.wrapping_add(1);
+                        self.engine.to_host(TOK_TX | buf as u64, src_offset, buf, len)?;
+                        self.tx_owner[buf] = Some((slot, lane, fifo_seq));
+                        p.lanes[lane].queue.push_back(TxMsg {
+                            hdr: Header::data(p.next_seq, dst_offset, len as u64).to_bytes(),
+                            payload: Some((buf, len)),
+                            ready: false,
+                            written: 0,
+                        });
+                        p.last_lane = lane;
+                    }
+                    Backlog::Signal { flag_offset, value } => {
+                        // On the socket of the last data frame: it follows that frame at once.
+                        p.lanes[p.last_lane].queue.push_back(TxMsg {
+                            hdr: Header::signal(p.next_seq, flag_offset, value).to_bytes(),
+                            payload: None,
+                            ready: true,
+                            written: 0,
+                        });
+                    }
+                }
+                p.next_seq += 1;
+                p.backlog.pop_front();
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes what is ready on every outgoing socket without blocking.
+    fn write(&mut self) -> Result<(), TransportError> {
+        for p in &mut self.tx {
+            for (li, lane) in p.lanes.iter_mut().enumerate() {
+                while let Some(m) = lane.queue.front_mut() {
+                    if !m.ready {
+                        break;
+                    }
+                    let plen = m.payload.map_or(0, |(_, l)| l);
+                    let total = HEADER_BYTES + plen;
+                    let payload: &[u8] = match m.payload {
+                        Some((b, l)) => &self.engine.buffer(b)[..l],
+                        None => &[],
+                    };
+                    let n = send_parts(&lane.sock, &m.hdr, payload, m.written)
+                        .map_err(|e| lost(p.rank, format!("connection lost while sending on socket {li}: {e}")))?;
+                    let Some(n) = n else { break };
+                    m.written += n;
+                    if m.written < total {
+                        break;
+                    }
+                    if let Some((b, l)) = m.payload {
+                        self.tx_owner[b] = None;
+                        self.tx_free.push(b);
+                        self.stats.frames_sent += 1;
+                        self.stats.bytes_sent += l as u64;
+                    }
+                    lane.queue.pop_front();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads every socket that has something, then carries out frames in message order.
+    fn read(&mut self) -> Result<(), TransportError> {
+        if self.pollfds.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: `pollfds` holds valid descriptors owned by `self.rx`.
+        let n = unsafe { libc::poll(self.pollfds.as_mut_ptr(), self.pollfds.len() as libc::nfds_t, 0) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == ErrorKind::Interrupted {
+                return Ok(());
+            }
+            return Err(TransportError::Config(format!("poll: {e}")));
+        }
+        for i in 0..self.pollfds.len() {
+            if self.pollfds[i].revents == 0 {
+                continue;
+            }
+            let (slot, lane) = self.poll_of[i];
+            let peer = &mut self.rx[slot];
+            let rank = peer.rank;
+            read_lane(rank, lane, &mut peer.lanes[lane], &mut self.engine, &self.limits)?;
+            if peer.lanes[lane].closed {
+                self.pollfds[i].fd = -1; // poll ignores negative descriptors
+            }
+        }
+        for slot in 0..self.rx.len() {
+            self.deliver(slot)?;
+        }
+        Ok(())
+    }
+
+    fn deliver(&mut self, slot: usize) -> Result<(), TransportError> {
+        let base = self.tx_owner.len();
+        let peer = &mut self.rx[slot];
+        loop {
+            let next = peer.next;
+            let Some(lane) = peer
+                .lanes
+                .iter()
+                .position(|l| l.pending.front().is_some_and(|(s, _)| *s == next))
+            else {
+                break;
+            };
+            let (_, msg) = peer.lanes[lane].pending.pop_front().expect("front checked");
+            match msg {
+                RxMsg::Data { buf, dst_offset, len } => {
+                    debug_assert!(buf >= base);
+                    self.engine.to_device(TOK_RX | buf as u64, buf, dst_offset, len)?;
+                    self.stats.frames_received += 1;
+                    self.stats.bytes_received += len as u64;
+                }
+                RxMsg::Signal { flag_offset, value } => {
+                    self.engine.write_flag(TOK_FLAG, flag_offset, value)?;
+                    self.stats.flags_written += 1;
+                }
+            }
+            peer.next += 1;
+        }
+        // A message that can no longer arrive: every socket has moved past it or said goodbye.
+        let next = peer.next;
+        let stuck = peer
+            .lanes
+            .iter()
+            .all(|l| l.pending.front().is_some_and(|(s, _)| *s > next) || (l.bye.is_some() && l.pending.is_empty()));
+        if stuck && peer.lanes.iter().any(|l| l.bye.is_none_or(|b| b > next)) {
+            return Err(lost(
+                peer.rank,
+                format!("bad message stream: message {next} never arrived (a socket skipped it)"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn progress(&mut self) -> Result<(), TransportError> {
+        self.engine_completions()?;
+        self.stage()?;
+        self.write()?;
+        self.read()?;
+        self.engine_completions()?;
+        self.write()
+    }
+
+    fn idle(&self) -> bool {
+        self.op_chunks.is_empty()
+            && self
+                .tx
+                .iter()
+                .all(|p| p.backlog.is_empty() && p.lanes.iter().all(|l| l.queue.is_empty()))
+    }
+
+    fn say_goodbye(&mut self) {
+        for p in &mut self.tx {
+            for lane in &mut p.lanes {
+                let bye = Header::bye(p.next_seq).to_bytes();
+                let t0 = Instant::now();
+                let mut written = 0;
+                while written < HEADER_BYTES && t0.elapsed() < Duration::from_millis(200) {
+                    match send_parts(&lane.sock, &bye, &[], written) {
+                        Ok(Some(n)) => written += n,
+                        Ok(None) => std::thread::sleep(Duration::from_micros(50)),
+                        Err(_) => break,
+                    }
+                }
+                let _ = lane.sock.shutdown(Shutdown::Write);
+            }
+        }
+    }
+}
+
+/// Reads one socket as far as it goes without blocking.
+fn read_lane<E: DeviceStaging>(
+    rank: usize,
+    li: usize,
+    lane: &mut RxLane,
+    engine: &mut E,
+    limits: &Limits,
+) -> Result<(), TransportError> {
+    loop {
+        if lane.closed || lane.pending.len() >= lane.buffers + EXTRA_PENDING {
+            return Ok(());
+        }
+        let r = match &mut lane.state {
+            ReadState::Header { got, bytes } => match (&lane.sock).read(&mut bytes[*got..]) {
+                Ok(0) => Err(None),
+                Ok(n) => {
+                    *got += n;
+                    if *got < HEADER_BYTES {
+                        continue;
+                    }
+                    let h = Header::from_bytes(bytes);
+                    if lane.bye.is_some() {
+                        return Err(lost(rank, format!("bad message on socket {li}: a frame after goodbye")));
+                    }
+                    limits
+                        .check(&h, lane.expect)
+                        .map_err(|why| lost(rank, format!("bad message on socket {li}: {why}")))?;
+                    match h.kind {
+                        KIND_DATA => {
+                            lane.state = ReadState::Payload {
+                                hdr: h,
+                                buf: lane.free.pop(),
+                                got: 0,
+                            };
+                        }
+                        KIND_SIGNAL => {
+                            lane.pending.push_back((
+                                h.seq,
+                                RxMsg::Signal {
+                                    flag_offset: h.a,
+                                    value: h.b,
+                                },
+                            ));
+                            lane.expect = h.seq + 1;
+                            lane.state = ReadState::Header {
+                                got: 0,
+                                bytes: [0; HEADER_BYTES],
+                            };
+                        }
+                        KIND_BYE => {
+                            lane.bye = Some(h.seq);
+                            lane.state = ReadState::Header {
+                                got: 0,
+                                bytes: [0; HEADER_BYTES],
+                            };
+                        }
+                        _ => unreachable!("checked by Limits::check"),
+                    }
+                    Ok(())
+                }
+                Err(e) => Err(Some(e)),
+            },
+            ReadState::Payload { hdr, buf, got } => {
+                if buf.is_none() {
+                    *buf = lane.free.pop();
+                }
+                let Some(b) = *buf else {
+                    return Ok(()); // every buffer of this socket is landing: read later
+                };
+                let len = hdr.b as usize;
+                match (&lane.sock).read(&mut engine.buffer(b)[*got..len]) {
+                    Ok(0) => Err(None),
+                    Ok(n) => {
+                        *got += n;
+                        if *got == len {
+                            lane.pending.push_back((
+                                hdr.seq,
+                                RxMsg::Data {
+                                    buf: b,
+                                    dst_offset: hdr.a,
+                                    len,
+                                },
+                            ));
+                            lane.expect = hdr.seq + 1;
+                            lane.state = ReadState::Header {
+                                got: 0,
+                                bytes: [0; HEADER_BYTES],
+                            };
+                        }
+                        Ok(())
+                    }
+                    Err(e) => Err(Some(e)),
+                }
+            }
+        };
+        match r {
+            Ok(()) => {}
+            Err(Some(e)) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
+            Err(Some(e)) if e.kind() == ErrorKind::Interrupted => {}
+            Err(Some(e)) => {
+                return Err(lost(rank, format!("connection lost on socket {li}: {e}")));
+            }
+            Err(None) => {
+                lane.closed = true;
+                let mid_frame = !matches!(lane.state, ReadState::Header { got: 0, .. });
+                if lane.bye.is_none() || mid_frame {
+                    return Err(lost(
+                        rank,
+                        format!("connection lost: socket {li} closed without goodbye (peer process died?)"),
+                    ));
+                }
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// `sendmsg` of `hdr ++ payload` from byte `skip` on, without blocking and without SIGPIPE.
+/// `Ok(None)`: the socket is full.
+fn send_parts(sock: &TcpStream, hdr: &[u8], payload: &[u8], skip: usize) -> std::io::Result<Option<usize>> {
+    let (h, p) = if skip < hdr.len() {
+        (&hdr[skip..], payload)
+    } else {
+        (&hdr[..0], &payload[skip - hdr.len()..])
+    };
+    let mut iov = [
+        libc::iovec {
+            iov_base: h.as_ptr() as *mut libc::c_void,
+            iov_len: h.len(),
+        },
+        libc::iovec {
+            iov_base: p.as_ptr() as *mut libc::c_void,
+            iov_len: p.len(),
+        },
+    ];
+    // SAFETY: plain struct; zero is valid.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    let first = usize::from(h.is_empty());
+    msg.msg_iov = iov[first..].as_mut_ptr();
+    msg.msg_iovlen = (2 - first) as _;
+    loop {
+        // SAFETY: valid socket; the iovecs point into live slices.
+        let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+        if n >= 0 {
+            return Ok(Some(n as usize));
+        }
+        let e = std::io::Error::last_os_error();
+        match e.kind() {
+            ErrorKind::WouldBlock => return Ok(None),
+            ErrorKind::Interrupted => continue,
+            _ => return Err(e),
+        }
+    }
+}
+
+impl<E: DeviceStaging> Transport for TcpTransport<E> {
+    fn name(&self) -> &'static str {
+        "tcp"
+    }
+
+    fn post(&mut self, dst: usize, ops: &[Op]) -> Result<(), TransportError> {
+        let slot = self
+            .slot_of
+            .get(dst)
+            .copied()
+            .flatten()
+            .ok_or_else(|| lost(dst, "not a peer of this TCP transport".into()))?;
+        self.clean = false;
+        let p = &mut self.tx[slot];
+        for op in ops {
+            match *op {
+                Op::Put {
+                    seq,
+                    src_offset,
+                    dst_offset,
+                    bytes,
+                } => {
+                    if bytes == 0 {
+                        self.done.push(seq);
+                        continue;
+                    }
+                    let chunk = p.chunk as u64;
+                    let n = bytes.div_ceil(chunk);
+                    let n32 =
+                        u32::try_from(n).map_err(|_| lost(dst, format!("a put of {bytes} bytes is too large")))?;
+                    *self.op_chunks.entry(seq).or_insert(0) += n32;
+                    for i in 0..n {
+                        let off = i * chunk;
+                        p.backlog.push_back(Backlog::Data {
+                            fifo_seq: seq,
+                            src_offset: src_offset + off,
+                            dst_offset: dst_offset + off,
+                            len: (bytes - off).min(chunk) as usize,
+                        });
+                    }
+                }
+                Op::Signal {
+                    seq,
+                    flag_offset,
+                    value,
+                } => {
+                    p.backlog.push_back(Backlog::Signal { flag_offset, value });
+                    self.done.push(seq);
+                }
+            }
+        }
+        self.engine_completions()?;
+        self.stage()?;
+        self.write()
+    }
+
+    fn poll(&mut self, completed: &mut Vec<u64>) -> Result<(), TransportError> {
+        self.progress()?;
+        completed.append(&mut self.done);
+        Ok(())
+    }
+
+    fn flush(&mut self, completed: &mut Vec<u64>) -> Result<(), TransportError> {
+        let t0 = Instant::now();
+        loop {
+            self.poll(completed)?;
+            if self.idle() {
+                self.clean = true;
+                return Ok(());
+            }
+            if t0.elapsed() > self.timeout {
+                let stuck: Vec<usize> = self
+                    .tx
+                    .iter()
+                    .filter(|p| !p.backlog.is_empty() || p.lanes.iter().any(|l| !l.queue.is_empty()))
+                    .map(|p| p.rank)
+                    .collect();
+                return Err(lost(
+                    stuck.first().copied().unwrap_or(self.me),
+                    format!(
+                        "flush timed out after {:?}: data for ranks {stuck:?} still unsent",
+                        self.timeout
+                    ),
+                ));
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+impl<E: DeviceStaging> Drop for TcpTransport<E> {
+    fn drop(&mut self) {
+        // A clean stop tells the peers so; anything else closes the sockets without goodbye,
+        // which the peers report as a lost connection naming this rank.
+        if self.clean {
+            self.say_goodbye();
+        }
+    }
+}

@@ -1,0 +1,677 @@
+//! The TCP transport with CPU threads playing the GPUs (as `end_to_end.rs` does for the emulated
+//! wire): ranks as threads over loopback, ranks as processes over loopback and over a veth pair
+//! between two network namespaces this test creates, a killed peer, bad peer messages.
+//!
+//! The namespace test needs root (or CAP_NET_ADMIN) and `ip` (iproute2); without them it prints
+//! `SKIPPED` and passes. Addresses: 127.0.0.1 and 10.231.x.{1,2} inside the test's own namespaces.
+use mkernel_bootstrap::{Bootstrap, JobKey, Store, StoreServer};
+use mkernel_proxy::emulated::CpuFabric;
+use mkernel_proxy::protocol::CommandBody;
+use mkernel_proxy::tcp::{frame, store_key, CpuStaging, Exchange, TcpConfig, TcpLinks, TcpTransport};
+use mkernel_proxy::{
+    Backoff, ErrorCode, Fifo, FifoConsumer, FifoProducer, HeapFifo, Proxy, ProxyConfig, ProxyError, Regions, Topology,
+    Validator,
+};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(20);
+/// A dead peer must be reported within this long (the socket closes at once when a process dies).
+const DEAD_PEER_BOUND: Duration = Duration::from_secs(5);
+
+/// The job's store inside one process.
+type Table = (Mutex<HashMap<String, Vec<u8>>>, Condvar);
+
+#[derive(Clone, Default)]
+struct MemStore(Arc<Table>);
+
+impl Exchange for MemStore {
+    fn publish(&self, key: &str, value: &[u8]) -> Result<(), String> {
+        self.0 .0.lock().unwrap().insert(key.into(), value.to_vec());
+        self.0 .1.notify_all();
+        Ok(())
+    }
+    fn lookup(&self, key: &str, timeout: Duration) -> Result<Vec<u8>, String> {
+        let t0 = Instant::now();
+        let mut m = self.0 .0.lock().unwrap();
+        loop {
+            if let Some(v) = m.get(key) {
+                return Ok(v.clone());
+            }
+            let left = timeout.checked_sub(t0.elapsed()).ok_or("timed out")?;
+            m = self.0 .1.wait_timeout(m, left).unwrap().0;
+        }
+    }
+}
+
+/// The bootstrap store (its own TCP server on rank 0) as the transport's exchange.
+struct BootStore<'a>(&'a Store);
+
+impl Exchange for BootStore<'_> {
+    fn publish(&self, key: &str, value: &[u8]) -> Result<(), String> {
+        self.0.set(key, value).map_err(|e| e.to_string())
+    }
+    fn lookup(&self, key: &str, timeout: Duration) -> Result<Vec<u8>, String> {
+        self.0.get(key, timeout).map_err(|e| e.to_string())
+    }
+}
+
+fn config(sockets: usize, chunk: usize) -> TcpConfig {
+    TcpConfig {
+        sockets,
+        chunk,
+        rx_buffers: 2,
+        tx_buffers: 4,
+        ..TcpConfig::default()
+    }
+}
+
+/// One rank: its FIFO, the producer playing its GPU, its proxy over TCP.
+struct RankSide {
+    topo: Topology,
+    fifo: Fifo<HeapFifo>,
+    producer: FifoProducer<HeapFifo>,
+    proxy: Option<Proxy>,
+}
+
+fn start_rank(topo: Topology, fabric: &Arc<CpuFabric>, links: TcpLinks) -> RankSide {
+    let r = topo.rank();
+    let fifo = Fifo::new(HeapFifo::new(16, r as u32).unwrap()).unwrap();
+    let regions = Regions::symmetric(&topo, fabric.data_bytes(), fabric.flag_bytes());
+    let consumer = FifoConsumer::new(fifo.clone(), Validator::new(regions)).unwrap();
+    let transport = TcpTransport::new(
+        links,
+        CpuStaging::new(fabric.clone(), r),
+        fabric.data_bytes(),
+        fabric.flag_bytes(),
+    )
+    .unwrap();
+    let proxy = Proxy::spawn(
+        consumer,
+        transport,
+        ProxyConfig {
+            backoff: Backoff::gentle(),
+            ..ProxyConfig::default()
+        },
+    )
+    .unwrap();
+    RankSide {
+        topo,
+        producer: FifoProducer::new(fifo.clone()),
+        fifo,
+        proxy: Some(proxy),
+    }
+}
+
+fn pattern(from: usize, to: usize, epoch: u64, j: u64) -> u8 {
+    (from as u64 * 31 + to as u64 * 7 + epoch * 13 + j * 5 + (j >> 9)) as u8
+}
+
+/// Every rank puts a block of `block` bytes to every remote rank each epoch and checks theirs
+/// (double-buffered by epoch parity as in end_to_end.rs); one put per epoch also goes as
+/// flagless pieces followed by a SIGNAL. Region: [parity 0 | parity 1 | sources], each
+/// `world` blocks.
+fn all_to_all(side: &RankSide, fabric: &CpuFabric, world: usize, block: u64, epochs: u64) {
+    let r = side.topo.rank();
+    let p = &side.producer;
+    let peers = side.topo.proxy_peers();
+    let mut last = None;
+    for e in 1..=epochs {
+        if let Some(s) = last {
+            p.wait_done(s + 1).unwrap();
+        }
+        let parity = e % 2;
+        for &d in &peers {
+            let data: Vec<u8> = (0..block).map(|j| pattern(r, d, e, j)).collect();
+            let src = (2 * world + d) as u64 * block;
+            fabric.write(r, src, &data).unwrap();
+            let dst = (parity * world as u64 + r as u64) * block;
+            let flag = (parity * world as u64 + r as u64) * 8;
+            if e % 3 == 0 {
+                // Flagless halves, then a SIGNAL: the flag must cover both.
+                let h = block / 2;
+                p.push(&CommandBody::put_no_flag(d as u32, src, dst, h, e as u32))
+                    .unwrap();
+                p.push(&CommandBody::put_no_flag(
+                    d as u32,
+                    src + h,
+                    dst + h,
+                    block - h,
+                    e as u32,
+                ))
+                .unwrap();
+                last = Some(p.push(&CommandBody::signal(d as u32, flag, e, e as u32)).unwrap());
+            } else {
+                last = Some(
+                    p.push(&CommandBody::put(d as u32, src, dst, block, flag, e, e as u32))
+                        .unwrap(),
+                );
+            }
+        }
+        for &s in &peers {
+            let flag = (parity * world as u64 + s as u64) * 8;
+            assert!(
+                fabric.wait_flag(r, flag, e, WAIT),
+                "rank {r} epoch {e}: no flag from {s}"
+            );
+            let got = fabric
+                .read(r, (parity * world as u64 + s as u64) * block, block as usize)
+                .unwrap();
+            if let Some(j) = got
+                .iter()
+                .enumerate()
+                .position(|(j, &b)| b != pattern(s, r, e, j as u64))
+            {
+                panic!("rank {r} epoch {e}: byte {j} from rank {s} is wrong");
+            }
+        }
+    }
+}
+
+fn establish_all(world: usize, local: usize, cfg: &TcpConfig, ex: &MemStore) -> Vec<TcpLinks> {
+    let nnodes = world / local;
+    let hs: Vec<_> = (0..world)
+        .map(|r| {
+            let (cfg, ex) = (cfg.clone(), ex.clone());
+            std::thread::spawn(move || {
+                let t = Topology::new(nnodes, local, r).unwrap();
+                TcpLinks::establish(&t, &cfg, &ex, Some("127.0.0.1:1"), WAIT).unwrap()
+            })
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+fn threads_job(nnodes: usize, local: usize, sockets: usize, chunk: usize, block: u64, epochs: u64) {
+    let world = nnodes * local;
+    let fabric = CpuFabric::new(world, (3 * world as u64 * block) as usize, 2 * world);
+    let links = establish_all(world, local, &config(sockets, chunk), &MemStore::default());
+    let sides: Vec<RankSide> = links
+        .into_iter()
+        .enumerate()
+        .map(|(r, l)| start_rank(Topology::new(nnodes, local, r).unwrap(), &fabric, l))
+        .collect();
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        for side in &sides {
+            let f = &fabric;
+            s.spawn(move || all_to_all(side, f, world, block, epochs));
+        }
+    });
+    println!(
+        "tcp {nnodes} nodes x {local}: {epochs} epochs of {block}-byte blocks over {sockets} sockets in {:?}",
+        t0.elapsed()
+    );
+    for mut side in sides {
+        side.producer.push(&CommandBody::quit(epochs as u32)).unwrap();
+        let st = side.proxy.take().unwrap().join().unwrap();
+        let n = side.topo.proxy_peers().len() as u64;
+        assert_eq!(st.bytes, epochs * n * block, "rank {}", side.topo.rank());
+    }
+}
+
+#[test]
+fn threads_over_loopback_two_nodes() {
+    // 3 sockets and 16 KiB chunks: a 100 000-byte block is 7 frames spread over the sockets.
+    threads_job(2, 1, 3, 16 << 10, 100_000, 12);
+}
+
+#[test]
+fn threads_over_loopback_two_by_two() {
+    threads_job(2, 2, 2, 8 << 10, 20_000, 8);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Two processes playing two nodes.
+
+/// What a child process does, from its environment (`MKTCP_*`).
+#[test]
+fn tcp_child_process() {
+    let Ok(mode) = std::env::var("MKTCP_MODE") else {
+        return; // only as a child of the tests below
+    };
+    // "launched": started by `cargo xtask launch` (RANK, WORLD_SIZE, ... from the launcher).
+    let boot;
+    let own;
+    let (store, topo, store_addr): (&Store, Topology, String) = if mode == "launched" {
+        boot = Bootstrap::from_env(WAIT).unwrap();
+        let i = boot.info();
+        let t = Topology::new(i.nnodes(), i.local_world_size(), i.rank()).unwrap();
+        (boot.store(), t, i.store_addr())
+    } else {
+        let rank: usize = std::env::var("MKTCP_RANK").unwrap().parse().unwrap();
+        let store_addr = std::env::var("MKTCP_STORE").unwrap();
+        let key = JobKey::new(std::env::var("MKTCP_KEY").unwrap().into_bytes()).unwrap();
+        own = if rank == 0 {
+            Store::host(StoreServer::start(&store_addr, 2, key).unwrap(), WAIT).unwrap()
+        } else {
+            Store::connect(&store_addr, rank, 2, &key, WAIT).unwrap()
+        };
+        (&own, Topology::new(2, 1, rank).unwrap(), store_addr)
+    };
+    let (rank, world) = (topo.rank(), topo.world_size());
+    let ex = BootStore(store);
+    let mut cfg = config(2, 32 << 10);
+    cfg.ifname = std::env::var("MKTCP_IFNAME").ok();
+    let links = TcpLinks::establish(&topo, &cfg, &ex, Some(&store_addr), WAIT).unwrap();
+    println!(
+        "rank {rank}: listening on {} ({})",
+        links.local_addr(),
+        links.address_reason()
+    );
+    let block = 150_000u64;
+    let fabric = CpuFabric::new(world, 3 * world * block as usize, 2 * world);
+    let npeers = topo.proxy_peers().len() as u64;
+    let mut side = start_rank(topo, &fabric, links);
+    all_to_all(&side, &fabric, world, block, 10);
+    println!("rank {rank}: traffic ok");
+    match mode.as_str() {
+        "traffic" | "launched" => {
+            ex.0.barrier("traffic-done", WAIT).unwrap();
+            side.producer.push(&CommandBody::quit(10)).unwrap();
+            let st = side.proxy.take().unwrap().join().unwrap();
+            assert_eq!(st.bytes, 10 * block * npeers);
+            ex.0.barrier("proxies-stopped", WAIT).unwrap();
+            println!("rank {rank}: DONE");
+        }
+        "die" => {
+            ex.0.barrier("traffic-done", WAIT).unwrap();
+            println!("READY");
+            std::io::stdout().flush().unwrap();
+            if rank == 1 {
+                std::thread::sleep(Duration::from_secs(60)); // killed by the parent
+                panic!("rank 1 was not killed");
+            }
+            let t0 = Instant::now();
+            let proxy = side.proxy.take().unwrap();
+            while !proxy.is_finished() {
+                assert!(
+                    t0.elapsed() < DEAD_PEER_BOUND + Duration::from_secs(5),
+                    "the dead peer was never noticed"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let e = proxy.join().unwrap_err();
+            let rec = side.fifo.error_record().expect("error record written");
+            println!("rank 0: DETECTED after {:?}: {e}", t0.elapsed());
+            assert!(matches!(e, ProxyError::Transport { .. }), "{e}");
+            assert!(e.to_string().contains("peer 1: connection lost"), "{e}");
+            assert_eq!(rec.code, ErrorCode::Transport as u32);
+            assert!(rec.message().contains("peer 1"), "{}", rec.message());
+            println!("rank 0: DONE");
+        }
+        m => panic!("unknown MKTCP_MODE {m}"),
+    }
+}
+
+struct Children {
+    kids: Vec<(usize, Child)>,
+}
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for (_, c) in &mut self.kids {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Starts rank 0 and rank 1 of `mode`, each under `prefix` (e.g. `ip netns exec NS`), and
+/// returns once both exited; panics with their output on failure. In mode "die", kills rank 1
+/// when both printed READY and checks that rank 0 noticed within the bound.
+fn two_processes(mode: &str, store: &str, prefixes: [&[String]; 2], ifnames: [Option<&str>; 2]) {
+    let exe = std::env::current_exe().unwrap();
+    let key: String = format!("tcp-test-key-{}", std::process::id());
+    let mut ch = Children { kids: vec![] };
+    let (tx, rx) = std::sync::mpsc::channel::<(usize, String)>();
+    for rank in 0..2 {
+        let pre = prefixes[rank];
+        let mut cmd = if pre.is_empty() {
+            Command::new(&exe)
+        } else {
+            let mut c = Command::new(&pre[0]);
+            c.args(&pre[1..]).arg(&exe);
+            c
+        };
+        cmd.args(["--exact", "tcp_child_process", "--nocapture", "--test-threads=1"])
+            .env("MKTCP_MODE", mode)
+            .env("MKTCP_RANK", rank.to_string())
+            .env("MKTCP_STORE", store)
+            .env("MKTCP_KEY", &key)
+            .env("RUST_BACKTRACE", "0")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(i) = ifnames[rank] {
+            cmd.env("MKTCP_IFNAME", i);
+        }
+        let mut c = cmd.spawn().unwrap();
+        for s in [
+            Box::new(c.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+            Box::new(c.stderr.take().unwrap()),
+        ] {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(s).lines().map_while(Result::ok) {
+                    let _ = tx.send((rank, line));
+                }
+            });
+        }
+        ch.kids.push((rank, c));
+    }
+    drop(tx);
+    let t0 = Instant::now();
+    let mut log = String::new();
+    let mut ready = 0;
+    let mut killed_at = None;
+    loop {
+        match rx.recv_timeout(Duration::from_millis(20)) {
+            Ok((r, line)) => {
+                log.push_str(&format!("[rank {r}] {line}\n"));
+                if line == "READY" {
+                    ready += 1;
+                    if ready == 2 {
+                        ch.kids[1].1.kill().unwrap(); // SIGKILL: no goodbye, sockets closed by the kernel
+                        killed_at = Some(Instant::now());
+                    }
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(_) => {}
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "children hang:\n{log}");
+    }
+    let status0 = ch.kids[0].1.wait().unwrap();
+    let status1 = ch.kids[1].1.wait().unwrap();
+    print!("{log}");
+    assert!(status0.success(), "rank 0 failed ({status0}):\n{log}");
+    assert!(log.contains("[rank 0] rank 0: DONE"), "{log}");
+    if mode == "die" {
+        let k = killed_at.expect("both ranks got READY");
+        assert!(k.elapsed() < DEAD_PEER_BOUND + Duration::from_secs(2), "{log}");
+        assert!(log.contains("DETECTED"), "{log}");
+    } else {
+        assert!(status1.success(), "rank 1 failed ({status1}):\n{log}");
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn processes_over_loopback() {
+    let store = format!("127.0.0.1:{}", free_port());
+    two_processes("traffic", &store, [&[], &[]], [None, None]);
+}
+
+#[test]
+fn killed_peer_is_named_within_the_bound() {
+    let store = format!("127.0.0.1:{}", free_port());
+    two_processes("die", &store, [&[], &[]], [Some("lo"), None]);
+}
+
+/// Two network namespaces joined by a veth pair; removed on drop (with the veth).
+struct Netns {
+    names: [String; 2],
+}
+
+impl Netns {
+    fn create() -> Result<(Netns, [String; 2], [String; 2]), String> {
+        let id = std::process::id();
+        let names = [format!("mktcp{id}a"), format!("mktcp{id}b")];
+        let veth = [format!("mkv{}a", id % 100_000), format!("mkv{}b", id % 100_000)];
+        let net = format!("10.231.{}", id % 250);
+        let ns = Netns { names: names.clone() };
+        let ip = |args: &[&str]| -> Result<(), String> {
+            let o = Command::new("ip")
+                .args(args)
+                .output()
+                .map_err(|e| format!("`ip` not runnable ({e}); install iproute2"))?;
+            if o.status.success() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "ip {}: {}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&o.stderr).trim()
+                ))
+            }
+        };
+        ip(&["netns", "add", &names[0]])?;
+        ip(&["netns", "add", &names[1]])?;
+        ip(&[
+            "link", "add", &veth[0], "netns", &names[0], "type", "veth", "peer", "name", &veth[1], "netns", &names[1],
+        ])?;
+        for i in 0..2 {
+            let addr = format!("{net}.{}/24", i + 1);
+            ip(&["-n", &names[i], "addr", "add", &addr, "dev", &veth[i]])?;
+            ip(&["-n", &names[i], "link", "set", &veth[i], "up"])?;
+            ip(&["-n", &names[i], "link", "set", "lo", "up"])?;
+        }
+        Ok((ns, veth, [format!("{net}.1"), format!("{net}.2")]))
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        for n in &self.names {
+            let _ = Command::new("ip").args(["netns", "del", n]).status();
+        }
+    }
+}
+
+#[test]
+fn processes_over_a_veth_pair_between_namespaces() {
+    let (ns, veth, addrs) = match Netns::create() {
+        Ok(x) => x,
+        Err(why) => {
+            println!("SKIPPED processes_over_a_veth_pair_between_namespaces: cannot create network namespaces: {why}");
+            return;
+        }
+    };
+    let store = format!("{}:29511", addrs[0]);
+    let pre = |n: &str| vec!["ip".to_string(), "netns".into(), "exec".into(), n.to_string()];
+    let (p0, p1) = (pre(&ns.names[0]), pre(&ns.names[1]));
+    // Rank 0 picks its interface by name, rank 1 by the route to the store.
+    two_processes("traffic", &store, [&p0, &p1], [Some(&veth[0]), None]);
+    two_processes("die", &format!("{}:29512", addrs[0]), [&p0, &p1], [None, None]);
+    drop(ns);
+}
+
+// ---------------------------------------------------------------------------------------------
+// A misbehaving peer, played by the test on rank 1's real sockets.
+
+struct Victim {
+    side: RankSide,
+    fabric: Arc<CpuFabric>,
+    bad: TcpLinks,
+}
+
+/// Rank 0 runs a real proxy; rank 1's sockets are handed to the test. A stranger connects to
+/// rank 0 during setup with a wrong secret and must be refused without ending the setup.
+fn victim() -> Victim {
+    let ex = MemStore::default();
+    let cfg = config(2, 4096);
+    let (e0, c0) = (ex.clone(), cfg.clone());
+    let h0 = std::thread::spawn(move || {
+        TcpLinks::establish(&Topology::new(2, 1, 0).unwrap(), &c0, &e0, None, WAIT).unwrap()
+    });
+    let rec = String::from_utf8(ex.lookup(&store_key(0), WAIT).unwrap()).unwrap();
+    let addr = rec.split_once(' ').unwrap().0.to_string();
+    let mut stranger = std::net::TcpStream::connect(&addr).unwrap();
+    let fake = frame::Hello {
+        from: 1,
+        to: 0,
+        lane: 0,
+        lanes: 2,
+        max_payload: 4096,
+        status: 0,
+        token: [0x55; 32],
+    };
+    stranger.write_all(&fake.to_bytes()).unwrap();
+    let bad = TcpLinks::establish(&Topology::new(2, 1, 1).unwrap(), &cfg, &ex, None, WAIT).unwrap();
+    let good = h0.join().unwrap();
+    assert_eq!(good.refused(), 1, "the stranger was not refused");
+    let fabric = CpuFabric::new(2, 8192, 4);
+    let side = start_rank(Topology::new(2, 1, 0).unwrap(), &fabric, good);
+    Victim { side, fabric, bad }
+}
+
+fn expect_refusal(mut v: Victim, send: impl FnOnce(&mut TcpLinks), reason: &str) {
+    send(&mut v.bad);
+    let proxy = v.side.proxy.take().unwrap();
+    let t0 = Instant::now();
+    while !proxy.is_finished() {
+        assert!(t0.elapsed() < DEAD_PEER_BOUND, "no error for: {reason}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let e = proxy.join().unwrap_err().to_string();
+    println!("{e}");
+    assert!(e.contains("peer 1") && e.contains(reason), "{e}");
+    assert!(v.side.fifo.error_record().unwrap().message().contains("peer 1"));
+    assert!(
+        v.fabric.read(0, 0, 8192).unwrap().iter().all(|&b| b == 0),
+        "bytes were written"
+    );
+    assert!((0..4).all(|i| v.fabric.flag(0, i * 8) == 0), "a flag was written");
+}
+
+fn raw(links: &mut TcpLinks, lane: usize, bytes: &[u8]) {
+    let s = links.tx_socket(0, lane).unwrap();
+    s.set_nonblocking(false).unwrap();
+    s.write_all(bytes).unwrap();
+}
+
+#[test]
+fn bad_peer_messages_are_refused() {
+    expect_refusal(
+        victim(),
+        |l| {
+            let mut m = frame::Header::data(0, 8000, 1000).to_bytes().to_vec();
+            m.extend(vec![1u8; 1000]);
+            raw(l, 0, &m)
+        },
+        "outside the 8192-byte data region",
+    );
+    expect_refusal(
+        victim(),
+        |l| {
+            let mut h = frame::Header::signal(0, 0, 1);
+            h.kind = 7;
+            raw(l, 1, &h.to_bytes())
+        },
+        "unknown frame kind 7",
+    );
+    expect_refusal(
+        victim(),
+        |l| raw(l, 0, &frame::Header::signal(0, 8, 0).to_bytes()),
+        "flag value 0",
+    );
+    expect_refusal(
+        victim(),
+        |l| {
+            // A second frame with the message number of the first: a replay.
+            raw(l, 0, &frame::Header::signal(1, 0, 1).to_bytes());
+            raw(l, 0, &frame::Header::signal(1, 0, 2).to_bytes());
+        },
+        "replayed",
+    );
+    expect_refusal(
+        victim(),
+        |l| {
+            // Message 0 skipped: both sockets move past it, then say goodbye.
+            raw(l, 0, &frame::Header::signal(1, 0, 1).to_bytes());
+            raw(l, 1, &frame::Header::bye(2).to_bytes());
+        },
+        "message 0 never arrived",
+    );
+    expect_refusal(
+        victim(),
+        |l| {
+            // Half a frame, then the sockets close without goodbye (a crash).
+            raw(l, 0, &frame::Header::data(0, 0, 64).to_bytes()[..20]);
+            let TcpLinks { .. } = std::mem::replace(l, dummy());
+        },
+        "connection lost",
+    );
+}
+
+/// A placeholder that takes the place of a dropped `TcpLinks` (its sockets are then closed).
+fn dummy() -> TcpLinks {
+    let ex = MemStore::default();
+    TcpLinks::establish(&Topology::new(1, 1, 0).unwrap(), &config(1, 4096), &ex, None, WAIT).unwrap()
+}
+
+// ---------------------------------------------------------------------------------------------
+// A large transfer through few staging buffers (backpressure on both sides), with the CPU loop's
+// latency and rate printed. The numbers describe this test's setup (gentle backoff: proxies sleep
+// 50 us when idle; byte-atomic CPU "GPU" memory), not the transport on a GPU host.
+
+#[test]
+fn loopback_latency_and_bandwidth() {
+    let big: u64 = 16 << 20;
+    let fabric = CpuFabric::new(2, 2 * big as usize, 4);
+    let cfg = TcpConfig {
+        sockets: 2,
+        chunk: 256 << 10,
+        rx_buffers: 2,
+        tx_buffers: 4,
+        ..TcpConfig::default()
+    };
+    let links = establish_all(2, 1, &cfg, &MemStore::default());
+    let mut sides: Vec<RankSide> = links
+        .into_iter()
+        .enumerate()
+        .map(|(r, l)| start_rank(Topology::new(2, 1, r).unwrap(), &fabric, l))
+        .collect();
+    // Latency: 8-byte PUTs from rank 0, each waited for at rank 1.
+    let p = sides[0].producer.clone();
+    let mut lat = vec![];
+    for i in 1..=300u64 {
+        let t0 = Instant::now();
+        p.push(&CommandBody::put(1, 0, 0, 8, 0, i, 0)).unwrap();
+        assert!(fabric.wait_flag(1, 0, i, WAIT));
+        if i > 50 {
+            lat.push(t0.elapsed());
+        }
+    }
+    lat.sort();
+    // Bandwidth: 16 MiB in 8 puts of 2 MiB (64 frames through 4 staging buffers), one flag.
+    let pattern: Vec<u8> = (0..big).map(|j| (j * 7 + (j >> 12)) as u8).collect();
+    fabric.write(0, big, &pattern).unwrap();
+    let t0 = Instant::now();
+    for k in 0..8u64 {
+        let piece = big / 8;
+        p.push(&CommandBody::put_no_flag(1, big + k * piece, k * piece, piece, 1))
+            .unwrap();
+    }
+    p.push(&CommandBody::signal(1, 8, 1, 1)).unwrap();
+    assert!(fabric.wait_flag(1, 8, 1, WAIT));
+    let dt = t0.elapsed();
+    assert!(
+        fabric.read(1, 0, big as usize).unwrap() == pattern,
+        "16 MiB arrived corrupted"
+    );
+    println!(
+        "[tcp loopback, CPU staging] 8-byte put one-way p50 {:?} p99 {:?}; 16 MiB in {dt:?} = {:.2} GB/s",
+        lat[lat.len() / 2],
+        lat[lat.len() * 99 / 100],
+        big as f64 / dt.as_secs_f64() / 1e9
+    );
+    for (r, side) in sides.iter_mut().enumerate() {
+        side.producer.push(&CommandBody::quit(1)).unwrap();
+        side.proxy
+            .take()
+            .unwrap()
+            .join()
+            .unwrap_or_else(|e| panic!("rank {r}: {e}"));
+    }
+}

@@ -1,0 +1,281 @@
+//! NVIDIA MPS for `launch --share-gpu`: several rank processes run kernels on one GPU at once.
+//!
+//! Persistent kernels that wait on each other need their grids resident together, which time
+//! slicing between contexts does not give; MPS does. [`Mps::start`] reuses a control daemon that
+//! already serves this host (`CUDA_MPS_PIPE_DIRECTORY`, else the default `/tmp/nvidia-mps`) and
+//! otherwise starts one in the foreground (`-f`) as a child in its own process group, with a
+//! private pipe and log directory. A daemon this launcher started is always stopped: `quit`
+//! through its pipe, then SIGKILL to its process group if it is still there, also from `Drop`, so
+//! a failing rank, a timeout or an error on the way out cannot leave it behind.
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The control program, shipped with the NVIDIA driver's compute utilities.
+pub const CONTROL: &str = "nvidia-cuda-mps-control";
+/// The control daemon's default pipe directory.
+const DEFAULT_PIPE_DIR: &str = "/tmp/nvidia-mps";
+/// How long the daemon gets to create its control pipe, and to exit after `quit`.
+const DAEMON_WAIT: Duration = Duration::from_secs(10);
+
+/// A control daemon serving this launch's ranks.
+pub struct Mps {
+    pipe_dir: PathBuf,
+    log_dir: PathBuf,
+    /// The daemon this launcher started (`None` when an existing one is reused).
+    daemon: Option<Child>,
+    /// The private directory holding `pipe/` and `log/`, removed after the daemon stops.
+    own_dir: Option<PathBuf>,
+}
+
+/// `name` on `PATH`, if it is there.
+pub fn find_on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+}
+
+/// Whether a control daemon answers on `pipe_dir`.
+fn answers(pipe_dir: &Path) -> bool {
+    if !pipe_dir.join("control").exists() {
+        return false;
+    }
+    control(pipe_dir, "get_server_list").is_ok()
+}
+
+/// Sends one command to the daemon on `pipe_dir`; its answer.
+fn control(pipe_dir: &Path, command: &str) -> Result<String> {
+    use std::io::Write;
+    let mut child = Command::new(CONTROL)
+        .env("CUDA_MPS_PIPE_DIRECTORY", pipe_dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {CONTROL}"))?;
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(format!("{command}\n").as_bytes())?;
+    let out = wait_output(child, DAEMON_WAIT).with_context(|| format!("{CONTROL} <<< {command}"))?;
+    if !out.status.success() {
+        bail!(
+            "{CONTROL} <<< {command}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `child`'s output, killing it after `limit`.
+fn wait_output(mut child: Child, limit: Duration) -> Result<std::process::Output> {
+    let start = Instant::now();
+    while child.try_wait()?.is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("no answer within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(child.wait_with_output()?)
+}
+
+impl Mps {
+    /// A daemon that serves this host's GPUs: the one already running, or a new private one.
+    /// Errors say what is missing and how to get it; nothing is left running on an error.
+    pub fn start() -> Result<Mps> {
+        if find_on_path(CONTROL).is_none() {
+            bail!(
+                "--share-gpu needs NVIDIA MPS, but `{CONTROL}` is not on PATH. It ships with the NVIDIA driver's \
+                 compute utilities (e.g. Ubuntu's nvidia-compute-utils-<driver> package, or the driver's .run \
+                 installer); install it, or run with one rank per GPU (without --share-gpu)"
+            );
+        }
+        let existing = std::env::var_os("CUDA_MPS_PIPE_DIRECTORY")
+            .map(PathBuf::from)
+            .unwrap_or(DEFAULT_PIPE_DIR.into());
+        if answers(&existing) {
+            let log_dir = std::env::var_os("CUDA_MPS_LOG_DIRECTORY")
+                .map(PathBuf::from)
+                .unwrap_or("/var/log/nvidia-mps".into());
+            println!(
+                "launch: using the MPS control daemon already serving {}",
+                existing.display()
+            );
+            return Ok(Mps {
+                pipe_dir: existing,
+                log_dir,
+                daemon: None,
+                own_dir: None,
+            });
+        }
+        let own = std::env::temp_dir().join(format!("mkernel-mps-{}", std::process::id()));
+        let (pipe_dir, log_dir) = (own.join("pipe"), own.join("log"));
+        for d in [&pipe_dir, &log_dir] {
+            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+        }
+        let log = std::fs::File::create(log_dir.join("launcher-daemon.log"))?;
+        let mut cmd = Command::new(CONTROL);
+        cmd.arg("-f")
+            .env("CUDA_MPS_PIPE_DIRECTORY", &pipe_dir)
+            .env("CUDA_MPS_LOG_DIRECTORY", &log_dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        // Its own process group: the MPS server it spawns is stopped with it.
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let daemon = cmd.spawn().with_context(|| format!("starting {CONTROL} -f"))?;
+        let mut mps = Mps {
+            pipe_dir,
+            log_dir,
+            daemon: Some(daemon),
+            own_dir: Some(own),
+        };
+        let start = Instant::now();
+        loop {
+            if let Some(status) = mps.daemon.as_mut().expect("started").try_wait()? {
+                let why = mps.log_tail();
+                mps.daemon = None;
+                bail!(
+                    "the MPS control daemon exited at once ({status}); MPS needs the right to start it (root, or the GPU's \
+                     compute mode allowing it) and a driver with MPS support. Its log: {why}"
+                );
+            }
+            if answers(&mps.pipe_dir) {
+                break;
+            }
+            if start.elapsed() > DAEMON_WAIT {
+                let why = mps.log_tail();
+                mps.stop();
+                bail!("the MPS control daemon did not answer within {DAEMON_WAIT:?}; its log: {why}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        println!(
+            "launch: started an MPS control daemon (pipe {})",
+            mps.pipe_dir.display()
+        );
+        Ok(mps)
+    }
+
+    /// The variables that connect a rank to this daemon.
+    pub fn configure(&self, cmd: &mut Command) {
+        cmd.env("CUDA_MPS_PIPE_DIRECTORY", &self.pipe_dir)
+            .env("CUDA_MPS_LOG_DIRECTORY", &self.log_dir);
+    }
+
+    fn log_tail(&self) -> String {
+        let mut text = String::new();
+        for f in ["launcher-daemon.log", "control.log", "server.log"] {
+            if let Ok(s) = std::fs::read_to_string(self.log_dir.join(f)) {
+                text.push_str(&s);
+            }
+        }
+        let tail: Vec<&str> = text.lines().rev().take(8).collect();
+        if tail.is_empty() {
+            "(empty)".into()
+        } else {
+            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+        }
+    }
+
+    /// Stops the daemon this launcher started (a reused one is left alone).
+    pub fn stop(&mut self) {
+        let Some(mut daemon) = self.daemon.take() else { return };
+        let _ = control(&self.pipe_dir, "quit");
+        let start = Instant::now();
+        while start.elapsed() < DAEMON_WAIT {
+            if let Ok(Some(_)) = daemon.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Whatever is left of its process group (the daemon, an MPS server it started).
+        let _ = Command::new("kill")
+            .args(["-s", "KILL", "--", &format!("-{}", daemon.id())])
+            .stderr(Stdio::null())
+            .status();
+        let _ = daemon.kill();
+        let _ = daemon.wait();
+        if let Some(dir) = self.own_dir.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        println!("launch: stopped the MPS control daemon");
+    }
+}
+
+impl Drop for Mps {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// MPS share (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`) of each of `ranks` ranks on one GPU:
+/// an even split (`--mps-percent` overrides).
+pub fn default_sm_percent(ranks: usize) -> u32 {
+    (100 / ranks.max(1) as u32).max(1)
+}
+
+/// Percentage of its MPS share that a rank's persistent grids use
+/// (`MKERNEL_PERSISTENT_SM_PERCENT`) when `ranks` share a GPU.
+///
+/// The ranks' persistent grids must be resident at once, and each rank's own other GPU work
+/// (the emulated wire's copies between ranks of one GPU) needs SMs while its grid runs. Measured
+/// on one H100 (132 SMs, driver 580) with grids filling the share: 2 ranks at 50% ran every
+/// fused test; 4 ranks at 25% and 24% did not (a grid never started); 4 at 20% (26 SMs each) ran
+/// one node but not 2 emulated nodes x 2 (the wire's copies waited for the grids that waited
+/// for them). Grids of 80% of the share leave both kinds of room (docs/testing.md).
+pub fn persistent_sm_percent(ranks: usize) -> u32 {
+    if ranks > 1 {
+        80
+    } else {
+        100
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn shares_split_evenly_and_grids_leave_room() {
+        assert_eq!(default_sm_percent(1), 100);
+        assert_eq!(default_sm_percent(2), 50);
+        assert_eq!(default_sm_percent(4), 25);
+        assert!(default_sm_percent(1000) >= 1);
+        assert_eq!(persistent_sm_percent(1), 100);
+        assert_eq!(persistent_sm_percent(4), 80);
+    }
+    #[test]
+    fn missing_programs_are_not_found() {
+        assert!(find_on_path("mkernel-no-such-program-here").is_none());
+        assert!(find_on_path("sh").is_some());
+    }
+}
+
+#[cfg(test)]
+mod daemon_tests {
+    use super::*;
+    /// Without MPS (build hosts, CI) the error names the program and where it comes from; with
+    /// it (GPU hosts) a daemon starts, answers, and is gone after `stop`.
+    #[test]
+    fn start_names_what_is_missing_or_stops_what_it_started() {
+        match Mps::start() {
+            Err(e) => {
+                let e = e.to_string();
+                assert!(e.contains(CONTROL), "{e}");
+            }
+            Ok(mut mps) => {
+                let pid = mps.daemon.as_ref().map(|d| d.id());
+                mps.stop();
+                if let Some(pid) = pid {
+                    assert!(!Path::new(&format!("/proc/{pid}")).exists(), "daemon {pid} still runs");
+                }
+            }
+        }
+    }
+}
