@@ -358,6 +358,7 @@ pub const fn stager_items_fit(tiles: u32, grid: u32) -> bool {
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
     use super::*;
     #[test]
     fn stager_items_fit_bounds_every_plan_and_the_anchor_shapes_fit() {
@@ -379,6 +380,41 @@ mod tests {
                 }
             }
         }
+    }
+    #[test]
+    fn the_role_tables_place_every_role_where_the_kernel_expects_it() {
+        // Lane 0 of warps 0-3 of a compute CTA: producer, stager/sender, relay, stager/receiver;
+        // warps 4-11 consume; a comm CTA moves data from warp 4 alone.
+        let compute: std::vec::Vec<Role> = (0..WARPS as u32).map(|w| role(false, w)).collect();
+        assert_eq!(
+            &compute[..4],
+            &[
+                Role::Producer,
+                Role::StagerOrSender,
+                Role::Relay,
+                Role::StagerOrReceiver
+            ]
+        );
+        assert!(compute[4..].iter().all(|&r| r == Role::Consumer));
+        let comm: std::vec::Vec<u32> = (0..WARPS as u32).filter(|&w| role(true, w) != Role::Idle).collect();
+        assert_eq!(comm, [4]);
+        assert_eq!(role(true, 4), Role::Comm);
+        assert_eq!((role(false, WARPS as u32), role(true, 99)), (Role::Idle, Role::Idle));
+        assert_eq!(WARPS as u32 * crate::WARP_SIZE, TILE.threads());
+    }
+    #[test]
+    fn the_shared_memory_struct_keeps_its_pieces_apart_and_fits() {
+        // Ring, descriptor room, epoch, arguments and item table follow each other.
+        assert_eq!(DESC_OFFSET, RING.tick + 4 * crate::gemm::TICK_WORDS as u32);
+        assert_eq!(EPOCH_OFFSET, DESC_OFFSET + DESC_ROOM_BYTES as u32 - 8);
+        assert_eq!(ARGS_OFFSET, DESC_OFFSET + DESC_ROOM_BYTES as u32);
+        assert!(ARGS_OFFSET + core::mem::size_of::<GemmRsArgs>() as u32 <= ITEMS_OFFSET);
+        assert_eq!(ITEMS_OFFSET % 16, 0);
+        assert_eq!((ITEM_BYTES, ITEM_META_OFFSET), (32, 16));
+        assert_eq!(
+            SMEM_BYTES,
+            ITEMS_OFFSET + ITEM_TABLE_ENTRIES as u32 * ITEM_BYTES + crate::gemm::SMEM_ALIGN_SLACK
+        );
     }
     #[test]
     fn node_blocked_rows_are_a_permutation_with_the_own_node_last() {
