@@ -32,6 +32,13 @@ pub enum Error {
         have: usize,
         need: usize,
     },
+    /// A stream or buffer belongs to another CUDA context (another GPU, or a context other than
+    /// the [`crate::Device`]'s primary one) than the operation's device.
+    #[error("{op}: the {what} belongs to another CUDA context than the operation's device")]
+    ForeignContext { op: &'static str, what: &'static str },
+    /// A symmetric-heap buffer lies outside the heap's data region, or a rank is out of range.
+    #[error("{op}: {reason}")]
+    OutOfRange { op: &'static str, reason: String },
     /// A CUDA driver call failed.
     #[error("CUDA driver: {0}")]
     Driver(#[from] DriverError),
