@@ -161,6 +161,27 @@ fn internode_collectives_match_cpu_reference() {
     stream.synchronize().unwrap();
     comm.check().unwrap();
     lines.push("30 x (all_reduce + all_gather) across nodes back to back without host sync: no error".into());
+    // Latency probes (their own epoch sequence on the wire), then peers the proxy would refuse:
+    // each is an error before any launch, and the inter-node path keeps working.
+    if comm.nnodes() == 2 {
+        let peer = (g + comm.world()) % nglobal;
+        let rtt = comm.proxy_pingpong(&stream, peer, 256, 16, g < peer).unwrap();
+        assert_eq!(rtt.len(), 16);
+        assert!(rtt.iter().all(|&t| t > 0), "rank {g}: round trips {rtt:?}");
+        lines.push("proxy_pingpong 16 x 256 B between the two nodes: every probe answered".into());
+    }
+    let same_node = comm.global_rank() - comm.rank() + (comm.rank() + 1) % comm.world();
+    for bad in [g, same_node, nglobal, u32::MAX] {
+        let e = comm.proxy_pingpong(&stream, bad, 256, 4, true).unwrap_err();
+        assert!(
+            e.to_string().contains("not a rank on another node"),
+            "rank {g}, peer {bad}: {e}"
+        );
+    }
+    comm.all_gather(&stream, &local.slice(..4096), &out, 4).unwrap();
+    stream.synchronize().unwrap();
+    comm.check().unwrap();
+    lines.push("proxy_pingpong to itself, a same-node rank and out-of-range ranks: refused, proxy still up".into());
     if g == 0 {
         for l in lines {
             println!("[{} ranks, {} nodes] {l}", nglobal, comm.nnodes());

@@ -132,42 +132,9 @@ pub const FUSED_EXITS_OFFSET: u64 = FUSED_EPOCH_OFFSET + 8;
 /// then user buffers.
 pub const HEAP_CONTROL_BYTES: u64 = (FUSED_EXITS_OFFSET + 8).div_ceil(65536) * 65536;
 
-/// The proxy command FIFO as the device writes it. It mirrors `mkernel_proxy::protocol`
-/// (crates/proxy), whose tests assert that every number here matches.
-pub mod fifo {
-    /// Bytes before slot 0.
-    pub const HEADER_BYTES: u64 = 320;
-    /// Bytes per command slot.
-    pub const SLOT_BYTES: u64 = 64;
-    /// Offset of `tail` (u64, written by the proxy after consuming a slot).
-    pub const TAIL: u64 = 64;
-    /// Offset of `done` (u64: every command below it completed; its source may be reused).
-    pub const DONE: u64 = 72;
-    /// Offset of `abort` (u32, nonzero once the proxy failed).
-    pub const ABORT: u64 = 144;
-    /// Command field offsets within a slot.
-    pub const CMD_HEADER: u64 = 0;
-    pub const CMD_OPCODE: u64 = 8;
-    pub const CMD_DST_RANK: u64 = 12;
-    pub const CMD_SRC_OFFSET: u64 = 16;
-    pub const CMD_DST_OFFSET: u64 = 24;
-    pub const CMD_BYTES: u64 = 32;
-    pub const CMD_FLAG_OFFSET: u64 = 40;
-    pub const CMD_FLAG_VALUE: u64 = 48;
-    pub const CMD_EPOCH: u64 = 56;
-    pub const CMD_FLAGS: u64 = 60;
-    /// `flags` bits 1-2: the epoch sequence of `epoch` (the proxy checks that epochs only grow
-    /// within a sequence; kinds of kernels count their launches separately).
-    pub const CMD_EPOCH_SEQ_SHIFT: u32 = 1;
-    /// Epoch sequences: the collectives (CTA 0's counter), the fused kernels' launch epoch, the
-    /// latency probes' counter.
-    pub const EPOCH_SEQ_COLLECTIVES: u32 = 0;
-    pub const EPOCH_SEQ_FUSED: u32 = 1;
-    pub const EPOCH_SEQ_PROBES: u32 = 2;
-    /// Opcodes.
-    pub const OP_PUT: u32 = 1;
-    pub const OP_SIGNAL: u32 = 2;
-}
+/// The proxy command FIFO's wire format (defined in [`crate::fifo`]; this path is kept for the
+/// kernels that name `comm::fifo::EPOCH_SEQ_*`).
+pub use crate::fifo;
 
 /// CTAs that carry the LL and staged paths. Every collective launch has at least this many
 /// CTAs, so CTAs `0..STAGED_CTAS` advance their epochs in lockstep: in every launch they share

@@ -767,10 +767,20 @@ impl Communicator {
                 reason: format!("bytes {bytes} (max {}), iters {iters} (1..4096)", w.max_bytes),
             });
         }
-        if peer >= self.global_world() || peer == self.global_rank() {
+        // A peer the proxy would refuse (out of range, this rank, or on this node) would abort
+        // the proxy and with it this communicator's inter-node path: refuse it here instead.
+        let topology =
+            mkernel_proxy::Topology::new(w.nnodes as usize, self.world as usize, self.global_rank() as usize)
+                .map_err(|e| Error::Proxy(e.to_string()))?;
+        if !topology.is_proxy_peer(peer as usize) {
             return Err(Error::OutOfRange {
                 op,
-                reason: format!("peer {peer}: another rank of 0..{}", self.global_world()),
+                reason: format!(
+                    "peer {peer} is not a rank on another node (global rank {} of {}, {} ranks per node)",
+                    self.global_rank(),
+                    topology.world_size(),
+                    self.world
+                ),
             });
         }
         let out = stream.alloc_zeros::<u64>(iters as usize)?;
