@@ -1,4 +1,4 @@
-//! AllGather + GEMM (`mk_ag_gemm_bf16_nk`; device `kernels/ag_gemm/`, host `fused.rs`):
+//! AllGather + GEMM (`mk_ag_gemm_bf16_nk`; device `kernels/ag_gemm/`, host `ops/ag_gemm.rs`):
 //! `C = AllGather_rows(A) * B^T`, A gathered by rows over NVLink (and across nodes through the
 //! proxy), B as N x K. The first `n_comm` CTAs move A; the others run the GEMM.
 use crate::bulk::BulkSmem;

@@ -1,5 +1,5 @@
 //! GEMM + ReduceScatter / AllReduce (`mk_gemm_rs_bf16_nk`; device `kernels/gemm_rs/`, host
-//! `fused.rs`): `P_r = A_r * B_r^T` on every rank, reduced over ranks by row chunk. Its launch
+//! `ops/gemm_rs.rs`): `P_r = A_r * B_r^T` on every rank, reduced over ranks by row chunk. Its launch
 //! arguments, kernel spec, shared memory (the GEMM ring, then copies of the descriptor and the
 //! arguments, then the work-item table) and the warp-role table.
 use crate::comm::CommDesc;

@@ -16,7 +16,7 @@
 //! Roles ([`mkernel_config::ops::ag_gemm::Role`]): [`comm`] (comm CTAs), [`producer`] and
 //! [`consumer`] (compute CTAs); the launch's epoch and exit are `crate::comm::launch`. Config
 //! (arguments, shared memory, role table): `mkernel_config::ops::ag_gemm`; host plan:
-//! `mkernel::fused::AgGemmPlan`.
+//! `mkernel::ops::AgGemmPlan`.
 use crate::arch::{ids, regs, smem, sync, tma, tma::TensorMap};
 use crate::comm::launch::{exit_launch, fused_ctx};
 use crate::gemm::ring::{Ring, RingPos};

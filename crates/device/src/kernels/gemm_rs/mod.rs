@@ -1,6 +1,6 @@
 //! GEMM+ReduceScatter/AllReduce (`mk_gemm_rs_bf16_nk`): the kernel entry, the register split and
 //! the dispatch of each warp to its role. Config (arguments, shared memory, role table):
-//! `mkernel_config::ops::gemm_rs`; host plan: `mkernel::fused::GemmRsPlan`.
+//! `mkernel_config::ops::gemm_rs`; host plan: `mkernel::ops::GemmRsPlan`.
 //!
 //! Modules, one per role ([`mkernel_config::ops::gemm_rs::Role`]): [`producer`], [`consumer`]
 //! (the tile loop; its epilogue in [`epilogue`] without stagers, announcing through
