@@ -86,8 +86,31 @@ pub const PROBE_COUNTER: u32 = MAX_COMM_CTAS - 1;
 pub const EPOCH_COUNTERS_OFFSET: u64 = (FLAG_SLOTS * MAX_LOCAL_RANKS * MAX_COMM_CTAS) as u64 * 8;
 /// The rank's [`ErrorRecord`] follows the epoch counters (local use; the host reads it back).
 pub const ERROR_RECORD_OFFSET: u64 = EPOCH_COUNTERS_OFFSET + MAX_COMM_CTAS as u64 * 8;
-/// The rank's abort word (`u32`): nonzero makes every wait of the rank give up at once.
+/// The rank's abort word (`u32`): nonzero makes every wait of the rank give up at once. Its
+/// value says who raised it ([`abort_word`]).
 pub const ABORT_OFFSET: u64 = ERROR_RECORD_OFFSET + 64;
+
+/// Values of the abort word (at [`ABORT_OFFSET`]): 0 while running; otherwise why the rank stops.
+pub mod abort_word {
+    /// A wait of this rank timed out (its error record says which).
+    pub const TIMED_OUT: u32 = 1;
+    /// This rank's proxy failed (the proxy's own error record says why).
+    pub const PROXY_FAILED: u32 = 2;
+    /// `BY_HOST | g`: `Communicator::abort` of global rank `g` (raised at every rank it reaches).
+    pub const BY_HOST: u32 = 1 << 31;
+    /// The abort word `Communicator::abort` of global rank `g` writes.
+    pub const fn by_host(g: u32) -> u32 {
+        BY_HOST | g
+    }
+    /// The global rank whose host aborted, if `word` was written by `Communicator::abort`.
+    pub const fn host_rank(word: u32) -> Option<u32> {
+        if word & BY_HOST != 0 {
+            Some(word & !BY_HOST)
+        } else {
+            None
+        }
+    }
+}
 /// Most ranks in a job (all nodes).
 pub const MAX_RANKS: u32 = 64;
 /// Inter-node flags `[RemoteSlot][source global rank]` (u64 epochs), written by the *proxy*
@@ -202,6 +225,9 @@ pub struct ErrorRecord {
     pub seen: u64,
     /// Nanoseconds waited.
     pub waited_ns: u64,
+    /// [`ErrorCode::Aborted`]: the abort word the wait saw ([`abort_word`]); 0 otherwise.
+    pub abort_word: u32,
+    pub _pad: u32,
 }
 
 /// What a stalled wait waited for, as written into [`ErrorRecord::slot`]: a [`FlagSlot`]
@@ -215,6 +241,19 @@ pub mod wait_code {
     pub const FIFO_SPACE: u32 = 18;
     /// The proxy's completion watermark (`done`).
     pub const FIFO_DONE: u32 = 19;
+    /// A GEMM ring slot's `full` mbarrier (the producer's TMA loads), awaited by a consumer
+    /// warpgroup; `peer` is the waiting warpgroup.
+    pub const RING_FULL: u32 = 20;
+    /// A GEMM ring slot's `empty` mbarrier (the consumers' release), awaited by the producer;
+    /// `peer` is the waiting warpgroup (0).
+    pub const RING_EMPTY: u32 = 21;
+    /// A consumer warpgroup's staging handshake with its stager or its own staged TMA load
+    /// (`aux` mbarriers of GEMM+ReduceScatter/AllReduce); `peer` is the mbarrier's index.
+    pub const STAGING: u32 = 22;
+    /// A stager's wait for its consumers' ring progress (the shared-memory tick count).
+    pub const RING_TICK: u32 = 23;
+    /// The consumers' wait for warp 3's "the other nodes' sums landed" (`aux(0)`).
+    pub const NODE_SUMS: u32 = 24;
 }
 
 /// Error codes of [`ErrorRecord`].
@@ -224,6 +263,9 @@ pub enum ErrorCode {
     None = 0,
     /// A flag did not reach the expected epoch in time.
     Timeout = 1,
+    /// A wait saw the rank's abort word raised (by `Communicator::abort` of the rank in
+    /// [`ErrorRecord::abort_word`], or by the rank's proxy failing) and gave up.
+    Aborted = 2,
 }
 
 /// Roles a CTA of a persistent kernel can take.

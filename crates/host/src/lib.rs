@@ -25,7 +25,7 @@ pub mod runtime;
 pub mod tensor_map;
 pub mod tune;
 
-pub use comm::{CommConfig, Communicator, ReduceDtype, ReduceElem, SymBuffer};
+pub use comm::{AbortHandle, CommConfig, Communicator, ReduceDtype, ReduceElem, SymBuffer};
 pub use cudarc;
 pub use error::{Error, Result};
 pub use gemm::{BLayout, GemmPlan, GemmShape, OutDtype};

@@ -1,13 +1,15 @@
 //! The launch of a fused persistent kernel (`kernels::ag_gemm`, `kernels::gemm_rs`): its epoch,
-//! the rank's abort word, the hang bound of its GEMM ring, and the exit count whose last warp
+//! the rank's abort word, the bounds of its GEMM ring's waits, and the exit count whose last warp
 //! advances the epoch.
 //!
 //! Epoch: one per launch, read by every CTA at start and advanced by the last warp (or CTA) to
 //! exit; the last exit also resets the exit counter.
-use crate::arch::{ids, mbarrier, memory, memory::Scope, sync};
+use crate::arch::{ids, memory, memory::Scope, sync};
+use crate::comm::wait::{local_stall, THIS_WARPGROUP};
 use crate::comm::CommCtx;
-use mkernel_config::comm::{CommDesc, Role, ABORT_OFFSET, FUSED_EPOCH_OFFSET, FUSED_EXITS_OFFSET};
+use mkernel_config::comm::{wait_code, CommDesc, Role, ABORT_OFFSET, FUSED_EPOCH_OFFSET, FUSED_EXITS_OFFSET};
 
+/// This launch's epoch: one past the last finished launch's.
 ///
 /// # Safety
 /// `c` is this launch's context (its own heap mapped).
@@ -39,27 +41,18 @@ pub unsafe fn abort_word(desc: u64) -> u32 {
     unsafe { memory::ld_relaxed_u32(Scope::Gpu, (heap + ABORT_OFFSET) as *const u32) }
 }
 
-/// How long a fused kernel's GEMM ring may stall before the wait is declared hung (a trap): past
-/// every communication wait it can be behind (a relayed wait takes twice the timeout).
-///
-/// # Safety
-/// `desc` is the address of this launch's `CommDesc` (global memory or a shared copy).
-#[inline(always)]
-pub unsafe fn fused_hung_ns(desc: u64) -> u64 {
-    unsafe { (*(desc as *const CommDesc)).timeout_ns }
-        .saturating_mul(4)
-        .saturating_add(mbarrier::HUNG_NS)
-}
-
-/// Stall callback of a fused kernel's consumer slot waits: trap once hung ([`fused_hung_ns`]).
+/// Stall callback of a fused kernel's consumer slot waits (`full`): past `comm::wait::hung_ns` the
+/// wait gives up with a record (`RING_FULL`, the warpgroup) and the abort word raised; an abort
+/// alone does not end it (the producer keeps filling: [`local_stall`]).
 #[inline(always)]
 pub fn consumer_stall(desc: u64) -> impl Fn(u64) -> bool + Copy {
-    move |stalled| {
-        if stalled > unsafe { fused_hung_ns(desc) } {
-            crate::arch::trap();
-        }
-        false
-    }
+    local_stall::<false>(desc, Role::Compute, wait_code::RING_FULL, THIS_WARPGROUP)
+}
+
+/// As [`consumer_stall`] for the producer's waits for a free slot (`empty`, `RING_EMPTY`).
+#[inline(always)]
+pub fn producer_stall(desc: u64) -> impl Fn(u64) -> bool + Copy {
+    local_stall::<false>(desc, Role::Compute, wait_code::RING_EMPTY, THIS_WARPGROUP)
 }
 
 /// This launch's context, read from the descriptor. Each role builds its own after its

@@ -5,10 +5,10 @@
 //! Posting: claim `seq` with `atom.add` on the device-side head; wait (bounded) until
 //! `seq - tail < capacity`; write the body with plain stores; commit with
 //! `st.release.sys header = seq + 1` (the proxy acquires the header, then reads the body).
-use super::wait::report_timeout_code;
+use super::wait::report_give_up;
 use super::CommCtx;
 use crate::arch::{memory, memory::Scope, time};
-use mkernel_config::comm::{remote_flag_offset, RemoteSlot, ABORT_OFFSET, FIFO_HEAD_OFFSET};
+use mkernel_config::comm::{abort_word, remote_flag_offset, RemoteSlot, ABORT_OFFSET, FIFO_HEAD_OFFSET};
 use mkernel_config::fifo::{self, offsets as at};
 
 use mkernel_config::comm::wait_code::{
@@ -55,19 +55,19 @@ unsafe fn wait_until(
         }
         polls += 1;
         if polls % 64 == 0 {
+            let mut aborting = unsafe { memory::ld_relaxed_u32(Scope::Gpu, abort) } != 0;
             // The proxy's abort word lives in host memory: read it 16 times less often (many
             // pollers reading across PCIe would slow the host's own traffic to this GPU).
-            if unsafe { memory::ld_relaxed_u32(Scope::Gpu, abort) } != 0 {
-                return false;
-            }
-            if polls % 1024 == 0 && unsafe { memory::ld_relaxed_u32(Scope::Sys, fifo_abort) } != 0 {
-                // The proxy failed (its own error record says why): stop this rank's other waits too.
-                unsafe { memory::st_relaxed_u32(Scope::Gpu, abort as *mut u32, 1) };
-                return false;
+            if !aborting && polls % 1024 == 0 && unsafe { memory::ld_relaxed_u32(Scope::Sys, fifo_abort) } != 0 {
+                // The proxy failed (its own error record says why): stop this rank's other waits
+                // too (a host's abort, if one came first, keeps its word).
+                let _ =
+                    unsafe { memory::atom_acq_rel_cas_u32(Scope::Gpu, abort as *mut u32, 0, abort_word::PROXY_FAILED) };
+                aborting = true;
             }
             let waited = time::globaltimer_ns().wrapping_sub(start);
-            if waited > c.timeout_ns {
-                unsafe { report_timeout_code(c, code, peer, target, seen, waited) };
+            if aborting || waited > c.timeout_ns {
+                unsafe { report_give_up(c, code, peer, target, seen, waited) };
                 return false;
             }
         }

@@ -201,6 +201,12 @@ impl InterNode {
         self.fifo.device
     }
 
+    /// Every rank's heap base as mapped here (index = global rank; `Communicator::abort`
+    /// reaches them all through these).
+    pub(crate) fn heap_bases(&self) -> Vec<u64> {
+        self._mappings.iter().map(|m| m.va).collect()
+    }
+
     /// The proxy's error record, if it failed.
     pub fn check(&self) -> Result<()> {
         // SAFETY: the FIFO stays allocated while `self` lives.

@@ -19,6 +19,7 @@
 //! - Launches on one communicator are serialized by an internal lock (see
 //!   [`Communicator`]'s "Launch order") and ordered on the device across streams.
 //! - Streams and buffers of another CUDA context are refused ([`Error::ForeignContext`]).
+pub mod abort;
 pub mod heap;
 pub mod internode;
 #[cfg(feature = "rdma")]
@@ -28,6 +29,7 @@ mod residency;
 use crate::check;
 use crate::error::{Error, Result};
 use crate::runtime::Device;
+pub use abort::AbortHandle;
 use cudarc::driver::sys::{self, CUstream};
 use cudarc::driver::{
     CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
@@ -36,8 +38,7 @@ use heap::SymmetricHeap;
 use internode::{InterNode, FIFO_CAPACITY};
 use mkernel_bootstrap::Bootstrap;
 use mkernel_config::comm::{
-    CommDesc, ErrorRecord, FlagSlot, Role, ABORT_OFFSET, ERROR_RECORD_OFFSET, HEAP_RESERVED_BYTES, HEAP_ZEROED_BYTES,
-    MAX_COMM_CTAS, MAX_LOCAL_RANKS, STAGED_CTAS,
+    CommDesc, FlagSlot, HEAP_RESERVED_BYTES, HEAP_ZEROED_BYTES, MAX_COMM_CTAS, MAX_LOCAL_RANKS, STAGED_CTAS,
 };
 use mkernel_config::{kernels, KernelSpec};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -305,6 +306,8 @@ pub struct Communicator {
     /// The bump allocator's next free offset.
     next_free: Mutex<u64>,
     order: Mutex<LaunchOrder>,
+    /// The abort words this rank raises, and the reset count ([`abort`]).
+    aborter: Arc<abort::Aborter>,
 }
 
 impl Communicator {
@@ -379,6 +382,29 @@ impl Communicator {
         boot.store()
             .barrier("mkernel/communicator/zeroed", cfg.bootstrap_timeout)?;
         let desc_addr = desc.device_ptr(&stream).0;
+        // The abort reaches every local rank over NVLink; on emulated nodes, every rank of the
+        // job through the wire's mappings (own heap first either way).
+        let mut abort_bases = vec![heap.local_base()];
+        match &node {
+            Some(n) => abort_bases.extend(
+                n.heap_bases()
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(g, _)| *g != info.rank())
+                    .map(|(_, b)| b),
+            ),
+            None => abort_bases.extend(
+                (0..world as usize)
+                    .filter(|r| *r != rank as usize)
+                    .filter_map(|r| heap.base(r)),
+            ),
+        }
+        let aborter = abort::Aborter::new(
+            device.context(),
+            &abort_bases,
+            info.rank() as u32,
+            cfg.bootstrap_timeout,
+        )?;
         let mut comm = Communicator {
             wire: None,
             device: device.clone(),
@@ -390,6 +416,7 @@ impl Communicator {
             world,
             next_free: Mutex::new(HEAP_RESERVED_BYTES),
             order: Mutex::new(LaunchOrder::default()),
+            aborter,
         };
         if let Some(node) = node {
             let max_bytes = wire_bytes / (nnodes as u64 + 2) / 256 * 256;
@@ -807,53 +834,31 @@ impl Communicator {
     }
 
     /// Reads the device error record (after the stream's work finished). A timeout becomes
-    /// [`Error::CommTimeout`] naming the rank that stalled and the peer it waited for.
+    /// [`Error::CommTimeout`] naming the rank that stalled and the peer it waited for; an abort
+    /// ([`Communicator::abort`], by this rank or a peer) becomes [`Error::Aborted`] naming the
+    /// rank that aborted - also when no wait saw it, for as long as the communicator stays
+    /// aborted (until [`Communicator::reset`]).
     pub fn check(&self) -> Result<()> {
         if let Some(w) = &self.wire {
             w.node.check()?;
         }
-        let mut rec = ErrorRecord::default();
-        // SAFETY: reads the record from this rank's own heap into a repr(C) struct.
-        unsafe {
-            let bytes = std::slice::from_raw_parts_mut(
-                &mut rec as *mut ErrorRecord as *mut u8,
-                std::mem::size_of::<ErrorRecord>(),
-            );
-            cudarc::driver::result::memcpy_dtoh_sync(bytes, self.heap.local_base() + ERROR_RECORD_OFFSET)?;
-        }
-        if rec.code == 0 {
-            return Ok(());
-        }
-        Err(Error::CommTimeout {
-            rank: rec.rank,
-            role: Role::name(rec.role),
-            flag: wait_name(rec.slot),
-            peer: rec.peer,
-            cta: rec.cta,
-            expected: rec.expected,
-            seen: rec.seen,
-            waited_ms: rec.waited_ns / 1_000_000,
-        })
-    }
-
-    /// Raises this rank's abort word: every wait of the rank gives up at once.
-    pub fn abort(&self) -> Result<()> {
-        // SAFETY: writes the abort word of this rank's own heap.
-        unsafe {
-            cudarc::driver::result::memcpy_htod_sync(self.heap.local_base() + ABORT_OFFSET, &1u32.to_ne_bytes())?
-        };
-        Ok(())
+        abort::status(self.heap.local_base(), self.global_rank())
     }
 }
 
 /// What the error record's `slot` says was awaited (`mkernel_config::comm::wait_code`).
-fn wait_name(code: u32) -> String {
+pub(crate) fn wait_name(code: u32) -> String {
     use mkernel_config::comm::wait_code as w;
     match code {
         w::REMOTE_READY => "inter-node Ready flag (epoch)".into(),
         w::REMOTE_DATA => "inter-node Data flag (epoch)".into(),
         w::FIFO_SPACE => "proxy FIFO space".into(),
         w::FIFO_DONE => "proxy completion (done)".into(),
+        w::RING_FULL => "GEMM ring slot (full mbarrier, loads landed)".into(),
+        w::RING_EMPTY => "GEMM ring slot (empty mbarrier, consumers released)".into(),
+        w::STAGING => "epilogue staging (aux mbarrier)".into(),
+        w::RING_TICK => "consumers' ring progress (tick count)".into(),
+        w::NODE_SUMS => "other nodes' sums (aux mbarrier)".into(),
         c => match FlagSlot::from_u32(c) {
             // Counters count tiles; every other slot holds epochs.
             Some(s @ (FlagSlot::Tile1 | FlagSlot::Tile2 | FlagSlot::NodeSum | FlagSlot::Outbox)) => {
@@ -908,6 +913,8 @@ fn check_fits(op: &'static str, b: &SymBuffer, need: u64) -> Result<()> {
 
 impl Drop for Communicator {
     fn drop(&mut self) {
+        // No abort handle writes into the mappings from here on.
+        self.aborter.close();
         // Peers may still be writing into our heap: wait until every local rank is done
         // before the mappings go away (best effort; errors are already reported elsewhere).
         let _ = self.device.context().synchronize();

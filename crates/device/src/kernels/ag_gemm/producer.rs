@@ -2,7 +2,7 @@
 //! its rows of A have arrived, then issues the TMA loads of A and B into the ring.
 use super::schedule;
 use crate::arch::{memory, tma::TensorMap};
-use crate::comm::launch::{consumer_stall, fused_ctx};
+use crate::comm::launch::{fused_ctx, producer_stall};
 use crate::comm::wait::wait_flag_of_cta;
 use crate::comm::{proxy, CommCtx};
 use crate::gemm::producer::{fill_without_data, load_tile};
@@ -23,8 +23,8 @@ pub(super) unsafe fn run(a: &AgGemmArgs, idx: u32, ring: &Ring, pos: RingPos, ma
     // shard): kept across the loop it would not fit the producer's 56 registers.
     let mut ready_row: u32 = u32::MAX; // last tile row known to have arrived
     let mut remote_ready: u32 = u32::MAX; // last remote shard known to have arrived
-                                          // AllGather+GEMM's consumers never stop early: the producer's waits only trap once hung.
-    let give_up = consumer_stall(a.desc);
+                                          // AllGather+GEMM's consumers never stop early: the producer's waits give up only once hung.
+    let give_up = producer_stall(a.desc);
     let mut tiles = tiles;
     while let Some(tile) = tiles.next() {
         let src = tile.m0 / shard_rows; // global rank

@@ -10,15 +10,15 @@ use super::stream_k::{add_sk_partials, write_sk_partial};
 use super::trickle::Trickle;
 use super::work_items::{item, stream_k};
 use crate::arch::sync::named_barrier_or;
-use crate::arch::{ids, mbarrier, smem};
+use crate::arch::{ids, smem};
 use crate::comm::launch::{abort_word, aborted, consumer_stall};
-use crate::comm::wait::wait_flag_of_cta;
+use crate::comm::wait::{wait_flag_of_cta, wait_mbarrier};
 use crate::gemm::consumer::{drain_tile, mma_tile_hooked};
 use crate::gemm::epilogue::drain_tma_stores;
 use crate::gemm::ring::{Ring, RingPos};
 use crate::gemm::scheduler::Tile;
 use crate::gemm::{trace, BLayout, TILE};
-use mkernel_config::comm::FlagSlot;
+use mkernel_config::comm::{wait_code, FlagSlot, Role};
 use mkernel_config::ops::gemm_rs::GemmRsArgs;
 use mkernel_config::trace::{tile_kind, End, Mark};
 
@@ -153,7 +153,15 @@ pub(super) unsafe fn run(a: &GemmRsArgs, pos: RingPos) {
                 // (always completes) has landed.
                 drain_tma_stores();
                 if ready & STAGED != 0 {
-                    while !mbarrier::try_wait_parity(staging_ready(&ring, wg), (ready & STAGE_PARITY != 0) as u32) {}
+                    let parity = (ready & STAGE_PARITY != 0) as u32;
+                    let _ = wait_mbarrier(
+                        staging_ready(&ring, wg),
+                        parity,
+                        ldesc(),
+                        Role::Compute,
+                        wait_code::STAGING,
+                        wg,
+                    );
                 }
                 // Keep freeing the ring's slots for this CTA's remaining work (without
                 // computing): the producer and the other consumer warpgroup, which stops at its

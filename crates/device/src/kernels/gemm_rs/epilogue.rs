@@ -10,12 +10,12 @@ use crate::arch::memory::Scope;
 use crate::arch::sync::named_barrier_or;
 use crate::arch::tma::TensorMap;
 use crate::arch::{ids, mbarrier, memory, sync, tma};
-use crate::comm::wait::wait_flag_of_cta;
+use crate::comm::wait::{wait_flag_of_cta, wait_mbarrier};
 use crate::gemm::epilogue::{add_bf16_tile, add_staged_tile, store_tile_tma, store_tile_tma_to, MapTable, StagedOnly};
 use crate::gemm::ring::Ring;
 use crate::gemm::scheduler::Tile;
 use crate::gemm::TILE;
-use mkernel_config::comm::{flag_offset, CommDesc, FlagSlot};
+use mkernel_config::comm::{flag_offset, wait_code, CommDesc, FlagSlot, Role};
 use mkernel_config::ops::gemm_rs::GemmRsArgs;
 use mkernel_config::trace::Mark;
 use mkernel_config::GemmTile;
@@ -159,7 +159,18 @@ pub(super) unsafe fn add_chained_partials(ring: &Ring, tile: Tile, wg: u32, acc:
 #[inline(always)]
 pub(super) unsafe fn wait_staged(ring: &Ring, wg: u32, ready: &mut u32) {
     let parity = (*ready & STAGE_PARITY != 0) as u32;
-    while !unsafe { mbarrier::try_wait_parity(staging_ready(ring, wg), parity) } {}
+    // (A load always lands; bounded anyway: a record, then the tile goes on with what the
+    // staging holds and the next barrier sees the abort.)
+    let _ = unsafe {
+        wait_mbarrier(
+            staging_ready(ring, wg),
+            parity,
+            ldesc(),
+            Role::Compute,
+            wait_code::STAGING,
+            wg,
+        )
+    };
     *ready ^= STAGE_PARITY;
 }
 
@@ -308,7 +319,7 @@ pub(super) unsafe fn rs_epilogue(
                     // The other nodes' sums of our rows have landed once warp 3 arrived on the
                     // aux barrier (its acquire of their flags, then the barrier's release/acquire
                     // order our loads after the proxy's writes). Bounded by warp 3's wait.
-                    while !mbarrier::try_wait_parity(node_sums(ring), 0) {}
+                    let _ = wait_mbarrier(node_sums(ring), 0, ldesc(), Role::Compute, wait_code::NODE_SUMS, 0);
                     let block_bytes = block_rows as u64 * a.n as u64 * 2;
                     let at = c.heap(c.rank)
                         + a.xrecv_off

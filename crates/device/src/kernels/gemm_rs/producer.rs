@@ -6,8 +6,8 @@ use super::stager::stager_runs;
 use super::work_items::{item, stream_k};
 use crate::arch::smem;
 use crate::arch::tma::TensorMap;
-use crate::comm::launch::consumer_stall;
-use crate::gemm::producer::{load_tile_counted, wait_loads_landed};
+use crate::comm::launch::{abort_word, producer_stall};
+use crate::gemm::producer::{fill_without_data, load_tile_counted, wait_loads_landed};
 use crate::gemm::ring::{Ring, RingPos};
 use crate::gemm::BLayout;
 use mkernel_config::ops::gemm_rs::GemmRsArgs;
@@ -24,10 +24,15 @@ pub(super) unsafe fn run(a: &GemmRsArgs, idx: u32, pos: RingPos) {
         let it = unsafe { item(idx, w) };
         w += 1;
         let (tile, a_row) = (it.tile, it.a_row);
-        // Gives up once the rank aborted and the consumers stopped taking slots.
-        // Consumers that stop early keep freeing slots: every tile is loaded.
+        // Consumers that stop early keep freeing slots: every item's slots are filled -
+        // once the rank aborted, without data (an aborted launch does not stream its
+        // operands; the consumers stop at their next epilogue barrier).
         // With a stager, its trickle follows the count of free slots ([`Ring::tick`]).
         let count = stager_runs(a).then(|| free_slots(&ring));
+        if unsafe { abort_word(ldesc()) } != 0 {
+            let _ = unsafe { fill_without_data(&ring, &mut pos, it.k_len(), producer_stall(ldesc())) };
+            continue;
+        }
         let _ = unsafe {
             load_tile_counted::<true>(
                 &ring,
@@ -39,7 +44,7 @@ pub(super) unsafe fn run(a: &GemmRsArgs, idx: u32, pos: RingPos) {
                 tile,
                 it.k0,
                 it.k_len(),
-                consumer_stall(ldesc()),
+                producer_stall(ldesc()),
                 count,
             )
         };
