@@ -10,11 +10,21 @@
 //! 3. `mk_moe_grouped_gemm` (up): `Hid[slot] = act(Xp[slot] * W_up[e]^T)`.
 //! 4. `mk_moe_grouped_gemm` (down): `Yp[slot] = Hid[slot] * W_down[e]^T`.
 //! 5. `mk_moe_combine`: `out[t] = sum_j w[t, j] * Yp[slot(t, j)]`, f32 accumulation.
-use crate::gemm::GemmTile;
+use crate::gemm::{GemmTile, RingLayout, SMEM_ALIGN_SLACK};
 use crate::kernels::KernelSpec;
 
 /// The grouped GEMM's tile configuration (the plain GEMM's).
 pub const TILE: GemmTile = GemmTile::DEFAULT;
+/// The grouped GEMM's shared memory: its ring alone.
+#[repr(C)]
+pub struct GroupedGemmSmem {
+    pub ring: crate::ring_smem!(TILE),
+}
+/// The grouped GEMM ring's offsets.
+pub const RING: RingLayout = <crate::ring_smem!(TILE)>::layout(TILE);
+/// The grouped GEMM's dynamic shared memory.
+pub const GROUPED_GEMM_SMEM_BYTES: u32 = core::mem::size_of::<GroupedGemmSmem>() as u32 + SMEM_ALIGN_SLACK;
+const _: () = assert!(GROUPED_GEMM_SMEM_BYTES <= crate::SM90_MAX_SMEM_PER_CTA);
 /// Rows of one expert group are padded to a multiple of this (the tile's rows): no row tile
 /// holds rows of two experts, so every tile's bulk stores stay inside its expert's group.
 pub const ROW_ALIGN: u32 = TILE.block_m;
@@ -201,7 +211,7 @@ pub const MOE_GROUPED_GEMM: KernelSpec = KernelSpec {
     name: "mk_moe_grouped_gemm",
     max_threads: TILE.threads(),
     min_blocks_per_sm: 1,
-    dynamic_smem: TILE.smem_bytes(),
+    dynamic_smem: GROUPED_GEMM_SMEM_BYTES,
 };
 pub const MOE_COMBINE: KernelSpec = KernelSpec {
     name: "mk_moe_combine",
