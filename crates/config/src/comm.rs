@@ -248,6 +248,8 @@ pub mod wait_code {
     pub const FIFO_SPACE: u32 = 18;
     /// The proxy's completion watermark (`done`).
     pub const FIFO_DONE: u32 = 19;
+    /// Expert-parallel MoE flags (`mkernel_config::ops::moe::EpFlag`): this code + the flag.
+    pub const MOE_EP: u32 = 20;
 }
 
 /// Error codes of [`ErrorRecord`].

@@ -493,6 +493,10 @@ fn wait_name(code: u32) -> String {
         w::REMOTE_DATA => "inter-node Data flag (epoch)".into(),
         w::FIFO_SPACE => "proxy FIFO space".into(),
         w::FIFO_DONE => "proxy completion (done)".into(),
+        c if (w::MOE_EP..w::MOE_EP + 4).contains(&c) => {
+            let names = ["Ready", "Counts", "Rows", "Out"];
+            format!("MoE {} flag (epoch)", names[(c - w::MOE_EP) as usize])
+        }
         c => match FlagSlot::from_u32(c) {
             // Counters count tiles; every other slot holds epochs.
             Some(s @ (FlagSlot::Tile1 | FlagSlot::Tile2 | FlagSlot::NodeSum | FlagSlot::Outbox)) => {
