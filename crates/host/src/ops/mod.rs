@@ -3,5 +3,7 @@
 //! `crates/device/src/kernels/`.
 //!
 //! - [`moe`]: mixture-of-experts expert FFN on one GPU ([`moe::MoePlan`]).
+//! - [`moe_ep`]: the same layer with expert parallelism over the node's ranks ([`moe_ep::MoeEpPlan`]).
 
 pub mod moe;
+pub mod moe_ep;
