@@ -1,6 +1,7 @@
 //! `mkernel-bench --op <op>`: ours beside the vendor baseline, one run, medians, JSON.
 //! Usually started as `cargo xtask bench --op gemm` (or `bundle/xtask bench --op gemm` on a GPU
 //! host with no Rust).
+mod attention;
 mod collectives;
 mod fused;
 mod gemm;
@@ -34,6 +35,8 @@ enum Op {
     GemmAr,
     /// MoE expert FFN on one GPU vs a per-expert cuBLAS loop and torch._grouped_mm.
     Moe,
+    /// FlashAttention forward vs PyTorch SDPA (cuDNN and FlashAttention-2 backends, via python3).
+    Attention,
 }
 
 #[derive(Parser, Debug)]
@@ -137,6 +140,7 @@ fn main() -> Result<()> {
         Op::GemmRs => fused::run_rs(&args)?,
         Op::GemmAr => fused::run_ar(&args)?,
         Op::Moe => moe::run(&mkernel::Device::new(0)?, &args)?,
+        Op::Attention => attention::run(&mkernel::Device::new(0)?, &args)?,
     };
     // Under launch, rank 0 writes the JSON.
     if std::env::var("RANK").map_or(true, |r| r == "0") {

@@ -72,3 +72,71 @@ pub fn encode_bf16_sw128(t: Tensor2d, box_cols: u32, box_rows: u32) -> Result<Te
     }
     Ok(map)
 }
+
+/// A bf16 tensor `[rows][heads][cols]` (cols contiguous) as a 3D TMA tensor.
+#[derive(Clone, Copy, Debug)]
+pub struct Tensor3d {
+    /// Device address of element (0, 0, 0); 16-byte aligned.
+    pub ptr: u64,
+    /// Elements per head row (the contiguous dimension).
+    pub cols: u64,
+    pub heads: u64,
+    pub rows: u64,
+}
+
+/// Encodes a descriptor of a packed [`Tensor3d`] for boxes of `box_rows x 1 x box_cols` with
+/// 128-byte swizzle (`box_cols * 2 == 128`) and zero fill outside the tensor: one box is
+/// `box_rows` rows of one head's `box_cols` columns.
+pub fn encode_bf16_sw128_3d(t: Tensor3d, box_cols: u32, box_rows: u32) -> Result<TensorMap> {
+    let bad = |reason: String| Error::Shape {
+        op: "tensor map",
+        reason,
+    };
+    if t.ptr % 16 != 0 {
+        return Err(Error::Alignment {
+            op: "tensor map",
+            what: "tensor",
+            ptr: t.ptr,
+            align: 16,
+        });
+    }
+    if (t.cols * 2) % 16 != 0 {
+        return Err(bad(format!(
+            "head row of {} bf16 is not a multiple of 16 bytes",
+            t.cols
+        )));
+    }
+    if box_cols * 2 != 128 || box_rows == 0 || box_rows > 256 {
+        return Err(bad(format!("box {box_rows}x{box_cols} does not fit 128-byte swizzle")));
+    }
+    if t.cols == 0 || t.heads == 0 || t.rows == 0 || t.rows >= 1 << 31 || t.heads >= 1 << 16 {
+        return Err(bad(format!(
+            "{}x{}x{} tensor is empty or too large",
+            t.rows, t.heads, t.cols
+        )));
+    }
+    let mut map = TensorMap { opaque: [0; 16] };
+    let dims = [t.cols, t.heads, t.rows];
+    let strides = [t.cols * 2, t.heads * t.cols * 2];
+    let boxes = [box_cols, 1, box_rows];
+    let elem_strides = [1u32, 1, 1];
+    // SAFETY: all arrays have rank (3) or rank - 1 (2) entries; map is writable and 64-aligned.
+    unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut map,
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            3,
+            t.ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            elem_strides.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+        .result()?;
+    }
+    Ok(map)
+}

@@ -29,6 +29,19 @@ pub unsafe fn load_2d(dst: SmemAddr, map: TensorMap, c0: u32, c1: u32, bar: Smem
     };
 }
 
+/// 3D tile load into shared memory that completes `bytes` on `bar`:
+/// `cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [dst], [map, {c0, c1, c2}], [bar];`
+/// Elements outside the tensor are filled with zeros.
+#[inline(always)]
+pub unsafe fn load_3d(dst: SmemAddr, map: TensorMap, c0: u32, c1: u32, c2: u32, bar: SmemAddr) {
+    unsafe {
+        asm!(
+            "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [{0}], [{1}, {{{2}, {3}, {4}}}], [{5}];",
+            in(reg32) dst.0, in(reg64) map.0, in(reg32) c0, in(reg32) c1, in(reg32) c2, in(reg32) bar.0, options(nostack)
+        )
+    };
+}
+
 /// As [`load_2d`], with an L2 cache policy ([`evict_first_policy`]):
 /// `cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [dst], [map, {c0, c1}], [bar], policy;`
 #[inline(always)]

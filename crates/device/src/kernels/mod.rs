@@ -1,5 +1,6 @@
 //! Kernel entry points. Each is listed in `mkernel_config::KERNELS` with its launch bounds.
 
+pub mod attention;
 pub mod collectives;
 pub mod fused;
 pub mod gemm;

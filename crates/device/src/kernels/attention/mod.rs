@@ -1,0 +1,125 @@
+//! `mk_flash_attn_fwd_d64` / `mk_flash_attn_fwd_d128`: FlashAttention forward, persistent and
+//! warp-specialized (see `mkernel_config::ops::attention` and docs/attention.md).
+//!
+//! Launch: grid = min(tiles, SMs), block = 384 threads, dynamic shared memory =
+//! `AttentionTile::smem_bytes()`; the single argument is the address of an [`AttentionArgs`]
+//! block in global memory (with the three tensor maps it points to).
+//!
+//! - [`schedule`]: which tiles a CTA computes and each tile's sequence bounds (both roles walk
+//!   the same sequence);
+//! - [`producer`]: TMA loads of Q and the (K, V) ring;
+//! - [`consumer`]: `S = Q K^T`, online softmax, `O += P V`, the O/LSE epilogue.
+pub mod consumer;
+pub mod producer;
+pub mod schedule;
+
+use crate::arch::{ids, mbarrier, regs, smem, sync, tma};
+use mkernel_config::ops::attention::{AttentionArgs, AttentionTile, Role, ROLES};
+
+/// The shared-memory addresses of one CTA (from the config's `offset_of!` layout).
+#[derive(Clone, Copy)]
+pub struct Smem {
+    pub base: smem::SmemAddr,
+    pub tile: AttentionTile,
+}
+
+impl Smem {
+    #[inline(always)]
+    pub fn q(&self) -> smem::SmemAddr {
+        self.base.add(self.tile.layout().q)
+    }
+    #[inline(always)]
+    pub fn k(&self, s: u32) -> smem::SmemAddr {
+        self.base.add(self.tile.layout().k + s * self.tile.kv_bytes())
+    }
+    #[inline(always)]
+    pub fn v(&self, s: u32) -> smem::SmemAddr {
+        self.base.add(self.tile.layout().v + s * self.tile.kv_bytes())
+    }
+    #[inline(always)]
+    pub fn q_full(&self) -> smem::SmemAddr {
+        self.base.add(self.tile.layout().q_full)
+    }
+    #[inline(always)]
+    pub fn q_empty(&self) -> smem::SmemAddr {
+        self.base.add(self.tile.layout().q_empty)
+    }
+    #[inline(always)]
+    pub fn k_full(&self, s: u32) -> smem::SmemAddr {
+        self.base.add(self.tile.layout().k_full + 8 * s)
+    }
+    #[inline(always)]
+    pub fn k_empty(&self, s: u32) -> smem::SmemAddr {
+        self.base.add(self.tile.layout().k_empty + 8 * s)
+    }
+    #[inline(always)]
+    pub fn v_full(&self, s: u32) -> smem::SmemAddr {
+        self.base.add(self.tile.layout().v_full + 8 * s)
+    }
+    #[inline(always)]
+    pub fn v_empty(&self, s: u32) -> smem::SmemAddr {
+        self.base.add(self.tile.layout().v_empty + 8 * s)
+    }
+    /// Initializes every barrier (one thread): the `full` ones take the producer's arrival plus
+    /// the TMA bytes, the `empty` ones one arrival per consumer warp.
+    #[inline(always)]
+    unsafe fn init(&self) {
+        let warps = self.tile.consumers() * 4;
+        unsafe {
+            mbarrier::init(self.q_full(), 1);
+            mbarrier::init(self.q_empty(), warps);
+            for s in 0..self.tile.stages {
+                mbarrier::init(self.k_full(s), 1);
+                mbarrier::init(self.k_empty(s), warps);
+                mbarrier::init(self.v_full(s), 1);
+                mbarrier::init(self.v_empty(s), warps);
+            }
+        }
+        mbarrier::fence_init();
+    }
+}
+
+/// The kernel body for one head dimension.
+#[inline(always)]
+unsafe fn flash_attn<const D: u32, const PR: u32, const CR: u32>(tile: AttentionTile, args: *const AttentionArgs) {
+    let sm = Smem {
+        base: smem::dynamic_smem_addr(),
+        tile,
+    };
+    if ids::thread_idx() == 0 {
+        unsafe {
+            let a = &*args;
+            tma::prefetch(tma::TensorMap(a.map_q as *const u8));
+            tma::prefetch(tma::TensorMap(a.map_k as *const u8));
+            tma::prefetch(tma::TensorMap(a.map_v as *const u8));
+            sm.init();
+        }
+    }
+    sync::sync_threads();
+    match ROLES[ids::warpgroup_idx() as usize] {
+        Role::Producer => {
+            regs::setmaxnreg_dec::<PR>();
+            if ids::thread_idx_reread() == 0 {
+                unsafe { producer::run::<D>(&sm, args) };
+            }
+        }
+        Role::Consumer(wg) => {
+            regs::setmaxnreg_inc::<CR>();
+            unsafe { consumer::run::<D>(&sm, args, wg) };
+        }
+    }
+}
+
+/// FlashAttention forward, head dim 64.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn mk_flash_attn_fwd_d64(args: *const AttentionArgs) {
+    const T: AttentionTile = AttentionTile::D64;
+    unsafe { flash_attn::<64, { T.producer_regs }, { T.consumer_regs }>(T, args) }
+}
+
+/// FlashAttention forward, head dim 128.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn mk_flash_attn_fwd_d128(args: *const AttentionArgs) {
+    const T: AttentionTile = AttentionTile::D128;
+    unsafe { flash_attn::<128, { T.producer_regs }, { T.consumer_regs }>(T, args) }
+}

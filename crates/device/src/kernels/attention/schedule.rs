@@ -1,0 +1,111 @@
+//! The tile sequence of a CTA and the bounds of each tile.
+//!
+//! Tiles are numbered `t = (b * heads_q + h) * m_blocks + i`, and CTA `c` of `g` takes
+//! `c, c + g, c + 2g, ...`. Inside a (sequence, head) the query blocks go from the last to the
+//! first: with a causal mask the last block has the most key blocks, so every wave of CTAs
+//! starts with the longest work (and the CTAs of a wave share one head's K and V in L2).
+use mkernel_config::ops::attention::AttentionArgs;
+
+/// Rows of a query tile and of a key/value block.
+pub const BLOCK: u32 = 128;
+
+/// One tile's work.
+#[derive(Clone, Copy)]
+pub struct Work {
+    pub b: u32,
+    pub h: u32,
+    pub h_kv: u32,
+    /// First query row of the tile inside its sequence.
+    pub m0: u32,
+    /// Row of the sequence's first query / key in the Q / K tensors.
+    pub q_start: u32,
+    pub k_start: u32,
+    pub q_len: u32,
+    pub k_len: u32,
+    /// Key blocks the tile attends to (0: none; its rows get O = 0, LSE = -inf).
+    pub n_blocks: u32,
+}
+
+impl Work {
+    /// Whether key block `n` needs the element mask: it runs past the keys, or (causal) some
+    /// of its keys lie right of the diagonal of the tile's first row.
+    #[inline(always)]
+    pub fn needs_mask(&self, n: u32, causal: bool) -> bool {
+        let n0 = n * BLOCK;
+        n0 + BLOCK > self.k_len || (causal && (n0 + BLOCK - 1) as i32 > self.m0 as i32 + self.shift())
+    }
+    /// `k_len - q_len`: query `i` sees keys `j <= i + shift` (bottom-right aligned).
+    #[inline(always)]
+    pub fn shift(&self) -> i32 {
+        self.k_len as i32 - self.q_len as i32
+    }
+}
+
+/// Tiles in the launch.
+#[inline(always)]
+pub fn total<const UNIFORM: bool>(a: &AttentionArgs) -> u32 {
+    let t = a.batch * a.heads_q * a.m_blocks;
+    if UNIFORM {
+        uniform(t)
+    } else {
+        t
+    }
+}
+
+/// `x` as the warp's lane 0 has it, through `shfl.sync.idx`: ptxas then knows branches on it do
+/// not diverge (a wgmma path it cannot prove convergent gets serialized, C7520). Full warps only.
+#[inline(always)]
+pub fn uniform(x: u32) -> u32 {
+    crate::arch::shuffle::shfl_idx(x, 0)
+}
+
+/// Tile `t`; `None` when its query block lies past the end of its sequence (varlen).
+/// `UNIFORM` (full warps only): the values read from memory go through [`uniform`].
+#[inline(always)]
+pub unsafe fn work<const UNIFORM: bool>(a: &AttentionArgs, t: u32) -> Option<Work> {
+    let u = |x: u32| if UNIFORM { uniform(x) } else { x };
+    let (m_blocks, heads_q) = (u(a.m_blocks), u(a.heads_q));
+    let bh = t / m_blocks;
+    let mb = m_blocks - 1 - t % m_blocks;
+    let (b, h) = (bh / heads_q, bh % heads_q);
+    let (q_start, q_len, k_start, k_len) = if a.cu_seqlens_q != 0 {
+        let cq = a.cu_seqlens_q as *const u32;
+        let ck = a.cu_seqlens_k as *const u32;
+        unsafe {
+            let (q0, q1) = (cq.add(b as usize).read(), cq.add(b as usize + 1).read());
+            let (k0, k1) = (ck.add(b as usize).read(), ck.add(b as usize + 1).read());
+            (u(q0), u(q1 - q0), u(k0), u(k1 - k0))
+        }
+    } else {
+        let (sq, sk) = (u(a.seqlen_q), u(a.seqlen_k));
+        (b * sq, sq, b * sk, sk)
+    };
+    let m0 = mb * BLOCK;
+    if m0 >= q_len {
+        return None;
+    }
+    let k_blocks = k_len.div_ceil(BLOCK);
+    let n_blocks = if u(a.causal) != 0 {
+        // Keys below `limit` are seen by the tile's last row.
+        let last = (m0 + BLOCK).min(q_len) as i32 - 1;
+        let limit = last + k_len as i32 - q_len as i32 + 1;
+        if limit <= 0 {
+            0
+        } else {
+            (limit as u32).div_ceil(BLOCK).min(k_blocks)
+        }
+    } else {
+        k_blocks
+    };
+    Some(Work {
+        b,
+        h,
+        h_kv: h / (heads_q / u(a.heads_kv)),
+        m0,
+        q_start,
+        k_start,
+        q_len,
+        k_len,
+        n_blocks,
+    })
+}
