@@ -161,7 +161,6 @@ pub fn output(
     out
 }
 
-
 /// The whole layer's output row of token `t` (`x` row `t`, its pairs' ids and weights; pair
 /// `j` counted when `kept(j)`), from the full weights of every expert: (value, tolerance) per
 /// column of H. Tolerance: each activation's (from [`up_row`], bf16 rounding included)
@@ -208,13 +207,23 @@ pub fn layer_row(
     (0..h).map(|c| (sum[c], tol[c] + out_rel * sum[c].abs())).collect()
 }
 
+/// What one rank of an expert-parallel layer must see ([`ep_expected`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EpExpected {
+    /// Pairs of this rank dropped (their owner had no room).
+    pub sent: u32,
+    /// Rows sent to this rank that it drops.
+    pub received: u32,
+    /// Per expert of the layer: the owner's receive rows `[lo, hi)` this rank's pairs may take.
+    pub ranges: Vec<(u32, u32)>,
+}
+
 /// What expert parallelism over `world` ranks must do with every rank's routing (`ids[r]`,
 /// global expert ids; `experts / world` experts per rank, in rank order) and `capacity`
-/// receive rows per rank: per rank, (pairs of its own dropped, rows it receives and drops,
-/// for every expert the range `[lo, hi)` of the owner's receive rows its pairs may take).
+/// receive rows per rank: per rank, its [`EpExpected`].
 /// Layout: at each owner its experts' groups in order, each padded to 128 rows, inside a
 /// group the sources in rank order; a row at or past `capacity` is dropped.
-pub fn ep_expected(ids: &[Vec<i32>], experts: usize, world: usize, capacity: usize) -> Vec<(u32, u32, Vec<(u32, u32)>)> {
+pub fn ep_expected(ids: &[Vec<i32>], experts: usize, world: usize, capacity: usize) -> Vec<EpExpected> {
     let le = experts / world;
     let cnt: Vec<Vec<u32>> = ids
         .iter()
@@ -252,7 +261,7 @@ pub fn ep_expected(ids: &[Vec<i32>], experts: usize, world: usize, capacity: usi
             let received = (r * le..(r + 1) * le)
                 .map(|e| total[e] - total[e].min(cap.saturating_sub(group[e])))
                 .sum();
-            (sent, received, ranges)
+            EpExpected { sent, received, ranges }
         })
         .collect()
 }
@@ -304,15 +313,15 @@ mod tests {
         let b = vec![0i32; 60];
         let all = [a, b];
         let full = ep_expected(&all, 4, 2, 384);
-        assert_eq!((full[0].0, full[0].1, full[1].0), (0, 0, 0));
-        assert_eq!(full[0].2[0], (0, 100));
-        assert_eq!(full[1].2[0], (100, 160));
-        assert_eq!(full[0].2[1], (256, 306));
+        assert_eq!((full[0].sent, full[0].received, full[1].sent), (0, 0, 0));
+        assert_eq!(full[0].ranges[0], (0, 100));
+        assert_eq!(full[1].ranges[0], (100, 160));
+        assert_eq!(full[0].ranges[1], (256, 306));
         // Capacity 128: rank 0 keeps 100 of expert 0 and none of expert 1; rank 1 keeps 28.
         let cut = ep_expected(&all, 4, 2, 128);
-        assert_eq!((cut[0].0, cut[1].0), (50, 32));
-        assert_eq!(cut[0].1, 82);
-        assert_eq!(cut[1].1, 0);
+        assert_eq!((cut[0].sent, cut[1].sent), (50, 32));
+        assert_eq!(cut[0].received, 82);
+        assert_eq!(cut[1].received, 0);
     }
 
     #[test]

@@ -44,6 +44,7 @@ fn routing(r: Routing, tokens: usize, experts: usize, top_k: usize, seed: u64) -
 }
 
 /// Runs one case on this rank; returns a log line.
+#[allow(clippy::neg_cmp_op_on_partial_ord)]
 fn run_case(comm: &mut Communicator, stream: &Arc<CudaStream>, c: &Case, seed: u64) -> String {
     let (rank, world) = (comm.rank() as usize, comm.world() as usize);
     let s = c.shape;
@@ -56,7 +57,9 @@ fn run_case(comm: &mut Communicator, stream: &Arc<CudaStream>, c: &Case, seed: u
     let d_up = stream
         .clone_htod(&w_up[rank * l * up_rows * h..(rank + 1) * l * up_rows * h])
         .unwrap();
-    let d_down = stream.clone_htod(&w_down[rank * l * h * f..(rank + 1) * l * h * f]).unwrap();
+    let d_down = stream
+        .clone_htod(&w_down[rank * l * h * f..(rank + 1) * l * h * f])
+        .unwrap();
     let mut plan = MoeEpPlan::new(comm, stream, s, &d_up, &d_down).unwrap();
     let cap = plan.capacity_rows();
     let d = Dims {
@@ -95,7 +98,7 @@ fn run_case(comm: &mut Communicator, stream: &Arc<CudaStream>, c: &Case, seed: u
         let label = format!("{} (launch {launch})", c.label);
         // Routing: drops as expected, every pair in its range of its owner's rows, once.
         let exp = ep_expected(&all_ids, s.experts, world, cap);
-        let (sent, received, ranges) = &exp[rank];
+        let (sent, received, ranges) = (&exp[rank].sent, &exp[rank].received, &exp[rank].ranges);
         let drops = plan.drops(stream).unwrap();
         assert_eq!((drops.sent, drops.received), (*sent, *received), "{label}: drops");
         let g = plan.inspect(stream).unwrap();
@@ -106,8 +109,15 @@ fn run_case(comm: &mut Communicator, stream: &Arc<CudaStream>, c: &Case, seed: u
             if row == u32::MAX {
                 continue;
             }
-            assert!(row >= lo && row < hi && row < cap as u32, "{label}: pair {p} (expert {e}) at row {row}, outside {lo}..{hi}");
-            assert!(seen.insert((e / l, row)), "{label}: row {row} of rank {} given twice", e / l);
+            assert!(
+                row >= lo && row < hi && row < cap as u32,
+                "{label}: pair {p} (expert {e}) at row {row}, outside {lo}..{hi}"
+            );
+            assert!(
+                seen.insert((e / l, row)),
+                "{label}: row {row} of rank {} given twice",
+                e / l
+            );
         }
         let kept_pairs = g.pos.iter().filter(|&&r| r != u32::MAX).count();
         assert_eq!(kept_pairs + *sent as usize, t * k, "{label}: pairs kept + dropped");
@@ -117,11 +127,23 @@ fn run_case(comm: &mut Communicator, stream: &Arc<CudaStream>, c: &Case, seed: u
         let wrong: Vec<(usize, f64, f64, f64)> = (0..t)
             .into_par_iter()
             .flat_map_iter(|tok| {
-                let want = layer_row(&x, &w_up, &w_down, d, tok, ids, wts, |j| pos[tok * k + j] != u32::MAX, rel, F32_ACC);
+                let want = layer_row(
+                    &x,
+                    &w_up,
+                    &w_down,
+                    d,
+                    tok,
+                    ids,
+                    wts,
+                    |j| pos[tok * k + j] != u32::MAX,
+                    rel,
+                    F32_ACC,
+                );
                 let got = &got[tok * h..(tok + 1) * h];
                 want.into_iter()
                     .zip(got.iter())
                     .enumerate()
+                    // Written so that a NaN counts as wrong.
                     .filter(|(_, ((v, tol), g))| !((**g - v).abs() <= *tol))
                     .map(move |(col, ((v, tol), g))| (tok * h + col, *g, v, tol))
                     .collect::<Vec<_>>()
@@ -290,13 +312,18 @@ fn moe_ep_matches_cpu_reference_and_names_a_missing_rank() {
     let err = plan.check(&stream).expect_err("the launch must time out");
     let elapsed = start.elapsed();
     match &err {
-        Error::CommTimeout { rank: r, peer, flag, .. } => {
+        Error::CommTimeout {
+            rank: r, peer, flag, ..
+        } => {
             assert_eq!(*r as usize, rank, "{err}");
             assert_eq!(*peer as usize, absent, "{err}");
             assert!(flag.contains("MoE"), "{err}");
         }
         other => panic!("rank {rank}: expected CommTimeout, got {other}"),
     }
-    assert!(elapsed < Duration::from_secs(20), "gave up after {elapsed:?}, the timeout is 4 s");
+    assert!(
+        elapsed < Duration::from_secs(20),
+        "gave up after {elapsed:?}, the timeout is 4 s"
+    );
     println!("rank {rank}: {err} (returned after {:.2} s)", elapsed.as_secs_f64());
 }

@@ -127,6 +127,31 @@ impl MoeEpShape {
     }
 }
 
+/// The kernel launches of [`MoeEpPlan::launch`], in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoeEpStage {
+    /// `mk_moe_ep_route`: counts, `Ready` handshake, count matrix, receive rows and layout.
+    Route,
+    /// `mk_moe_ep_dispatch`: token rows to their experts' owners.
+    Dispatch,
+    /// `mk_moe_grouped_gemm`: up projection (with the activation) of the received rows.
+    Up,
+    /// `mk_moe_grouped_gemm`: down projection into the heap.
+    Down,
+    /// `mk_moe_ep_combine`: rows read back from the owners, top-k weighted sum.
+    Combine,
+}
+
+impl MoeEpStage {
+    pub const ALL: [MoeEpStage; 5] = [
+        MoeEpStage::Route,
+        MoeEpStage::Dispatch,
+        MoeEpStage::Up,
+        MoeEpStage::Down,
+        MoeEpStage::Combine,
+    ];
+}
+
 /// Rows dropped by one launch for want of receive capacity ([`MoeEpPlan::drops`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MoeEpDrops {
@@ -258,9 +283,10 @@ impl<'a> MoeEpPlan<'a> {
             cudarc::driver::result::memset_d8_async(comm.ptr(&flag_buf), 0, EP_FLAG_BYTES as usize, stream.cu_stream())?
         };
         stream.synchronize()?;
-        comm.bootstrap()
-            .store()
-            .barrier(&format!("mkernel/moe_ep/zeroed/{flags}"), std::time::Duration::from_secs(60))?;
+        comm.bootstrap().store().barrier(
+            &format!("mkernel/moe_ep/zeroed/{flags}"),
+            std::time::Duration::from_secs(60),
+        )?;
         let (pu, _gu) = w_up.device_ptr(stream);
         let (pd, _gd) = w_down.device_ptr(stream);
         // SAFETY: the weights are borrowed for 'a and hold the shape's elements (checked).
@@ -410,6 +436,24 @@ impl<'a> MoeEpPlan<'a> {
         weights: &CudaSlice<f32>,
         out: &mut CudaSlice<O>,
     ) -> Result<()> {
+        for stage in MoeEpStage::ALL {
+            self.launch_stage(stage, stream, x, ids, weights, out)?;
+        }
+        Ok(())
+    }
+
+    /// Enqueues one stage of [`MoeEpPlan::launch`]. The stages of one launch must all be
+    /// enqueued, in order (the route starts a launch epoch that the others use): this is for
+    /// timing the stages with events between them, not for running one alone.
+    pub fn launch_stage<O: GemmOutput>(
+        &self,
+        stage: MoeEpStage,
+        stream: &Arc<CudaStream>,
+        x: &CudaSlice<bf16>,
+        ids: &CudaSlice<i32>,
+        weights: &CudaSlice<f32>,
+        out: &mut CudaSlice<O>,
+    ) -> Result<()> {
         let s = &self.shape;
         for (what, have, need) in [
             ("x", x.len(), s.tokens * s.hidden),
@@ -433,36 +477,48 @@ impl<'a> MoeEpPlan<'a> {
         // `mk_moe_ep_combine(desc, args, ids, weights, out, f32_out)`); the buffers hold the
         // shape's elements (checked above); the heap region and the local buffers are the plan's.
         unsafe {
-            stream
-                .launch_builder(&self.route)
-                .arg(&desc)
-                .arg(&ep)
-                .arg(ids)
-                .launch(Device::launch_config(&cfg::MOE_EP_ROUTE, 1))?;
-            stream
-                .launch_builder(&self.dispatch)
-                .arg(&desc)
-                .arg(&ep)
-                .arg(ids)
-                .arg(x)
-                .launch(Device::launch_config(&cfg::MOE_EP_DISPATCH, self.grid))?;
-            stream
-                .launch_builder(&self.gemm)
-                .arg(&up)
-                .launch(Device::launch_config(&cfg::MOE_GROUPED_GEMM, self.gemm_grid[0]))?;
-            stream
-                .launch_builder(&self.gemm)
-                .arg(&down)
-                .launch(Device::launch_config(&cfg::MOE_GROUPED_GEMM, self.gemm_grid[1]))?;
-            stream
-                .launch_builder(&self.combine)
-                .arg(&desc)
-                .arg(&ep)
-                .arg(ids)
-                .arg(weights)
-                .arg(out)
-                .arg(&f32_out)
-                .launch(Device::launch_config(&cfg::MOE_EP_COMBINE, self.grid))?;
+            match stage {
+                MoeEpStage::Route => {
+                    stream
+                        .launch_builder(&self.route)
+                        .arg(&desc)
+                        .arg(&ep)
+                        .arg(ids)
+                        .launch(Device::launch_config(&cfg::MOE_EP_ROUTE, 1))?;
+                }
+                MoeEpStage::Dispatch => {
+                    stream
+                        .launch_builder(&self.dispatch)
+                        .arg(&desc)
+                        .arg(&ep)
+                        .arg(ids)
+                        .arg(x)
+                        .launch(Device::launch_config(&cfg::MOE_EP_DISPATCH, self.grid))?;
+                }
+                MoeEpStage::Up => {
+                    stream
+                        .launch_builder(&self.gemm)
+                        .arg(&up)
+                        .launch(Device::launch_config(&cfg::MOE_GROUPED_GEMM, self.gemm_grid[0]))?;
+                }
+                MoeEpStage::Down => {
+                    stream
+                        .launch_builder(&self.gemm)
+                        .arg(&down)
+                        .launch(Device::launch_config(&cfg::MOE_GROUPED_GEMM, self.gemm_grid[1]))?;
+                }
+                MoeEpStage::Combine => {
+                    stream
+                        .launch_builder(&self.combine)
+                        .arg(&desc)
+                        .arg(&ep)
+                        .arg(ids)
+                        .arg(weights)
+                        .arg(out)
+                        .arg(&f32_out)
+                        .launch(Device::launch_config(&cfg::MOE_EP_COMBINE, self.grid))?;
+                }
+            }
         }
         Ok(())
     }
@@ -529,7 +585,7 @@ impl<'a> MoeEpPlan<'a> {
         self.shape
     }
     /// The communicator the plan runs on.
-    pub fn comm(&self) -> &Communicator {
+    pub fn comm(&self) -> &'a Communicator {
         self.comm
     }
     /// Receive rows per rank.
