@@ -2,10 +2,11 @@
 //! layer (tests/src/moe.rs): every rank derives every rank's tokens, routing and the full
 //! expert weights from seeds, checks where its pairs went and its own output. Cases: uniform,
 //! skewed, all tokens to one expert (top-1), top-8, a second launch with new routing on the
-//! same plan, a receive capacity that drops rows (counted), out-of-range ids, and last a rank
+//! same plan, a CUDA graph replayed with new routing, a receive capacity that drops rows (counted), out-of-range ids, and last a rank
 //! that never launches (the others end with a timeout naming it).
 //! Run: `bundle/xtask launch -n 2 --share-gpu -- <this binary> --include-ignored --nocapture`.
 use half::bf16;
+use mkernel::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use mkernel::cudarc::driver::CudaStream;
 use mkernel::ops::moe::Activation;
 use mkernel::ops::moe_ep::{MoeEpPlan, MoeEpShape};
@@ -33,6 +34,8 @@ struct Case {
     f32_out: bool,
     /// Launches with fresh routing on the same plan.
     launches: usize,
+    /// Capture the first launch in a CUDA graph and replay it for every launch.
+    graph: bool,
 }
 
 fn routing(r: Routing, tokens: usize, experts: usize, top_k: usize, seed: u64) -> (Vec<i32>, Vec<f32>) {
@@ -71,6 +74,30 @@ fn run_case(comm: &mut Communicator, stream: &Arc<CudaStream>, c: &Case, seed: u
         swiglu: s.act == Activation::SwiGlu,
     };
     let mut lines = vec![];
+    // Launch buffers: the same device buffers every launch (a captured graph reads them).
+    let mut dx = stream.alloc_zeros::<bf16>(t * h).unwrap();
+    let mut dids = stream.alloc_zeros::<i32>(t * k).unwrap();
+    let mut dw = stream.alloc_zeros::<f32>(t * k).unwrap();
+    let mut out32 = stream.alloc_zeros::<f32>(t * h).unwrap();
+    let mut out16 = stream.alloc_zeros::<bf16>(t * h).unwrap();
+    let graph = if c.graph {
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .unwrap();
+        if c.f32_out {
+            plan.launch(stream, &dx, &dids, &dw, &mut out32).unwrap();
+        } else {
+            plan.launch(stream, &dx, &dids, &dw, &mut out16).unwrap();
+        }
+        Some(
+            stream
+                .end_capture(CUgraphInstantiate_flags(0))
+                .unwrap()
+                .expect("captured graph"),
+        )
+    } else {
+        None
+    };
     for launch in 0..c.launches {
         let lseed = seed + 1000 * (launch as u64 + 1);
         let all: Vec<(Vec<i32>, Vec<f32>)> = (0..world)
@@ -79,21 +106,19 @@ fn run_case(comm: &mut Communicator, stream: &Arc<CudaStream>, c: &Case, seed: u
         let all_ids: Vec<Vec<i32>> = all.iter().map(|(i, _)| i.clone()).collect();
         let (ids, wts) = &all[rank];
         let x = random_bf16(t * h, lseed + 100 + rank as u64);
-        let (dx, dids, dw) = (
-            stream.clone_htod(&x).unwrap(),
-            stream.clone_htod(ids).unwrap(),
-            stream.clone_htod(wts).unwrap(),
-        );
+        stream.memcpy_htod(&x, &mut dx).unwrap();
+        stream.memcpy_htod(ids, &mut dids).unwrap();
+        stream.memcpy_htod(wts, &mut dw).unwrap();
+        match (&graph, c.f32_out) {
+            (Some(g), _) => g.launch().unwrap(),
+            (None, true) => plan.launch(stream, &dx, &dids, &dw, &mut out32).unwrap(),
+            (None, false) => plan.launch(stream, &dx, &dids, &dw, &mut out16).unwrap(),
+        }
+        plan.check(stream).unwrap();
         let got: Vec<f64> = if c.f32_out {
-            let mut out = stream.alloc_zeros::<f32>(t * h).unwrap();
-            plan.launch(stream, &dx, &dids, &dw, &mut out).unwrap();
-            plan.check(stream).unwrap();
-            stream.clone_dtoh(&out).unwrap().iter().map(|&v| v as f64).collect()
+            stream.clone_dtoh(&out32).unwrap().iter().map(|&v| v as f64).collect()
         } else {
-            let mut out = stream.alloc_zeros::<bf16>(t * h).unwrap();
-            plan.launch(stream, &dx, &dids, &dw, &mut out).unwrap();
-            plan.check(stream).unwrap();
-            stream.clone_dtoh(&out).unwrap().iter().map(|v| v.to_f64()).collect()
+            stream.clone_dtoh(&out16).unwrap().iter().map(|v| v.to_f64()).collect()
         };
         let label = format!("{} (launch {launch})", c.label);
         // Routing: drops as expected, every pair in its range of its owner's rows, once.
@@ -198,6 +223,7 @@ fn moe_ep_matches_cpu_reference_and_names_a_missing_rank() {
             routing: Routing::Uniform,
             f32_out: true,
             launches: 2,
+            graph: false,
         },
         Case {
             label: "skewed top-2",
@@ -205,6 +231,7 @@ fn moe_ep_matches_cpu_reference_and_names_a_missing_rank() {
             routing: Routing::Skewed,
             f32_out: true,
             launches: 1,
+            graph: false,
         },
         Case {
             label: "all tokens to one expert, top-1, bf16 out",
@@ -212,6 +239,7 @@ fn moe_ep_matches_cpu_reference_and_names_a_missing_rank() {
             routing: Routing::OneExpert,
             f32_out: false,
             launches: 1,
+            graph: false,
         },
         Case {
             label: "top-8, no activation",
@@ -219,6 +247,7 @@ fn moe_ep_matches_cpu_reference_and_names_a_missing_rank() {
             routing: Routing::Uniform,
             f32_out: true,
             launches: 1,
+            graph: false,
         },
         Case {
             label: "capacity 128 rows, skewed top-4 (drops)",
@@ -226,6 +255,15 @@ fn moe_ep_matches_cpu_reference_and_names_a_missing_rank() {
             routing: Routing::Skewed,
             f32_out: true,
             launches: 2,
+            graph: false,
+        },
+        Case {
+            label: "CUDA graph replayed with new routing (uniform, then new x, ids, weights)",
+            shape: shape(100, 4 * world, 4, SW, None),
+            routing: Routing::Uniform,
+            f32_out: true,
+            launches: 3,
+            graph: true,
         },
     ];
     for (i, c) in cases.iter().enumerate() {
