@@ -48,8 +48,20 @@ fn routing(r: Routing, tokens: usize, experts: usize, top_k: usize, seed: u64) -
 
 /// Runs one case on this rank; returns a log line.
 #[allow(clippy::neg_cmp_op_on_partial_ord)]
-fn run_case(comm: &mut Communicator, stream: &Arc<CudaStream>, c: &Case, seed: u64) -> String {
+fn run_case(comm: &mut Communicator, default_stream: &Arc<CudaStream>, c: &Case, seed: u64) -> String {
     let (rank, world) = (comm.rank() as usize, comm.world() as usize);
+    // A graph is captured on a stream of its own (the default stream cannot be captured),
+    // without cudarc's cross-stream event tracking; the case then uses that stream alone.
+    let stream = &if c.graph {
+        default_stream.synchronize().unwrap();
+        let ctx = default_stream.context().clone();
+        // SAFETY: from here on every buffer of this process is used on one stream at a time
+        // (this case's own stream, then the default stream after it synchronized).
+        unsafe { ctx.disable_event_tracking() };
+        ctx.new_stream().unwrap()
+    } else {
+        default_stream.clone()
+    };
     let s = c.shape;
     let l = s.local_experts(world);
     let up_rows = s.up_rows();
@@ -189,6 +201,7 @@ fn run_case(comm: &mut Communicator, stream: &Arc<CudaStream>, c: &Case, seed: u
             g.offsets[l]
         ));
     }
+    stream.synchronize().unwrap();
     lines.join("\n")
 }
 
