@@ -48,7 +48,7 @@ fn routing(r: Routing, tokens: usize, experts: usize, top_k: usize, seed: u64) -
 
 /// Runs one case on this rank; returns a log line.
 #[allow(clippy::neg_cmp_op_on_partial_ord)]
-fn run_case(comm: &mut Communicator, default_stream: &Arc<CudaStream>, c: &Case, seed: u64) -> String {
+fn run_case(comm: &Communicator, default_stream: &Arc<CudaStream>, c: &Case, seed: u64) -> String {
     let (rank, world) = (comm.rank() as usize, comm.world() as usize);
     // A graph is captured on a stream of its own (the default stream cannot be captured),
     // without cudarc's cross-stream event tracking; the case then uses that stream alone.
@@ -216,7 +216,7 @@ fn moe_ep_matches_cpu_reference_and_names_a_missing_rank() {
         timeout: Duration::from_secs(4),
         ..Default::default()
     };
-    let mut comm = Communicator::new(&dev, boot, cfg).unwrap();
+    let comm = Communicator::new(&dev, boot, cfg).unwrap();
     let (rank, world) = (comm.rank() as usize, comm.world() as usize);
     let stream = dev.default_stream();
     let shape = |tokens, experts, top_k, act, capacity| MoeEpShape {
@@ -280,7 +280,7 @@ fn moe_ep_matches_cpu_reference_and_names_a_missing_rank() {
         },
     ];
     for (i, c) in cases.iter().enumerate() {
-        println!("{}", run_case(&mut comm, &stream, c, 7 + 10 * i as u64));
+        println!("{}", run_case(&comm, &stream, c, 7 + 10 * i as u64));
     }
 
     // Out-of-range ids on rank 0: an error there, the other ranks unaffected, nothing written
@@ -291,7 +291,7 @@ fn moe_ep_matches_cpu_reference_and_names_a_missing_rank() {
         let w_up = random_bf16(l * s.up_rows() * 256, 3);
         let w_down = random_bf16(l * 256 * 128, 4);
         let (d_up, d_down) = (stream.clone_htod(&w_up).unwrap(), stream.clone_htod(&w_down).unwrap());
-        let mut plan = MoeEpPlan::new(&mut comm, &stream, s, &d_up, &d_down).unwrap();
+        let mut plan = MoeEpPlan::new(&comm, &stream, s, &d_up, &d_down).unwrap();
         let (mut ids, wts) = uniform_routing(32, s.experts, 2, 5 + rank as u64);
         if rank == 0 {
             ids[3] = -1;
@@ -332,7 +332,7 @@ fn moe_ep_matches_cpu_reference_and_names_a_missing_rank() {
         let s = shape(32, 6, 2, SW, None);
         if world == 4 {
             let w = stream.alloc_zeros::<bf16>(1).unwrap();
-            let e = MoeEpPlan::new(&mut comm, &stream, s, &w, &w).err().expect("E % W != 0");
+            let e = MoeEpPlan::new(&comm, &stream, s, &w, &w).err().expect("E % W != 0");
             assert!(e.to_string().contains("E % W"), "{e}");
         }
     }
@@ -342,7 +342,7 @@ fn moe_ep_matches_cpu_reference_and_names_a_missing_rank() {
     let l = s.local_experts(world);
     let d_up = stream.clone_htod(&random_bf16(l * s.up_rows() * 256, 8)).unwrap();
     let d_down = stream.clone_htod(&random_bf16(l * 256 * 128, 9)).unwrap();
-    let mut plan = MoeEpPlan::new(&mut comm, &stream, s, &d_up, &d_down).unwrap();
+    let mut plan = MoeEpPlan::new(&comm, &stream, s, &d_up, &d_down).unwrap();
     let (ids, wts) = uniform_routing(64, s.experts, 2, 11 + rank as u64);
     let x = random_bf16(64 * 256, 12);
     let (dx, dids, dw) = (

@@ -79,7 +79,7 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
         }
     }
     let heap: u64 = shapes.iter().map(|s| s.heap_bytes(world)).sum::<u64>() + (16 << 20);
-    let mut comm = Communicator::new(
+    let comm = Communicator::new(
         &dev,
         boot,
         CommConfig {
@@ -128,7 +128,7 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
         let w_down = random_device(&stream, ld, 2 + rank as u64, 0.05)?;
         let x = random_device(&stream, t * h, 3 + rank as u64, 1.0)?;
         let mut out = stream.alloc_zeros::<bf16>(t * h)?;
-        let mut plan = MoeEpPlan::new(&mut comm, &stream, *shape, &w_up, &w_down)?;
+        let mut plan = MoeEpPlan::new(&comm, &stream, *shape, &w_up, &w_down)?;
         for c in selected.iter().filter(|c| shape_of(c) == *shape) {
             let kind = c.5;
             let label = format!("T{t}-E{e}-k{k}-H{h}-F{f}-{kind}");

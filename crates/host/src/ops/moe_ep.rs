@@ -17,7 +17,7 @@
 //! owner's capacity are dropped (they add nothing to the output) and counted
 //! ([`MoeEpPlan::drops`]).
 use super::moe::Activation;
-use crate::comm::{Communicator, SymBuffer};
+use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crate::gemm::{GemmOutput, OutDtype};
 use crate::runtime::Device;
@@ -179,6 +179,9 @@ struct HeapLayout {
     counts: u64,
     recv: u64,
     yp: u64,
+    /// This rank's addresses of the receive rows and the down projection's rows.
+    recv_ptr: u64,
+    yp_ptr: u64,
 }
 
 /// Byte offsets in the uploaded block: six tensor maps, then the argument blocks.
@@ -232,7 +235,7 @@ impl<'a> MoeEpPlan<'a> {
     /// H`) and `w_down` (`L x H x F`), `L = E / W` (the experts this rank owns, in order).
     /// Takes `shape.heap_bytes(W)` of the heap on every rank. Collective (every rank calls it).
     pub fn new(
-        comm: &'a mut Communicator,
+        comm: &'a Communicator,
         stream: &Arc<CudaStream>,
         shape: MoeEpShape,
         w_up: &'a CudaSlice<bf16>,
@@ -256,35 +259,36 @@ impl<'a> MoeEpPlan<'a> {
                 });
             }
         }
-        let region = comm.alloc(shape.heap_bytes(world))?;
-        let comm: &'a Communicator = comm;
-        let r256 = |b: u64| b.div_ceil(256) * 256;
         let cap = shape.capacity_rows(world);
         let row_bytes = (cap * shape.hidden * 2) as u64;
-        let flags = region.offset;
-        let counts = flags + r256(EP_FLAG_BYTES);
-        let recv = counts + r256((world * shape.experts * 4) as u64);
-        let yp = recv + r256(row_bytes);
+        // Four heap buffers in a row (`heap_bytes` is their sum, each rounded to 256 bytes).
+        let flag_buf = comm.alloc(EP_FLAG_BYTES)?;
+        let counts_buf = comm.alloc((world * shape.experts * 4) as u64)?;
+        let recv_buf = comm.alloc(row_bytes)?;
+        let yp_buf = comm.alloc(row_bytes)?;
         let heap = HeapLayout {
-            flags,
-            counts,
-            recv,
-            yp,
+            flags: flag_buf.offset(),
+            counts: counts_buf.offset(),
+            recv: recv_buf.offset(),
+            yp: yp_buf.offset(),
+            recv_ptr: comm.ptr(&recv_buf)?,
+            yp_ptr: comm.ptr(&yp_buf)?,
         };
         // Flags start at zero (the region may have held another plan's): zero ours, then no
         // rank signals before every rank has.
         stream.synchronize()?;
-        let flag_buf = SymBuffer {
-            offset: flags,
-            bytes: EP_FLAG_BYTES,
-        };
         // SAFETY: the flag region of this rank's own heap, allocated above.
         unsafe {
-            cudarc::driver::result::memset_d8_async(comm.ptr(&flag_buf), 0, EP_FLAG_BYTES as usize, stream.cu_stream())?
+            cudarc::driver::result::memset_d8_async(
+                comm.ptr(&flag_buf)?,
+                0,
+                EP_FLAG_BYTES as usize,
+                stream.cu_stream(),
+            )?
         };
         stream.synchronize()?;
         comm.bootstrap().store().barrier(
-            &format!("mkernel/moe_ep/zeroed/{flags}"),
+            &format!("mkernel/moe_ep/zeroed/{}", heap.flags),
             std::time::Duration::from_secs(60),
         )?;
         let (pu, _gu) = w_up.device_ptr(stream);
@@ -317,8 +321,7 @@ impl<'a> MoeEpPlan<'a> {
         let tile_expert = w(W_COUNTS + 2 * l + 2);
         let pos = w(W_COUNTS + 2 * l + 2 + max_tiles);
         let phid = hid.device_ptr(stream).0;
-        let at = |off: u64| comm.ptr(&SymBuffer { offset: off, bytes: 0 });
-        let (precv, pyp) = (at(heap.recv), at(heap.yp));
+        let (precv, pyp) = (heap.recv_ptr, heap.yp_ptr);
         let t = TILE;
         let map = |ptr: u64, cols: usize, rows: usize, box_cols: u32, box_rows: u32| -> Result<TensorMap> {
             encode_bf16_sw128(
@@ -472,55 +475,59 @@ impl<'a> MoeEpPlan<'a> {
         let (ep, up, down) = (a + ARG_EP as u64, a + ARG_UP as u64, a + ARG_DOWN as u64);
         let desc = self.comm.desc_ptr();
         let f32_out = (O::DTYPE == OutDtype::F32) as u32;
-        // SAFETY: the argument lists match the kernels' (`mk_moe_ep_route(desc, args, ids)`,
-        // `mk_moe_ep_dispatch(desc, args, ids, x)`, `mk_moe_grouped_gemm(args)`,
-        // `mk_moe_ep_combine(desc, args, ids, weights, out, f32_out)`); the buffers hold the
-        // shape's elements (checked above); the heap region and the local buffers are the plan's.
-        unsafe {
-            match stage {
-                MoeEpStage::Route => {
-                    stream
-                        .launch_builder(&self.route)
-                        .arg(&desc)
-                        .arg(&ep)
-                        .arg(ids)
-                        .launch(Device::launch_config(&cfg::MOE_EP_ROUTE, 1))?;
-                }
-                MoeEpStage::Dispatch => {
-                    stream
-                        .launch_builder(&self.dispatch)
-                        .arg(&desc)
-                        .arg(&ep)
-                        .arg(ids)
-                        .arg(x)
-                        .launch(Device::launch_config(&cfg::MOE_EP_DISPATCH, self.grid))?;
-                }
-                MoeEpStage::Up => {
-                    stream
-                        .launch_builder(&self.gemm)
-                        .arg(&up)
-                        .launch(Device::launch_config(&cfg::MOE_GROUPED_GEMM, self.gemm_grid[0]))?;
-                }
-                MoeEpStage::Down => {
-                    stream
-                        .launch_builder(&self.gemm)
-                        .arg(&down)
-                        .launch(Device::launch_config(&cfg::MOE_GROUPED_GEMM, self.gemm_grid[1]))?;
-                }
-                MoeEpStage::Combine => {
-                    stream
-                        .launch_builder(&self.combine)
-                        .arg(&desc)
-                        .arg(&ep)
-                        .arg(ids)
-                        .arg(weights)
-                        .arg(out)
-                        .arg(&f32_out)
-                        .launch(Device::launch_config(&cfg::MOE_EP_COMBINE, self.grid))?;
+        // Under the communicator's launch lock, ordered behind its previous launch (its
+        // kernels share the communicator's epochs, error record and abort word).
+        self.comm.enqueue(OP, stream, || {
+            // SAFETY: the argument lists match the kernels' (`mk_moe_ep_route(desc, args, ids)`,
+            // `mk_moe_ep_dispatch(desc, args, ids, x)`, `mk_moe_grouped_gemm(args)`,
+            // `mk_moe_ep_combine(desc, args, ids, weights, out, f32_out)`); the buffers hold
+            // the shape's elements (checked above); the heap buffers and the local ones are the plan's.
+            unsafe {
+                match stage {
+                    MoeEpStage::Route => {
+                        stream
+                            .launch_builder(&self.route)
+                            .arg(&desc)
+                            .arg(&ep)
+                            .arg(ids)
+                            .launch(Device::launch_config(&cfg::MOE_EP_ROUTE, 1))?;
+                    }
+                    MoeEpStage::Dispatch => {
+                        stream
+                            .launch_builder(&self.dispatch)
+                            .arg(&desc)
+                            .arg(&ep)
+                            .arg(ids)
+                            .arg(x)
+                            .launch(Device::launch_config(&cfg::MOE_EP_DISPATCH, self.grid))?;
+                    }
+                    MoeEpStage::Up => {
+                        stream
+                            .launch_builder(&self.gemm)
+                            .arg(&up)
+                            .launch(Device::launch_config(&cfg::MOE_GROUPED_GEMM, self.gemm_grid[0]))?;
+                    }
+                    MoeEpStage::Down => {
+                        stream
+                            .launch_builder(&self.gemm)
+                            .arg(&down)
+                            .launch(Device::launch_config(&cfg::MOE_GROUPED_GEMM, self.gemm_grid[1]))?;
+                    }
+                    MoeEpStage::Combine => {
+                        stream
+                            .launch_builder(&self.combine)
+                            .arg(&desc)
+                            .arg(&ep)
+                            .arg(ids)
+                            .arg(weights)
+                            .arg(out)
+                            .arg(&f32_out)
+                            .launch(Device::launch_config(&cfg::MOE_EP_COMBINE, self.grid))?;
+                    }
                 }
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// After the stream finished: a timeout of any of the layer's waits

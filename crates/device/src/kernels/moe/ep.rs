@@ -15,7 +15,7 @@
 //! the rank, the role, the flag and the peer; a kernel that finds the rank aborting moves no data.
 use super::route::place_groups;
 use crate::arch::{convert::pack_bf16x2, ids, memory, memory::Scope, shuffle, smem, sync, time};
-use crate::comm::wait::report_timeout_code;
+use crate::comm::wait::report_give_up;
 use crate::comm::CommCtx;
 use mkernel_config::comm::{wait_code, CommDesc, Role, ABORT_OFFSET};
 use mkernel_config::ops::moe::{
@@ -41,7 +41,8 @@ unsafe fn signal(c: &CommCtx, a: &MoeEpArgs, dst: u32, kind: EpFlag, cta: u32) {
 }
 
 /// Waits until this rank's flag `(kind, src, cta)` reaches `c.epoch`; false (after leaving
-/// the error record if first) on timeout or when the rank aborts.
+/// the error record if first: `Timeout`, or `Aborted` when the rank's abort word is up) on
+/// timeout or when the rank aborts.
 #[inline(always)]
 unsafe fn wait(c: &CommCtx, a: &MoeEpArgs, kind: EpFlag, src: u32, cta: u32) -> bool {
     let f = (c.heap(c.rank) + a.heap_flags + ep_flag(kind, src, cta)) as *const u64;
@@ -54,13 +55,11 @@ unsafe fn wait(c: &CommCtx, a: &MoeEpArgs, kind: EpFlag, src: u32, cta: u32) -> 
         }
         polls += 1;
         if polls % POLLS_PER_CHECK == 0 {
-            if unsafe { aborting(c) } {
-                return false;
-            }
             let waited = time::globaltimer_ns().wrapping_sub(start);
-            if waited > c.timeout_ns {
+            if unsafe { aborting(c) } || waited > c.timeout_ns {
+                // Timeout, or the rank aborts: the record says which (docs/protocol.md).
                 let peer = src + (c.global_rank_now() - c.rank_now());
-                unsafe { report_timeout_code(c, wait_code::MOE_EP + kind as u32, peer, c.epoch, seen, waited) };
+                unsafe { report_give_up(c, wait_code::MOE_EP + kind as u32, peer, c.epoch, seen, waited) };
                 return false;
             }
         }
