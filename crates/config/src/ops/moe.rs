@@ -348,6 +348,28 @@ mod tests {
         assert!(max_tiles(8 * 129, 8) >= 16);
     }
     #[test]
+    fn ep_flags_do_not_overlap() {
+        // Every flag inside the region, 8-byte aligned, none twice, none of the region unused.
+        let mut seen = [false; (EP_FLAG_BYTES / 8) as usize];
+        let mut mark = |at: u64| {
+            assert!(at.is_multiple_of(8) && at + 8 <= EP_FLAG_BYTES);
+            assert!(!seen[(at / 8) as usize], "flag at {at} twice");
+            seen[(at / 8) as usize] = true;
+        };
+        for src in 0..EP_MAX_RANKS {
+            mark(ep_flag(EpFlag::Ready, src, 0));
+            mark(ep_flag(EpFlag::Counts, src, 0));
+            for cta in 0..EP_MAX_CTAS {
+                mark(ep_flag(EpFlag::Rows, src, cta));
+                mark(ep_flag(EpFlag::Out, src, cta));
+            }
+        }
+        assert!(seen.iter().all(|&s| s));
+        assert_eq!(EP_SMEM_SCAN, ROUTE_SMEM_BYTES);
+        assert_eq!(EP_SMEM_BASE, EP_SMEM_SCAN + 4 * MAX_EXPERTS);
+        assert_eq!(EP_SMEM_TOTAL, EP_SMEM_BASE + 4 * MAX_EXPERTS);
+    }
+    #[test]
     fn route_smem_offsets() {
         assert_eq!(ROUTE_SMEM_COUNTS, 0);
         assert_eq!(ROUTE_SMEM_CURSOR, 4 * MAX_EXPERTS);
