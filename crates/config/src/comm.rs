@@ -254,6 +254,9 @@ pub mod wait_code {
     pub const RING_TICK: u32 = 23;
     /// The consumers' wait for warp 3's "the other nodes' sums landed" (`aux(0)`).
     pub const NODE_SUMS: u32 = 24;
+    /// Expert-parallel MoE flags (`mkernel_config::ops::moe::EpFlag`): this code + the flag
+    /// (4 codes).
+    pub const MOE_EP: u32 = 32;
 }
 
 /// Error codes of [`ErrorRecord`].

@@ -8,6 +8,7 @@
 //! - [`gemm_rs`]: GEMM + ReduceScatter and GEMM + AllReduce ([`GemmRsPlan`]).
 //! - [`attention`]: FlashAttention forward on one GPU ([`attention::FlashAttentionPlan`]).
 //! - [`moe`]: mixture-of-experts expert FFN on one GPU ([`moe::MoePlan`]).
+//! - [`moe_ep`]: the same layer with expert parallelism over the node's ranks ([`moe_ep::MoeEpPlan`]).
 //!
 //! # Soundness of the communicating plans
 //! A plan borrows its communicator and the buffers it was made from for its lifetime `'a`
@@ -129,6 +130,7 @@ pub mod ag_gemm;
 pub mod attention;
 pub mod gemm_rs;
 pub mod moe;
+pub mod moe_ep;
 
 pub use ag_gemm::AgGemmPlan;
 pub use gemm_rs::{GemmRsPlan, RsSplit};
