@@ -365,6 +365,7 @@ pub struct CommDesc {
 mod tests {
     use super::*;
     #[test]
+    #[allow(clippy::assertions_on_constants)] // the layout invariants, checked once more at run time
     fn flags_do_not_overlap_and_fit_the_control_area() {
         // Every slot's last flag ends inside the flag area, and every slot number is known.
         for v in 0..FLAG_SLOTS {
