@@ -3,12 +3,23 @@ use super::smem::SmemAddr;
 use core::arch::asm;
 
 /// `cp.async.cg.shared.global [dst], [src], 16;` (bypasses L1).
+///
+/// # Safety
+///
+/// `dst` is a 16-byte aligned shared-memory address of this CTA with 16 writable bytes that nothing else reads or
+/// writes until a later `wait_group` covers this copy; `src` is a 16-byte aligned generic address of 16 readable bytes
+/// of global memory.
 #[inline(always)]
 pub unsafe fn copy_16(dst: SmemAddr, src: *const u8) {
     unsafe { asm!("cp.async.cg.shared.global [{0}], [{1}], 16;", in(reg32) dst.0, in(reg64) src, options(nostack)) };
 }
 /// Copies `src_bytes` (0..=16) and zero-fills the rest of 16:
 /// `cp.async.cg.shared.global [dst], [src], 16, src_bytes;`
+///
+/// # Safety
+///
+/// As [`copy_16`], except that only the first `src_bytes` (at most 16) bytes at `src` need be readable; with `src_bytes
+/// == 0`, `src` is not read but must still be a valid global address.
 #[inline(always)]
 pub unsafe fn copy_16_zfill(dst: SmemAddr, src: *const u8, src_bytes: u32) {
     unsafe {

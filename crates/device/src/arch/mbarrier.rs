@@ -7,6 +7,12 @@ use super::smem::SmemAddr;
 use core::arch::asm;
 
 /// `mbarrier.init.shared::cta.b64 [bar], count;`
+///
+/// # Safety
+///
+/// `bar` is an 8-byte aligned shared-memory address of this CTA reserved for this barrier, not in use by any thread or
+/// pending TMA transaction; `count` is the number of arrivals per phase (at least 1). Other threads and the async proxy
+/// may use the barrier only after [`fence_init`] and a CTA barrier.
 #[inline(always)]
 pub unsafe fn init(bar: SmemAddr, count: u32) {
     unsafe { asm!("mbarrier.init.shared::cta.b64 [{0}], {1};", in(reg32) bar.0, in(reg32) count, options(nostack)) };
@@ -18,12 +24,23 @@ pub fn fence_init() {
     unsafe { asm!("fence.mbarrier_init.release.cluster;", options(nostack)) };
 }
 /// One arrival: `mbarrier.arrive.shared::cta.b64 _, [bar];`
+///
+/// # Safety
+///
+/// `bar` is the shared-memory address of an mbarrier of this CTA initialised by [`init`] (and made visible by
+/// [`fence_init`] and a CTA barrier), and the current phase still expects this arrival: arriving more often than the
+/// `count` it was initialised with completes a phase early.
 #[inline(always)]
 pub unsafe fn arrive(bar: SmemAddr) {
     unsafe { asm!("mbarrier.arrive.shared::cta.b64 _, [{0}];", in(reg32) bar.0, options(nostack)) };
 }
 /// One arrival that also expects `tx_bytes` more bytes of async-proxy transactions:
 /// `mbarrier.arrive.expect_tx.shared::cta.b64 _, [bar], tx_bytes;`
+///
+/// # Safety
+///
+/// As [`arrive`]; in addition `tx_bytes` is exactly the number of bytes the async-proxy copies that complete on `bar`
+/// in this phase will deliver, or the phase never completes (or completes early).
 #[inline(always)]
 pub unsafe fn arrive_expect_tx(bar: SmemAddr, tx_bytes: u32) {
     unsafe {
@@ -31,6 +48,11 @@ pub unsafe fn arrive_expect_tx(bar: SmemAddr, tx_bytes: u32) {
     };
 }
 /// Expects `tx_bytes` without arriving: `mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [bar], tx_bytes;`
+///
+/// # Safety
+///
+/// `bar` is the shared-memory address of an initialised mbarrier of this CTA whose current phase has not yet completed;
+/// `tx_bytes` is exactly the bytes of the async copies that will complete on it in this phase.
 #[inline(always)]
 pub unsafe fn expect_tx(bar: SmemAddr, tx_bytes: u32) {
     unsafe {
@@ -38,6 +60,10 @@ pub unsafe fn expect_tx(bar: SmemAddr, tx_bytes: u32) {
     };
 }
 /// One non-blocking test: `mbarrier.try_wait.parity.shared::cta.b64 p, [bar], parity;`
+///
+/// # Safety
+///
+/// `bar` is the shared-memory address of an initialised mbarrier of this CTA (see [`init`]).
 #[inline(always)]
 pub unsafe fn try_wait_parity(bar: SmemAddr, parity: u32) -> bool {
     let r: u32;
@@ -52,6 +78,12 @@ pub unsafe fn try_wait_parity(bar: SmemAddr, parity: u32) -> bool {
 /// Waits until the phase with `parity` completed; traps once it has been stalled for
 /// [`HUNG_NS`], so a lost TMA transaction or a missing arrival fails the launch instead of
 /// hanging the GPU.
+///
+/// # Safety
+///
+/// `bar` is the shared-memory address of an initialised mbarrier of this CTA, and `parity` names the phase the caller
+/// is waiting for (the phase before the current one, or the current one); waiting for a phase that nobody will complete
+/// traps after [`HUNG_NS`].
 #[inline(always)]
 pub unsafe fn wait_parity(bar: SmemAddr, parity: u32) {
     let _ = unsafe { wait_parity_or(bar, parity, trap_after(HUNG_NS)) };
@@ -65,6 +97,11 @@ pub const HUNG_NS: u64 = 10_000_000_000;
 /// As [`wait_parity`], but a wait that has not completed after every [`TRIES_PER_STALL_CHECK`]
 /// tries calls `give_up(ns stalled so far)`, and returns false when it says so. The callback
 /// bounds the wait: it may trap ([`trap_after`]) or end it (e.g. "the consumers have stopped").
+///
+/// # Safety
+///
+/// As [`wait_parity`]: `bar` is the shared-memory address of an initialised mbarrier of this CTA; `give_up` decides
+/// what happens when the phase does not complete.
 #[inline(always)]
 pub unsafe fn wait_parity_or(bar: SmemAddr, parity: u32, give_up: impl Fn(u64) -> bool) -> bool {
     super::time::poll_until::<0>(
@@ -76,6 +113,10 @@ pub unsafe fn wait_parity_or(bar: SmemAddr, parity: u32, give_up: impl Fn(u64) -
 
 /// As [`wait_parity_or`], sleeping about `SLEEP_NS` between tests (`give_up` every 1024 of
 /// them): for a waiter that shares its SM with tensor-core work and need not react at once.
+///
+/// # Safety
+///
+/// As [`wait_parity_or`]: `bar` is the shared-memory address of an initialised mbarrier of this CTA.
 #[inline(always)]
 pub unsafe fn wait_parity_sleeping_or<const SLEEP_NS: u32>(
     bar: SmemAddr,

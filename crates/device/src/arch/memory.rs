@@ -14,6 +14,12 @@ pub enum Scope {
 }
 
 /// `ld.acquire.{cta,gpu,sys}.u32 d, [p];`
+///
+/// # Safety
+///
+/// `p` is a 4-byte aligned generic address of a readable `u32` (local, peer-mapped or host-mapped global memory, or
+/// shared memory) for the whole access; concurrent writers use the same address with `.relaxed`/`.release` stores or
+/// atomics of a scope that includes this thread.
 #[inline(always)]
 pub unsafe fn ld_acquire_u32(scope: Scope, p: *const u32) -> u32 {
     let r: u32;
@@ -27,6 +33,11 @@ pub unsafe fn ld_acquire_u32(scope: Scope, p: *const u32) -> u32 {
     r
 }
 /// `ld.relaxed.{cta,gpu,sys}.u32 d, [p];`
+///
+/// # Safety
+///
+/// `p` is a 4-byte aligned generic address of a readable `u32` for the whole access; concurrent writers use only strong
+/// (relaxed/release/atomic) accesses of a scope that includes this thread.
 #[inline(always)]
 pub unsafe fn ld_relaxed_u32(scope: Scope, p: *const u32) -> u32 {
     let r: u32;
@@ -40,6 +51,11 @@ pub unsafe fn ld_relaxed_u32(scope: Scope, p: *const u32) -> u32 {
     r
 }
 /// `ld.acquire.{cta,gpu,sys}.u64 d, [p];`
+///
+/// # Safety
+///
+/// `p` is an 8-byte aligned generic address of a readable `u64` for the whole access; concurrent writers use only
+/// strong accesses of a scope that includes this thread.
 #[inline(always)]
 pub unsafe fn ld_acquire_u64(scope: Scope, p: *const u64) -> u64 {
     let r: u64;
@@ -53,6 +69,11 @@ pub unsafe fn ld_acquire_u64(scope: Scope, p: *const u64) -> u64 {
     r
 }
 /// `st.release.{cta,gpu,sys}.u32 [p], v;`
+///
+/// # Safety
+///
+/// `p` is a 4-byte aligned generic address of a writable `u32` for the whole access; concurrent readers and writers use
+/// only strong accesses of a scope that includes this thread.
 #[inline(always)]
 pub unsafe fn st_release_u32(scope: Scope, p: *mut u32, v: u32) {
     unsafe {
@@ -64,6 +85,11 @@ pub unsafe fn st_release_u32(scope: Scope, p: *mut u32, v: u32) {
     }
 }
 /// `st.release.{cta,gpu,sys}.u64 [p], v;`
+///
+/// # Safety
+///
+/// `p` is an 8-byte aligned generic address of a writable `u64` for the whole access; concurrent readers and writers
+/// use only strong accesses of a scope that includes this thread.
 #[inline(always)]
 pub unsafe fn st_release_u64(scope: Scope, p: *mut u64, v: u64) {
     unsafe {
@@ -75,6 +101,11 @@ pub unsafe fn st_release_u64(scope: Scope, p: *mut u64, v: u64) {
     }
 }
 /// `st.relaxed.{cta,gpu,sys}.u32 [p], v;`
+///
+/// # Safety
+///
+/// `p` is a 4-byte aligned generic address of a writable `u32` for the whole access; concurrent readers and writers use
+/// only strong accesses of a scope that includes this thread.
 #[inline(always)]
 pub unsafe fn st_relaxed_u32(scope: Scope, p: *mut u32, v: u32) {
     unsafe {
@@ -86,6 +117,11 @@ pub unsafe fn st_relaxed_u32(scope: Scope, p: *mut u32, v: u32) {
     }
 }
 /// `st.relaxed.{cta,gpu,sys}.u64 [p], v;`
+///
+/// # Safety
+///
+/// `p` is an 8-byte aligned generic address of a writable `u64` for the whole access; concurrent readers and writers
+/// use only strong accesses of a scope that includes this thread.
 #[inline(always)]
 pub unsafe fn st_relaxed_u64(scope: Scope, p: *mut u64, v: u64) {
     unsafe {
@@ -97,6 +133,11 @@ pub unsafe fn st_relaxed_u64(scope: Scope, p: *mut u64, v: u64) {
     }
 }
 /// Release-ordered add with no result: `red.release.{cta,gpu,sys}.add.u32 [p], v;`
+///
+/// # Safety
+///
+/// `p` is a 4-byte aligned generic address of a writable `u32` for the whole access; other threads access it only with
+/// strong accesses of a scope that includes this thread.
 #[inline(always)]
 pub unsafe fn red_release_add_u32(scope: Scope, p: *mut u32, v: u32) {
     unsafe {
@@ -108,6 +149,11 @@ pub unsafe fn red_release_add_u32(scope: Scope, p: *mut u32, v: u32) {
     }
 }
 /// `atom.acq_rel.{cta,gpu,sys}.add.u32 d, [p], v;` (returns the old value)
+///
+/// # Safety
+///
+/// `p` is a 4-byte aligned generic address of a readable and writable `u32` for the whole access; other threads access
+/// it only with strong accesses of a scope that includes this thread.
 #[inline(always)]
 pub unsafe fn atom_acq_rel_add_u32(scope: Scope, p: *mut u32, v: u32) -> u32 {
     let r: u32;
@@ -128,6 +174,11 @@ pub unsafe fn atom_acq_rel_add_u32(scope: Scope, p: *mut u32, v: u32) -> u32 {
 }
 /// `atom.acq_rel.{cta,gpu,sys}.add.u64 d, [p], v;` (returns the old value; e.g. counters whose
 /// last adder acts on everyone's data)
+///
+/// # Safety
+///
+/// `p` is an 8-byte aligned generic address of a readable and writable `u64` for the whole access; other threads access
+/// it only with strong accesses of a scope that includes this thread.
 #[inline(always)]
 pub unsafe fn atom_acq_rel_add_u64(scope: Scope, p: *mut u64, v: u64) -> u64 {
     let r: u64;
@@ -147,6 +198,11 @@ pub unsafe fn atom_acq_rel_add_u64(scope: Scope, p: *mut u64, v: u64) -> u64 {
     r
 }
 /// `atom.relaxed.{cta,gpu,sys}.add.u64 d, [p], v;` (returns the old value; e.g. claiming FIFO slots)
+///
+/// # Safety
+///
+/// `p` is an 8-byte aligned generic address of a readable and writable `u64` for the whole access; other threads access
+/// it only with strong accesses of a scope that includes this thread.
 #[inline(always)]
 pub unsafe fn atom_relaxed_add_u64(scope: Scope, p: *mut u64, v: u64) -> u64 {
     let r: u64;
@@ -166,6 +222,11 @@ pub unsafe fn atom_relaxed_add_u64(scope: Scope, p: *mut u64, v: u64) -> u64 {
     r
 }
 /// `atom.acq_rel.{cta,gpu,sys}.cas.b32 d, [p], expected, new;` (returns the old value)
+///
+/// # Safety
+///
+/// `p` is a 4-byte aligned generic address of a readable and writable `u32` for the whole access; other threads access
+/// it only with strong accesses of a scope that includes this thread.
 #[inline(always)]
 pub unsafe fn atom_acq_rel_cas_u32(scope: Scope, p: *mut u32, expected: u32, new: u32) -> u32 {
     let r: u32;
@@ -218,6 +279,11 @@ pub fn fence_proxy_async_shared() {
     unsafe { asm!("fence.proxy.async.shared::cta;", options(nostack)) };
 }
 /// `ld.relaxed.{cta,gpu,sys}.u64 d, [p];`
+///
+/// # Safety
+///
+/// `p` is an 8-byte aligned generic address of a readable `u64` for the whole access; concurrent writers use only
+/// strong accesses of a scope that includes this thread.
 #[inline(always)]
 pub unsafe fn ld_relaxed_u64(scope: Scope, p: *const u64) -> u64 {
     let r: u64;
@@ -231,6 +297,11 @@ pub unsafe fn ld_relaxed_u64(scope: Scope, p: *const u64) -> u64 {
     r
 }
 /// 16 bytes from global memory: `ld.global.v4.u32 {a, b, c, d}, [p];`
+///
+/// # Safety
+///
+/// `p` is a 16-byte aligned address of 16 readable bytes of global memory that no thread writes during the load (weak
+/// load; the data is published to this thread by an acquire or a barrier).
 #[inline(always)]
 pub unsafe fn ld_v4(p: *const u8) -> [u32; 4] {
     let (a, b, c, d): (u32, u32, u32, u32);
@@ -240,6 +311,11 @@ pub unsafe fn ld_v4(p: *const u8) -> [u32; 4] {
     [a, b, c, d]
 }
 /// 16 bytes to global memory (local or a peer's, over NVLink): `st.global.v4.u32 [p], {a, b, c, d};`
+///
+/// # Safety
+///
+/// `p` is a 16-byte aligned address of 16 writable bytes of global memory (local or peer-mapped) that no other thread
+/// accesses concurrently; readers are ordered after it by a later release or barrier.
 #[inline(always)]
 pub unsafe fn st_v4(p: *mut u8, v: [u32; 4]) {
     unsafe {
@@ -248,6 +324,11 @@ pub unsafe fn st_v4(p: *mut u8, v: [u32; 4]) {
 }
 /// Two 8-byte words to global memory, each single-copy atomic (what the LL protocol relies on:
 /// a word's data half and flag half land together): `st.relaxed.sys.global.v2.u64 [p], {a, b};`
+///
+/// # Safety
+///
+/// `p` is a 16-byte aligned address of 16 writable bytes of global memory (local, peer-mapped or host-mapped);
+/// concurrent readers use strong loads such as [`ld_relaxed_sys_v2_u64`].
 #[inline(always)]
 pub unsafe fn st_relaxed_sys_v2_u64(p: *mut u8, a: u64, b: u64) {
     unsafe {
@@ -256,6 +337,11 @@ pub unsafe fn st_relaxed_sys_v2_u64(p: *mut u8, a: u64, b: u64) {
 }
 /// Two 8-byte words from global memory, each single-copy atomic:
 /// `ld.relaxed.sys.global.v2.u64 {a, b}, [p];`
+///
+/// # Safety
+///
+/// `p` is a 16-byte aligned address of 16 readable bytes of global memory; concurrent writers use strong stores such as
+/// [`st_relaxed_sys_v2_u64`].
 #[inline(always)]
 pub unsafe fn ld_relaxed_sys_v2_u64(p: *const u8) -> (u64, u64) {
     let (a, b): (u64, u64);
@@ -265,6 +351,10 @@ pub unsafe fn ld_relaxed_sys_v2_u64(p: *const u8) -> (u64, u64) {
     (a, b)
 }
 /// 8 bytes from global memory: `ld.global.v2.u32 {a, b}, [p];`
+///
+/// # Safety
+///
+/// `p` is an 8-byte aligned address of 8 readable bytes of global memory that no thread writes during the load.
 #[inline(always)]
 pub unsafe fn ld_v2(p: *const u8) -> [u32; 2] {
     let (a, b): (u32, u32);
@@ -274,6 +364,10 @@ pub unsafe fn ld_v2(p: *const u8) -> [u32; 2] {
     [a, b]
 }
 /// 8 bytes to global memory: `st.global.v2.u32 [p], {a, b};`
+///
+/// # Safety
+///
+/// `p` is an 8-byte aligned address of 8 writable bytes of global memory that no other thread accesses concurrently.
 #[inline(always)]
 pub unsafe fn st_v2(p: *mut u8, v: [u32; 2]) {
     unsafe {
@@ -281,6 +375,11 @@ pub unsafe fn st_v2(p: *mut u8, v: [u32; 2]) {
     };
 }
 /// Release-ordered 64-bit add with no result: `red.release.{gpu,sys}.global.add.u64 [p], v;`
+///
+/// # Safety
+///
+/// `p` is an 8-byte aligned address of a writable `u64` in global memory (local, peer-mapped or host-mapped) for the
+/// whole access; other threads access it only with strong accesses of a scope that includes this thread.
 #[inline(always)]
 pub unsafe fn red_release_add_u64(scope: Scope, p: *mut u64, v: u64) {
     unsafe {
@@ -299,6 +398,10 @@ pub unsafe fn red_release_add_u64(scope: Scope, p: *mut u64, v: u64) {
 }
 /// 4 bytes from global memory through L2 only (data another GPU wrote during this launch; no
 /// stale L1 line): `ld.global.cg.u32 v, [p];`
+///
+/// # Safety
+///
+/// `p` is a 4-byte aligned address of 4 readable bytes of global memory that no thread writes during the load.
 #[inline(always)]
 pub unsafe fn ld_cg_u32(p: *const u8) -> u32 {
     let v: u32;
@@ -307,6 +410,10 @@ pub unsafe fn ld_cg_u32(p: *const u8) -> u32 {
 }
 /// 16 bytes from global memory through L2 only (data another SM wrote during this launch,
 /// acquired by a flag; no stale L1 line): `ld.global.cg.v4.u32 {a, b, c, d}, [p];`
+///
+/// # Safety
+///
+/// `p` is a 16-byte aligned address of 16 readable bytes of global memory that no thread writes during the load.
 #[inline(always)]
 pub unsafe fn ld_cg_v4(p: *const u8) -> [u32; 4] {
     let (a, b, c, d): (u32, u32, u32, u32);
@@ -316,6 +423,11 @@ pub unsafe fn ld_cg_v4(p: *const u8) -> [u32; 4] {
     [a, b, c, d]
 }
 /// Pulls the 128-byte line at `p` into L2: `prefetch.global.L2 [p];`
+///
+/// # Safety
+///
+/// `p` is an address inside a global-memory allocation mapped on this device (a prefetch of an unmapped address may
+/// fault).
 #[inline(always)]
 pub unsafe fn prefetch_l2(p: *const u8) {
     unsafe { asm!("prefetch.global.L2 [{0}];", in(reg64) p, options(nostack, readonly)) };

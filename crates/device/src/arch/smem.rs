@@ -41,6 +41,11 @@ pub fn dynamic_smem_addr() -> SmemAddr {
 }
 
 /// `st.shared.v4.b32 [a], {x, y, z, w};`
+///
+/// # Safety
+///
+/// `a` is a 16-byte aligned shared-memory address of this CTA with 16 writable bytes inside the launch's dynamic
+/// allocation, which no other thread or async operation accesses until a barrier orders them after this store.
 #[inline(always)]
 pub unsafe fn st_shared_v4(a: SmemAddr, v: [u32; 4]) {
     unsafe {
@@ -48,6 +53,11 @@ pub unsafe fn st_shared_v4(a: SmemAddr, v: [u32; 4]) {
     };
 }
 /// `ld.shared.v4.b32 {x, y, z, w}, [a];`
+///
+/// # Safety
+///
+/// `a` is a 16-byte aligned shared-memory address of this CTA with 16 readable bytes inside the launch's allocation,
+/// whose writers are ordered before this load by a barrier (or are this thread).
 #[inline(always)]
 pub unsafe fn ld_shared_v4(a: SmemAddr) -> [u32; 4] {
     let (x, y, z, w): (u32, u32, u32, u32);
@@ -58,11 +68,21 @@ pub unsafe fn ld_shared_v4(a: SmemAddr) -> [u32; 4] {
 }
 
 /// `st.volatile.shared.u32 [a], v;` (a flag another warp of the CTA polls)
+///
+/// # Safety
+///
+/// `a` is a 4-byte aligned shared-memory address of this CTA inside the launch's allocation, used as a flag that other
+/// threads access only with volatile or atomic accesses.
 #[inline(always)]
 pub unsafe fn st_volatile_shared_u32(a: SmemAddr, v: u32) {
     unsafe { asm!("st.volatile.shared.u32 [{0}], {1};", in(reg32) a.0, in(reg32) v, options(nostack)) };
 }
 /// `ld.volatile.shared.u32 d, [a];`
+///
+/// # Safety
+///
+/// `a` is a 4-byte aligned shared-memory address of this CTA inside the launch's allocation, used as a flag that other
+/// threads access only with volatile or atomic accesses.
 #[inline(always)]
 pub unsafe fn ld_volatile_shared_u32(a: SmemAddr) -> u32 {
     let r: u32;
@@ -71,6 +91,11 @@ pub unsafe fn ld_volatile_shared_u32(a: SmemAddr) -> u32 {
 }
 
 /// Relaxed shared-memory add returning the old value: `atom.shared.add.u32 d, [a], v;`
+///
+/// # Safety
+///
+/// `a` is a 4-byte aligned shared-memory address of this CTA inside the launch's allocation that other threads access
+/// only atomically while this add can race with them.
 #[inline(always)]
 pub unsafe fn atom_add_shared_u32(a: SmemAddr, v: u32) -> u32 {
     let r: u32;
@@ -78,16 +103,31 @@ pub unsafe fn atom_add_shared_u32(a: SmemAddr, v: u32) -> u32 {
     r
 }
 /// Relaxed shared-memory add with no result: `red.shared.add.u32 [a], v;`
+///
+/// # Safety
+///
+/// `a` is a 4-byte aligned shared-memory address of this CTA inside the launch's allocation that other threads access
+/// only atomically while this add can race with them.
 #[inline(always)]
 pub unsafe fn red_add_shared_u32(a: SmemAddr, v: u32) {
     unsafe { asm!("red.shared.add.u32 [{0}], {1};", in(reg32) a.0, in(reg32) v, options(nostack)) };
 }
 /// `st.shared.u32 [a], v;`
+///
+/// # Safety
+///
+/// `a` is a 4-byte aligned shared-memory address of this CTA inside the launch's allocation that no other thread
+/// accesses until a barrier orders them after this store.
 #[inline(always)]
 pub unsafe fn st_shared_u32(a: SmemAddr, v: u32) {
     unsafe { asm!("st.shared.u32 [{0}], {1};", in(reg32) a.0, in(reg32) v, options(nostack)) };
 }
 /// `ld.shared.u32 d, [a];`
+///
+/// # Safety
+///
+/// `a` is a 4-byte aligned shared-memory address of this CTA inside the launch's allocation whose writers are ordered
+/// before this load by a barrier (or are this thread).
 #[inline(always)]
 pub unsafe fn ld_shared_u32(a: SmemAddr) -> u32 {
     let r: u32;

@@ -25,6 +25,8 @@ pub fn clock64() -> u64 {
 /// Tests `ready` until it holds, sleeping about `SLEEP_NS` between tests (0: spinning); after
 /// every `check_every` failed tests calls `give_up(ns since the first check)` and returns
 /// false when it says so. The loop behind every bounded wait on a shared-memory condition.
+// `is_multiple_of` here changes the emitted PTX of the polling loop (checked with `cargo xtask ptx`).
+#[allow(clippy::manual_is_multiple_of)]
 #[inline(always)]
 pub fn poll_until<const SLEEP_NS: u32>(
     check_every: u32,

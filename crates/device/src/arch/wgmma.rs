@@ -53,6 +53,13 @@ pub fn wait_group<const N: u32>() {
 /// `wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {d0..d127}, desc_a, desc_b, p, 1, 1, 0, TRANS_B;`
 /// with `p = accumulate` (false: `D = A * B`). `TRANS_B = 0`: B stored K-major (N x K);
 /// `1`: B stored MN-major (K x N).
+///
+/// # Safety
+///
+/// Executed by all 128 threads of one warpgroup together (`.sync.aligned`), after [`fence`]; `desc_a` and `desc_b`
+/// ([`smem_desc`]) describe bf16 tiles in this CTA's shared memory laid out as the descriptor and `TRANS_B` say,
+/// written before and fenced for the async proxy, and not overwritten until [`wait_group`] retires this wgmma; `acc`
+/// must not be read or written until then either.
 #[inline(always)]
 pub unsafe fn mma_m64n256k16_bf16<const TRANS_B: u32>(
     acc: &mut [f32; 128],
@@ -206,6 +213,11 @@ pub unsafe fn mma_m64n256k16_bf16<const TRANS_B: u32>(
 
 /// `D (+)= A * B` for a 64x128 f32 tile, k = 16, bf16 A and B from shared memory:
 /// `wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {d0..d63}, desc_a, desc_b, p, 1, 1, 0, TRANS_B;`
+///
+/// # Safety
+///
+/// As [`mma_m64n256k16_bf16`]: all 128 threads of the warpgroup, after [`fence`], descriptors of valid shared-memory
+/// tiles that stay unchanged, and `acc` untouched until [`wait_group`] retires it.
 #[inline(always)]
 pub unsafe fn mma_m64n128k16_bf16<const TRANS_B: u32>(acc: &mut [f32; 64], desc_a: u64, desc_b: u64, accumulate: bool) {
     unsafe {
@@ -292,6 +304,12 @@ pub unsafe fn mma_m64n128k16_bf16<const TRANS_B: u32>(acc: &mut [f32; 64], desc_
 /// Thread `t`'s `a` holds A's row `16w + l/4` (`a[0]`, `a[2]`) and row `+8` (`a[1]`, `a[3]`), columns
 /// `2(l%4)..+2` (`a[0]`, `a[1]`) and `8 + 2(l%4)..+2` (`a[2]`, `a[3]`): the accumulator layout of an
 /// `m64n16` tile, so an f32 accumulator packed pairwise to bf16x2 is an A operand as it stands.
+///
+/// # Safety
+///
+/// As [`mma_m64n256k16_bf16`] for the accumulator and B: all 128 threads of the warpgroup, after [`fence`], `desc_b` a
+/// valid shared-memory tile unchanged until [`wait_group`] retires the wgmma, `acc` untouched until then; `a` holds
+/// this thread's part of A in the layout above.
 #[inline(always)]
 pub unsafe fn mma_m64n128k16_bf16_rs<const TRANS_B: u32>(
     acc: &mut [f32; 64],
@@ -383,6 +401,10 @@ pub unsafe fn mma_m64n128k16_bf16_rs<const TRANS_B: u32>(
 }
 /// As [`mma_m64n128k16_bf16_rs`] for a 64x64 f32 tile:
 /// `wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {d0..d31}, {a0..a3}, desc_b, p, 1, 1, TRANS_B;`
+///
+/// # Safety
+///
+/// As [`mma_m64n128k16_bf16_rs`].
 #[inline(always)]
 pub unsafe fn mma_m64n64k16_bf16_rs<const TRANS_B: u32>(
     acc: &mut [f32; 32],
@@ -565,6 +587,10 @@ pub fn fence_operands_32(acc: &mut [f32; 32]) {
 
 /// As [`mma_m64n128k16_bf16`] with `D = A * B` (scale-d 0): the accumulator is written only, so
 /// the wgmma does not depend on what the registers held before (a masked score tile, say).
+///
+/// # Safety
+///
+/// As [`mma_m64n128k16_bf16`].
 #[inline(always)]
 pub unsafe fn mma_m64n128k16_bf16_first<const TRANS_B: u32>(acc: &mut [f32; 64], desc_a: u64, desc_b: u64) {
     unsafe {

@@ -33,6 +33,12 @@ const RELEASE_LAG: u32 = BULK_STAGES - BULK_LOOKAHEAD;
 
 impl BulkRing {
     /// A ring at `base` (1024-byte aligned dynamic shared memory). One thread initialises it.
+    ///
+    /// # Safety
+    ///
+    /// Called by one thread of the CTA, before any other thread uses the ring; `base` is a 1024-byte aligned
+    /// shared-memory address of this CTA with the ring's `BULK_BARS_OFFSET + 8 * BULK_STAGES` bytes, used by nothing
+    /// else for the ring's lifetime. Other threads may touch the ring's barriers only after a CTA barrier.
     #[inline(always)]
     pub unsafe fn new(base: SmemAddr) -> BulkRing {
         let r = BulkRing {
@@ -58,6 +64,12 @@ impl BulkRing {
     }
 
     /// Starts the load of piece `g` (global piece count), `len` bytes from `src`.
+    ///
+    /// # Safety
+    ///
+    /// Called by the thread that owns the ring; `src` is a 16-byte aligned address of `len` readable bytes of global
+    /// memory, `len` a multiple of 16 and at most `BULK_STAGE_BYTES`, and stage `g % BULK_STAGES` no longer read by an
+    /// earlier piece's stores (see [`BulkRing::copy_deferred`]).
     #[inline(always)]
     unsafe fn load(&self, g: u32, src: *const u8, len: u32) {
         let s = g % BULK_STAGES;
@@ -70,6 +82,13 @@ impl BulkRing {
     /// Copies `bytes` (a multiple of 16, 16-byte aligned addresses) from `src` to each of
     /// `dsts[..ndst]`, and returns once every destination's copy is complete and visible to
     /// a later release by this thread (`cp.async.bulk.wait_group 0` + `fence.proxy.async`).
+    ///
+    /// # Safety
+    ///
+    /// Called by the one thread that owns the ring (the one that made it). `src` and `dsts[..ndst]` (`ndst <= 8`) are
+    /// 16-byte aligned addresses of `bytes` readable (source) or writable (destinations, local or a peer's heap) bytes
+    /// of global memory, `bytes` a multiple of 16; no other thread writes the source or accesses the destinations until
+    /// this returns.
     #[inline(always)]
     pub unsafe fn copy(&mut self, dsts: &[u64; 8], ndst: u32, src: u64, bytes: u64) {
         unsafe {
@@ -94,6 +113,15 @@ impl BulkRing {
     /// those in flight: the ring does not drain between copies), or at [`BulkRing::flush`].
     /// Call `flush` before anything that may wait on another rank: a held release could close
     /// a cycle.
+    ///
+    /// # Safety
+    ///
+    /// As [`BulkRing::copy`]; in addition every `release.flags[..release.n]` is the address of a `u64` flag in a heap
+    /// of the communicator contract (`crate::comm`) and the destinations stay untouched by others until those flags are
+    /// raised; the caller calls [`BulkRing::flush`] before it waits on another rank and before the CTA exits.
+    // The 8-slot destination loop unrolls with constant indices; `if let` + `if` stays nested because
+    // a let chain (edition 2024) breaks the repo-wide `rustfmt --edition 2021` run.
+    #[allow(clippy::needless_range_loop, clippy::collapsible_if)]
     #[inline(always)]
     pub unsafe fn copy_deferred(&mut self, dsts: &[u64; 8], ndst: u32, src: u64, bytes: u64, release: Release) {
         let np = bytes.div_ceil(BULK_STAGE_BYTES as u64) as u32;
@@ -148,6 +176,11 @@ impl BulkRing {
     }
 
     /// Waits until every store issued is complete, then raises a deferred release.
+    ///
+    /// # Safety
+    ///
+    /// Called by the thread that owns the ring; a pending release's flags are valid flag addresses (see
+    /// [`BulkRing::copy_deferred`]).
     #[inline(always)]
     pub unsafe fn flush(&mut self) {
         tma::store_wait::<0>();
@@ -160,6 +193,11 @@ impl BulkRing {
 
 /// `red.release.sys.add` of `r.add` to each of `r.flags[..r.n]`, after `fence.proxy.async`
 /// (the stores were made by the async proxy).
+///
+/// # Safety
+///
+/// Every `r.flags[..r.n]` is the address of an 8-byte aligned `u64` flag in a heap of the communicator contract
+/// (`crate::comm`), written only with strong accesses.
 #[inline(always)]
 unsafe fn raise(r: Release) {
     memory::fence_proxy_async();

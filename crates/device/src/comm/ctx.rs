@@ -32,6 +32,12 @@ pub struct CommCtx {
 impl CommCtx {
     /// Reads the descriptor and this CTA's epoch counter. Every thread reads the counter; it is
     /// advanced by [`CommCtx::finish`] after a CTA barrier, so all threads see the same value.
+    ///
+    /// # Safety
+    ///
+    /// `desc` meets the communicator contract (`crate::comm`), and `cta` is this CTA's index among the CTAs that share
+    /// flags (its epoch counter is `EPOCH_COUNTERS_OFFSET + 8 * cta` of this rank's heap); every thread of the CTA
+    /// calls it before the counter is advanced by [`CommCtx::finish`].
     #[inline(always)]
     pub unsafe fn new(desc: *const CommDesc, cta: u32, role: Role) -> CommCtx {
         let d = unsafe { &*desc };
@@ -43,6 +49,11 @@ impl CommCtx {
 
     /// As [`CommCtx::new`] with a known `epoch` (no read of the counter): for loops that
     /// rebuild the context instead of keeping it in registers.
+    ///
+    /// # Safety
+    ///
+    /// `desc` meets the communicator contract (`crate::comm`) and `cta` is this CTA's flag index; `epoch` is this
+    /// launch's epoch for that CTA (as [`CommCtx::new`] read it), or 0 where the context only writes an error record.
     #[inline(always)]
     pub unsafe fn with_epoch(desc: *const CommDesc, cta: u32, role: Role, epoch: u64) -> CommCtx {
         let d = unsafe { &*desc };
@@ -91,6 +102,11 @@ impl CommCtx {
     /// Raises `slot` for this epoch in `dst`'s heap: `st.release.sys`. Call from one thread after
     /// a CTA barrier that follows the data this flag publishes; the release is cumulative over
     /// the CTA's writes ordered before it by the barrier.
+    ///
+    /// # Safety
+    ///
+    /// The communicator contract (`crate::comm`) and `dst < world`; the caller is one thread, after a CTA barrier that
+    /// follows the data the flag publishes.
     #[inline(always)]
     pub unsafe fn signal(&self, dst: u32, slot: FlagSlot) {
         unsafe { memory::st_release_u64(Scope::Sys, self.flag(dst, slot, self.rank), self.epoch) };
@@ -106,6 +122,11 @@ impl CommCtx {
         self.heap(owner) + staging_offset(self.epoch, src)
     }
     /// Stores the advanced epoch counter (thread 0, after the CTA's last barrier).
+    ///
+    /// # Safety
+    ///
+    /// Called by every thread (only thread 0 stores) after the CTA's last barrier, once per launch and after every wait
+    /// on this epoch: a second call or an early one would let a later launch reuse this epoch's flags.
     #[inline(always)]
     pub unsafe fn finish(&self) {
         if ids::thread_idx() == 0 {

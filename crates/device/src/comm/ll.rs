@@ -17,6 +17,12 @@ fn word(data: u32, flag: u32) -> u64 {
 
 /// Sends `n8` units of 8 bytes from `src` to the LL buffer `dst` (a peer's staging slot),
 /// tagged with the epoch. CTA-wide.
+///
+/// # Safety
+///
+/// The communicator contract (`crate::comm`); called by every thread of the CTA; `src` is an 8-byte aligned address of
+/// `8 * n8` readable bytes of global memory, and `dst` a 16-byte aligned address of `16 * n8` writable bytes (a peer's
+/// LL staging slot for this epoch) that the receiver reads only with [`recv`].
 #[inline(always)]
 pub unsafe fn send(c: &CommCtx, dst: *mut u8, src: *const u8, n8: u64) {
     let (t, nt) = (ids::thread_idx() as u64, ids::block_dim() as u64);
@@ -31,6 +37,13 @@ pub unsafe fn send(c: &CommCtx, dst: *mut u8, src: *const u8, n8: u64) {
 
 /// Receives unit `i` of the LL buffer `src` (in this rank's heap, written by `peer`): polls
 /// until both flags carry the epoch. `None` on timeout (error record written) or abort.
+///
+/// # Safety
+///
+/// The communicator contract (`crate::comm`); `src` is a 16-byte aligned LL buffer in this rank's heap written by
+/// `peer` with [`send`], holding unit `i`, and `peer < world`.
+// `is_multiple_of` here changes the emitted PTX of the polling loop (checked with `cargo xtask ptx`).
+#[allow(clippy::manual_is_multiple_of)]
 #[inline(always)]
 pub unsafe fn recv(c: &CommCtx, src: *const u8, i: u64, peer: u32) -> Option<[u32; 2]> {
     let flag = c.epoch as u32;

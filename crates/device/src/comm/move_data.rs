@@ -13,6 +13,14 @@ pub enum Dtype {
 }
 
 /// Copies `n16` 16-byte vectors from `src` to `dst` with all threads of the CTA.
+///
+/// # Safety
+///
+/// Called by every thread of the CTA; `src` and `dst` are 16-byte aligned addresses of `16 * n16` readable (source) and
+/// writable (destination, local or a peer's heap) bytes of global memory; no other thread writes the source or accesses
+/// the destination during the copy.
+// Constant-bound index loops over register arrays: fully unrolled, constant indices.
+#[allow(clippy::needless_range_loop)]
 #[inline(always)]
 pub unsafe fn copy(dst: *mut u8, src: *const u8, n16: u64) {
     let (t, nt) = (ids::thread_idx() as u64, ids::block_dim() as u64);
@@ -36,6 +44,12 @@ pub unsafe fn copy(dst: *mut u8, src: *const u8, n16: u64) {
 
 /// [`reduce_n`] instantiated for the run-time `world` (1..=8), so every loop over sources has
 /// a constant trip count and the loaded vectors stay in registers.
+///
+/// # Safety
+///
+/// Called by every thread of the CTA; `world` is 1..=8; `srcs[..world]` are 16-byte aligned addresses of `16 * n16`
+/// readable bytes of `dtype` elements each, and `dsts[..ndst]` (`ndst <= 8`) of `16 * n16` writable bytes; no other
+/// thread writes a source or accesses a destination during the reduction.
 #[inline(always)]
 pub unsafe fn reduce(dsts: [u64; 8], ndst: u32, srcs: [u64; 8], world: u32, n16: u64, dtype: Dtype) {
     unsafe {
@@ -46,6 +60,9 @@ pub unsafe fn reduce(dsts: [u64; 8], ndst: u32, srcs: [u64; 8], world: u32, n16:
     }
 }
 
+/// # Safety
+///
+/// As [`reduce`].
 #[inline(always)]
 unsafe fn reduce_w<const F32: bool>(dsts: [u64; 8], ndst: u32, srcs: [u64; 8], world: u32, n16: u64) {
     unsafe {
@@ -66,6 +83,12 @@ unsafe fn reduce_w<const F32: bool>(dsts: [u64; 8], ndst: u32, srcs: [u64; 8], w
 /// the sum stored to every pointer in `dsts[..ndst]`. Sources are summed in rank order, so every
 /// rank computes bit-identical sums. Each thread keeps `U` vectors of every source in flight
 /// (remote loads over NVLink need many outstanding requests).
+///
+/// # Safety
+///
+/// As [`reduce`], with `W` sources `srcs[..W]` (`W` between 1 and 8) and `U >= 1`.
+// Constant-bound index loops over register arrays: fully unrolled, constant indices.
+#[allow(clippy::needless_range_loop)]
 #[inline(always)]
 pub unsafe fn reduce_n<const W: usize, const U: usize, const F32: bool>(
     dsts: &[u64; 8],
@@ -101,6 +124,12 @@ pub unsafe fn reduce_n<const W: usize, const U: usize, const F32: bool>(
     }
 }
 
+/// # Safety
+///
+/// `dsts[..ndst]` (`ndst <= 8`) are 16-byte aligned addresses such that `dsts[d] + off` has 16 writable bytes of global
+/// memory no other thread accesses concurrently.
+// Constant-bound index loops over register arrays: fully unrolled, constant indices.
+#[allow(clippy::needless_range_loop)]
 #[inline(always)]
 unsafe fn sum_store<const W: usize, const F32: bool>(dsts: &[u64; 8], ndst: u32, vs: &[[u32; 4]; W], off: usize) {
     {

@@ -31,6 +31,13 @@ pub struct Command {
 
 /// Polls `cond` until it holds; false on timeout (error record: `code`, `peer`, `target`,
 /// last value) or when this rank or its proxy aborted.
+///
+/// # Safety
+///
+/// The communicator contract (`crate::comm`), with `c.fifo` the proxy FIFO of this node: the wait reads
+/// this rank's abort word and the proxy's abort word in the FIFO.
+// `is_multiple_of` here changes the emitted PTX of the polling loop (checked with `cargo xtask ptx`).
+#[allow(clippy::manual_is_multiple_of)]
 #[inline(always)]
 unsafe fn wait_until(
     c: &CommCtx,
@@ -76,6 +83,12 @@ unsafe fn wait_until(
 
 /// Posts `cmd`; returns its sequence number, or `None` when the FIFO stayed full past the
 /// timeout or the proxy aborted.
+///
+/// # Safety
+///
+/// The communicator contract (`crate::comm`), with `c.fifo` the proxy FIFO of this node (nonzero); `cmd.dst_rank` is a
+/// global rank of the job and the offsets and length lie inside the source and destination heaps. The command's source
+/// bytes must not change until [`wait_done`] covers the returned sequence number.
 #[inline(always)]
 pub unsafe fn post(c: &CommCtx, cmd: Command) -> Option<u64> {
     let head = (c.heap(c.rank) + FIFO_HEAD_OFFSET) as *mut u64;
@@ -114,6 +127,10 @@ pub unsafe fn post(c: &CommCtx, cmd: Command) -> Option<u64> {
 }
 
 /// `SIGNAL`: raise `slot` of this rank at `dst` to this epoch (ordered after earlier puts to `dst`).
+///
+/// # Safety
+///
+/// As [`post`], with `dst` a global rank of the job.
 #[inline(always)]
 pub unsafe fn signal(c: &CommCtx, dst: u32, slot: RemoteSlot) -> Option<u64> {
     unsafe {
@@ -134,6 +151,11 @@ pub unsafe fn signal(c: &CommCtx, dst: u32, slot: RemoteSlot) -> Option<u64> {
 
 /// `PUT`: `bytes` from offset `src_off` of this rank's heap to offset `dst_off` of `dst`'s heap,
 /// then raise this rank's `Data` flag at `dst` to this epoch.
+///
+/// # Safety
+///
+/// As [`post`]: `dst` a global rank, `src_off..src_off + bytes` inside this rank's heap and `dst_off..dst_off + bytes`
+/// inside `dst`'s heap; the source bytes stay unchanged until [`wait_done`] covers the returned sequence number.
 #[inline(always)]
 pub unsafe fn put(c: &CommCtx, dst: u32, src_off: u64, dst_off: u64, bytes: u64) -> Option<u64> {
     unsafe {
@@ -153,6 +175,10 @@ pub unsafe fn put(c: &CommCtx, dst: u32, src_off: u64, dst_off: u64, bytes: u64)
 }
 
 /// `PUT` raising this rank's `slot` flag at `dst` to `value` (latency probes).
+///
+/// # Safety
+///
+/// As [`put`].
 #[inline(always)]
 pub unsafe fn put_value(
     c: &CommCtx,
@@ -180,12 +206,20 @@ pub unsafe fn put_value(
 }
 
 /// Waits until the inter-node flag (`slot`, `src`) in this rank's heap reaches this epoch.
+///
+/// # Safety
+///
+/// The communicator contract (`crate::comm`); `src` is a global rank of the job.
 #[inline(always)]
 pub unsafe fn wait_remote(c: &CommCtx, slot: RemoteSlot, src: u32) -> bool {
     unsafe { wait_remote_value(c, slot, src, c.epoch) }
 }
 
 /// Waits until the inter-node flag (`slot`, `src`) in this rank's heap reaches `target`.
+///
+/// # Safety
+///
+/// As [`wait_remote`].
 #[inline(always)]
 pub unsafe fn wait_remote_value(c: &CommCtx, slot: RemoteSlot, src: u32, target: u64) -> bool {
     let flag = (c.heap(c.rank) + remote_flag_offset(slot, src)) as *const u64;
@@ -207,6 +241,11 @@ pub unsafe fn wait_remote_value(c: &CommCtx, slot: RemoteSlot, src: u32, target:
 }
 
 /// Waits until the proxy completed every command up to `seq` (their sources may be reused).
+///
+/// # Safety
+///
+/// The communicator contract (`crate::comm`), with `c.fifo` the proxy FIFO of this node; `seq` a sequence number
+/// returned by [`post`] during this launch.
 #[inline(always)]
 pub unsafe fn wait_done(c: &CommCtx, seq: u64) -> bool {
     let done = (c.fifo + at::DONE as u64) as *const u64;

@@ -12,12 +12,20 @@ const POLLS_PER_CHECK: u32 = 64;
 /// Waits until this rank's flag `(slot, src)` of this CTA reaches `target`. Returns false
 /// (after writing the error record if it is the first to fail) on timeout or when the rank is
 /// aborting.
+///
+/// # Safety
+///
+/// The communicator contract (`crate::comm`); `src < world`.
 #[inline(always)]
 pub unsafe fn wait_flag(c: &CommCtx, slot: FlagSlot, src: u32, target: u64) -> bool {
     unsafe { wait_flag_of_cta(c, slot, src, c.cta, target) }
 }
 
 /// As [`wait_flag`] for the flag of CTA `cta`.
+///
+/// # Safety
+///
+/// The communicator contract (`crate::comm`); `src < world` and `cta` a flag index that the source rank signals.
 #[inline(always)]
 pub unsafe fn wait_flag_of_cta(c: &CommCtx, slot: FlagSlot, src: u32, cta: u32, target: u64) -> bool {
     unsafe { wait_flag_of_cta_sleeping::<0>(c, slot, src, cta, target) }
@@ -26,6 +34,10 @@ pub unsafe fn wait_flag_of_cta(c: &CommCtx, slot: FlagSlot, src: u32, cta: u32, 
 /// As [`wait_flag_of_cta`], sleeping about `SLEEP_NS` between polls that found the flag short
 /// (0: spin): for a waiter that shares its SM with tensor-core work and need not react within
 /// a microsecond.
+///
+/// # Safety
+///
+/// As [`wait_flag_of_cta`].
 #[inline(always)]
 pub unsafe fn wait_flag_of_cta_sleeping<const SLEEP_NS: u32>(
     c: &CommCtx,
@@ -40,6 +52,12 @@ pub unsafe fn wait_flag_of_cta_sleeping<const SLEEP_NS: u32>(
 /// As [`wait_flag_of_cta_sleeping`], the source derived from the context where it is used
 /// (the flag's address, the error record): e.g. `|c| c.rank ^ 1`, the other rank of two,
 /// which a caller short of registers need not keep beside the context across the wait.
+///
+/// # Safety
+///
+/// As [`wait_flag_of_cta`], with `src(c) < world`.
+// `is_multiple_of` here changes the emitted PTX of the polling loop (checked with `cargo xtask ptx`).
+#[allow(clippy::manual_is_multiple_of)]
 #[inline(always)]
 pub unsafe fn wait_flag_of_cta_from<const SLEEP_NS: u32>(
     c: &CommCtx,
@@ -75,12 +93,20 @@ pub unsafe fn wait_flag_of_cta_from<const SLEEP_NS: u32>(
 
 /// Threads `0..world` (except the own rank) each wait for one source's flag to reach this
 /// epoch; then the whole CTA learns whether all arrived. Call from every thread of the CTA.
+///
+/// # Safety
+///
+/// The communicator contract (`crate::comm`); called by every thread of the CTA (it ends in a CTA barrier).
 #[inline(always)]
 pub unsafe fn wait_all_peers(c: &CommCtx, slot: FlagSlot) -> bool {
     unsafe { wait_all_peers_at(c, slot, c.epoch) }
 }
 
 /// As [`wait_all_peers`] for an explicit `target` (e.g. the staging credit, epoch - 2).
+///
+/// # Safety
+///
+/// As [`wait_all_peers`].
 #[inline(always)]
 pub unsafe fn wait_all_peers_at(c: &CommCtx, slot: FlagSlot, target: u64) -> bool {
     let t = ids::thread_idx();
@@ -91,6 +117,10 @@ pub unsafe fn wait_all_peers_at(c: &CommCtx, slot: FlagSlot, target: u64) -> boo
 /// The staging credit: every peer finished epoch `epoch - 2` in every staged CTA
 /// (`0..STAGED_CTAS`), so the slots of this epoch's parity are free. Thread `t` waits for
 /// peer `t / STAGED_CTAS`, CTA `t % STAGED_CTAS`. Call from every thread of the CTA.
+///
+/// # Safety
+///
+/// As [`wait_all_peers`]; the CTA has at least `world * STAGED_CTAS` threads.
 #[inline(always)]
 pub unsafe fn wait_staging_credit(c: &CommCtx) -> bool {
     let t = ids::thread_idx();
@@ -102,6 +132,11 @@ pub unsafe fn wait_staging_credit(c: &CommCtx) -> bool {
 
 /// Threads `0..world` (except the own rank) each raise `slot` at one peer. Call from every
 /// thread of the CTA after a barrier that follows the data.
+///
+/// # Safety
+///
+/// The communicator contract (`crate::comm`); called by every thread of the CTA (threads `0..world` signal) after a CTA
+/// barrier that follows the data the flags publish.
 #[inline(always)]
 pub unsafe fn signal_all_peers(c: &CommCtx, slot: FlagSlot) {
     let t = ids::thread_idx();
@@ -119,6 +154,11 @@ pub unsafe fn signal_all_peers(c: &CommCtx, slot: FlagSlot) {
 /// claim it first. The first record of the rank wins (compare-and-swap on `code`).
 /// (The word is read here, not passed: one more value live at every wait's call site cost the
 /// GEMM+ReduceScatter consumers spills.)
+///
+/// # Safety
+///
+/// The communicator contract (`crate::comm`) for the rank and heap of `c`; `c` may carry a placeholder epoch (the
+/// record only names it).
 pub(crate) unsafe fn report_give_up(c: &CommCtx, code_of_wait: u32, src: u32, target: u64, seen: u64, waited: u64) {
     let local = c.heap(c.rank);
     let rec = (local + ERROR_RECORD_OFFSET) as *mut ErrorRecord;
@@ -153,6 +193,10 @@ pub(crate) unsafe fn report_give_up(c: &CommCtx, code_of_wait: u32, src: u32, ta
 /// How long a fused kernel's wait on a shared-memory condition (a GEMM ring slot, a stager's
 /// handshake) may stall: past every communication wait it can be behind (a relayed wait takes
 /// twice the timeout), plus [`mbarrier::HUNG_NS`].
+///
+/// # Safety
+///
+/// `desc` is the address of the launch's `CommDesc` in global memory (the communicator contract, `crate::comm`).
 #[inline(always)]
 pub unsafe fn hung_ns(desc: u64) -> u64 {
     unsafe { (*(desc as *const CommDesc)).timeout_ns }
@@ -161,6 +205,11 @@ pub unsafe fn hung_ns(desc: u64) -> u64 {
 }
 
 /// The rank's abort word as loaded now (0: running; `mkernel_config::comm::abort_word`).
+///
+/// # Safety
+///
+/// `desc` is the address of the launch's `CommDesc`, whose own heap is mapped (the communicator contract,
+/// `crate::comm`).
 #[inline(always)]
 pub unsafe fn abort_word_of(desc: u64) -> u32 {
     let d = unsafe { &*(desc as *const CommDesc) };
@@ -210,6 +259,11 @@ pub fn stall_or_abort(desc: u64) -> impl Fn(u64) -> bool + Copy {
 /// Waits (bounded, [`local_stall`]) until the phase with `parity` of `bar` completed: false
 /// when the wait gave up (the record is written). Waits through an abort (`ON_ABORT` false):
 /// for an mbarrier that a TMA transfer or another role completes whatever happens.
+///
+/// # Safety
+///
+/// `bar` is the shared-memory address of an initialised mbarrier of this CTA, and `desc` the address of the launch's
+/// `CommDesc` (the communicator contract, `crate::comm`).
 #[inline(always)]
 pub unsafe fn wait_mbarrier(bar: SmemAddr, parity: u32, desc: u64, role: Role, code: u32, index: u32) -> bool {
     unsafe { mbarrier::wait_parity_or(bar, parity, local_stall::<false>(desc, role, code, index)) }

@@ -339,7 +339,7 @@ pub unsafe fn store_tile(out: &Output, tile: Tile, wg: u32, acc: &[f32; 128]) {
     let t = ids::thread_in_warpgroup();
     let row0 = tile.m0 + wg * TILE.rows_per_consumer() + (t / 32) * 16 + (t % 32) / 4;
     let col0 = tile.n0 + 2 * (t % 4);
-    let interior = tile.m0 + TILE.block_m <= out.m && tile.n0 + TILE.block_n <= out.n && out.ldc % 2 == 0;
+    let interior = tile.m0 + TILE.block_m <= out.m && tile.n0 + TILE.block_n <= out.n && out.ldc.is_multiple_of(2);
     if interior {
         unroll_32!(j => {
             let col = col0 + 8 * j as u32;
@@ -366,7 +366,7 @@ unsafe fn store_pair<const CHECKED: bool>(out: &Output, row: u32, col: u32, x: f
         return;
     }
     let idx = row as usize * out.ldc as usize + col as usize;
-    let pair_ok = !CHECKED || (col + 1 < out.n && out.ldc % 2 == 0);
+    let pair_ok = !CHECKED || (col + 1 < out.n && out.ldc.is_multiple_of(2));
     unsafe {
         if out.f32_out {
             let p = (out.c as *mut f32).add(idx);

@@ -163,6 +163,8 @@ pub unsafe extern "ptx-kernel" fn mk_allreduce_internode(
 /// nanoseconds (`%globaltimer`), measured from before the post to the arrival of the answer's
 /// flag. Flag values `epoch << 12 | i` in the `Probe` slot. `initiator`: 1 on the rank that
 /// starts, 0 on the answering rank. `iters` < 4096.
+// `if let` + `if` stays nested: a let chain (edition 2024) breaks the repo-wide `rustfmt --edition 2021` run.
+#[allow(clippy::collapsible_if)]
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_proxy_pingpong(
     desc: *const CommDesc,

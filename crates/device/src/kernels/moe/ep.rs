@@ -43,6 +43,8 @@ unsafe fn signal(c: &CommCtx, a: &MoeEpArgs, dst: u32, kind: EpFlag, cta: u32) {
 /// Waits until this rank's flag `(kind, src, cta)` reaches `c.epoch`; false (after leaving
 /// the error record if first: `Timeout`, or `Aborted` when the rank's abort word is up) on
 /// timeout or when the rank aborts.
+// `is_multiple_of` here changes the emitted PTX of the polling loop (checked with `cargo xtask ptx`).
+#[allow(clippy::manual_is_multiple_of)]
 #[inline(always)]
 unsafe fn wait(c: &CommCtx, a: &MoeEpArgs, kind: EpFlag, src: u32, cta: u32) -> bool {
     let f = (c.heap(c.rank) + a.heap_flags + ep_flag(kind, src, cta)) as *const u64;
