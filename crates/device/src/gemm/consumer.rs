@@ -12,6 +12,12 @@ const ROW: u32 = 128;
 const B_KN_ATOM: u32 = 64 * 64 * 2;
 
 /// Accumulates A[rows of warpgroup `wg`] x B over `k_blocks` K blocks into `acc` (overwriting it).
+///
+/// # Safety
+///
+/// The ring contract (`crate::gemm`); called by all 128 threads of consumer warpgroup `wg` (`wg < 2`) together, with
+/// `pos` this warpgroup's ring position, `b_layout` the layout the producer loaded B in, and `k_blocks` the count the
+/// producer loads for this tile.
 #[inline(always)]
 pub unsafe fn mma_tile(
     ring: &Ring,
@@ -39,6 +45,10 @@ pub unsafe fn mma_tile(
 /// up with an error record (`comm::wait::local_stall`). A wait that gives up goes on to the
 /// same wgmmas as one that passed (every warp of the warpgroup reaches each of them), on what
 /// the slot holds, and still frees the slot.
+///
+/// # Safety
+///
+/// As [`mma_tile`].
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn mma_tile_bounded(
@@ -74,6 +84,10 @@ impl KBlockHook for NoHook {
 /// registers (GEMM+ReduceScatter/AllReduce: it halves the instructions between the wait and
 /// the first wgmma). The plain GEMM keeps its descriptors in uniform registers and does not
 /// use it: there the opaque moves only add instructions.
+///
+/// # Safety
+///
+/// As [`mma_tile`]; `hook` runs in every thread of the warpgroup and must not touch `acc` or the ring.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn mma_tile_hooked<const EARLY_DESC: bool>(
@@ -172,6 +186,11 @@ fn before_wait(x: u32) -> u32 {
 /// A consumer warpgroup that stopped computing (its launch gave up) still takes a tile's
 /// `k_blocks` slots: waits until each is full and frees it, so the producer and the other
 /// consumer warpgroup can run to the end (bounded like [`mma_tile_bounded`]).
+///
+/// # Safety
+///
+/// The ring contract (`crate::gemm`); called by all threads of a consumer warpgroup (one arrival per warp frees each
+/// slot), with `pos` its ring position and `k_blocks` the count the producer loads for this tile.
 #[inline(always)]
 pub unsafe fn drain_tile(ring: &Ring, pos: &mut RingPos, k_blocks: u32, stall: impl Fn(u64) -> bool + Copy) {
     for _ in 0..k_blocks {

@@ -34,6 +34,11 @@ macro_rules! unroll_32 {
 /// 64 KiB): thread-major 16-byte pieces (piece `j` of thread `t` at `(j x 128 + t) x 16`), so
 /// every store instruction of the warpgroup is one contiguous 2 KiB run. [`add_acc_f32`] reads
 /// it back in the same layout (a stream-K partial: no layout change on either side).
+///
+/// # Safety
+///
+/// Called by all 128 threads of the warpgroup (thread `t` is `thread_idx % 128`); `buf` is a 16-byte aligned address of
+/// 64 KiB of writable global memory that no other thread accesses until a release after these stores publishes it.
 #[inline(always)]
 pub unsafe fn store_acc_f32(acc: &[f32; 128], buf: u64) {
     let at = buf + ids::thread_in_warpgroup() as u64 * 16;
@@ -46,6 +51,12 @@ pub unsafe fn store_acc_f32(acc: &[f32; 128], buf: u64) {
 /// Adds what [`store_acc_f32`] wrote at `buf` (another SM, ordered before by a flag this
 /// warpgroup acquired) to the accumulators, through L2: four batches of eight 16-byte loads,
 /// each batch issued before any of it is added (one L2 round trip per batch, not per load).
+///
+/// # Safety
+///
+/// Called by all 128 threads of the warpgroup; `buf` is a 16-byte aligned address of 64 KiB of global memory holding
+/// what [`store_acc_f32`] wrote, ordered before this call by a flag this thread (or its warpgroup, through a barrier)
+/// acquired, and not written during the reads.
 #[inline(always)]
 pub unsafe fn add_acc_f32(acc: &mut [f32; 128], buf: u64) {
     let at = buf + ids::thread_in_warpgroup() as u64 * 16;
@@ -77,6 +88,12 @@ pub unsafe fn add_acc_f32(acc: &mut [f32; 128], buf: u64) {
 /// A buffer is rewritten only after the store that last read it has finished reading
 /// (`cp.async.bulk.wait_group.read 1` keeps the other buffer's store in flight; with whole-tile
 /// staging, `wait_group.read 0` once per tile).
+///
+/// # Safety
+///
+/// The ring contract (`crate::gemm`); called by all 128 threads of consumer warpgroup `wg` together (it uses warpgroup
+/// `wg`'s named barrier and staging boxes, which nothing else touches), with `map_c` a bf16 tensor map of C with a 64 x
+/// 64 box; before the CTA exits, [`drain_tma_stores`] runs.
 #[inline(always)]
 pub unsafe fn store_tile_tma(ring: &Ring, map_c: TensorMap, tile: Tile, wg: u32, acc: &mut [f32; 128]) {
     unsafe { store_tile_tma_to(ring, map_c, tile, wg, acc, false) };
@@ -136,6 +153,12 @@ impl TileDestinations for StagedOnly {
 
 /// Warpgroup `wg`'s leader issues the bulk store of staging box `q` of a tile staged with
 /// [`StagedOnly`] (whole-tile staging; its own bulk group). Call from the leader only.
+///
+/// # Safety
+///
+/// The ring contract (`crate::gemm`); called by warpgroup `wg`'s leader only, after the warpgroup's staging box `q`
+/// holds the box (written with [`store_tile_tma_to`]'s layout, fenced for the async proxy and joined by the warpgroup
+/// barrier); the box is not rewritten before the store has read it (`tma::store_wait_read`).
 #[inline(always)]
 pub unsafe fn store_staged_box(ring: &Ring, map: TensorMap, tile: Tile, wg: u32, q: u32) {
     unsafe {
@@ -154,6 +177,11 @@ pub unsafe fn store_staged_box(ring: &Ring, map: TensorMap, tile: Tile, wg: u32,
 /// staging boxes already hold a bf16 tile in the stored layout (a TMA load waited for by the
 /// caller); each thread first reads its values back with `ldmatrix` (the inverse of the
 /// `stmatrix` below, same addresses, a warp's own rows) and adds them to `acc`.
+///
+/// # Safety
+///
+/// As [`store_tile_tma`], for every map of `maps`; with `add_staged`, the ring uses whole-tile staging and the staging
+/// boxes hold a bf16 tile whose load the caller waited for.
 #[inline(always)]
 pub unsafe fn store_tile_tma_to(
     ring: &Ring,
@@ -169,6 +197,10 @@ pub unsafe fn store_tile_tma_to(
 /// As [`store_tile_tma_to`], only the first `BOXES` (1..=4) 64 x 64 boxes of the warpgroup's
 /// rows: columns `tile.n0 .. tile.n0 + 64 BOXES` from accumulator columns `0 .. 64 BOXES` (an
 /// epilogue that folded the accumulators into fewer columns, e.g. SwiGLU's gate x up).
+///
+/// # Safety
+///
+/// As [`store_tile_tma_to`], with `BOXES` in 1..=4.
 #[inline(always)]
 pub unsafe fn store_boxes_tma_to<const BOXES: u32>(
     ring: &Ring,
@@ -258,6 +290,12 @@ unsafe fn add_staged_pairs<const J: usize>(acc: &mut [f32; 128], addr: crate::ar
 /// [`store_tile_tma_to`] writes; a TMA load waited for by the caller) into its accumulators,
 /// reading each thread's values with `ldmatrix` at the addresses the store pass uses. The
 /// staging is left as it was: the caller joins the warpgroup before it is rewritten.
+///
+/// # Safety
+///
+/// The ring contract (`crate::gemm`) with whole-tile staging; called by all 128 threads of warpgroup `wg`, after the
+/// staged tile's load completed (waited for by the caller); the staging is not rewritten until the warpgroup has joined
+/// after this call.
 #[inline(always)]
 pub unsafe fn add_staged_tile(ring: &Ring, wg: u32, acc: &mut [f32; 128]) {
     // Re-read (not hoisted out of a caller's loop: 16 addresses kept live next to the
@@ -285,6 +323,13 @@ pub unsafe fn add_staged_tile(ring: &Ring, wg: u32, acc: &mut [f32; 128]) {
 /// the tile's columns exist (at least 256 for an interior tile); missing columns are skipped
 /// (the TMA store clips them). Loads go through L2 only (`ld.global.cg`): the data was written
 /// by other GPUs during this launch.
+///
+/// # Safety
+///
+/// Called by all 128 threads of warpgroup `wg`; `src` is a 4-byte aligned address of element (0, 0) of the tile in a
+/// bf16 row-major matrix with an even row stride `ld`, whose rows `64 wg .. 64 wg + 64` (all of them: rows are not
+/// checked) and first `cols` columns (`cols <= 256`) are readable global memory, published to this thread before the
+/// call and not written during it.
 #[inline(always)]
 pub unsafe fn add_bf16_tile(acc: &mut [f32; 128], src: u64, ld: u32, cols: u32, wg: u32) {
     let t = ids::thread_in_warpgroup();
@@ -334,6 +379,13 @@ pub fn drain_tma_stores() {
 }
 
 /// Stores warpgroup `wg`'s rows of `tile`.
+///
+/// # Safety
+///
+/// Called by all 128 threads of warpgroup `wg`; `out.c` is the address of an `out.m` x `out.n` matrix of bf16 (or f32,
+/// `out.f32_out`) elements with row stride `out.ldc >= out.n`, in writable global memory and aligned to twice the
+/// element size (element pairs are stored as one access); no other thread accesses warpgroup `wg`'s rows of `tile`
+/// concurrently.
 #[inline(always)]
 pub unsafe fn store_tile(out: &Output, tile: Tile, wg: u32, acc: &[f32; 128]) {
     let t = ids::thread_in_warpgroup();

@@ -12,6 +12,21 @@
 //! - [`trace`]: the optional per-tile timeline of a fused launch.
 //!
 //! The fused kernels reuse these pieces on a subset of their CTAs.
+//!
+//! # Safety
+//!
+//! The `unsafe fn`s of the mainloop and epilogue share one contract, which their `# Safety`
+//! sections refer to as "the ring contract":
+//! - the [`ring::Ring`] was made over this CTA's dynamic shared memory with the kernel's own
+//!   `RingLayout` (the launch gave at least that struct's bytes), and [`ring::Ring::init`] ran in
+//!   one thread, followed by a CTA barrier, before any other use;
+//! - the producer and the consumer warpgroups walk the ring through the same sequence of
+//!   positions (the same tiles and K-block counts, in the same order, each side with its own
+//!   [`ring::RingPos`] starting at [`ring::RingPos::START`]), so every wait on a slot's
+//!   mbarrier names a phase that the other side will complete;
+//! - tensor maps point to valid `CUtensorMap`s in global memory, encoded by the host for the
+//!   operand they load or store (the box and 128-byte swizzle the ring's slots and staging
+//!   boxes assume), whose tensors stay allocated for the launch.
 
 pub mod consumer;
 pub mod epilogue;

@@ -15,6 +15,12 @@ const B_KN_BOX_BYTES: u32 = 64 * 64 * 2;
 /// False when a slot never frees up and `give_up` says to stop (its stall callback, see
 /// [`mbarrier::wait_parity_or`]; a plain GEMM passes `mbarrier::trap_after(HUNG_NS)`); then
 /// call [`wait_loads_landed`] before the CTA exits.
+///
+/// # Safety
+///
+/// The ring contract (`crate::gemm`); called by the one producer thread, with `pos` the producer's ring position; `a`
+/// and `b` are tensor maps of A (box 64 x `block_m`) and B (`b_layout`'s box), and the consumers take the same
+/// `k_blocks` slots for this tile. If it returns false, the caller calls [`wait_loads_landed`] before the CTA exits.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn load_tile(
@@ -38,6 +44,11 @@ pub unsafe fn load_tile(
 /// B's boxes (N x K) load under an evict-first L2 policy - a B tile is read by the row tiles of
 /// a rasterization group at about the same time and not again soon, while A's row tiles are
 /// read by every column tile of the group and stay (GEMM+ReduceScatter/AllReduce).
+///
+/// # Safety
+///
+/// As [`load_tile`], with `k_first + k_blocks` within the tile's K blocks; `count`, if any, is a 4-byte aligned
+/// shared-memory word of this CTA that only this thread writes.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn load_tile_counted<const B_EVICT_FIRST: bool>(
@@ -86,6 +97,10 @@ pub unsafe fn load_tile_counted<const B_EVICT_FIRST: bool>(
 /// `block_n / 2` rows each (`b` encoded with a 64 x `block_n / 2` box): rows `b_rows[0]..` fill
 /// the slot's first half, `b_rows[1]..` its second (a grouped GEMM's SwiGLU tile: gate and up
 /// rows of the same outputs). The slot's byte count is the plain load's.
+///
+/// # Safety
+///
+/// As [`load_tile`], with `b` encoded for B stored N x K with a 64 x `block_n / 2` box.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn load_tile_split_b(
@@ -120,6 +135,11 @@ pub unsafe fn load_tile_split_b(
 /// kernel's producer cannot get a tile's data (a communication wait failed; the error record
 /// is written), the consumers run through the remaining tiles on stale operands and the launch
 /// ends, instead of waiting for slots that would never fill. False as for [`load_tile`].
+///
+/// # Safety
+///
+/// The ring contract (`crate::gemm`); called by the one producer thread, with `pos` the producer's ring position, for
+/// slots the consumers will take.
 #[inline(always)]
 pub unsafe fn fill_without_data(
     ring: &Ring,
@@ -143,6 +163,10 @@ pub unsafe fn fill_without_data(
 /// Waits until the loads of the last `stages` fills before `pos` have landed - a CTA must not
 /// exit while TMA still writes its shared memory. Each is bounded (a load always completes); a
 /// slot never filled is waited for at parity 1, which a fresh barrier passes at once.
+///
+/// # Safety
+///
+/// The ring contract (`crate::gemm`); called by the producer thread with its final ring position `pos`.
 #[inline(always)]
 pub unsafe fn wait_loads_landed(ring: &Ring, pos: RingPos) {
     let mut p = pos;

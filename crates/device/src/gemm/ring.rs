@@ -90,6 +90,12 @@ impl Ring {
     }
     /// Initializes every barrier (one thread), then makes them visible
     /// to TMA; zeroes the tick counters.
+    ///
+    /// # Safety
+    ///
+    /// Called by one thread, before any other use of the ring and before the CTA barrier that publishes it; the ring's
+    /// layout lies inside the launch's dynamic shared memory, and no TMA or wgmma of an earlier use of these barriers
+    /// is still in flight.
     #[inline(always)]
     pub unsafe fn init(&self) {
         for i in 0..2 {
