@@ -181,6 +181,13 @@ unsafe fn staged(c: &CommCtx, send: impl FnOnce(), consume: impl FnOnce()) {
 
 /// AllGather: every rank's `bytes` at `src` (local) go to offset `dst_off + rank * bytes` of
 /// every rank's heap.
+///
+/// # Safety
+///
+/// The launch contract (`crate::kernels`) for a communicating kernel; `bytes` is a multiple of 16, the same on every
+/// rank; `src` is a 16-byte aligned device address of `bytes` readable bytes; `dst_off` is 16-byte aligned and
+/// `dst_off + world * bytes` lies inside every rank's heap past `mkernel_config::comm::HEAP_RESERVED_BYTES` (the user
+/// buffers).
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_allgather(desc: *const CommDesc, src: *const u8, dst_off: u64, bytes: u64) {
     let c = unsafe { CommCtx::new(desc, ids::block_idx(), Role::IntraComm) };
@@ -272,6 +279,12 @@ pub unsafe extern "ptx-kernel" fn mk_allgather(desc: *const CommDesc, src: *cons
 /// ReduceScatter: rank r's `dst` (local) gets the sum over ranks of elements
 /// `[r * count, (r + 1) * count)` of the buffer at `src_off` in every heap, f32 accumulation.
 /// `dtype`: 0 bf16, 1 f32.
+///
+/// # Safety
+///
+/// The launch contract (`crate::kernels`) for a communicating kernel; `dtype_code` is 0 (bf16) or 1 (f32) and `count`
+/// elements of it are a multiple of 16 bytes; `src_off` is 16-byte aligned with `src_off + world * count` elements
+/// inside every rank's heap; `dst` is a 16-byte aligned device address of `count` writable elements.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_reduce_scatter(
     desc: *const CommDesc,
@@ -367,6 +380,12 @@ pub unsafe extern "ptx-kernel" fn mk_reduce_scatter(
 /// stores the sum into every rank's destination (push). In place (`src_off == dst_off`) is safe
 /// on both paths: the staged path reads only staging slots and its own input before writing its
 /// own output; on the direct path chunk r is read and written by rank r alone.
+///
+/// # Safety
+///
+/// The launch contract (`crate::kernels`) for a communicating kernel; `dtype_code` is 0 (bf16) or 1 (f32) and `count`
+/// elements of it are a multiple of 16 bytes; `src_off` and `dst_off` are 16-byte aligned offsets whose `count`
+/// elements lie inside every rank's heap (they may be equal: in place).
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_allreduce(
     desc: *const CommDesc,

@@ -166,6 +166,13 @@ unsafe fn gemm(
 }
 
 /// B stored N x K (K contiguous).
+///
+/// # Safety
+///
+/// The launch contract (`crate::kernels`) with the launch and tensor maps of this module's doc: `map_a`/`map_b` encode
+/// the bf16 A (`m x k`) and B (`n x k`) tensors; `map_c` is null or encodes a bf16 C (`m x n`) with a 64 x 64 box; with
+/// `map_c` null, `c` is the address of `m x n` writable elements (f32 if `f32_out != 0`, else bf16) with row stride
+/// `ldc >= n`, aligned to twice the element size.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_nk(
     map_a: *const u8,
@@ -182,6 +189,10 @@ pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_nk(
 }
 
 /// B stored K x N (N contiguous).
+///
+/// # Safety
+///
+/// As [`mk_gemm_bf16_nk`], with `map_b` encoding B stored `k x n` with a 64 x 64 box.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_kn(
     map_a: *const u8,
@@ -201,6 +212,12 @@ pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_kn(
 /// whole-tile staging, the fused register split), to measure what that ring costs the mainloop
 /// with no communication (`mkernel-bench --op gemm`); with `trace` (0: none) it records the
 /// fused kernels' per-tile timeline ([`mkernel_config::trace`]) for comparison.
+///
+/// # Safety
+///
+/// As [`mk_gemm_bf16_nk`], launched with the dynamic shared memory of
+/// `mkernel_config::ops::gemm::GEMM_BF16_NK_FUSED_RING`; `trace` is 0 or the address of a trace buffer
+/// (`mkernel_config::trace`) for the launch's grid.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_nk_fused_ring(
     map_a: *const u8,

@@ -78,6 +78,13 @@ unsafe fn exchange(
 
 /// AllGather over nodes: every rank's `bytes` at `src_off` go to `dst_off + global_rank * bytes`
 /// in every rank's heap; NVLink pushes inside the node, one proxy PUT to every remote rank.
+///
+/// # Safety
+///
+/// The launch contract (`crate::kernels`) for a communicating kernel, with the proxy running for this node (`desc`'s
+/// `fifo` nonzero when `global_world > world`); `bytes` is a multiple of 16, the same on every rank; `src_off` and
+/// `dst_off` are 16-byte aligned, `src_off + bytes` and `dst_off + global_world * bytes` inside every rank's heap (the
+/// proxy's registered region).
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_allgather_internode(
     desc: *const CommDesc,
@@ -119,6 +126,13 @@ pub unsafe extern "ptx-kernel" fn mk_allgather_internode(
 /// ran before); it is put into every rail peer's (same local rank, other node) `scratch_off +
 /// node * bytes`, and `dst_off` gets the sum over nodes in node order (identical on every rank).
 /// `dtype`: 0 bf16, 1 f32. At most 8 nodes.
+///
+/// # Safety
+///
+/// The launch contract (`crate::kernels`) for a communicating kernel, with the proxy running for this node; at most 8
+/// nodes; `dtype_code` is 0 (bf16) or 1 (f32) and `count` elements of it are a multiple of 16 bytes; `src_off`,
+/// `scratch_off` and `dst_off` are 16-byte aligned, with `count` elements at `src_off` and `dst_off` and `nodes *
+/// count` at `scratch_off` inside every rank's heap.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_allreduce_internode(
     desc: *const CommDesc,
@@ -163,6 +177,13 @@ pub unsafe extern "ptx-kernel" fn mk_allreduce_internode(
 /// nanoseconds (`%globaltimer`), measured from before the post to the arrival of the answer's
 /// flag. Flag values `epoch << 12 | i` in the `Probe` slot. `initiator`: 1 on the rank that
 /// starts, 0 on the answering rank. `iters` < 4096.
+///
+/// # Safety
+///
+/// The launch contract (`crate::kernels`) for a communicating kernel (one CTA), with the proxy running on both nodes;
+/// `peer` is a global rank on another node that launches this kernel with `initiator` flipped and the same `bytes` and
+/// `iters` (`iters < 4096`); `src_off + bytes` and `dst_off + bytes` lie inside the heaps; `out` is an 8-byte aligned
+/// device address of `iters` writable `u64`s.
 // `if let` + `if` stays nested: a let chain (edition 2024) breaks the repo-wide `rustfmt --edition 2021` run.
 #[allow(clippy::collapsible_if)]
 #[unsafe(no_mangle)]

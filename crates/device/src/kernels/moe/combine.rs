@@ -5,6 +5,12 @@
 use crate::arch::{convert::pack_bf16x2, ids, memory};
 use mkernel_config::ops::moe::{MoeCombineArgs, ROW_THREADS};
 
+/// # Safety
+///
+/// The argument-block contract (`crate::kernels::moe`); the slots were written by `mk_moe_route` and the grouped rows
+/// `yp` by the down projection, both complete before this launch; `weights` is the device address of `tokens * top_k`
+/// `f32`s; `out` a 16-byte aligned device address of `tokens x hidden` writable elements (f32 if `f32_out != 0`, else
+/// bf16).
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_moe_combine(
     args: *const MoeCombineArgs,

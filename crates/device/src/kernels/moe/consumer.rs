@@ -9,6 +9,11 @@ use crate::gemm::ring::{Ring, RingPos};
 use crate::gemm::BLayout;
 use mkernel_config::ops::moe::TILE;
 
+/// # Safety
+///
+/// Called by all 128 threads of consumer warpgroup `wg` (0 or 1: warpgroup `wg + 1` of `mk_moe_grouped_gemm`), under
+/// the ring contract (`crate::gemm`) with the producer role's [`super::producer::run`] on the same `ring` and `l`;
+/// `l.args` meets the argument-block contract (`crate::kernels::moe`).
 #[inline(always)]
 pub unsafe fn run(ring: &Ring, l: Launch, wg: u32) {
     regs::setmaxnreg_inc::<{ TILE.consumer_regs }>();

@@ -83,6 +83,12 @@ unsafe fn exchange(c: &CommCtx, a: &MoeEpArgs, kind: EpFlag, cta: u32) -> bool {
 }
 
 /// `mk_moe_ep_route(desc, args, ids)`: one CTA of `ROUTE_THREADS`.
+///
+/// # Safety
+///
+/// The launch contract (`crate::kernels`) for a communicating kernel (one CTA of `ROUTE_THREADS`) and the
+/// argument-block contract (`crate::kernels::moe`): `args` is this rank's `MoeEpArgs`, with the same sizes and heap
+/// offsets on every rank, and `heap_*` regions inside every heap past `mkernel_config::comm::HEAP_RESERVED_BYTES`.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_moe_ep_route(desc: *const CommDesc, args: *const MoeEpArgs, ids: *const i32) {
     let a = unsafe { args.read() };
@@ -244,6 +250,11 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_route(desc: *const CommDesc, args: *
 /// `mk_moe_ep_dispatch(desc, args, ids, x)`: CTA `b` of `g` takes tokens `b, b + g, ...` and
 /// stores each token row (16-byte pieces, read once) into the receive rows of its pairs'
 /// owners; then `Rows` of this CTA to every peer and from every peer.
+///
+/// # Safety
+///
+/// As [`mk_moe_ep_route`] (same `desc` and `args`, after the routing launch of this layer); `x` is a 16-byte aligned
+/// device address of `tokens x hidden` bf16 elements.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_moe_ep_dispatch(
     desc: *const CommDesc,
@@ -288,6 +299,12 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_dispatch(
 /// `mk_moe_ep_combine(desc, args, ids, weights, out, f32_out)`: `Out` of this CTA to every
 /// peer and from every peer, then `out[t] = sum_j w[t, j] Y_owner[pos(t, j)]` (f32, `j` in
 /// order; pairs without a row add nothing), stored as bf16 or f32.
+///
+/// # Safety
+///
+/// As [`mk_moe_ep_route`] (same `desc` and `args`, after this layer's dispatch and down projection); `weights` is the
+/// device address of `tokens * top_k` `f32`s; `out` a 16-byte aligned device address of `tokens x hidden` writable
+/// elements (f32 if `f32_out != 0`, else bf16).
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_moe_ep_combine(
     desc: *const CommDesc,

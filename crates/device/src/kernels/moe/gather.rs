@@ -4,6 +4,10 @@
 use crate::arch::{ids, memory};
 use mkernel_config::ops::moe::{MoeGatherArgs, ROW_THREADS};
 
+/// # Safety
+///
+/// The argument-block contract (`crate::kernels::moe`), with `slots` written by `mk_moe_route` for these tokens before
+/// this launch; `x` is a 16-byte aligned device address of `tokens x hidden` bf16 elements (`hidden` a multiple of 8).
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_moe_gather(args: *const MoeGatherArgs, x: *const u8) {
     let a = unsafe { args.read() };

@@ -43,6 +43,11 @@ impl Launch {
     }
 }
 
+/// # Safety
+///
+/// The argument-block contract (`crate::kernels::moe`): `map_a`, `map_b` and `map_c` are tensor maps encoded as
+/// `GroupedGemmArgs` says, `rows` and `tile_expert` were written by the routing kernel before this launch, with `rows`
+/// at most the capacity the maps encode and every `tile_expert` of those rows `< experts`.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_moe_grouped_gemm(args: *const GroupedGemmArgs) {
     let ring = Ring::new(smem::dynamic_smem_addr(), RING);

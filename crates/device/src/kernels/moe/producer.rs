@@ -8,6 +8,11 @@ use crate::gemm::scheduler::Tile;
 use crate::gemm::BLayout;
 use mkernel_config::ops::moe::TILE;
 
+/// # Safety
+///
+/// Called by all 128 threads of the producer warpgroup of `mk_moe_grouped_gemm` (`setmaxnreg` is warpgroup-wide; thread
+/// 0 issues), under the ring contract (`crate::gemm`) with the consumer role's [`super::consumer::run`] on the same
+/// `ring` and `l`; `l.args` meets the argument-block contract (`crate::kernels::moe`).
 #[inline(always)]
 pub unsafe fn run(ring: &Ring, l: Launch) {
     regs::setmaxnreg_dec::<{ TILE.producer_regs }>();

@@ -14,6 +14,10 @@ use mkernel_config::ops::moe::{
     ROUTE_THREADS, ROW_ALIGN,
 };
 
+/// # Safety
+///
+/// The argument-block contract (`crate::kernels::moe`), launched as one CTA of `ROUTE_THREADS` with `RouteSmem`'s
+/// dynamic shared memory; `experts <= MAX_EXPERTS` and `max_tiles` covers every expert's padded rows.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_moe_route(args: *const MoeRouteArgs, ids: *const i32) {
     let a = unsafe { args.read() };
@@ -129,6 +133,10 @@ pub(crate) unsafe fn place_groups(a: &MoeRouteArgs, experts: u32, count: u32) {
 /// `mk_moe_group_tiles`: the grouped GEMM alone (`mkernel::ops::moe::GroupedGemmPlan`): from
 /// rows per group (`counts_in`, device memory, `experts` words) to padded offsets, the group
 /// of every row tile and the rows in use ([`place_groups`]); one CTA.
+///
+/// # Safety
+///
+/// As [`mk_moe_route`] (one CTA); `counts_in` is the device address of `experts` `u32` row counts.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_moe_group_tiles(args: *const MoeRouteArgs, counts_in: *const u32) {
     let a = unsafe { args.read() };
