@@ -277,6 +277,11 @@ pub unsafe fn store_boxes_tma_to<const BOXES: u32>(
 
 /// Reads this thread's 8 bf16 values of n8 blocks `J` and `J + 1` from a staging box
 /// with `ldmatrix` (the inverse of the store pass's `stmatrix` at `addr`) and adds them to `acc`.
+///
+/// # Safety
+///
+/// Executed by all 32 lanes of the warp together; `addr` is this lane's `ldmatrix` address in a staging box of this CTA
+/// that holds the staged bf16 tile (loaded and waited for), as for [`crate::arch::matrix::ldmatrix_x4`].
 #[inline(always)]
 unsafe fn add_staged_pairs<const J: usize>(acc: &mut [f32; 128], addr: crate::arch::smem::SmemAddr) {
     let w = unsafe { matrix::ldmatrix_x4(addr) };
@@ -412,6 +417,11 @@ pub unsafe fn store_tile(out: &Output, tile: Tile, wg: u32, acc: &[f32; 128]) {
 }
 
 /// Stores C[row][col] = x and C[row][col + 1] = y.
+///
+/// # Safety
+///
+/// As [`store_tile`]: `out` describes writable global memory aligned to twice the element size, and unchecked
+/// (`CHECKED` false) calls have `row < out.m`, `col + 1 < out.n` and an even `out.ldc`.
 #[inline(always)]
 unsafe fn store_pair<const CHECKED: bool>(out: &Output, row: u32, col: u32, x: f32, y: f32) {
     if CHECKED && (row >= out.m || col >= out.n) {

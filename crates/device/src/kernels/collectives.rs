@@ -42,6 +42,11 @@ fn staged_slice(n: u64) -> (u64, u64) {
 }
 
 /// CTAs beyond `STAGED_CTAS` on the LL and staged paths: nothing to move, keep the epoch.
+///
+/// # Safety
+///
+/// The communicator contract (`crate::comm`) for `c`; called by every thread of the CTA (it may end in a CTA barrier
+/// and the epoch advance).
 #[inline(always)]
 unsafe fn idle(c: &CommCtx) -> bool {
     if c.cta >= STAGED_CTAS {
@@ -72,6 +77,11 @@ fn esize(dt: Dtype) -> u64 {
 
 /// Direct path: Ready handshake, `body`, barrier, Done handshake, epoch advance. Returns early
 /// (leaving the error record) when a wait gives up.
+///
+/// # Safety
+///
+/// The communicator contract (`crate::comm`) for `c`; called by every thread of the CTA, once per launch; `body` only
+/// moves data the Ready handshake makes safe to touch (peers' inputs final, their outputs free).
 #[inline(always)]
 unsafe fn direct(c: &CommCtx, body: impl FnOnce()) {
     unsafe {
@@ -92,6 +102,11 @@ unsafe fn direct(c: &CommCtx, body: impl FnOnce()) {
 /// LL path (tiny messages): credit, `send` (LL words into peers' staging slots: data and epoch
 /// flag in one atomic 8-byte word), `recv` (every thread polls its words; false if a wait gave
 /// up), barrier, Done signal, epoch advance. One NVLink hop and no fence.
+///
+/// # Safety
+///
+/// The communicator contract (`crate::comm`) for `c`; called by every thread of the CTA, once per launch; `send` writes
+/// only this rank's LL slots at its peers for this epoch, and `recv` reads only what they sent.
 #[inline(always)]
 unsafe fn ll_path(c: &CommCtx, send: impl FnOnce(), recv: impl FnOnce() -> bool) {
     unsafe {
@@ -133,6 +148,12 @@ fn pack_unit(acc: &[f32; 4], dt: Dtype) -> [u32; 2] {
 
 /// LL receive side of a reduction: `out[i] = sum over ranks in rank order` of unit `i` of
 /// `own` (this rank's input, local) and of every peer's LL slot, for this CTA's units.
+///
+/// # Safety
+///
+/// The communicator contract (`crate::comm`) for `c`; `own` is the address of this rank's input and `out` of its
+/// output, each 8-byte aligned with `hi` units of 8 bytes of `dt` elements; the peers send their units `lo..hi` with
+/// [`ll::send`] in this epoch.
 #[inline(always)]
 unsafe fn ll_reduce(c: &CommCtx, own: u64, out: u64, lo: u64, hi: u64, dt: Dtype) -> bool {
     let nt = ids::block_dim() as u64;
@@ -160,6 +181,12 @@ unsafe fn ll_reduce(c: &CommCtx, own: u64, out: u64, lo: u64, hi: u64, dt: Dtype
 
 /// Staged path: credit, `send` (writes into peers' staging slots), barrier, Staged signal,
 /// wait for every peer's data, `consume`, barrier, Done signal, epoch advance.
+///
+/// # Safety
+///
+/// The communicator contract (`crate::comm`) for `c`; called by every thread of the CTA, once per launch; `send` writes
+/// only this rank's staging slots at its peers for this epoch's parity, and `consume` reads only staged data and this
+/// rank's own buffers.
 #[inline(always)]
 unsafe fn staged(c: &CommCtx, send: impl FnOnce(), consume: impl FnOnce()) {
     unsafe {

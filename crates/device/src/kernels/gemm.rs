@@ -20,6 +20,12 @@ use mkernel_config::GemmTile;
 
 /// The kernel body on the ring `ring_layout` (same block shape as [`TILE`]); `PR`/`CR` are its
 /// producer/consumer register counts.
+///
+/// # Safety
+///
+/// As [`mk_gemm_bf16_nk`] (or [`mk_gemm_bf16_kn`] for `b_layout`), with `ring_layout` the ring the launch's dynamic
+/// shared memory was sized for and `PR`/`CR` register counts that fit `GemmTile::threads()` threads at one CTA per SM;
+/// `trace` is 0 or a trace buffer for the grid.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn gemm_on<const PR: u32, const CR: u32>(
@@ -133,6 +139,9 @@ unsafe fn gemm_on<const PR: u32, const CR: u32>(
     }
 }
 
+/// # Safety
+///
+/// As [`mk_gemm_bf16_nk`], with `b_layout` the layout `map_b` encodes.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn gemm(

@@ -25,6 +25,11 @@ fn node(c: &CommCtx, r: u32) -> u32 {
 
 /// Every thread `t < global_world` with `pick(t)` waits for `t`'s inter-node `slot` flag; the
 /// CTA learns whether all arrived.
+///
+/// # Safety
+///
+/// The communicator contract (`crate::comm`) for `c`; called by every thread of the CTA (it ends in a CTA barrier);
+/// `pick` selects global ranks that raise `slot` at this rank in this epoch.
 #[inline(always)]
 unsafe fn wait_remotes(c: &CommCtx, slot: RemoteSlot, pick: impl Fn(u32) -> bool) -> bool {
     let t = ids::thread_idx();
@@ -35,6 +40,12 @@ unsafe fn wait_remotes(c: &CommCtx, slot: RemoteSlot, pick: impl Fn(u32) -> bool
 /// CTA 0's inter-node exchange: Ready to every `pick`ed peer, wait for theirs, one PUT each
 /// (`dst_off(q)` in q's heap), wait for their data and for our puts to complete (so the source
 /// may be reused once the kernel ends). Every CTA then waits for the peers' data.
+///
+/// # Safety
+///
+/// The communicator contract (`crate::comm`) for `c`, with the proxy FIFO of this node in `c.fifo`; called by every
+/// thread of the CTA; `src_off + bytes` and every `dst_off(q) + bytes` of a `pick`ed rank `q` lie inside the heaps, and
+/// the `pick`ed ranks run the same exchange in this epoch.
 #[inline(always)]
 unsafe fn exchange(
     c: &CommCtx,

@@ -16,6 +16,13 @@ use mkernel_config::ops::ag_gemm::AgGemmArgs;
 /// CTA 0 raises `FusedReady` at every remote rank, and once the whole shard is staged and a
 /// remote rank's `FusedReady` arrived, posts one PUT of the shard to it, raising `FusedData`
 /// there; it waits for the proxy to finish the puts before the launch ends.
+///
+/// # Safety
+///
+/// Called by every thread of comm CTA `idx` (`idx < a.n_comm`) of [`super::mk_ag_gemm_bf16_nk`], once per launch, whose
+/// dynamic shared memory holds the `BulkSmem` ring; `c` is that CTA's fused context (the communicator contract,
+/// `crate::comm`), `a` the launch's argument block, `chunks` the 128-row chunks of this rank's shard and `row_bytes`
+/// the bytes of one row of A.
 #[inline(always)]
 pub(super) unsafe fn run(c: &CommCtx, a: &AgGemmArgs, idx: u32, chunks: u32, row_bytes: u64) {
     let t = ids::thread_idx();

@@ -11,6 +11,12 @@ use mkernel_config::ops::ag_gemm::AgGemmArgs;
 
 /// The tile loop of consumer warpgroup `wg` (1-based) of compute CTA `idx`, storing C through
 /// `map_c`.
+///
+/// # Safety
+///
+/// Called by all 128 threads of consumer warpgroup `wg` (1-based) of compute CTA `idx` of
+/// [`super::mk_ag_gemm_bf16_nk`], under the ring contract (`crate::gemm`) with this CTA's producer
+/// ([`super::producer::run`]) on the same `ring`, starting at `pos`; `map_c` is the launch's C tensor map.
 #[inline(always)]
 pub(super) unsafe fn run(a: &AgGemmArgs, idx: u32, ring: &Ring, pos: RingPos, wg: u32, map_c: TensorMap) {
     let ring = *ring;

@@ -58,6 +58,11 @@ pub unsafe extern "ptx-kernel" fn mk_ag_gemm_bf16_nk(args: *const AgGemmArgs) {
 
 /// A compute CTA: the persistent GEMM over the gathered A, the producer waiting for each 128-row
 /// chunk before loading it.
+///
+/// # Safety
+///
+/// Called by every thread of a compute CTA of [`mk_ag_gemm_bf16_nk`] (the launch's safety contract), once per launch;
+/// `idx` is this CTA's index among the compute CTAs.
 #[inline(always)]
 unsafe fn compute(a: &AgGemmArgs, idx: u32) {
     let ring = Ring::new(smem::dynamic_smem_addr(), ag_op::RING);

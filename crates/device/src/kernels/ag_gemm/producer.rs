@@ -13,6 +13,12 @@ use mkernel_config::ops::ag_gemm::AgGemmArgs;
 
 /// The producer loop of compute CTA `idx`; `maps`: A over the gathered buffer, A over this
 /// rank's shard, B.
+///
+/// # Safety
+///
+/// Called by thread 0 (the producer) of compute CTA `idx` of [`super::mk_ag_gemm_bf16_nk`], under the ring contract
+/// (`crate::gemm`) with this CTA's consumer warpgroups on the same `ring`, starting at `pos`; `maps` are the launch's
+/// tensor maps of the gathered A, the local shard of A and B.
 #[inline(always)]
 pub(super) unsafe fn run(a: &AgGemmArgs, idx: u32, ring: &Ring, pos: RingPos, maps: [TensorMap; 3]) {
     let [map_a, map_a_local, map_b] = maps;
@@ -92,6 +98,11 @@ pub(super) unsafe fn run(a: &AgGemmArgs, idx: u32, ring: &Ring, pos: RingPos, ma
 
 /// The producer's bounded wait for a chunk. Inline: a call from a warpgroup that gave
 /// registers back with `setmaxnreg` may use registers it no longer has.
+///
+/// # Safety
+///
+/// The communicator contract (`crate::comm`) for `c` (the compute CTA's fused context); `src < world` is the local rank
+/// whose shard chunk `chunk` is awaited.
 #[inline(always)]
 pub(super) unsafe fn wait_chunk(c: &CommCtx, src: u32, chunk: u32) -> bool {
     unsafe { wait_flag_of_cta(c, FlagSlot::Tile0, src, chunk, c.epoch) }

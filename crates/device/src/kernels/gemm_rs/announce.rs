@@ -30,6 +30,11 @@ pub(super) fn awaited_in_loop(c: &CommCtx, a: &GemmRsArgs, p: Pending) -> bool {
 /// Announces the older pending tile (if any, and if it is announced at all): its bulk stores
 /// are complete once at most the newer tile's `TILE_GROUPS` groups are in flight. False when
 /// the warpgroup stops.
+///
+/// # Safety
+///
+/// The role contract (`crate::kernels::gemm_rs`); called by every thread of consumer warpgroup `wg` (it joins the
+/// warpgroup's named barrier), with `pending` the warpgroup's own record of its unannounced tiles.
 #[inline(always)]
 pub(super) unsafe fn announce_older(c: &CommCtx, a: &GemmRsArgs, pending: &mut Pendings, wg: u32, stop: bool) -> bool {
     match pending.older.take() {
@@ -40,6 +45,10 @@ pub(super) unsafe fn announce_older(c: &CommCtx, a: &GemmRsArgs, pending: &mut P
 
 /// Announces the newer pending tile (every bulk store complete). False when the warpgroup
 /// stops.
+///
+/// # Safety
+///
+/// As [`announce_older`].
 #[inline(always)]
 pub(super) unsafe fn announce_newer(c: &CommCtx, a: &GemmRsArgs, pending: &mut Pendings, wg: u32, stop: bool) -> bool {
     match pending.newer.take() {
@@ -75,6 +84,12 @@ pub(super) fn announced(c: &CommCtx, a: &GemmRsArgs, p: Pending) -> bool {
 /// its block's `NodeSum`, which the block's sender warp waits for ([`send_node_block`]). The
 /// warpgroup's barrier also ORs `stop` (the rank aborted, read by the leader at the tile's
 /// start): false then, and the warpgroup stops.
+///
+/// # Safety
+///
+/// The role contract (`crate::kernels::gemm_rs`); called by every thread of consumer warpgroup `wg` (the warpgroup's
+/// named barrier), with `p` one of the warpgroup's own pending tiles whose bulk stores were issued by its leader, and
+/// `NEWER_GROUPS` the bulk groups the leader issued after them.
 #[inline(always)]
 pub(super) unsafe fn publish<const NEWER_GROUPS: u32>(
     c: &CommCtx,

@@ -19,6 +19,11 @@ use mkernel_config::ops::gemm_rs::GemmRsArgs;
 /// complete: [`BulkRing::copy_deferred`]); the counter is full at `n_comm`. The compute CTAs' stores stay local (TMA into the outbox), so their mainloops neither wait
 /// for NVLink nor share their SM's memory pipe with it; a few CTAs move the bytes at NVLink
 /// rate. Waits are bounded (error record, then the launch ends).
+///
+/// # Safety
+///
+/// The role contract (`crate::kernels::gemm_rs`); called by thread 128 of a comm CTA (`block_idx < a.n_comm`) only, the
+/// one thread that owns the CTA's [`BulkRing`] in its dynamic shared memory.
 #[inline(always)]
 pub(super) unsafe fn run(a: &GemmRsArgs) {
     let idx = ids::block_idx_reread();

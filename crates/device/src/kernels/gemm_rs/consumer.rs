@@ -23,6 +23,11 @@ use mkernel_config::ops::gemm_rs::GemmRsArgs;
 use mkernel_config::trace::{tile_kind, End, Mark};
 
 /// The tile loop of this thread's consumer warpgroup.
+///
+/// # Safety
+///
+/// The role contract (`crate::kernels::gemm_rs`); called by every thread of a consumer warpgroup of a compute CTA,
+/// after its `setmaxnreg`, with `pos` the start of the ring ([`RingPos::START`]) shared with this CTA's producer.
 #[inline(always)]
 pub(super) unsafe fn run(a: &GemmRsArgs, pos: RingPos) {
     let mut pos = pos;

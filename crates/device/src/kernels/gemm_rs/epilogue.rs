@@ -25,6 +25,11 @@ use mkernel_config::GemmTile;
 /// (each consumer thread prefetches two 128-byte lines of one row per peer), so the epilogue's
 /// loads hit L2. The data has usually landed long before; a line prefetched early is still
 /// coherent (remote stores go through this GPU's L2).
+///
+/// # Safety
+///
+/// The role contract (`crate::kernels::gemm_rs`); called by a consumer thread for an own tile `tile` of this CTA, with
+/// `rank` and `world` this rank's local rank and node size.
 #[inline(always)]
 pub(super) unsafe fn prefetch_partials(a: &GemmRsArgs, tile: Tile, rank: u32, world: u32, first_staged: bool) {
     let ct = ids::thread_idx() - crate::arch::ids::WARPGROUP_THREADS;
@@ -60,6 +65,12 @@ pub(super) unsafe fn prefetch_partials(a: &GemmRsArgs, tile: Tile, rank: u32, wo
 /// completes when it landed. It never waits for the counter (a wait here, before this tile's
 /// epilogue announces the previous tile, could close a cycle between ranks); true (for every
 /// thread of the warpgroup) when the load was issued, else the epilogue loads that partial.
+///
+/// # Safety
+///
+/// The role contract (`crate::kernels::gemm_rs`); called by every thread of consumer warpgroup `wg` for an own tile
+/// `tile`, before its mainloop, while the warpgroup's staging is free (no bulk store of it still reading, no load in
+/// flight); `rank` and `world` as for [`prefetch_partials`].
 #[inline(always)]
 pub(super) unsafe fn stage_first_partial(
     a: &GemmRsArgs,
@@ -94,6 +105,12 @@ pub(super) unsafe fn stage_first_partial(
 /// spans every slot); pulled (step 0 only): from its outbox over NVLink, at the tile's own row.
 /// Everything else is re-read here (volatile), so a caller's loop keeps nothing of it live next
 /// to the accumulators.
+///
+/// # Safety
+///
+/// The role contract (`crate::kernels::gemm_rs`); called by the leader of consumer warpgroup `wg` for own tile `tile`,
+/// after it acquired the counter of peer `(rank + 1 + step) % world`'s partial, while nothing else reads or writes the
+/// warpgroup's staging and `staging_ready(wg)`'s current phase awaits this load.
 #[inline(always)]
 pub(super) unsafe fn load_partial(ring: &Ring, tile: Tile, wg: u32, step: u32) {
     let (rank, world) = unsafe { rank_world(ldesc()) };
@@ -133,6 +150,12 @@ pub(super) unsafe fn load_partial(ring: &Ring, tile: Tile, wg: u32, step: u32) {
 /// Pushed partials of an own tile, after the first one's load was issued: while another peer's
 /// partial is still to come, wait for the staged one, add it, and (once every thread read the
 /// staging) load the next; the last one stays in the staging for the store pass.
+///
+/// # Safety
+///
+/// The role contract (`crate::kernels::gemm_rs`); called by every thread of consumer warpgroup `wg` for own tile `tile`
+/// after the first partial's load was issued ([`load_partial`]), with `ready` the warpgroup's tracked
+/// `staging_ready(wg)` parity.
 #[inline(always)]
 pub(super) unsafe fn add_chained_partials(ring: &Ring, tile: Tile, wg: u32, acc: &mut [f32; 128], ready: &mut u32) {
     macro_rules! step {
@@ -156,6 +179,11 @@ pub(super) unsafe fn add_chained_partials(ring: &Ring, tile: Tile, wg: u32, acc:
 
 /// Waits for the staged partial's load on `staging_ready(wg)` (the phase `ready` tracks) and flips the
 /// tracked parity.
+///
+/// # Safety
+///
+/// The role contract (`crate::kernels::gemm_rs`); called by every thread of consumer warpgroup `wg` after a load onto
+/// `staging_ready(wg)` was issued, with `ready` the warpgroup's tracked parity of that barrier.
 #[inline(always)]
 pub(super) unsafe fn wait_staged(ring: &Ring, wg: u32, ready: &mut u32) {
     let parity = (*ready & STAGE_PARITY != 0) as u32;
@@ -179,6 +207,12 @@ pub(super) unsafe fn wait_staged(ring: &Ring, wg: u32, ready: &mut u32) {
 /// tile, then store this one to its peer, or add the peers' partials (and, in the own node's
 /// block, the other nodes' sums) and store the sum. False when a wait gave up (the error
 /// record is written).
+///
+/// # Safety
+///
+/// The role contract (`crate::kernels::gemm_rs`), without stagers; called by every thread of consumer warpgroup `wg`
+/// after the mainloop of `tile` retired its wgmmas, with `epoch` the launch epoch and `ready`, `pending` and `trickle`
+/// the warpgroup's own state carried through its tile loop.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn rs_epilogue(

@@ -8,6 +8,21 @@
 //! [`node_send`] and [`node_recv`] (across nodes), [`comm`] (comm CTAs); the parts they share:
 //! [`setup`] (the launch's start and end), [`shared`] (the shared-memory copies every role
 //! reads), [`work_items`] and [`stream_k`].
+//!
+//! # Safety
+//!
+//! The `unsafe fn`s of these modules run only inside [`mk_gemm_rs_bf16_nk`] (its own safety
+//! contract: launched as `GEMM_RS_NK` says, by every rank at once, with valid `args` and `desc`)
+//! and share "the role contract", which their `# Safety` sections refer to:
+//! - [`setup::run`] has run in every thread of the CTA and a CTA barrier followed, so the
+//!   shared-memory copies of the descriptor, the arguments and the epoch ([`shared`]), the ring
+//!   and (compute CTAs) the work-item table are initialised;
+//! - each is called only by the CTA kind, warp and lane its doc names, as [`run_role`]
+//!   dispatches them, so the mbarriers, named barriers, tick words and staging boxes it uses
+//!   have exactly the participants the protocol (docs/fused.md) counts on;
+//! - `a` is the launch's argument block (the shared copy), `c` a context built by
+//!   [`shared::fused_ctx_at`] with the launch's epoch (the communicator contract, `crate::comm`),
+//!   and `idx` this CTA's index among the compute CTAs.
 use crate::arch::{ids, regs, smem};
 use crate::comm::launch::exit_launch_by_cta_then;
 use crate::gemm::ring::RingPos;
@@ -92,6 +107,11 @@ pub unsafe extern "ptx-kernel" fn mk_gemm_rs_bf16_nk(args: *const GemmRsArgs, de
 
 /// The launch's setup, the register split, then each warp's role ([`rs_op::role`]: one table for
 /// comm CTAs, one for compute CTAs).
+///
+/// # Safety
+///
+/// `args` and `desc` as [`mk_gemm_rs_bf16_nk`] requires; called by every thread of the CTA, once, at the start of the
+/// launch.
 #[inline(always)]
 unsafe fn rs_roles(args: *const GemmRsArgs, desc: *const CommDesc, entered: u64) {
     unsafe { setup::run(args, desc, entered) };
@@ -114,6 +134,12 @@ unsafe fn rs_roles(args: *const GemmRsArgs, desc: *const CommDesc, entered: u64)
 /// arms of the other kind are compiled out (the role tables keep each role in its warpgroup
 /// kind, checked at compile time in `mkernel_config::ops::gemm_rs`). The one-thread roles run
 /// on lane 0.
+///
+/// # Safety
+///
+/// The role contract (`crate::kernels::gemm_rs`); called by every thread of the CTA after [`rs_roles`]' register split,
+/// `PRODUCER_WG` telling whether this thread's warpgroup is the producer warpgroup (warpgroup 0); `pos` is
+/// [`RingPos::START`].
 #[inline(always)]
 unsafe fn run_role<const PRODUCER_WG: bool>(a: &GemmRsArgs, pos: RingPos) {
     // Each role derives its loop state after its setmaxnreg: values computed before the split

@@ -10,6 +10,10 @@ use mkernel_config::comm::{FlagSlot, RemoteSlot, Role};
 use mkernel_config::ops::gemm_rs::GemmRsArgs;
 
 /// Warp 3 of compute CTA `idx` (lane 0), across nodes.
+///
+/// # Safety
+///
+/// The role contract (`crate::kernels::gemm_rs`) across nodes; called by lane 0 of warp 3 of compute CTA `idx` only.
 #[inline(always)]
 pub(super) unsafe fn run(a: &GemmRsArgs, idx: u32) {
     // Warp 3: wait for the other nodes' sums of our rows (one PUT from each node's rank

@@ -24,6 +24,11 @@ pub(super) fn node_blocks_to_send(a: &GemmRsArgs) -> u32 {
 /// The sender of node block `j` (one thread): waits until every tile of the block is stored
 /// (its `NodeSum` counter is full), then posts the block's PUT(s) ([`put_node_block`]). A
 /// failed wait or post leaves the error record; the receivers' waits then end too.
+///
+/// # Safety
+///
+/// The role contract (`crate::kernels::gemm_rs`) across nodes; called by the one sender thread of node block `j` (`j <
+/// nodes`), once per launch.
 #[inline(always)]
 pub(super) unsafe fn send_node_block(a: &GemmRsArgs, j: u32) {
     let mut c = unsafe { fused_ctx_at(ldesc(), lepoch()) };
@@ -47,6 +52,11 @@ pub(super) unsafe fn send_node_block(a: &GemmRsArgs, j: u32) {
 /// into that rank's remote receive block of this node (`FusedData`); `j = nodes - 1`
 /// (AllReduce): the reduced rows of this rank's chunk, into every remote rank's output
 /// (`FusedOut`). Each destination's buffer is free once its remote `FusedReady` arrived.
+///
+/// # Safety
+///
+/// The role contract (`crate::kernels::gemm_rs`) across nodes, with `c.fifo` the proxy FIFO of this node; called by the
+/// sender of node block `j` once every tile of the block is stored (its `NodeSum` counter seen full).
 #[inline(always)]
 pub(super) unsafe fn put_node_block(c: &CommCtx, a: &GemmRsArgs, j: u32) -> bool {
     let (nodes, node, block_rows) = node_blocks(c, a.m);

@@ -13,6 +13,11 @@ use crate::gemm::BLayout;
 use mkernel_config::ops::gemm_rs::GemmRsArgs;
 
 /// The producer loop of compute CTA `idx`.
+///
+/// # Safety
+///
+/// The role contract (`crate::kernels::gemm_rs`); called by lane 0 of the producer warp of compute CTA `idx` only, with
+/// `pos` the start of the ring shared with this CTA's consumer warpgroups.
 #[inline(always)]
 pub(super) unsafe fn run(a: &GemmRsArgs, idx: u32, pos: RingPos) {
     let mut pos = pos;

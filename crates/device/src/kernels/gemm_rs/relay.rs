@@ -34,6 +34,11 @@ pub(super) fn relays_run(a: &GemmRsArgs) -> bool {
 /// like the comm CTAs' walk: an item of part g waits only for tiles whose waits concern parts
 /// below g, and each relay takes its items in part order. Bounded waits (error record; the
 /// relay stops on abort).
+///
+/// # Safety
+///
+/// The role contract (`crate::kernels::gemm_rs`), when [`relays_run`] says the relays run; called by lane 0 of warp 2
+/// of compute CTA `idx` only.
 #[inline(always)]
 pub(super) unsafe fn relay_role(a: &GemmRsArgs, idx: u32) {
     let mut c = unsafe { fused_ctx_at(ldesc(), lepoch()) };
@@ -90,6 +95,11 @@ pub(super) unsafe fn relay_role(a: &GemmRsArgs, idx: u32) {
 
 /// One relay item (see [`relay_role`]): `dest` = the peer of a partial row tile, or this rank
 /// for an own AllReduce row tile. False when the wait gave up.
+///
+/// # Safety
+///
+/// The role contract (`crate::kernels::gemm_rs`); called by a relay thread ([`relay_role`]), with `dest < world` and
+/// `mt` a row tile of this launch whose local counter becomes full at `full`.
 #[inline(always)]
 pub(super) unsafe fn relay_item(c: &CommCtx, dest: u32, mt: u32, full: u64) -> bool {
     // The local counter fills as this rank's compute CTAs finish the row tile, which wait

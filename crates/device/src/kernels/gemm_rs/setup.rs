@@ -17,6 +17,11 @@ use mkernel_config::trace::End;
 /// Every thread of every CTA, before the role split: thread 0 copies the descriptor and the
 /// arguments into shared memory and initializes the ring; the CTA fills its item table; CTA 0
 /// opens this rank's receive buffers.
+///
+/// # Safety
+///
+/// `args` and `desc` as [`super::mk_gemm_rs_bf16_nk`] requires; called by every thread of every CTA, once, at the start
+/// of the launch and before any other role function.
 #[inline(always)]
 pub(super) unsafe fn run(args: *const GemmRsArgs, desc: *const CommDesc, entered: u64) {
     let ring = Ring::new(smem::dynamic_smem_addr(), RS_RING);
@@ -72,6 +77,11 @@ pub(super) unsafe fn run(args: *const GemmRsArgs, desc: *const CommDesc, entered
 
 /// CTA 0, all threads: zero the incoming `Tile1` (and `Tile2`) counters of this shape's row
 /// tiles, then raise `FusedReady` at every peer and every remote rank.
+///
+/// # Safety
+///
+/// The role contract (`crate::kernels::gemm_rs`); called by every thread of CTA 0, once per launch, before any role of
+/// this CTA waits on another rank.
 #[inline(always)]
 pub(super) unsafe fn open_receive_buffers(c: &CommCtx, a: &GemmRsArgs) {
     let t = ids::thread_idx();
@@ -98,6 +108,12 @@ pub(super) unsafe fn open_receive_buffers(c: &CommCtx, a: &GemmRsArgs) {
 /// counter was seen full - so a launch starts with zeros and no CTA can read the previous
 /// launch's full counters before CTA 0 got to its prologue. (The heap base is read once and
 /// nothing is divided: at the launch's end this is on the critical path.)
+///
+/// # Safety
+///
+/// The role contract (`crate::kernels::gemm_rs`); called by threads `t` of `nt` together (each `t < nt` once), only
+/// where no other thread of this rank can be adding to the counters: by CTA 0 before it raises `FusedReady`, or by the
+/// launch's last warp after every counter was seen full.
 #[inline(always)]
 pub(super) unsafe fn zero_counters(c: &CommCtx, a: &GemmRsArgs, t: u32, nt: u32, outbox: bool) {
     let row_tiles = a.m / c.world / TILE.block_m;
@@ -124,6 +140,11 @@ pub(super) unsafe fn zero_counters(c: &CommCtx, a: &GemmRsArgs, t: u32, nt: u32,
 /// `NodeSum` ones, which only this zeroing may touch) and, across nodes, wait until the proxy
 /// completed every command posted so far (lane 0): the next launch rewrites the stage and the
 /// output the PUTs read.
+///
+/// # Safety
+///
+/// The role contract (`crate::kernels::gemm_rs`); called by lanes `0..lanes` of the launch's last warp only (the exit
+/// count says which), once every CTA of this rank has exited its roles.
 #[inline(always)]
 pub(super) unsafe fn finish_reduce_launch(c: &CommCtx, a: &GemmRsArgs, lane: u32, lanes: u32) {
     unsafe {

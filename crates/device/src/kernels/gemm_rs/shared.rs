@@ -70,6 +70,10 @@ pub(super) fn lepoch() -> u64 {
 }
 
 /// `(rank, world)` read from the descriptor (volatile: re-read wherever called).
+///
+/// # Safety
+///
+/// `desc` is the address of this launch's `CommDesc` (the communicator contract, `crate::comm`).
 #[inline(always)]
 pub(super) unsafe fn rank_world(desc: u64) -> (u32, u32) {
     let d = desc as *const CommDesc;
@@ -82,6 +86,11 @@ pub(super) unsafe fn rank_world(desc: u64) -> (u32, u32) {
 }
 
 /// The fused launch context with a known epoch (re-read from the descriptor in each epilogue).
+///
+/// # Safety
+///
+/// `desc` is the address of this launch's `CommDesc` (the communicator contract, `crate::comm`) and `epoch` the
+/// launch's epoch as [`super::setup::run`] read it (or 0 where the context only writes an error record).
 #[inline(always)]
 pub(super) unsafe fn fused_ctx_at(desc: u64, epoch: u64) -> CommCtx {
     let mut c = unsafe { CommCtx::with_epoch(desc as *const CommDesc, 0, Role::Compute, epoch) };

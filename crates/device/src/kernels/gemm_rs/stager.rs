@@ -40,6 +40,12 @@ pub(super) fn stager_runs(a: &GemmRsArgs) -> bool {
 /// into it (an own tile: the partial added, `ldmatrix`), and tell the stager (`tile_staged(wg)`),
 /// which stores and announces it. No bulk store or flag is touched here: the warpgroup goes
 /// back to its tensor cores at once. False when the rank aborted.
+///
+/// # Safety
+///
+/// The role contract (`crate::kernels::gemm_rs`), with stagers; called by every thread of consumer warpgroup `wg` after
+/// the mainloop of `local` retired its wgmmas, with `ready` the warpgroup's tracked `staging_ready(wg)` parity and
+/// `own` whether the tile is an own tile.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn stager_epilogue(
@@ -88,6 +94,12 @@ pub(super) const ARRIVED: u32 = 3;
 /// the load, through the async proxy, comes after `fence.proxy.async`); for a peer tile it
 /// just arrives. Returns the stager's `loading` state: `parity` (a load in flight) or
 /// [`ARRIVED`].
+///
+/// # Safety
+///
+/// The role contract (`crate::kernels::gemm_rs`); called by the stager of consumer warpgroup `cw` ([`stager_role`])
+/// once that warpgroup's staging is free, with `parity` the current phase of `staging_ready(1 + cw)`; for an own tile,
+/// after it acquired the peer's counter of `tile`'s row tile.
 #[inline(always)]
 pub(super) unsafe fn stager_ready(cw: u32, tile: Tile, parity: u32) -> u32 {
     let a = unsafe { &*(largs() as *const GemmRsArgs) };
@@ -139,6 +151,11 @@ pub(super) unsafe fn stager_ready(cw: u32, tile: Tile, parity: u32) -> u32 {
 /// Every tile is announced before the wait for a later tile's counter (the deadlock-freedom
 /// rule of [`publish`], met early). Waits are bounded (error record, abort); on an abort it
 /// stops once its stores and loads are done with the staging.
+///
+/// # Safety
+///
+/// The role contract (`crate::kernels::gemm_rs`), when [`stager_runs`] says the stagers run; called by lane 0 of
+/// producer warp `1 + 2 cw` of compute CTA `idx` only (`cw` 0 or 1).
 #[inline(always)]
 pub(super) unsafe fn stager_role(idx: u32, cw: u32) {
     // Only the loop's own state lives across it (56 registers): the context is rebuilt where
@@ -306,7 +323,15 @@ pub(super) unsafe fn stager_role(idx: u32, cw: u32) {
 /// staging box). Nothing reads it again soon (a peer's partial only rounds later, at its
 /// owner; an output tile not in this launch), so its lines are the first to leave L2, ahead of
 /// the operands the mainloops still read (docs/fused.md measures the cache policies).
-// (`PER_BOX` is 1 at `STAGER_STORE_ROWS` = 64; the arithmetic holds for smaller pieces too.)
+///
+/// # Safety
+///
+/// The role contract (`crate::kernels::gemm_rs`); called by the stager of consumer warpgroup `cw` once the warpgroup
+/// wrote the tile into its staging (`tile_staged(1 + cw)` passed), with `map` the address of the destination's tensor
+/// map (a peer's receive buffer or an output; box `EPILOGUE_BOX_COLS` x `STAGER_STORE_ROWS`) and `p` below the stager's
+/// piece count (`EPILOGUE_BOX_ROWS / STAGER_STORE_ROWS * epilogue_buffers`); the staging is not rewritten before the
+/// store has read it.
+// `PER_BOX` is 1 with today's `STAGER_STORE_ROWS` (`p % PER_BOX` is then 0); the split is kept for other values.
 #[allow(clippy::modulo_one)]
 #[inline(always)]
 pub(super) unsafe fn stager_store(map: u64, local: Tile, cw: u32, p: u32) {
@@ -324,6 +349,11 @@ pub(super) unsafe fn stager_store(map: u64, local: Tile, cw: u32, p: u32) {
 
 /// Waits (sleeping between polls) until a tick counter ([`Ring::tick`]) reached `target`;
 /// false when `give_up` says so.
+///
+/// # Safety
+///
+/// `tick` is a tick word of this CTA's ring ([`Ring::tick`]), written only with volatile stores by the thread that
+/// counts it.
 #[inline(always)]
 pub(super) unsafe fn wait_tick(tick: smem::SmemAddr, target: u32, give_up: impl Fn(u64) -> bool) -> bool {
     crate::arch::time::poll_until::<RELAY_SLEEP_NS>(

@@ -21,6 +21,11 @@ pub(super) fn sk_slot(a: &GemmRsArgs, cta: u32, wg: u32) -> u64 {
 /// workspace slot (thread-major 16-byte pieces: every store coalesced), then its leader raises
 /// `(StreamK, wg - 1, cta)` to the launch epoch (`st.release.gpu` after the warpgroup's
 /// barrier orders every thread's stores before it).
+///
+/// # Safety
+///
+/// The role contract (`crate::kernels::gemm_rs`); called by every thread of consumer warpgroup `wg` (1-based) of
+/// compute CTA `cta`, for a stream-K contributor piece, once per launch per warpgroup, with `epoch` the launch epoch.
 #[inline(always)]
 pub(super) unsafe fn write_sk_partial(
     a: &GemmRsArgs,
@@ -42,6 +47,11 @@ pub(super) unsafe fn write_sk_partial(
 /// An owned stream-K tile's other K ranges: the leader waits (bounded, error record) for the
 /// flags of contributor CTAs `from..cta` (written at their first piece, long done), then every
 /// thread adds their partials (through L2) to its accumulators. False when a wait gave up.
+///
+/// # Safety
+///
+/// The role contract (`crate::kernels::gemm_rs`); called by every thread of consumer warpgroup `wg` (1-based) of
+/// compute CTA `cta`, owner of a stream-K tile whose contributors are CTAs `from..cta`, with `epoch` the launch epoch.
 #[inline(always)]
 pub(super) unsafe fn add_sk_partials(
     a: &GemmRsArgs,

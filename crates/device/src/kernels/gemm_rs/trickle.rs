@@ -35,6 +35,12 @@ impl Trickle {
     };
 
     /// Issues the next box (consumer warpgroup `cw`: 0-based).
+    ///
+    /// # Safety
+    ///
+    /// The role contract (`crate::kernels::gemm_rs`); called by every thread of consumer warpgroup `cw` (0-based; its
+    /// leader issues) while `self` holds a staged tile whose staging nothing rewrites until its boxes are issued and
+    /// read.
     #[inline(always)]
     pub(super) unsafe fn issue(&mut self, ring: &Ring, cw: u32) {
         if ids::thread_in_warpgroup() == 0 {
@@ -57,6 +63,10 @@ impl Trickle {
     }
 
     /// Issues every box not yet issued.
+    ///
+    /// # Safety
+    ///
+    /// As [`Trickle::issue`].
     #[inline(always)]
     pub(super) unsafe fn flush(&mut self, ring: &Ring, cw: u32) {
         while self.left > 0 {

@@ -67,6 +67,11 @@ impl ItemRec {
 
 /// Works out item `w` of compute CTA `idx` (the stream-K plan, the chunked scheduler and A's
 /// source row; some 30 integer divisions), everything re-read from the shared copies.
+///
+/// # Safety
+///
+/// The role contract (`crate::kernels::gemm_rs`) for the shared copies [`super::shared`] (filled by
+/// [`super::setup::run`]); `idx` is this CTA's index among the compute CTAs and `w` one of its work items.
 #[inline(always)]
 pub(super) unsafe fn compute_item(idx: u32, w: u32) -> ItemRec {
     let a = unsafe { &*(largs() as *const GemmRsArgs) };
@@ -110,6 +115,10 @@ pub(super) fn item_slot(w: u32) -> smem::SmemAddr {
 
 /// Fills the work-item table of this compute CTA (every thread of the CTA, before the role
 /// split; a CTA barrier must follow): records `0..min(items, capacity)`.
+///
+/// # Safety
+///
+/// As [`compute_item`]; called by every thread of compute CTA `idx` before the role split, followed by a CTA barrier.
 #[inline(always)]
 pub(super) unsafe fn fill_item_table(idx: u32) {
     let items = stream_k().items(idx).min(rs_op::ITEM_TABLE_ENTRIES as u32);
@@ -131,6 +140,10 @@ pub(super) unsafe fn fill_item_table(idx: u32) {
 }
 
 /// Item `w` (below the table's capacity) from the table.
+///
+/// # Safety
+///
+/// The table of this CTA is filled ([`fill_item_table`] and a CTA barrier) and `w` is below its capacity.
 #[inline(always)]
 pub(super) unsafe fn table_item(w: u32) -> ItemRec {
     let (x, y) = unsafe {
@@ -154,6 +167,10 @@ pub(super) unsafe fn table_item(w: u32) -> ItemRec {
 
 /// Item `w` of compute CTA `idx`: two shared-memory loads from the table, or worked out past
 /// its capacity.
+///
+/// # Safety
+///
+/// As [`compute_item`], after [`fill_item_table`] and its CTA barrier.
 #[inline(always)]
 pub(super) unsafe fn item(idx: u32, w: u32) -> ItemRec {
     if w < rs_op::ITEM_TABLE_ENTRIES as u32 {

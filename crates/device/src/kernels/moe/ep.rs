@@ -27,6 +27,10 @@ use mkernel_config::ops::moe::{
 const POLLS_PER_CHECK: u32 = 64;
 
 /// Whether this rank is aborting (an earlier wait gave up, or the host aborted).
+///
+/// # Safety
+///
+/// The communicator contract (`crate::comm`) for `c`.
 #[inline(always)]
 unsafe fn aborting(c: &CommCtx) -> bool {
     unsafe { memory::ld_relaxed_u32(Scope::Sys, (c.heap(c.rank) + ABORT_OFFSET) as *const u32) != 0 }
@@ -34,6 +38,12 @@ unsafe fn aborting(c: &CommCtx) -> bool {
 
 /// Raises flag `(kind, my rank, cta)` = `c.epoch` in `dst`'s heap (one thread, after a CTA
 /// barrier that follows the data it publishes; the release is cumulative).
+///
+/// # Safety
+///
+/// The communicator contract (`crate::comm`) for `c`, and `a` this layer's `MoeEpArgs` (its `heap_flags` region inside
+/// every heap); `dst < world`, `cta` a flag index of this kernel; called by one thread after a CTA barrier that follows
+/// the data the flag publishes.
 #[inline(always)]
 unsafe fn signal(c: &CommCtx, a: &MoeEpArgs, dst: u32, kind: EpFlag, cta: u32) {
     let f = (c.heap(dst) + a.heap_flags + ep_flag(kind, c.rank, cta)) as *mut u64;
@@ -43,6 +53,10 @@ unsafe fn signal(c: &CommCtx, a: &MoeEpArgs, dst: u32, kind: EpFlag, cta: u32) {
 /// Waits until this rank's flag `(kind, src, cta)` reaches `c.epoch`; false (after leaving
 /// the error record if first: `Timeout`, or `Aborted` when the rank's abort word is up) on
 /// timeout or when the rank aborts.
+///
+/// # Safety
+///
+/// As [`signal`], with `src < world`.
 // `is_multiple_of` here changes the emitted PTX of the polling loop (checked with `cargo xtask ptx`).
 #[allow(clippy::manual_is_multiple_of)]
 #[inline(always)]
@@ -71,6 +85,11 @@ unsafe fn wait(c: &CommCtx, a: &MoeEpArgs, kind: EpFlag, src: u32, cta: u32) -> 
 /// Every thread `s < world`, `s != rank` raises `(kind, rank, cta)` at rank `s` and waits for
 /// `(kind, s, cta)`; the CTA learns whether all arrived. Call from every thread after a
 /// barrier that follows the data the flag publishes.
+///
+/// # Safety
+///
+/// As [`signal`]; called by every thread of the CTA (it ends in a CTA barrier), after a barrier that follows the data
+/// the flags publish.
 #[inline(always)]
 unsafe fn exchange(c: &CommCtx, a: &MoeEpArgs, kind: EpFlag, cta: u32) -> bool {
     let t = ids::thread_idx();

@@ -80,6 +80,12 @@ pub unsafe extern "ptx-kernel" fn mk_moe_route(args: *const MoeRouteArgs, ids: *
 /// row tile and the rows in use, and sets each expert's shared-memory cursor to its first
 /// row. Groups that would run past `max_tiles` are cut there (their tiles are not written and
 /// the rows in use stop at the capacity) and the error record's `flag` gets bit 1.
+///
+/// # Safety
+///
+/// Called by every thread of the routing CTA (it uses CTA barriers) whose dynamic shared memory is a `RouteSmem`; `a`
+/// meets the argument-block contract (`crate::kernels::moe`) and `experts <= MAX_EXPERTS`, at most the CTA's thread
+/// count.
 #[inline(always)]
 pub(crate) unsafe fn place_groups(a: &MoeRouteArgs, experts: u32, count: u32) {
     let base = smem::dynamic_smem_addr();
