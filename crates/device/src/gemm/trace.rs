@@ -24,7 +24,7 @@ unsafe fn put(buf: u64, cta: u32, i: u32, word: u32, value: u64) {
 ///
 /// # Safety
 ///
-/// As [`put`]: `buf` is 0 or the launch's trace buffer sized for more than `cta` CTAs, written by one thread of this
+/// As for `put`: `buf` is 0 or the launch's trace buffer sized for more than `cta` CTAs, written by one thread of this
 /// CTA.
 #[inline(always)]
 pub unsafe fn mark(buf: u64, cta: u32, i: u32, mark: Mark) {

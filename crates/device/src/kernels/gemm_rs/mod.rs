@@ -14,14 +14,14 @@
 //! The `unsafe fn`s of these modules run only inside [`mk_gemm_rs_bf16_nk`] (its own safety
 //! contract: launched as `GEMM_RS_NK` says, by every rank at once, with valid `args` and `desc`)
 //! and share "the role contract", which their `# Safety` sections refer to:
-//! - [`setup::run`] has run in every thread of the CTA and a CTA barrier followed, so the
-//!   shared-memory copies of the descriptor, the arguments and the epoch ([`shared`]), the ring
+//! - `setup::run` has run in every thread of the CTA and a CTA barrier followed, so the
+//!   shared-memory copies of the descriptor, the arguments and the epoch (`shared`), the ring
 //!   and (compute CTAs) the work-item table are initialised;
-//! - each is called only by the CTA kind, warp and lane its doc names, as [`run_role`]
+//! - each is called only by the CTA kind, warp and lane its doc names, as `run_role`
 //!   dispatches them, so the mbarriers, named barriers, tick words and staging boxes it uses
 //!   have exactly the participants the protocol (docs/fused.md) counts on;
 //! - `a` is the launch's argument block (the shared copy), `c` a context built by
-//!   [`shared::fused_ctx_at`] with the launch's epoch (the communicator contract, `crate::comm`),
+//!   `shared::fused_ctx_at` with the launch's epoch (the communicator contract, `crate::comm`),
 //!   and `idx` this CTA's index among the compute CTAs.
 use crate::arch::{ids, regs, smem};
 use crate::comm::launch::exit_launch_by_cta_then;
