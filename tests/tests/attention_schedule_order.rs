@@ -77,7 +77,7 @@ fn check(lens: &[(u32, u32)], heads_q: u32, heads_kv: u32, causal: bool, varlen:
                 .clone()
                 .any(|q| (n * BLOCK..(n + 1) * BLOCK).any(|j| !visible(q, j)));
             assert!(
-                !hidden || w.needs_mask(n, causal),
+                !hidden || w.needs_mask(n),
                 "block {n} of tile ({b}, {h}, {}) needs its mask",
                 w.m0
             );
