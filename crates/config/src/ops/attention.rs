@@ -298,6 +298,17 @@ pub struct RingArgs {
 
 const _: () = assert!(size_of::<RingArgs>() == size_of::<AttentionArgs>() + 8 * 11 + 4 * 4, "ring block layout");
 
+/// Registers per thread of ring attention's producer warpgroup after `setmaxnreg.dec`: its loop
+/// over the ring steps (flag waits, the zigzag mask) spilled 60 bytes at 40.
+pub const RING_PRODUCER_REGS: u32 = 56;
+/// Registers per thread of each of ring attention's consumer warpgroups (0 spills at 224).
+pub const RING_CONSUMER_REGS: u32 = 224;
+const _: () = assert!(
+    (RING_PRODUCER_REGS + 2 * RING_CONSUMER_REGS) * crate::WARPGROUP_SIZE
+        <= AttentionTile::D128.entry_regs() * AttentionTile::D128.threads(),
+    "ring register split exceeds the CTA's registers"
+);
+
 /// Ring attention forward, head dim 64 (same tile and roles as [`FLASH_ATTN_FWD_D64`], plus comm CTAs).
 pub const RING_ATTN_FWD_D64: KernelSpec = KernelSpec {
     name: "mk_ring_attn_fwd_d64",

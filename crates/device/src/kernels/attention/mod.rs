@@ -18,7 +18,9 @@ pub mod ring;
 pub mod schedule;
 
 use crate::arch::{ids, mbarrier, regs, smem, sync, tma};
-use mkernel_config::ops::attention::{AttentionArgs, AttentionTile, RingArgs, Role, ROLES};
+use mkernel_config::ops::attention::{
+    AttentionArgs, AttentionTile, RingArgs, Role, RING_CONSUMER_REGS, RING_PRODUCER_REGS, ROLES,
+};
 
 /// The shared-memory addresses of one CTA (from the config's `offset_of!` layout).
 #[derive(Clone, Copy)]
@@ -151,12 +153,12 @@ pub unsafe extern "ptx-kernel" fn mk_flash_attn_fwd_d128(args: *const AttentionA
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_ring_attn_fwd_d64(args: *const RingArgs) {
     const T: AttentionTile = AttentionTile::D64;
-    unsafe { flash_attn::<64, { T.producer_regs }, { T.consumer_regs }, true>(T, args as *const AttentionArgs) }
+    unsafe { flash_attn::<64, RING_PRODUCER_REGS, RING_CONSUMER_REGS, true>(T, args as *const AttentionArgs) }
 }
 
 /// Ring attention forward, head dim 128 (the argument is a [`RingArgs`] block).
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_ring_attn_fwd_d128(args: *const RingArgs) {
     const T: AttentionTile = AttentionTile::D128;
-    unsafe { flash_attn::<128, { T.producer_regs }, { T.consumer_regs }, true>(T, args as *const AttentionArgs) }
+    unsafe { flash_attn::<128, RING_PRODUCER_REGS, RING_CONSUMER_REGS, true>(T, args as *const AttentionArgs) }
 }

@@ -1,6 +1,7 @@
 //! The producer: one thread walks the CTA's tiles and issues the TMA loads - the tile's Q once
 //! its buffer is free, then K and V of each key block into the next ring slot.
 use super::schedule::{total, work_in, Mask, BLOCK};
+use super::consumer::ring_mask;
 use super::Smem;
 use crate::arch::{ids, mbarrier, tma, tma::TensorMap};
 use crate::gemm::ring::RingPos;
@@ -37,14 +38,15 @@ pub unsafe fn run<const D: u32>(sm: &Smem, args: *const AttentionArgs) {
 }
 
 /// Loads the tiles of this CTA (`block_idx`, `block_idx + stride`, ...) with K and V from
-/// `mk`, `mv` and the mask `zigzag` ([`work_in`]).
+/// `mk`, `mv`; `ring_step = Some(t)`: `a` is a `RingArgs` block and the mask is ring step
+/// `t`'s ([`ring_mask`], re-read per tile: the producer has 40 registers).
 #[inline(always)]
 pub unsafe fn tiles<const D: u32>(
     sm: &Smem,
     a: &AttentionArgs,
     mk: TensorMap,
     mv: TensorMap,
-    zigzag: Option<Mask>,
+    ring_step: Option<u32>,
     stride: u32,
     pos: &mut Pos,
 ) {
@@ -53,6 +55,10 @@ pub unsafe fn tiles<const D: u32>(
     let mut i = ids::block_idx_reread();
     let end = total::<false>(a);
     while i < end {
+        let zigzag: Option<Mask> = match ring_step {
+            Some(t) => unsafe { ring_mask(a, t) },
+            None => None,
+        };
         let w = unsafe { work_in::<false>(a, i, zigzag) };
         i += stride;
         let Some(w) = w else { continue };

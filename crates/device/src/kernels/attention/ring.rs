@@ -57,45 +57,59 @@ pub unsafe fn exit(desc: u64) {
     }
 }
 
-/// The producer of compute CTA `ids::block_idx()` over the W steps.
+/// The producer of compute CTA `ids::block_idx()` over the W steps. The communicator context is
+/// rebuilt around each wait and signal rather than kept live across the tile loop (the producer
+/// has 40 registers).
 #[inline(always)]
 pub unsafe fn produce<const D: u32>(sm: &Smem, r: &RingArgs) {
-    let cta = ids::block_idx_reread();
-    let c = unsafe { ctx(r, cta, Role::Compute) };
-    let (rank, world) = (c.rank, c.world);
-    let left = (rank + world - 1) % world;
+    let world = unsafe { (*(r.desc as *const CommDesc)).world };
     let a: &AttentionArgs = &r.attn;
     let mut pos = Pos::START;
     for t in 0..world {
         let (mk, mv) = if t == 0 {
             (a.map_k, a.map_v)
         } else {
+            unsafe { wait_data(r, t) };
             (r.map_k_slot[(t % 2) as usize], r.map_v_slot[(t % 2) as usize])
         };
-        if t > 0 {
-            for k in 0..r.comm_ctas {
-                // On a timeout (recorded) the loads go ahead on stale data: the launch ends and
-                // `Communicator::check` reports the error.
-                let _ = unsafe { wait_flag_of_cta(&c, FlagSlot::RingData, left, k, value(&c, t)) };
-            }
-            // The peer's generic-proxy stores, acquired above, before this thread's TMA reads.
-            memory::fence_proxy_async();
-        }
-        let zigzag = unsafe { super::consumer::ring_mask(r as *const RingArgs as *const AttentionArgs, t) };
         unsafe {
             tiles::<D>(
                 sm,
                 a,
                 TensorMap(mk as *const u8),
                 TensorMap(mv as *const u8),
-                zigzag,
+                Some(t),
                 r.compute_ctas,
                 &mut pos,
             )
         };
         unsafe { drain(sm, &pos) };
-        unsafe { memory::st_release_u64(Scope::Sys, c.flag_of_cta(left, FlagSlot::RingFree, rank, cta), value(&c, t)) };
+        unsafe { signal_free(r, t) };
     }
+}
+
+/// Compute CTA: waits until every comm CTA of the left neighbour stored its slice of step `t`'s
+/// shard here. On a timeout (recorded) the loads go ahead on stale data: the launch ends and
+/// `Communicator::check` reports the error.
+#[inline(always)]
+unsafe fn wait_data(r: &RingArgs, t: u32) {
+    let c = unsafe { ctx(r, ids::block_idx_reread(), Role::Compute) };
+    let left = (c.rank + c.world - 1) % c.world;
+    for k in 0..r.comm_ctas {
+        let _ = unsafe { wait_flag_of_cta(&c, FlagSlot::RingData, left, k, value(&c, t)) };
+    }
+    // The peer's generic-proxy stores, acquired above, before this thread's TMA reads.
+    memory::fence_proxy_async();
+}
+
+/// Compute CTA: step `t`'s loads have all landed and been consumed; the left neighbour may
+/// overwrite the slot.
+#[inline(always)]
+unsafe fn signal_free(r: &RingArgs, t: u32) {
+    let cta = ids::block_idx_reread();
+    let c = unsafe { ctx(r, cta, Role::Compute) };
+    let left = (c.rank + c.world - 1) % c.world;
+    unsafe { memory::st_release_u64(Scope::Sys, c.flag_of_cta(left, FlagSlot::RingFree, c.rank, cta), value(&c, t)) };
 }
 
 /// Comm CTA `k` (of `r.comm_ctas`): moves slice `k` of each step's K and V to the right
