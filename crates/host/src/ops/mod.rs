@@ -4,6 +4,9 @@
 //!
 //! - [`attention`]: FlashAttention forward on one GPU ([`attention::FlashAttentionPlan`]).
 //! - [`moe`]: mixture-of-experts expert FFN on one GPU ([`moe::MoePlan`]).
+//! - [`ring_attention`]: ring attention forward across a communicator's local ranks
+//!   ([`ring_attention::RingAttentionPlan`]).
 
 pub mod attention;
 pub mod moe;
+pub mod ring_attention;
