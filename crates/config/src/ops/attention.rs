@@ -296,7 +296,10 @@ pub struct RingArgs {
     pub _pad: u32,
 }
 
-const _: () = assert!(size_of::<RingArgs>() == size_of::<AttentionArgs>() + 8 * 11 + 4 * 4, "ring block layout");
+const _: () = assert!(
+    size_of::<RingArgs>() == size_of::<AttentionArgs>() + 8 * 11 + 4 * 4,
+    "ring block layout"
+);
 
 /// Registers per thread of ring attention's producer warpgroup after `setmaxnreg.dec`: its loop
 /// over the ring steps (flag waits, the zigzag mask) spilled 60 bytes at 40.

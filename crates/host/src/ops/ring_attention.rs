@@ -47,7 +47,11 @@ pub struct RingRoles {
 /// CTA must be resident at once (they wait for each other), so the total is at most `sm_count`.
 pub fn ring_roles(sm_count: u32, world: u32, tiles: usize, comm: Option<u32>) -> Result<RingRoles> {
     let bad = |reason: String| Err(Error::Shape { op: OP, reason });
-    let comm = if world == 1 { 0 } else { comm.unwrap_or((sm_count / 16).clamp(1, 8)) };
+    let comm = if world == 1 {
+        0
+    } else {
+        comm.unwrap_or((sm_count / 16).clamp(1, 8))
+    };
     if world > 1 && comm == 0 {
         return bad("a ring of several ranks needs at least one comm CTA".into());
     }
@@ -134,13 +138,17 @@ impl<'a> RingAttentionPlan<'a> {
         ];
         let bytes: Vec<u8> = mine.iter().flat_map(|x| x.to_le_bytes()).collect();
         let n = PLANS.fetch_add(1, Ordering::Relaxed);
-        let all = comm
-            .bootstrap()
-            .store()
-            .all_gather(&format!("mkernel/ring_attention/{n}"), &bytes, Duration::from_secs(60))?;
+        let all = comm.bootstrap().store().all_gather(
+            &format!("mkernel/ring_attention/{n}"),
+            &bytes,
+            Duration::from_secs(60),
+        )?;
         let mut sm_count = device.sm_count();
         for (peer, b) in all.iter().enumerate().take(w) {
-            let theirs: Vec<u64> = b.chunks(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect();
+            let theirs: Vec<u64> = b
+                .chunks(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                .collect();
             if theirs.len() != mine.len() {
                 return bad(format!("rank {peer} sent a malformed plan description"));
             }
@@ -351,11 +359,26 @@ mod tests {
     use super::*;
     #[test]
     fn roles_fit_the_sms() {
-        assert_eq!(ring_roles(132, 4, 4096, None).unwrap(), RingRoles { compute: 124, comm: 8 });
-        assert_eq!(ring_roles(66, 2, 4096, None).unwrap(), RingRoles { compute: 62, comm: 4 });
-        assert_eq!(ring_roles(33, 4, 4096, None).unwrap(), RingRoles { compute: 31, comm: 2 });
-        assert_eq!(ring_roles(132, 1, 4096, None).unwrap(), RingRoles { compute: 132, comm: 0 });
-        assert_eq!(ring_roles(132, 2, 10, Some(3)).unwrap(), RingRoles { compute: 10, comm: 3 });
+        assert_eq!(
+            ring_roles(132, 4, 4096, None).unwrap(),
+            RingRoles { compute: 124, comm: 8 }
+        );
+        assert_eq!(
+            ring_roles(66, 2, 4096, None).unwrap(),
+            RingRoles { compute: 62, comm: 4 }
+        );
+        assert_eq!(
+            ring_roles(33, 4, 4096, None).unwrap(),
+            RingRoles { compute: 31, comm: 2 }
+        );
+        assert_eq!(
+            ring_roles(132, 1, 4096, None).unwrap(),
+            RingRoles { compute: 132, comm: 0 }
+        );
+        assert_eq!(
+            ring_roles(132, 2, 10, Some(3)).unwrap(),
+            RingRoles { compute: 10, comm: 3 }
+        );
         assert!(ring_roles(8, 2, 10, Some(8)).is_err());
         assert!(ring_roles(8, 2, 10, Some(0)).is_err());
     }

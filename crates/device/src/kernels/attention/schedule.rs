@@ -51,7 +51,11 @@ impl Work {
             Mask::BottomRight => (i + k_len - self.q_len as i32 + 1).clamp(0, k_len),
             Mask::Zigzag { chunk, q, k } => {
                 let c = chunk as i32;
-                let g = if i < c { q[0] as i32 * c + i } else { q[1] as i32 * c + i - c };
+                let g = if i < c {
+                    q[0] as i32 * c + i
+                } else {
+                    q[1] as i32 * c + i - c
+                };
                 (g - k[0] as i32 * c + 1).clamp(0, c) + (g - k[1] as i32 * c + 1).clamp(0, c)
             }
         }
