@@ -9,6 +9,7 @@ mod moe;
 mod nccl;
 mod proxy;
 mod report;
+mod ring_attention;
 mod timing;
 mod trace;
 
@@ -37,6 +38,8 @@ enum Op {
     Moe,
     /// FlashAttention forward vs PyTorch SDPA (cuDNN and FlashAttention-2 backends, via python3).
     Attention,
+    /// Ring attention forward across ranks vs NCCL send/recv of K/V + our local kernel in sequence.
+    RingAttention,
 }
 
 #[derive(Parser, Debug)]
@@ -141,6 +144,7 @@ fn main() -> Result<()> {
         Op::GemmAr => fused::run_ar(&args)?,
         Op::Moe => moe::run(&mkernel::Device::new(0)?, &args)?,
         Op::Attention => attention::run(&mkernel::Device::new(0)?, &args)?,
+        Op::RingAttention => ring_attention::run(&args)?,
     };
     // Under launch, rank 0 writes the JSON.
     if std::env::var("RANK").map_or(true, |r| r == "0") {

@@ -94,6 +94,42 @@ impl Nccl {
     }
 }
 
+impl Nccl {
+    /// Sends `bytes` from `src` to rank `to` and receives `bytes` into `dst` from rank `from`, as
+    /// one NCCL group (ring attention's sequential baseline).
+    pub fn send_recv(
+        &self,
+        stream: &CudaStream,
+        src: u64,
+        to: usize,
+        dst: u64,
+        from: usize,
+        bytes: usize,
+    ) -> Result<()> {
+        let s = stream.cu_stream() as _;
+        // SAFETY: device buffers of `bytes`; the group pairs the send with the receive.
+        unsafe {
+            ok(sys::ncclGroupStart(), "group start")?;
+            ok(
+                sys::ncclSend(src as _, bytes, sys::ncclDataType_t::ncclUint8, to as i32, self.comm, s),
+                "send",
+            )?;
+            ok(
+                sys::ncclRecv(
+                    dst as _,
+                    bytes,
+                    sys::ncclDataType_t::ncclUint8,
+                    from as i32,
+                    self.comm,
+                    s,
+                ),
+                "recv",
+            )?;
+            ok(sys::ncclGroupEnd(), "group end")
+        }
+    }
+}
+
 impl Drop for Nccl {
     fn drop(&mut self) {
         // SAFETY: created by ncclCommInitRank.
