@@ -247,7 +247,7 @@ pub unsafe fn run<const D: u32, const RING: bool>(sm: &Smem, args: *const Attent
         sync::named_barrier_arrive(TURN_BARRIER, 256);
     }
     for step in 0..steps {
-    let zigzag = if RING { unsafe { ring_mask(args, step) } } else { None };
+    let zigzag = if RING { unsafe { ring_mask::<true>(args, step) } } else { None };
     let mut i = ids::block_idx_reread();
     while i < end {
         let w = unsafe { work_in::<true>(a, i, zigzag) };
@@ -408,8 +408,11 @@ unsafe fn ring_world(args: *const AttentionArgs) -> u32 {
 
 /// The mask of ring step `step`: [`Mask::None`] (non-causal), or the zigzag mask of the local
 /// queries against the shard of rank `(r - step) mod W`.
+/// `UNIFORM` (full warps only): the values read from memory go through [`uniform`]; the
+/// producer's single thread passes `false`.
 #[inline(always)]
-pub unsafe fn ring_mask(args: *const AttentionArgs, step: u32) -> Option<Mask> {
+pub unsafe fn ring_mask<const UNIFORM: bool>(args: *const AttentionArgs, step: u32) -> Option<Mask> {
+    let uniform = |x: u32| if UNIFORM { uniform(x) } else { x };
     let r = unsafe { &*(args as *const RingArgs) };
     if uniform(r.attn.causal) == 0 {
         return Some(Mask::None);

@@ -39,7 +39,7 @@ pub unsafe fn run<const D: u32>(sm: &Smem, args: *const AttentionArgs) {
 
 /// Loads the tiles of this CTA (`block_idx`, `block_idx + stride`, ...) with K and V from
 /// `mk`, `mv`; `ring_step = Some(t)`: `a` is a `RingArgs` block and the mask is ring step
-/// `t`'s ([`ring_mask`], re-read per tile: the producer has 40 registers).
+/// `t`'s ([`ring_mask`], re-read per tile: the producer is short of registers).
 #[inline(always)]
 pub unsafe fn tiles<const D: u32>(
     sm: &Smem,
@@ -56,7 +56,7 @@ pub unsafe fn tiles<const D: u32>(
     let end = total::<false>(a);
     while i < end {
         let zigzag: Option<Mask> = match ring_step {
-            Some(t) => unsafe { ring_mask(a, t) },
+            Some(t) => unsafe { ring_mask::<false>(a, t) },
             None => None,
         };
         let w = unsafe { work_in::<false>(a, i, zigzag) };

@@ -59,7 +59,7 @@ pub unsafe fn exit(desc: u64) {
 
 /// The producer of compute CTA `ids::block_idx()` over the W steps. The communicator context is
 /// rebuilt around each wait and signal rather than kept live across the tile loop (the producer
-/// has 40 registers).
+/// is short of registers).
 #[inline(always)]
 pub unsafe fn produce<const D: u32>(sm: &Smem, r: &RingArgs) {
     let world = unsafe { (*(r.desc as *const CommDesc)).world };
