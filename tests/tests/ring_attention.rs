@@ -185,6 +185,8 @@ fn run_case(comm: &Communicator, dev: &Device, ws: &mkernel::SymBuffer, c: &Case
     e
 }
 
+/// In this order the grid grows from case to case (more tiles): a plan's first step must not
+/// wait for flags of CTAs the previous launch did not have.
 const CASES: [Case; 6] = [
     Case {
         batch: 1,

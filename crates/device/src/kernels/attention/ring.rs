@@ -6,7 +6,9 @@
 //! (`e` the ring launch epoch) only grow, across launches too, so flags are never reset.
 //! - comm CTA `k` of rank `r`, step `t < W - 1`: waits `(RingData, left, k) >= v(t)` (its slice
 //!   of step `t`'s shard landed; `t >= 1`) and `(RingFree, right, c) >= v(t - 1)` for every CTA
-//!   `c` of the right neighbour (its slot `(t + 1) % 2` is no longer read), copies its slice of
+//!   `c` of the right neighbour (its slot `(t + 1) % 2` is no longer read; at `t = 0` instead the
+//!   right neighbour's ring launch epoch `>= e - 1`: its previous launch, whatever its grid, has
+//!   ended), copies its slice of
 //!   K and V into the right neighbour's slot `(t + 1) % 2`, and after a CTA barrier raises
 //!   `(RingData, r, k) = v(t + 1)` there. Every step it then raises `(RingFree, r, C + k) =
 //!   v(t)` at the left neighbour (`C` compute CTAs).
@@ -15,11 +17,11 @@
 //!   raises `(RingFree, r, c) = v(t)` at the left neighbour.
 use super::producer::{drain, tiles, Pos};
 use super::Smem;
-use crate::arch::{ids, memory, memory::Scope, sync, tma::TensorMap};
+use crate::arch::{ids, memory, memory::Scope, sync, time, tma::TensorMap};
 use crate::comm::move_data;
-use crate::comm::wait::wait_flag_of_cta;
+use crate::comm::wait::{report_timeout, wait_flag_of_cta};
 use crate::comm::CommCtx;
-use mkernel_config::comm::{CommDesc, FlagSlot, Role, RING_EPOCH_OFFSET, RING_EXITS_OFFSET};
+use mkernel_config::comm::{CommDesc, FlagSlot, Role, ABORT_OFFSET, RING_EPOCH_OFFSET, RING_EXITS_OFFSET};
 use mkernel_config::ops::attention::{AttentionArgs, RingArgs};
 
 /// This CTA's view of the communicator with the ring launch epoch.
@@ -34,6 +36,35 @@ pub unsafe fn ctx(r: &RingArgs, cta: u32, role: Role) -> CommCtx {
 #[inline(always)]
 fn value(c: &CommCtx, t: u32) -> u64 {
     (c.epoch - 1) * c.world as u64 + t as u64 + 1
+}
+
+/// Waits until rank `peer`'s ring launch epoch (in its heap, read over NVLink) reached this
+/// launch's `e - 1`: every CTA of its previous ring-attention launch exited. Bounded like every
+/// flag wait; the error record names `peer` and the `RingFree` slot with the epoch expected.
+#[inline(always)]
+unsafe fn wait_previous_launch(c: &CommCtx, peer: u32) -> bool {
+    let word = (c.heap(peer) + RING_EPOCH_OFFSET) as *const u64;
+    let abort = (c.heap(c.rank) + ABORT_OFFSET) as *const u32;
+    let target = c.epoch - 1;
+    let start = time::globaltimer_ns();
+    let mut polls = 0u32;
+    loop {
+        let seen = unsafe { memory::ld_acquire_u64(Scope::Sys, word) };
+        if seen >= target {
+            return true;
+        }
+        polls += 1;
+        if polls % 64 == 0 {
+            if unsafe { memory::ld_relaxed_u32(Scope::Gpu, abort) } != 0 {
+                return false;
+            }
+            let waited = time::globaltimer_ns().wrapping_sub(start);
+            if waited > c.timeout_ns {
+                unsafe { report_timeout(c, FlagSlot::RingFree, peer, target, seen, waited) };
+                return false;
+            }
+        }
+    }
 }
 
 /// Counts this warp's exit; the launch's last warp advances the ring launch epoch. Every warp
@@ -51,7 +82,8 @@ pub unsafe fn exit(desc: u64) {
             unsafe {
                 let e = epoch.read_volatile();
                 memory::st_relaxed_u32(Scope::Gpu, word, 0);
-                memory::st_release_u64(Scope::Gpu, epoch, e + 1);
+                // System scope: the left neighbour reads it over NVLink (`wait_previous_launch`).
+                memory::st_release_u64(Scope::Sys, epoch, e + 1);
             }
         }
     }
@@ -132,8 +164,14 @@ pub unsafe fn communicate(r: &RingArgs, k: u32) {
             if t > 0 && tid == 0 {
                 failed |= !unsafe { wait_flag_of_cta(&c, FlagSlot::RingData, left, k, value(&c, t)) };
             }
-            // The right neighbour's CTAs finished step t - 1, the last reader of slot (t + 1) % 2.
-            if tid < ctas {
+            // The right neighbour's CTAs finished step t - 1, the last reader of slot (t + 1) % 2:
+            // in this launch, each of its CTAs' RingFree flag; for t = 0, its previous launch
+            // (whose grid may have had other CTAs) ended: its ring launch epoch reached e - 1.
+            if t == 0 {
+                if tid == 0 {
+                    failed |= !unsafe { wait_previous_launch(&c, right) };
+                }
+            } else if tid < ctas {
                 failed |= !unsafe { wait_flag_of_cta(&c, FlagSlot::RingFree, right, tid, value(&c, t) - 1) };
             }
             // A failed wait is recorded; the copy goes ahead so that the launch ends.
