@@ -13,12 +13,12 @@
 use super::schedule::{total, uniform, work_in, Mask, Work, BLOCK};
 use super::Smem;
 use crate::arch::convert::pack_bf16x2;
+use crate::arch::memory;
 use crate::arch::shuffle::shfl_xor;
 use crate::arch::smem::SmemAddr;
 use crate::arch::wgmma::{self, Swizzle};
 use crate::arch::{ids, math, mbarrier, sync};
 use crate::gemm::ring::RingPos;
-use crate::arch::memory;
 use mkernel_config::comm::CommDesc;
 use mkernel_config::ops::attention::{AttentionArgs, RingArgs, SWIZZLE_ROW};
 
@@ -237,114 +237,114 @@ pub unsafe fn run<const D: u32, const RING: bool>(sm: &Smem, args: *const Attent
     } else {
         (total::<true>(a), ids::grid_dim())
     };
-    let steps = if RING {
-        uniform(unsafe { ring_world(args) })
-    } else {
-        1
-    };
+    let steps = if RING { uniform(unsafe { ring_world(args) }) } else { 1 };
     // Consumer 0 takes the first turn.
     if wg == 1 && !cfg!(mk_variant = "no_pingpong") {
         sync::named_barrier_arrive(TURN_BARRIER, 256);
     }
     for step in 0..steps {
-    let zigzag = if RING { unsafe { ring_mask::<true>(args, step) } } else { None };
-    let mut i = ids::block_idx_reread();
-    while i < end {
-        let w = unsafe { work_in::<true>(a, i, zigzag) };
-        i += stride;
-        let Some(w) = w else { continue };
-        let row = (w.m0 + row0) as i32;
-        let lim = [w.visible(row), w.visible(row + 8)];
-        let mut o = [0f32; 64];
-        let mut m = [f32::NEG_INFINITY; 2];
-        let mut l = [0f32; 2];
-        if w.n_blocks > 0 {
-            unsafe { mbarrier::wait_parity(sm.q_full(), q_phase) };
-            q_phase ^= 1;
-            // Key block 0.
-            let mut s = [0f32; 64];
-            unsafe { wait_slot::<RING>(sm.k_full(kpos.stage), kpos.phase, args) };
-            turn_begin(wg);
-            wgmma::fence();
-            unsafe { issue_qk::<D>(&mut s, q_rows, sm.k(kpos.stage), q_box, kv_box) };
-            wgmma::commit_group();
-            turn_end(wg);
-            wgmma::wait_group::<0>();
-            wgmma::fence_operands_64(&mut s);
-            release(sm.k_empty(kpos.stage));
-            kpos.advance(t.stages);
-            if w.n_blocks == 1 {
-                release(sm.q_empty());
-            }
-            if w.needs_mask(0) {
-                mask(&mut s, col0 as i32, lim);
-            }
-            m = row_max(&s, m);
-            l = exponentiate(&mut s, m, scale_log2);
-            let mut p = pack(&s);
-            // Key blocks 1.. overlapped with P V of the block before.
-            for n in 1..w.n_blocks {
+        let zigzag = if RING {
+            unsafe { ring_mask::<true>(args, step) }
+        } else {
+            None
+        };
+        let mut i = ids::block_idx_reread();
+        while i < end {
+            let w = unsafe { work_in::<true>(a, i, zigzag) };
+            i += stride;
+            let Some(w) = w else { continue };
+            let row = (w.m0 + row0) as i32;
+            let lim = [w.visible(row), w.visible(row + 8)];
+            let mut o = [0f32; 64];
+            let mut m = [f32::NEG_INFINITY; 2];
+            let mut l = [0f32; 2];
+            if w.n_blocks > 0 {
+                unsafe { mbarrier::wait_parity(sm.q_full(), q_phase) };
+                q_phase ^= 1;
+                // Key block 0.
+                let mut s = [0f32; 64];
                 unsafe { wait_slot::<RING>(sm.k_full(kpos.stage), kpos.phase, args) };
-                unsafe { wait_slot::<RING>(sm.v_full(vpos.stage), vpos.phase, args) };
                 turn_begin(wg);
                 wgmma::fence();
                 unsafe { issue_qk::<D>(&mut s, q_rows, sm.k(kpos.stage), q_box, kv_box) };
                 wgmma::commit_group();
-                unsafe { issue_pv::<D>(&mut o, &p, sm.v(vpos.stage), kv_box, n > 1) };
-                wgmma::commit_group();
                 turn_end(wg);
-                wgmma::wait_group::<1>();
+                wgmma::wait_group::<0>();
                 wgmma::fence_operands_64(&mut s);
                 release(sm.k_empty(kpos.stage));
                 kpos.advance(t.stages);
-                if n + 1 == w.n_blocks {
+                if w.n_blocks == 1 {
                     release(sm.q_empty());
                 }
-                if w.needs_mask(n) {
-                    mask(&mut s, (n * BLOCK + col0) as i32, lim);
+                if w.needs_mask(0) {
+                    mask(&mut s, col0 as i32, lim);
                 }
-                let m_new = row_max(&s, m);
-                let factor = [0, 1].map(|h| {
-                    if m_new[h] == f32::NEG_INFINITY {
-                        1.0
-                    } else {
-                        math::ex2((m[h] - m_new[h]) * scale_log2)
+                m = row_max(&s, m);
+                l = exponentiate(&mut s, m, scale_log2);
+                let mut p = pack(&s);
+                // Key blocks 1.. overlapped with P V of the block before.
+                for n in 1..w.n_blocks {
+                    unsafe { wait_slot::<RING>(sm.k_full(kpos.stage), kpos.phase, args) };
+                    unsafe { wait_slot::<RING>(sm.v_full(vpos.stage), vpos.phase, args) };
+                    turn_begin(wg);
+                    wgmma::fence();
+                    unsafe { issue_qk::<D>(&mut s, q_rows, sm.k(kpos.stage), q_box, kv_box) };
+                    wgmma::commit_group();
+                    unsafe { issue_pv::<D>(&mut o, &p, sm.v(vpos.stage), kv_box, n > 1) };
+                    wgmma::commit_group();
+                    turn_end(wg);
+                    wgmma::wait_group::<1>();
+                    wgmma::fence_operands_64(&mut s);
+                    release(sm.k_empty(kpos.stage));
+                    kpos.advance(t.stages);
+                    if n + 1 == w.n_blocks {
+                        release(sm.q_empty());
                     }
-                });
-                let sum = exponentiate(&mut s, m_new, scale_log2);
+                    if w.needs_mask(n) {
+                        mask(&mut s, (n * BLOCK + col0) as i32, lim);
+                    }
+                    let m_new = row_max(&s, m);
+                    let factor = [0, 1].map(|h| {
+                        if m_new[h] == f32::NEG_INFINITY {
+                            1.0
+                        } else {
+                            math::ex2((m[h] - m_new[h]) * scale_log2)
+                        }
+                    });
+                    let sum = exponentiate(&mut s, m_new, scale_log2);
+                    wgmma::wait_group::<0>();
+                    fence_o::<D>(&mut o);
+                    // P is packed over the registers the finished P V read, so only now.
+                    wgmma::fence_operands_64(&mut s);
+                    release(sm.v_empty(vpos.stage));
+                    vpos.advance(t.stages);
+                    unroll64!(i => {
+                        if i < D as usize / 2 {
+                            o[i] *= factor[(i / 2) % 2];
+                        }
+                    });
+                    l = [l[0] * factor[0] + sum[0], l[1] * factor[1] + sum[1]];
+                    m = m_new;
+                    p = pack(&s);
+                }
+                // The last block's P V.
+                unsafe { wait_slot::<RING>(sm.v_full(vpos.stage), vpos.phase, args) };
+                turn_begin(wg);
+                wgmma::fence();
+                unsafe { issue_pv::<D>(&mut o, &p, sm.v(vpos.stage), kv_box, w.n_blocks > 1) };
+                wgmma::commit_group();
+                turn_end(wg);
                 wgmma::wait_group::<0>();
                 fence_o::<D>(&mut o);
-                // P is packed over the registers the finished P V read, so only now.
-                wgmma::fence_operands_64(&mut s);
                 release(sm.v_empty(vpos.stage));
                 vpos.advance(t.stages);
-                unroll64!(i => {
-                    if i < D as usize / 2 {
-                        o[i] *= factor[(i / 2) % 2];
-                    }
-                });
-                l = [l[0] * factor[0] + sum[0], l[1] * factor[1] + sum[1]];
-                m = m_new;
-                p = pack(&s);
             }
-            // The last block's P V.
-            unsafe { wait_slot::<RING>(sm.v_full(vpos.stage), vpos.phase, args) };
-            turn_begin(wg);
-            wgmma::fence();
-            unsafe { issue_pv::<D>(&mut o, &p, sm.v(vpos.stage), kv_box, w.n_blocks > 1) };
-            wgmma::commit_group();
-            turn_end(wg);
-            wgmma::wait_group::<0>();
-            fence_o::<D>(&mut o);
-            release(sm.v_empty(vpos.stage));
-            vpos.advance(t.stages);
+            if RING {
+                unsafe { merge::<D>(args as *const RingArgs, &w, &o, m, l, row, col0, step, steps) };
+            } else {
+                unsafe { store::<D>(a, &w, &mut o, m, l, row, col0, scale_log2) };
+            }
         }
-        if RING {
-            unsafe { merge::<D>(args as *const RingArgs, &w, &o, m, l, row, col0, step, steps) };
-        } else {
-            unsafe { store::<D>(a, &w, &mut o, m, l, row, col0, scale_log2) };
-        }
-    }
     }
     // Consumer 1's last turn handed one to consumer 0: take it, so no arrival is left pending.
     if wg == 0 && !cfg!(mk_variant = "no_pingpong") {

@@ -1,7 +1,7 @@
 //! The producer: one thread walks the CTA's tiles and issues the TMA loads - the tile's Q once
 //! its buffer is free, then K and V of each key block into the next ring slot.
-use super::schedule::{total, work_in, Mask, BLOCK};
 use super::consumer::ring_mask;
+use super::schedule::{total, work_in, Mask, BLOCK};
 use super::Smem;
 use crate::arch::{ids, mbarrier, tma, tma::TensorMap};
 use crate::gemm::ring::RingPos;

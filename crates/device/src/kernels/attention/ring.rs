@@ -141,7 +141,13 @@ unsafe fn signal_free(r: &RingArgs, t: u32) {
     let cta = ids::block_idx_reread();
     let c = unsafe { ctx(r, cta, Role::Compute) };
     let left = (c.rank + c.world - 1) % c.world;
-    unsafe { memory::st_release_u64(Scope::Sys, c.flag_of_cta(left, FlagSlot::RingFree, c.rank, cta), value(&c, t)) };
+    unsafe {
+        memory::st_release_u64(
+            Scope::Sys,
+            c.flag_of_cta(left, FlagSlot::RingFree, c.rank, cta),
+            value(&c, t),
+        )
+    };
 }
 
 /// Comm CTA `k` (of `r.comm_ctas`): moves slice `k` of each step's K and V to the right
@@ -191,7 +197,11 @@ pub unsafe fn communicate(r: &RingArgs, k: u32) {
             sync::sync_threads();
             if tid == 0 {
                 unsafe {
-                    memory::st_release_u64(Scope::Sys, c.flag_of_cta(right, FlagSlot::RingData, rank, k), value(&c, t + 1))
+                    memory::st_release_u64(
+                        Scope::Sys,
+                        c.flag_of_cta(right, FlagSlot::RingData, rank, k),
+                        value(&c, t + 1),
+                    )
                 };
             }
         }
