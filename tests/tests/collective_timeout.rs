@@ -1,6 +1,5 @@
 //! A rank that never arrives: the others report a timeout naming it instead of hanging.
 //! Run: `bundle/xtask launch -n 2 -- bundle/tests/mkernel-tests-collective_timeout`.
-use mkernel::cudarc::driver::DevicePtrMut;
 use mkernel::{CommConfig, Communicator, Error};
 use mkernel_tests::gpu::launched_rank_or_skip;
 use std::time::{Duration, Instant};
@@ -16,18 +15,14 @@ fn missing_rank_is_named_by_the_timeout() {
         timeout: Duration::from_secs(2),
         ..Default::default()
     };
-    let mut comm = Communicator::new(&dev, boot, cfg).unwrap();
+    let comm = Communicator::new(&dev, boot, cfg).unwrap();
     let (rank, world) = (comm.rank(), comm.world());
     let absent = world - 1;
     let stream = dev.default_stream();
     let dst = comm.alloc(4096 * world as u64).unwrap();
-    let mut src = stream.alloc_zeros::<u8>(4096).unwrap();
-    let src_ptr = {
-        let (p, _g) = src.device_ptr_mut(&stream);
-        p
-    };
+    let src = stream.alloc_zeros::<u8>(4096).unwrap();
     // One good round first: epochs are in step.
-    comm.all_gather(&stream, src_ptr, &dst, 4096, 4).unwrap();
+    comm.all_gather(&stream, &src, &dst, 4).unwrap();
     stream.synchronize().unwrap();
     comm.check().unwrap();
     if rank == absent {
@@ -35,7 +30,7 @@ fn missing_rank_is_named_by_the_timeout() {
         return;
     }
     let start = Instant::now();
-    comm.all_gather(&stream, src_ptr, &dst, 4096, 4).unwrap();
+    comm.all_gather(&stream, &src, &dst, 4).unwrap();
     stream.synchronize().unwrap();
     let elapsed = start.elapsed();
     let err = comm.check().expect_err("the all_gather must time out");

@@ -1,7 +1,6 @@
 //! Collectives across ranks (one process per GPU) against CPU references.
 //! Run: `bundle/xtask launch -n 2 -- bundle/tests/mkernel-tests-collectives` (and -n 4, -n 8).
 use half::bf16;
-use mkernel::cudarc::driver::DevicePtrMut;
 use mkernel::{CommConfig, Communicator, ReduceDtype};
 use mkernel_tests::data::{random_bf16, random_f32};
 use mkernel_tests::gpu::launched_rank_or_skip;
@@ -63,7 +62,7 @@ fn collectives_match_cpu_reference() {
     let Some((dev, boot)) = launched_rank_or_skip("collectives_match_cpu_reference") else {
         return;
     };
-    let mut comm = Communicator::new(
+    let comm = Communicator::new(
         &dev,
         boot,
         CommConfig {
@@ -76,11 +75,10 @@ fn collectives_match_cpu_reference() {
     let stream = dev.default_stream();
     let big = comm.alloc(256 << 20).unwrap();
     let big2 = comm.alloc(256 << 20).unwrap();
+    // Local buffers, passed to the collectives as views of their first elements.
     let mut local = stream.alloc_zeros::<u8>(64 << 20).unwrap();
-    let local_ptr = {
-        let (p, _g) = local.device_ptr_mut(&stream);
-        p
-    };
+    let mut local_bf16 = stream.alloc_zeros::<bf16>(3 << 20).unwrap();
+    let mut local_f32 = stream.alloc_zeros::<f32>(3 << 20).unwrap();
     let mut case = 0u64;
     let mut lines = vec![];
 
@@ -91,11 +89,14 @@ fn collectives_match_cpu_reference() {
             for rep in 0..3 {
                 let (_, all) = inputs(world, bytes as usize, ReduceDtype::F32, case, rep); // bytes as raw data
                 let all: Vec<Vec<u8>> = all.into_iter().map(|v| v[..bytes as usize].to_vec()).collect();
-                htod(local_ptr, &all[rank as usize]);
-                comm.all_gather(&stream, local_ptr, &big, bytes, ctas).unwrap();
+                let n = bytes as usize;
+                stream
+                    .memcpy_htod(&all[rank as usize], &mut local.slice_mut(..n))
+                    .unwrap();
+                comm.all_gather(&stream, &local.slice(..n), &big, ctas).unwrap();
                 stream.synchronize().unwrap();
                 comm.check().unwrap();
-                let got = dtoh(comm.ptr(&big), (bytes * world as u64) as usize);
+                let got = dtoh(comm.ptr(&big).unwrap(), (bytes * world as u64) as usize);
                 let want: Vec<u8> = all.concat();
                 assert!(
                     got == want,
@@ -117,12 +118,20 @@ fn collectives_match_cpu_reference() {
                 case += 1;
                 for rep in 0..2 {
                     let (vals, raw) = inputs(world, count * world as usize, dtype, case, rep);
-                    htod(comm.ptr(&big), &raw[rank as usize]);
-                    comm.reduce_scatter(&stream, &big, local_ptr, count as u64, dtype, ctas)
-                        .unwrap();
-                    stream.synchronize().unwrap();
+                    htod(comm.ptr(&big).unwrap(), &raw[rank as usize]);
+                    let got: Vec<f64> = match dtype {
+                        ReduceDtype::Bf16 => {
+                            let mut dst = local_bf16.slice_mut(..count);
+                            comm.reduce_scatter(&stream, &big, &mut dst, ctas).unwrap();
+                            stream.clone_dtoh(&dst).unwrap().iter().map(|x| x.to_f64()).collect()
+                        }
+                        ReduceDtype::F32 => {
+                            let mut dst = local_f32.slice_mut(..count);
+                            comm.reduce_scatter(&stream, &big, &mut dst, ctas).unwrap();
+                            stream.clone_dtoh(&dst).unwrap().iter().map(|&x| x as f64).collect()
+                        }
+                    };
                     comm.check().unwrap();
-                    let got = decode(&dtoh(local_ptr, count * esize), dtype);
                     let lo = rank as usize * count;
                     let want: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[lo + i]).sum()).collect();
                     let scale: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[lo + i].abs()).sum()).collect();
@@ -148,11 +157,11 @@ fn collectives_match_cpu_reference() {
                 case += 1;
                 let dst = if in_place { big } else { big2 };
                 let (vals, raw) = inputs(world, count, dtype, case, 0);
-                htod(comm.ptr(&big), &raw[rank as usize]);
+                htod(comm.ptr(&big).unwrap(), &raw[rank as usize]);
                 comm.all_reduce(&stream, &big, &dst, count as u64, dtype, ctas).unwrap();
                 stream.synchronize().unwrap();
                 comm.check().unwrap();
-                let got = decode(&dtoh(comm.ptr(&dst), count * esize), dtype);
+                let got = decode(&dtoh(comm.ptr(&dst).unwrap(), count * esize), dtype);
                 let want: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[i]).sum()).collect();
                 let scale: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[i].abs()).sum()).collect();
                 let rel = if dtype == ReduceDtype::Bf16 {
@@ -182,17 +191,17 @@ fn collectives_match_cpu_reference() {
         let small_in = comm.alloc(small as u64 * 2).unwrap();
         let small_out = comm.alloc(small as u64 * 2).unwrap();
         let gather_out = comm.alloc(big_bytes * world as u64).unwrap();
-        htod(comm.ptr(&small_in), &raw[rank as usize]);
+        htod(comm.ptr(&small_in).unwrap(), &raw[rank as usize]);
         let (_, gathered) = inputs(world, big_bytes as usize / 4, ReduceDtype::F32, case + 1, 0);
-        htod(local_ptr, &gathered[rank as usize]);
+        let src = stream.clone_htod(&gathered[rank as usize]).unwrap();
         for _ in 0..50 {
             comm.all_reduce(&stream, &small_in, &small_out, small as u64, ReduceDtype::Bf16, 2)
                 .unwrap();
-            comm.all_gather(&stream, local_ptr, &gather_out, big_bytes, 16).unwrap();
+            comm.all_gather(&stream, &src, &gather_out, 16).unwrap();
         }
         stream.synchronize().unwrap();
         comm.check().unwrap();
-        let got = decode(&dtoh(comm.ptr(&small_out), small * 2), ReduceDtype::Bf16);
+        let got = decode(&dtoh(comm.ptr(&small_out).unwrap(), small * 2), ReduceDtype::Bf16);
         let want: Vec<f64> = (0..small).map(|i| vals.iter().map(|v| v[i]).sum()).collect();
         let scale: Vec<f64> = (0..small).map(|i| vals.iter().map(|v| v[i].abs()).sum()).collect();
         assert_eq!(
@@ -201,7 +210,7 @@ fn collectives_match_cpu_reference() {
             "rank {rank}: back-to-back all_reduce"
         );
         assert!(
-            dtoh(comm.ptr(&gather_out), (big_bytes * world as u64) as usize) == gathered.concat(),
+            dtoh(comm.ptr(&gather_out).unwrap(), (big_bytes * world as u64) as usize) == gathered.concat(),
             "rank {rank}: back-to-back all_gather"
         );
         lines.push("50 x (staged all_reduce + direct all_gather) back to back without host sync: correct".into());
@@ -224,7 +233,7 @@ fn collectives_match_cpu_reference() {
         for rep in 0..3 {
             case += 1;
             let (vals, raw) = inputs(world, count, ReduceDtype::Bf16, case, rep);
-            htod(comm.ptr(&big), &raw[rank as usize]);
+            htod(comm.ptr(&big).unwrap(), &raw[rank as usize]);
             comm.bootstrap()
                 .store()
                 .barrier(&format!("graph-input-{rep}"), std::time::Duration::from_secs(30))
@@ -232,7 +241,7 @@ fn collectives_match_cpu_reference() {
             graph.launch().unwrap();
             gstream.synchronize().unwrap();
             comm.check().unwrap();
-            let got = decode(&dtoh(comm.ptr(&big2), count * 2), ReduceDtype::Bf16);
+            let got = decode(&dtoh(comm.ptr(&big2).unwrap(), count * 2), ReduceDtype::Bf16);
             let want: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[i]).sum()).collect();
             let scale: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[i].abs()).sum()).collect();
             let c = compare(&got, &want, &scale, BF16_OUT_REL, F32_ACC);

@@ -5,7 +5,7 @@
 use half::bf16;
 use mkernel::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use mkernel::cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
-use mkernel::fused::{AgGemmPlan, GemmRsPlan, RsSplit};
+use mkernel::ops::{AgGemmPlan, GemmRsPlan, RsSplit};
 use mkernel::{CommConfig, Communicator};
 use mkernel_tests::data::random_bf16;
 use mkernel_tests::gpu::launched_rank_or_skip;
@@ -61,7 +61,7 @@ fn fused_collectives_ag_gemm_matches_cpu_reference() {
     let Some((dev, boot)) = launched_rank_or_skip("fused_collectives_ag_gemm_matches_cpu_reference") else {
         return;
     };
-    let mut comm = Communicator::new(
+    let comm = Communicator::new(
         &dev,
         boot,
         CommConfig {
@@ -73,52 +73,39 @@ fn fused_collectives_ag_gemm_matches_cpu_reference() {
     let stream = dev.default_stream();
     let mut lines = vec![];
     for (case, &shape) in AG_CASES.iter().enumerate() {
-        lines.push(ag_gemm_case(&mut comm, &stream, case, shape, &Launch::Direct));
+        lines.push(ag_gemm_case(&comm, &stream, case, shape, &Launch::Direct));
     }
     let graph = Launch::Graph(dev.context().new_stream().unwrap());
     // Each plan captured once into a CUDA graph on a stream of its own, replayed on new inputs
     // (case numbers after the direct ones: other data).
-    lines.push(ag_gemm_case(&mut comm, &stream, AG_CASES.len(), AG_CASES[0], &graph));
+    lines.push(ag_gemm_case(&comm, &stream, AG_CASES.len(), AG_CASES[0], &graph));
     // GEMM + ReduceScatter: K split over ranks, rank r gets row chunk r of the sum of partials.
     for (case, &shape) in RS_CASES.iter().enumerate() {
-        lines.push(reduce_case(&mut comm, &stream, case, shape, false, &Launch::Direct));
+        lines.push(reduce_case(&comm, &stream, case, shape, false, &Launch::Direct));
     }
     // GEMM + AllReduce: every rank gets the whole sum (in the heap).
     for (case, &shape) in AR_CASES.iter().enumerate() {
-        lines.push(reduce_case(&mut comm, &stream, case, shape, true, &Launch::Direct));
+        lines.push(reduce_case(&comm, &stream, case, shape, true, &Launch::Direct));
     }
+    lines.push(reduce_case(&comm, &stream, RS_CASES.len(), RS_CASES[0], false, &graph));
     lines.push(reduce_case(
-        &mut comm,
-        &stream,
-        RS_CASES.len(),
-        RS_CASES[0],
-        false,
-        &graph,
-    ));
-    lines.push(reduce_case(
-        &mut comm,
+        &comm,
         &stream,
         RS_CASES.len() + 1,
         RS_CASES[3],
         false,
         &graph,
     ));
+    lines.push(reduce_case(&comm, &stream, AR_CASES.len(), AR_CASES[0], true, &graph));
     lines.push(reduce_case(
-        &mut comm,
-        &stream,
-        AR_CASES.len(),
-        AR_CASES[0],
-        true,
-        &graph,
-    ));
-    lines.push(reduce_case(
-        &mut comm,
+        &comm,
         &stream,
         AR_CASES.len() + 1,
         AR_CASES[AR_CASES.len() - 1],
         true,
         &graph,
     ));
+    lines.push(safe_api_case(&comm, &stream));
     if comm.global_rank() == 0 {
         for l in lines {
             println!("[{} nodes x {} GPUs] {l}", comm.nnodes(), comm.world());
@@ -210,7 +197,7 @@ fn run_reps(
 
 /// AllGather + GEMM, `m` x `n` x `k` with `n_comm` comm CTAs, run and checked `REPS` times.
 fn ag_gemm_case(
-    comm: &mut Communicator,
+    comm: &Communicator,
     stream: &Arc<CudaStream>,
     case: usize,
     (m, n, k, n_comm): (usize, usize, usize, u32),
@@ -237,8 +224,11 @@ fn ag_gemm_case(
             p
         },
     );
-    // SAFETY: buffers sized for the shape, alive until the end of the case.
-    let plan = unsafe { AgGemmPlan::new(comm, stream, pa, pb, pc, m, n, k, n_comm) }.unwrap();
+    // The raw layer: the case rewrites the inputs and reads the output between launches of
+    // one plan, which a plan that borrows them would not allow.
+    // SAFETY: buffers sized for the shape, on this device, alive until the end of the case;
+    // written and read only between the plan's launches (stream-ordered, synchronized).
+    let plan = unsafe { AgGemmPlan::new_raw(comm, stream, pa, pb, pc, m, n, k, n_comm) }.unwrap();
     let write = |rep: u64| {
         let a_full = random_bf16(m * k, 9_000 + 100 * case as u64 + rep);
         stream
@@ -272,7 +262,7 @@ fn ag_gemm_case(
 /// GEMM + ReduceScatter (or, with `all_reduce`, GEMM + AllReduce), `m` x `n` x `kl` per rank
 /// with `parts` parts per row chunk (1 where they do not divide the chunk), run and checked `REPS` times.
 fn reduce_case(
-    comm: &mut Communicator,
+    comm: &Communicator,
     stream: &Arc<CudaStream>,
     case: usize,
     (m, n, kl, parts, comm_ctas): (usize, usize, usize, u32, u32),
@@ -304,7 +294,6 @@ fn reduce_case(
             p
         },
     );
-    // SAFETY: buffers sized for the shape, alive until the end of the case.
     let split = match comm_ctas {
         PULL => RsSplit {
             parts,
@@ -324,9 +313,11 @@ fn reduce_case(
             ..RsSplit::default()
         },
     };
+    // The raw layer, as in `ag_gemm_case`.
+    // SAFETY: buffers sized for the shape, on this device, alive until the end of the case;
+    // written and read only between the plan's launches (stream-ordered, synchronized).
     let plan =
-        unsafe { GemmRsPlan::with_split(comm, stream, pa, pb, (!all_reduce).then_some(po), m, n, kl, split) }.unwrap();
-    let comm: &Communicator = comm;
+        unsafe { GemmRsPlan::new_raw(comm, stream, pa, pb, (!all_reduce).then_some(po), m, n, kl, split) }.unwrap();
     let (op, seed_base, rows) = if all_reduce {
         ("gemm_ar", 40_000, 0..m)
     } else {
@@ -353,7 +344,7 @@ fn reduce_case(
         Some(out) => {
             let mut raw = vec![0u8; m * n * 2];
             // SAFETY: the plan's output holds m x n bf16 in this rank's heap.
-            unsafe { mkernel::cudarc::driver::result::memcpy_dtoh_sync(&mut raw, comm.ptr(&out)) }.unwrap();
+            unsafe { mkernel::cudarc::driver::result::memcpy_dtoh_sync(&mut raw, comm.ptr(&out).unwrap()) }.unwrap();
             raw.chunks(2)
                 .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f64())
                 .collect()
@@ -378,6 +369,74 @@ fn reduce_case(
         String::new()
     };
     format!("{op} M {m} N {n} K_local {kl}, {parts} parts per chunk, {} CTAs ({} comm{path}), {}: {whole}every element within tolerance", plan.split().1, plan.comm_ctas(), how.describe())
+}
+
+/// The safe constructors (plans that borrow their buffers and communicator): AllGather+GEMM
+/// (its output a view of a larger buffer), GEMM+ReduceScatter and GEMM+AllReduce, each planned
+/// on cudarc buffers after its inputs are written, launched (GEMM+ReduceScatter twice, the
+/// second time on another stream through `launch_raw`), dropped, and its output then compared
+/// with the CPU reference.
+fn safe_api_case(comm: &Communicator, stream: &Arc<CudaStream>) -> String {
+    let (rank, world) = (comm.global_rank() as usize, (comm.world() * comm.nnodes()) as usize);
+    let (m, n, k, kl) = (512 * world, 256, 256, 128);
+    let ms = m / world;
+    let a_full = random_bf16(m * k, 61_000);
+    let b = random_bf16(n * k, 61_100 + rank as u64);
+    let da = stream.clone_htod(&a_full[rank * ms * k..(rank + 1) * ms * k]).unwrap();
+    let db = stream.clone_htod(&b).unwrap();
+    let mut dc = stream.alloc_zeros::<bf16>(m * n + 64).unwrap();
+    {
+        let mut c_view = dc.slice_mut(..m * n);
+        let plan = AgGemmPlan::new(comm, stream, &da, &db, &mut c_view, m, n, k, 4).unwrap();
+        plan.launch(stream).unwrap();
+        stream.synchronize().unwrap();
+    }
+    comm.check().unwrap();
+    let (want, scale) = cpu_gemm(&a_full, &b, m, n, k, BOrder::NxK);
+    let got = to_f64(&stream.clone_dtoh(&dc).unwrap()[..m * n]);
+    let c = compare(&got, &want, &scale, BF16_OUT_REL, F32_ACC);
+    assert_eq!(c.wrong, 0, "rank {rank}: ag_gemm through the safe constructor: {c:?}");
+
+    let a_all: Vec<Vec<bf16>> = (0..world).map(|r| random_bf16(m * kl, 62_000 + r as u64)).collect();
+    let b_all: Vec<Vec<bf16>> = (0..world).map(|r| random_bf16(n * kl, 62_100 + r as u64)).collect();
+    let da = stream.clone_htod(&a_all[rank]).unwrap();
+    let db = stream.clone_htod(&b_all[rank]).unwrap();
+    let mut dout = stream.alloc_zeros::<bf16>(ms * n).unwrap();
+    let other = stream.context().new_stream().unwrap();
+    {
+        let plan = GemmRsPlan::new(comm, stream, &da, &db, &mut dout, m, n, kl, RsSplit::default()).unwrap();
+        plan.launch(stream).unwrap();
+        // Again, on another stream through the raw-stream entry, without a host sync between:
+        // the communicator orders it after the first launch (and the AllReduce below after it).
+        // SAFETY: `other` is a live stream of this context, synchronized before it is dropped.
+        unsafe { plan.launch_raw(other.cu_stream()) }.unwrap();
+        other.synchronize().unwrap();
+        stream.synchronize().unwrap();
+    }
+    comm.check().unwrap();
+    let roundings = if comm.nnodes() > 1 { 3.0 } else { 2.0 };
+    let tol = roundings * BF16_OUT_REL;
+    let (want, scale) = sum_of_partials(&a_all, &b_all, rank * ms..(rank + 1) * ms, n, kl);
+    let c = compare(&to_f64(&stream.clone_dtoh(&dout).unwrap()), &want, &scale, tol, tol);
+    assert_eq!(c.wrong, 0, "rank {rank}: gemm_rs through the safe constructor: {c:?}");
+    let ar_out = {
+        let plan = GemmRsPlan::new_all_reduce(comm, stream, &da, &db, m, n, kl, RsSplit::default()).unwrap();
+        plan.launch(stream).unwrap();
+        stream.synchronize().unwrap();
+        plan.all_reduce_output().expect("an AllReduce plan")
+    };
+    comm.check().unwrap();
+    let mut raw = vec![0u8; m * n * 2];
+    // SAFETY: the heap buffer (live as long as the communicator) holds m x n bf16.
+    unsafe { mkernel::cudarc::driver::result::memcpy_dtoh_sync(&mut raw, comm.ptr(&ar_out).unwrap()) }.unwrap();
+    let got: Vec<f64> = raw
+        .chunks(2)
+        .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f64())
+        .collect();
+    let (want, scale) = sum_of_partials(&a_all, &b_all, 0..m, n, kl);
+    let c = compare(&got, &want, &scale, tol, tol);
+    assert_eq!(c.wrong, 0, "rank {rank}: gemm_ar through the safe constructor: {c:?}");
+    format!("ag_gemm, gemm_rs, gemm_ar M {m} N {n} through the safe constructors (slices, a view; gemm_rs again on a raw stream): every element within tolerance")
 }
 
 fn to_f64(v: &[bf16]) -> Vec<f64> {

@@ -3,7 +3,6 @@
 //! Run: `bundle/xtask launch -n 2 --nodes 2 -- bundle/tests/mkernel-tests-internode` (2 x 1),
 //! `-n 4 --nodes 2` (2 x 2).
 use half::bf16;
-use mkernel::cudarc::driver::DevicePtrMut;
 use mkernel::{CommConfig, Communicator, ReduceDtype};
 use mkernel_tests::data::{random_bf16, random_f32};
 use mkernel_tests::gpu::launched_rank_or_skip;
@@ -63,7 +62,7 @@ fn internode_collectives_match_cpu_reference() {
         eprintln!("SKIPPED: launch with --nodes 2 (or more) to test the inter-node path");
         return;
     }
-    let mut comm = Communicator::new(
+    let comm = Communicator::new(
         &dev,
         boot,
         CommConfig {
@@ -77,10 +76,6 @@ fn internode_collectives_match_cpu_reference() {
     let out = comm.alloc(128 << 20).unwrap();
     let inp = comm.alloc(32 << 20).unwrap();
     let mut local = stream.alloc_zeros::<u8>(32 << 20).unwrap();
-    let local_ptr = {
-        let (p, _g) = local.device_ptr_mut(&stream);
-        p
-    };
     let mut lines = vec![];
     let mut seed = 1u64;
     for &bytes in &[16u64, 4096, 1 << 20, 8 << 20] {
@@ -89,12 +84,13 @@ fn internode_collectives_match_cpu_reference() {
             let all: Vec<Vec<u8>> = (0..nglobal)
                 .map(|r| rank_data(r, bytes as usize, ReduceDtype::Bf16, seed).1[..bytes as usize].to_vec())
                 .collect();
-            htod(local_ptr, &all[g as usize]);
-            comm.all_gather(&stream, local_ptr, &out, bytes, 8).unwrap();
+            let n = bytes as usize;
+            stream.memcpy_htod(&all[g as usize], &mut local.slice_mut(..n)).unwrap();
+            comm.all_gather(&stream, &local.slice(..n), &out, 8).unwrap();
             stream.synchronize().unwrap();
             comm.check().unwrap();
             assert!(
-                dtoh(comm.ptr(&out), (bytes * nglobal as u64) as usize) == all.concat(),
+                dtoh(comm.ptr(&out).unwrap(), (bytes * nglobal as u64) as usize) == all.concat(),
                 "rank {g}: all_gather {bytes} B rep {rep}"
             );
         }
@@ -108,11 +104,11 @@ fn internode_collectives_match_cpu_reference() {
             for rep in 0..3 {
                 seed += 1;
                 let vals: Vec<(Vec<f64>, Vec<u8>)> = (0..nglobal).map(|r| rank_data(r, count, dtype, seed)).collect();
-                htod(comm.ptr(&inp), &vals[g as usize].1);
+                htod(comm.ptr(&inp).unwrap(), &vals[g as usize].1);
                 comm.all_reduce(&stream, &inp, &out, count as u64, dtype, 8).unwrap();
                 stream.synchronize().unwrap();
                 comm.check().unwrap();
-                let got = decode(&dtoh(comm.ptr(&out), count * dtype.size() as usize), dtype);
+                let got = decode(&dtoh(comm.ptr(&out).unwrap(), count * dtype.size() as usize), dtype);
                 let want: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v.0[i]).sum()).collect();
                 // Allowance: f32 accumulation over every input, plus the output's rounding and,
                 // for bf16, the rounding of each node's sum to bf16 before it crosses the wire
@@ -156,15 +152,36 @@ fn internode_collectives_match_cpu_reference() {
     seed += 1;
     let (vals, raw) = rank_data(g, 65536, ReduceDtype::Bf16, seed);
     let _ = vals;
-    htod(comm.ptr(&inp), &raw);
+    htod(comm.ptr(&inp).unwrap(), &raw);
     for _ in 0..30 {
         comm.all_reduce(&stream, &inp, &out, 65536, ReduceDtype::Bf16, 4)
             .unwrap();
-        comm.all_gather(&stream, local_ptr, &out, 4096, 4).unwrap();
+        comm.all_gather(&stream, &local.slice(..4096), &out, 4).unwrap();
     }
     stream.synchronize().unwrap();
     comm.check().unwrap();
     lines.push("30 x (all_reduce + all_gather) across nodes back to back without host sync: no error".into());
+    // Latency probes (their own epoch sequence on the wire), then peers the proxy would refuse:
+    // each is an error before any launch, and the inter-node path keeps working.
+    if comm.nnodes() == 2 {
+        let peer = (g + comm.world()) % nglobal;
+        let rtt = comm.proxy_pingpong(&stream, peer, 256, 16, g < peer).unwrap();
+        assert_eq!(rtt.len(), 16);
+        assert!(rtt.iter().all(|&t| t > 0), "rank {g}: round trips {rtt:?}");
+        lines.push("proxy_pingpong 16 x 256 B between the two nodes: every probe answered".into());
+    }
+    let same_node = comm.global_rank() - comm.rank() + (comm.rank() + 1) % comm.world();
+    for bad in [g, same_node, nglobal, u32::MAX] {
+        let e = comm.proxy_pingpong(&stream, bad, 256, 4, true).unwrap_err();
+        assert!(
+            e.to_string().contains("not a rank on another node"),
+            "rank {g}, peer {bad}: {e}"
+        );
+    }
+    comm.all_gather(&stream, &local.slice(..4096), &out, 4).unwrap();
+    stream.synchronize().unwrap();
+    comm.check().unwrap();
+    lines.push("proxy_pingpong to itself, a same-node rank and out-of-range ranks: refused, proxy still up".into());
     if g == 0 {
         for l in lines {
             println!("[{} ranks, {} nodes] {l}", nglobal, comm.nnodes());

@@ -3,7 +3,6 @@
 //! Run: `MKERNEL_TRANSPORT=tcp bundle/xtask launch -n 2 --nodes 2 -- bundle/tests/mkernel-tests-internode_dead_peer
 //! --include-ignored` (or as two `--nnodes 2` launches). Other transports print SKIPPED: the
 //! emulated wire cannot see a process die (its peers time out instead: internode_timeout.rs).
-use mkernel::cudarc::driver::DevicePtrMut;
 use mkernel::proxy::backend::BackendKind;
 use mkernel::{CommConfig, Communicator, Error};
 use mkernel_tests::gpu::launched_rank_or_skip;
@@ -25,7 +24,7 @@ fn dead_remote_process_is_named_by_the_tcp_proxy() {
         internode_scratch_bytes: 16 << 20,
         ..Default::default()
     };
-    let mut comm = Communicator::new(&dev, boot, cfg).unwrap();
+    let comm = Communicator::new(&dev, boot, cfg).unwrap();
     let kind = comm.transport().map(|c| c.kind);
     if kind != Some(BackendKind::Tcp) {
         eprintln!("SKIPPED: the job uses the {kind:?} transport; set MKERNEL_TRANSPORT=tcp");
@@ -35,12 +34,8 @@ fn dead_remote_process_is_named_by_the_tcp_proxy() {
     let dead = nglobal - 1; // not rank 0, which hosts the store
     let stream = dev.default_stream();
     let out = comm.alloc(4096 * nglobal as u64).unwrap();
-    let mut src = stream.alloc_zeros::<u8>(4096).unwrap();
-    let src_ptr = {
-        let (p, _g) = src.device_ptr_mut(&stream);
-        p
-    };
-    comm.all_gather(&stream, src_ptr, &out, 4096, 4).unwrap();
+    let src = stream.alloc_zeros::<u8>(4096).unwrap();
+    comm.all_gather(&stream, &src, &out, 4).unwrap();
     stream.synchronize().unwrap();
     comm.check().unwrap();
     comm.bootstrap()
@@ -52,7 +47,7 @@ fn dead_remote_process_is_named_by_the_tcp_proxy() {
         std::process::exit(0);
     }
     let start = Instant::now();
-    comm.all_gather(&stream, src_ptr, &out, 4096, 4).unwrap();
+    comm.all_gather(&stream, &src, &out, 4).unwrap();
     let _ = stream.synchronize();
     let elapsed = start.elapsed();
     let err = comm.check().expect_err("the all_gather must fail");

@@ -1,6 +1,5 @@
 //! A rank on another node that never arrives: the others report a timeout naming it.
 //! Run: `bundle/xtask launch -n 2 --nodes 2 -- bundle/tests/mkernel-tests-internode_timeout`.
-use mkernel::cudarc::driver::DevicePtrMut;
 use mkernel::{CommConfig, Communicator, Error};
 use mkernel_tests::gpu::launched_rank_or_skip;
 use std::time::{Duration, Instant};
@@ -21,17 +20,13 @@ fn missing_remote_rank_is_named_by_the_timeout() {
         internode_scratch_bytes: 16 << 20,
         ..Default::default()
     };
-    let mut comm = Communicator::new(&dev, boot, cfg).unwrap();
+    let comm = Communicator::new(&dev, boot, cfg).unwrap();
     let (g, nglobal) = (comm.global_rank(), comm.world() * comm.nnodes());
     let absent = nglobal - 1;
     let stream = dev.default_stream();
     let out = comm.alloc(4096 * nglobal as u64).unwrap();
-    let mut src = stream.alloc_zeros::<u8>(4096).unwrap();
-    let src_ptr = {
-        let (p, _g) = src.device_ptr_mut(&stream);
-        p
-    };
-    comm.all_gather(&stream, src_ptr, &out, 4096, 4).unwrap();
+    let src = stream.alloc_zeros::<u8>(4096).unwrap();
+    comm.all_gather(&stream, &src, &out, 4).unwrap();
     stream.synchronize().unwrap();
     comm.check().unwrap();
     if g == absent {
@@ -39,7 +34,7 @@ fn missing_remote_rank_is_named_by_the_timeout() {
         return;
     }
     let start = Instant::now();
-    comm.all_gather(&stream, src_ptr, &out, 4096, 4).unwrap();
+    comm.all_gather(&stream, &src, &out, 4).unwrap();
     stream.synchronize().unwrap();
     let elapsed = start.elapsed();
     let err = comm.check().expect_err("the all_gather must time out");

@@ -104,7 +104,7 @@ fn run_case(comm: &Communicator, dev: &Device, ws: &mkernel::SymBuffer, c: &Case
     let lv = stream.clone_htod(&shard(&v, c, c.hkv, rank, world)).unwrap();
     let mut lo = stream.alloc_zeros::<bf16>(rows * c.hq * c.d).unwrap();
     let mut llse = stream.alloc_zeros::<f32>(rows * c.hq).unwrap();
-    assert!(ws.bytes >= RingAttentionPlan::workspace_bytes(c.batch, s_local, &heads));
+    assert!(ws.bytes() >= RingAttentionPlan::workspace_bytes(c.batch, s_local, &heads));
     {
         let plan = RingAttentionPlan::new(
             comm,
@@ -250,7 +250,7 @@ fn ring_attention_matches_the_whole_sequence() {
         timeout: Duration::from_secs(10),
         ..Default::default()
     };
-    let mut comm = Communicator::new(&dev, boot, cfg).unwrap();
+    let comm = Communicator::new(&dev, boot, cfg).unwrap();
     let (rank, world) = (comm.rank() as usize, comm.world() as usize);
     let stream = dev.default_stream();
     let biggest = CASES
@@ -269,7 +269,6 @@ fn ring_attention_matches_the_whole_sequence() {
         .unwrap();
     // The heap is a bump allocator: one workspace for the largest case.
     let ws = comm.alloc(biggest).unwrap();
-    let comm = comm;
     let mut failures = Vec::new();
     for (i, c) in CASES.iter().enumerate() {
         if c.s % (2 * world) != 0 {

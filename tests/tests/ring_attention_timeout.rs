@@ -21,7 +21,7 @@ fn missing_rank_is_named_by_the_ring_timeout() {
         timeout: Duration::from_secs(2),
         ..Default::default()
     };
-    let mut comm = Communicator::new(&dev, boot, cfg).unwrap();
+    let comm = Communicator::new(&dev, boot, cfg).unwrap();
     let (rank, world) = (comm.rank(), comm.world());
     let absent = world - 1;
     let stream = dev.default_stream();
@@ -36,7 +36,6 @@ fn missing_rank_is_named_by_the_ring_timeout() {
     let ws = comm
         .alloc(RingAttentionPlan::workspace_bytes(1, s_local, &heads))
         .unwrap();
-    let comm = comm;
     let n = s_local * h * d;
     let q = stream.clone_htod(&random_bf16(n, 1 + rank as u64)).unwrap();
     let k = stream.clone_htod(&random_bf16(n, 2 + rank as u64)).unwrap();

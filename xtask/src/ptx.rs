@@ -190,17 +190,27 @@ pub fn parse_ptxas(text: &str) -> Report {
     };
     let mut entries: Vec<EntryReport> = vec![];
     let mut warnings = vec![];
+    // Whose "Function properties" the next "stack frame" line gives: the entry's own, or a
+    // called (non-inlined) function's, printed after the entry's (its spills count for the entry).
+    let mut props_of = String::new();
     for line in text.lines() {
         if let Some(rest) = line.split("Compiling entry function '").nth(1) {
             entries.push(EntryReport {
                 name: rest.split('\'').next().unwrap_or("").to_string(),
                 ..Default::default()
             });
+        } else if let Some(rest) = line.split("Function properties for ").nth(1) {
+            props_of = rest.trim().to_string();
         } else if let Some(e) = entries.last_mut() {
             if line.contains("bytes stack frame") {
-                e.stack = num_before(line, "stack frame");
-                e.spill_stores = num_before(line, "spill stores");
-                e.spill_loads = num_before(line, "spill loads");
+                if props_of == e.name {
+                    e.stack = num_before(line, "stack frame");
+                    e.spill_stores = num_before(line, "spill stores");
+                    e.spill_loads = num_before(line, "spill loads");
+                } else {
+                    e.spill_stores += num_before(line, "spill stores");
+                    e.spill_loads += num_before(line, "spill loads");
+                }
             } else if line.contains("Used") && line.contains("registers") {
                 e.registers = line
                     .split("Used ")
@@ -268,5 +278,16 @@ mod tests {
             (168, 8, 4, 16)
         );
         assert_eq!(r.warnings.len(), 1);
+    }
+    #[test]
+    fn a_called_functions_properties_do_not_replace_the_entrys() {
+        // ptxas prints a non-inlined function's properties after the entry's.
+        let text = "ptxas info    : Compiling entry function 'mk_gemm_rs_bf16_nk' for 'sm_90a'\n\
+            ptxas info    : Function properties for mk_gemm_rs_bf16_nk\n    144 bytes stack frame, 16 bytes spill stores, 152 bytes spill loads\n\
+            ptxas info    : Used 168 registers, used 16 barriers, 144 bytes cumulative stack size\n\
+            ptxas info    : Function properties for mk_internal_func_0\n    0 bytes stack frame, 0 bytes spill stores, 8 bytes spill loads\n";
+        let r = parse_ptxas(text);
+        let e = &r.entries[0];
+        assert_eq!((e.stack, e.spill_stores, e.spill_loads), (144, 16, 160));
     }
 }

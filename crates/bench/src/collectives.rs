@@ -31,7 +31,7 @@ pub fn run(args: &Args, coll: Coll) -> Result<Vec<Value>> {
     let (rank, world) = (info.rank(), info.world_size());
     let max_bytes: u64 = args.max_bytes;
     let nccl = Nccl::new(&boot, rank, world)?;
-    let mut comm = Communicator::new(
+    let comm = Communicator::new(
         &dev,
         boot,
         CommConfig {
@@ -42,7 +42,7 @@ pub fn run(args: &Args, coll: Coll) -> Result<Vec<Value>> {
     let stream = dev.default_stream();
     let a = comm.alloc(max_bytes)?;
     let b = comm.alloc(max_bytes)?;
-    let (pa, pb) = (comm.ptr(&a), comm.ptr(&b));
+    let (pa, pb) = (comm.ptr(&a)?, comm.ptr(&b)?);
     // Deterministic small values so sums stay exact in bf16 and #wrong can compare with NCCL.
     let init: Vec<u8> = (0..max_bytes / 2)
         .flat_map(|i| {
@@ -90,8 +90,15 @@ pub fn run(args: &Args, coll: Coll) -> Result<Vec<Value>> {
         let count = size / 2;
         let mut ours = || -> Result<()> {
             match coll {
-                Coll::AllGather => comm.all_gather(&stream, pa, &b, per_rank, ctas)?,
-                Coll::ReduceScatter => comm.reduce_scatter(&stream, &a, pb, per_rank / 2, ReduceDtype::Bf16, ctas)?,
+                // The raw layer: the source (AllGather) and the destination (ReduceScatter) are
+                // heap buffers, compared with NCCL's below.
+                // SAFETY: `pa` and `pb` are this rank's heap buffers `a` and `b` of `max_bytes`
+                // >= `size` >= `per_rank`; the heap lives as long as `comm`.
+                Coll::AllGather => unsafe { comm.all_gather_raw(&stream, pa, &b, per_rank, ctas)? },
+                // SAFETY: as above.
+                Coll::ReduceScatter => unsafe {
+                    comm.reduce_scatter_raw(&stream, &a, pb, per_rank / 2, ReduceDtype::Bf16, ctas)?
+                },
                 Coll::AllReduce => comm.all_reduce(&stream, &a, &b, count, ReduceDtype::Bf16, ctas)?,
             }
             Ok(())

@@ -11,8 +11,8 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use half::bf16;
 use mkernel::bootstrap::Bootstrap;
-use mkernel::fused::{AgGemmPlan, GemmRsPlan, RsSplit};
 use mkernel::gemm::{BLayout, GemmPlan, GemmShape};
+use mkernel::ops::{AgGemmPlan, GemmRsPlan, RsSplit};
 use mkernel::tune::{parse, render, TuneKey};
 use mkernel::{CommConfig, Communicator, Device};
 use mkernel_tests::data::{random_bf16, ternary_bf16};
@@ -144,7 +144,7 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
             .chain([(8192, 8192, 28672)]),
     );
     // Every plan reserves its gathered A (M x K bf16) in the heap.
-    let mut comm = Communicator::new(
+    let comm = Communicator::new(
         &dev,
         boot,
         heap_config(&shapes, args.ag_splits.len(), |m, k, _| m * k * 2),
@@ -205,8 +205,11 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
         // The SM split: a short sweep, the best one measured below.
         let (mut plans, mut sweep) = (vec![], vec![]);
         for n_comm in args.ag_splits.iter().copied() {
-            // SAFETY: buffers sized for the shape and alive for the whole case.
-            let plan = unsafe { AgGemmPlan::new(&mut comm, &stream, pa, pb, pc, m, nl, k, n_comm)? };
+            // The raw layer: the sweep's plans share the buffers, which are rewritten for the
+            // exact check while the chosen plan lives.
+            // SAFETY: buffers sized for the shape, on this device, alive for the whole case;
+            // rewritten and read only between launches (stream-ordered).
+            let plan = unsafe { AgGemmPlan::new_raw(&comm, &stream, pa, pb, pc, m, nl, k, n_comm)? };
             let mut f = || Ok(plan.launch(&stream)?);
             let t = median_ms_aligned(&stream, 2, 5, &mut align, &mut [&mut f])?[0];
             comm.check()?;
@@ -313,7 +316,7 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
         .iter()
         .map(|&cc| if stager_path(cc) { no_stagers.len() } else { 1 })
         .sum();
-    let mut comm = Communicator::new(
+    let comm = Communicator::new(
         &dev,
         boot,
         heap_config(
@@ -400,19 +403,11 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
                         if !stager_path(cc) && !no_stager && no_stagers.contains(&true) {
                             continue;
                         }
-                        // SAFETY: buffers sized for the shape and alive for the whole case.
+                        // The raw layer, as for AllGather+GEMM's sweep.
+                        // SAFETY: buffers sized for the shape, on this device, alive for the
+                        // whole case; rewritten and read only between launches.
                         let plan = unsafe {
-                            GemmRsPlan::with_split(
-                                &mut comm,
-                                &stream,
-                                pa,
-                                pb,
-                                (!all_reduce).then_some(po),
-                                m,
-                                n,
-                                kl,
-                                split,
-                            )?
+                            GemmRsPlan::new_raw(&comm, &stream, pa, pb, (!all_reduce).then_some(po), m, n, kl, split)?
                         };
                         let mut f = || Ok(plan.launch(&stream)?);
                         let t = median_ms_aligned(&stream, 2, 5, &mut align, &mut [&mut f])?[0];
@@ -446,9 +441,7 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
         let twin = if sk_ab && sk_tiles > 0 {
             let split = rs_split(parts, cc, group_m, !stager, true);
             // SAFETY: as for the swept plans.
-            Some(unsafe {
-                GemmRsPlan::with_split(&mut comm, &stream, pa, pb, (!all_reduce).then_some(po), m, n, kl, split)?
-            })
+            Some(unsafe { GemmRsPlan::new_raw(&comm, &stream, pa, pb, (!all_reduce).then_some(po), m, n, kl, split)? })
         } else {
             None
         };
@@ -606,7 +599,7 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
             let mut raw = vec![0u8; m * n * 2];
             let ours_out = plan.all_reduce_output().expect("an AllReduce plan");
             // SAFETY: the plan's output holds m x n bf16 in this rank's heap.
-            unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut raw, comm.ptr(&ours_out))? };
+            unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut raw, comm.ptr(&ours_out)?)? };
             (
                 raw.chunks(2)
                     .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])))

@@ -61,7 +61,7 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
         .map(|&(_, b, _, hkv, s, d, _)| 4 * (b * (s / world) * hkv * d * 2) as u64)
         .max()
         .unwrap_or(0);
-    let mut comm = Communicator::new(
+    let comm = Communicator::new(
         &dev,
         boot,
         CommConfig {
@@ -73,7 +73,6 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
     // The baseline's receive buffers where NCCL cannot run (K then V).
     let stage = comm.alloc(ws_bytes.max(256) / 2)?;
     let sync = comm.alloc(256)?;
-    let comm = comm;
     let stream = dev.default_stream();
     // Lines the ranks up before each timed run (see median_ms_aligned).
     let barrier = || comm.all_reduce(&stream, &sync, &sync, 8, ReduceDtype::Bf16, 1);
@@ -141,7 +140,7 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
         let (right, left) = ((rank + 1) % world, (rank + world - 1) % world);
         let mut f_ring = || Ok(ring.launch(&stream)?);
         let mut f_local = || Ok(local_a.launch(&stream)?);
-        let (stage_peer, stage_local) = (comm.peer_ptr(right as u32, &stage), comm.ptr(&stage));
+        let (stage_peer, stage_local) = (comm.peer_ptr(right as u32, &stage)?, comm.ptr(&stage)?);
         let copy = |dst: u64, src: u64, n: usize| -> Result<()> {
             // SAFETY: device ranges of `n` bytes (heap buffers sized for the largest case).
             unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, n, stream.cu_stream())? };

@@ -35,14 +35,24 @@ pub(crate) mod label {
 pub struct JobKey(Vec<u8>);
 
 impl JobKey {
-    /// The key with these bytes; an empty key is refused.
+    /// Fewest bytes of a key. A handshake recorded off the network lets an attacker test
+    /// guesses offline, so the key must not be short enough to enumerate; 16 bytes is the
+    /// length of the 32-hex-digit keys that [`JobKey::random`] and `cargo xtask launch` make
+    /// (128 random bits); a 16-character word has far fewer, so use random keys.
+    pub const MIN_BYTES: usize = 16;
+
+    /// The key with these bytes; a key shorter than [`JobKey::MIN_BYTES`] is refused.
     pub fn new(bytes: impl Into<Vec<u8>>) -> Result<Self, EnvError> {
         let bytes = bytes.into();
-        if bytes.is_empty() {
+        if bytes.len() < Self::MIN_BYTES {
             return Err(EnvError::Invalid {
                 var: vars::MKERNEL_JOB_KEY,
-                value: String::new(),
-                reason: "the job key must not be empty".into(),
+                // Never echo a secret, even a bad one.
+                value: format!("<{} bytes>", bytes.len()),
+                reason: format!(
+                    "the job key must have at least {} bytes (e.g. `openssl rand -hex 16`; `cargo xtask launch` makes one)",
+                    Self::MIN_BYTES
+                ),
             });
         }
         Ok(JobKey(bytes))
@@ -166,10 +176,15 @@ mod tests {
 
     #[test]
     fn tags_depend_on_key_label_and_parts() {
-        let k = JobKey::new("key").unwrap();
+        let k = JobKey::new("key-0123456789abcdef").unwrap();
         let t = tag(&k, label::CLIENT, &[b"a", b"b"]);
         assert!(verify(&k, label::CLIENT, &[b"a", b"b"], &t));
-        assert!(!verify(&JobKey::new("kez").unwrap(), label::CLIENT, &[b"a", b"b"], &t));
+        assert!(!verify(
+            &JobKey::new("kez-0123456789abcdef").unwrap(),
+            label::CLIENT,
+            &[b"a", b"b"],
+            &t
+        ));
         assert!(!verify(&k, label::SERVER, &[b"a", b"b"], &t));
         assert!(!verify(&k, label::CLIENT, &[b"ab", b""], &t));
         assert!(!verify(&k, label::CLIENT, &[b"a", b"b"], &t[..31]));
@@ -177,7 +192,7 @@ mod tests {
 
     #[test]
     fn handshake_proofs_are_not_interchangeable() {
-        let k = JobKey::new("key").unwrap();
+        let k = JobKey::new("key-0123456789abcdef").unwrap();
         let h = Handshake {
             server_nonce: [1; 32],
             client_nonce: [2; 32],
@@ -189,7 +204,7 @@ mod tests {
         assert!(!h.server_proof_ok(&k, &h.client_proof(&k)));
         let other_rank = Handshake { rank: 2, ..h };
         assert!(!other_rank.client_proof_ok(&k, &h.client_proof(&k)));
-        assert!(!h.client_proof_ok(&JobKey::new("other").unwrap(), &h.client_proof(&k)));
+        assert!(!h.client_proof_ok(&JobKey::new("other-0123456789abcdef").unwrap(), &h.client_proof(&k)));
     }
 
     #[test]
@@ -199,5 +214,8 @@ mod tests {
         assert_eq!(a.as_bytes().len(), 32);
         assert_eq!(format!("{a:?}"), "JobKey(<redacted>)");
         assert!(JobKey::new("").is_err());
+        let e = JobKey::new("fifteen bytes!!").unwrap_err().to_string();
+        assert!(e.contains("at least 16 bytes") && !e.contains("fifteen"), "{e}");
+        JobKey::new("sixteen bytes!!!").unwrap();
     }
 }

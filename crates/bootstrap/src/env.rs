@@ -426,7 +426,7 @@ mod tests {
             (LOCAL_WORLD_SIZE, "4"),
             (MASTER_ADDR, "node0"),
             (MASTER_PORT, "29500"),
-            (MKERNEL_JOB_KEY, "s3cret"),
+            (MKERNEL_JOB_KEY, "s3cret-0123456789abcdef"),
         ]
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -489,6 +489,7 @@ mod tests {
             (&[(MASTER_PORT, "<unset>")], MASTER_PORT),
             (&[(MKERNEL_JOB_KEY, "<unset>")], MKERNEL_JOB_KEY),
             (&[(MKERNEL_JOB_KEY, "")], MKERNEL_JOB_KEY),
+            (&[(MKERNEL_JOB_KEY, "too short")], MKERNEL_JOB_KEY),
             (&[(WORLD_SIZE, "eight")], WORLD_SIZE),
             (&[(RANK, "8")], RANK),
             (&[(WORLD_SIZE, "6")], LOCAL_WORLD_SIZE),
@@ -515,13 +516,15 @@ mod tests {
     fn the_key_never_appears_in_errors_or_debug() {
         let e = parse(&[(MKERNEL_JOB_KEY, "")]).unwrap_err();
         assert_eq!(e.var(), MKERNEL_JOB_KEY);
+        let e = parse(&[(MKERNEL_JOB_KEY, "s3cret")]).unwrap_err();
+        assert!(!e.to_string().contains("s3cret"), "{e}");
         let info = parse(&[]).unwrap();
         assert!(!format!("{info:?}").contains("s3cret"));
     }
 
     #[test]
     fn explicit_constructor_validates() {
-        let key = JobKey::new("k").unwrap();
+        let key = JobKey::new("k-0123456789abcdef").unwrap();
         let info = RankInfo::new(3, 4, 2, "127.0.0.1", 1234, key.clone()).unwrap();
         assert_eq!(
             (info.local_rank(), info.node_rank(), info.nnodes(), info.device()),
@@ -536,7 +539,7 @@ mod tests {
             LOCAL_WORLD_SIZE
         );
         assert_eq!(RankInfo::new(0, 4, 0, "h", 1, key).unwrap_err().var(), LOCAL_WORLD_SIZE);
-        let v6 = RankInfo::new(0, 1, 1, "::1", 9, JobKey::new("k").unwrap()).unwrap();
+        let v6 = RankInfo::new(0, 1, 1, "::1", 9, JobKey::new("k-0123456789abcdef").unwrap()).unwrap();
         assert_eq!(v6.store_addr(), "[::1]:9");
     }
 }

@@ -12,6 +12,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Why the store refused a client during the handshake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Refusal {
     /// The client's proof did not match the store's `MKERNEL_JOB_KEY`.
     WrongKey,
@@ -34,6 +35,31 @@ pub enum Refusal {
         /// The store's world size.
         store: usize,
     },
+    /// The handshake frame ended before its length prefix or its fields said it would.
+    Truncated,
+    /// The handshake frame was not an `Auth` message of this protocol.
+    Malformed,
+    /// The handshake frame's length prefix exceeds what a handshake may send.
+    FrameTooLarge {
+        /// The announced length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The handshake did not complete within its deadline (however steadily bytes arrived).
+    HandshakeTimeout {
+        /// The deadline, from the connection's accept.
+        after: Duration,
+    },
+    /// The `Auth` message repeats the nonce of an earlier successful handshake: a replay.
+    Replayed,
+}
+
+impl Refusal {
+    /// Whether a client should try again: the store was busy or slow, not wrong about it.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Refusal::HandshakeTimeout { .. })
+    }
 }
 
 impl fmt::Display for Refusal {
@@ -52,6 +78,18 @@ impl fmt::Display for Refusal {
             Refusal::WorldSizeMismatch { client, store } => {
                 write!(f, "this client's WORLD_SIZE {client} differs from the store's {store}")
             }
+            Refusal::Truncated => write!(f, "the handshake frame was truncated"),
+            Refusal::Malformed => write!(f, "the handshake frame is not a bootstrap store Auth message"),
+            Refusal::FrameTooLarge { len, max } => {
+                write!(f, "a handshake frame of {len} bytes exceeds the {max}-byte limit")
+            }
+            Refusal::HandshakeTimeout { after } => {
+                write!(f, "the handshake did not complete within {}", secs(after))
+            }
+            Refusal::Replayed => write!(
+                f,
+                "replayed handshake (its nonce was already used by an earlier connection)"
+            ),
         }
     }
 }
@@ -139,6 +177,24 @@ pub enum Error {
     /// The peer spoke something other than this crate's protocol.
     #[error("bootstrap protocol error: {0}")]
     Protocol(String),
+
+    /// A request, or the store's reply to it, would not fit in one frame of the protocol.
+    #[error(
+        "{op}: the {} of {bytes} bytes exceeds the store's {max}-byte frame limit \
+         (the store is for small records: exchange less per call, or split it over several keys)",
+        if *reply { "reply" } else { "request" }
+    )]
+    TooLarge {
+        /// The operation.
+        op: String,
+        /// `false`: the request (refused before sending); `true`: the store's reply (e.g. an
+        /// all-gather of every rank's data), refused by the store, which still serves.
+        reply: bool,
+        /// The size of the frame's body.
+        bytes: usize,
+        /// The limit.
+        max: usize,
+    },
 
     /// The job directory is missing, not ours or readable by others.
     #[error("job directory {}: {problem}", path.display())]

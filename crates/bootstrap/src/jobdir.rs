@@ -6,6 +6,11 @@
 //! is an HMAC of the store address and node rank under the job key, so it reveals nothing of
 //! the key, differs between jobs and between emulated nodes on one host.
 //!
+//! `/tmp/mkernel-<uid>` has a predictable name, so another local user can create it (or a
+//! symbolic link by that name) first. It is then refused, and the job directory goes straight
+//! into the temporary directory as `/tmp/mkernel-<uid>-<tag>`: a name derived from the job key,
+//! which nobody without the key can predict and so pre-create.
+//!
 //! Both the base and the job directory must be directories (not symbolic links) owned by this
 //! process's uid with no permission bits for group or others; anything else is refused, so no
 //! other user can connect to the sockets or swap them.
@@ -30,8 +35,9 @@ pub struct JobDir {
 impl JobDir {
     /// The directory of `info`'s job and node, created if missing (see the module docs).
     pub fn for_rank(info: &RankInfo) -> Result<Self> {
-        let base = default_base()?;
-        Self::open(base.join(dir_name(info.job_key(), &info.store_addr(), info.node_rank())))
+        let xdg = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from);
+        let tag = dir_tag(info.job_key(), &info.store_addr(), info.node_rank());
+        Self::open(choose_path(xdg, &std::env::temp_dir(), sys::euid(), &tag)?)
     }
 
     /// Creates `path` with mode 0700 if it is missing (its parent must exist) and checks that
@@ -109,27 +115,46 @@ fn ensure_private_dir(path: &Path) -> Result<()> {
     check_private_dir(path)
 }
 
-/// `$XDG_RUNTIME_DIR` when it is private to us, else `/tmp/mkernel-<uid>`.
-fn default_base() -> Result<PathBuf> {
-    if let Some(xdg) = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from) {
+/// Where the job directory `mkernel-<tag>` goes: in `xdg` when that is a private directory of
+/// ours; else in `<temp>/mkernel-<uid>` (created if missing); else, when that base is not ours
+/// (another user made it, or made a symbolic link there), `<temp>/mkernel-<uid>-<tag>`.
+fn choose_path(xdg: Option<PathBuf>, temp: &Path, uid: u32, tag: &str) -> Result<PathBuf> {
+    let name = format!("mkernel-{tag}");
+    if let Some(xdg) = xdg {
         if xdg.is_absolute() && check_private_dir(&xdg).is_ok() {
-            return Ok(xdg);
+            return Ok(xdg.join(name));
         }
     }
-    let base = std::env::temp_dir().join(format!("mkernel-{}", sys::euid()));
-    ensure_private_dir(&base)?;
-    Ok(base)
+    let base = temp.join(format!("mkernel-{uid}"));
+    match ensure_private_dir(&base) {
+        Ok(()) => Ok(base.join(name)),
+        Err(e) if hijacked(&base, uid) => {
+            let fallback = temp.join(format!("mkernel-{uid}-{tag}"));
+            tracing::warn!(
+                "{e}; another user seems to have created it: using {} instead (remove {} to go back)",
+                fallback.display(),
+                base.display()
+            );
+            Ok(fallback)
+        }
+        Err(e) => Err(e),
+    }
 }
 
-/// `mkernel-<24 hex digits>`, from the job key, the store address and the node.
-fn dir_name(key: &JobKey, store_addr: &str, node_rank: usize) -> String {
+/// Whether `path` exists as something another user controls: owned by another uid, or a
+/// symbolic link (which we never create).
+fn hijacked(path: &Path, uid: u32) -> bool {
+    fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink() || m.uid() != uid)
+}
+
+/// 24 hex digits from the job key, the store address and the node.
+fn dir_tag(key: &JobKey, store_addr: &str, node_rank: usize) -> String {
     let t = auth::tag(
         key,
         auth::label::JOB_DIR,
         &[store_addr.as_bytes(), &(node_rank as u64).to_le_bytes()],
     );
-    let hex: String = t[..12].iter().map(|b| format!("{b:02x}")).collect();
-    format!("mkernel-{hex}")
+    t[..12].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]
@@ -177,12 +202,47 @@ mod tests {
 
     #[test]
     fn names_differ_by_job_and_node() {
-        let k = JobKey::new("k").unwrap();
-        let a = dir_name(&k, "h:1", 0);
-        assert_eq!(a.len(), "mkernel-".len() + 24);
-        assert_ne!(a, dir_name(&k, "h:1", 1));
-        assert_ne!(a, dir_name(&k, "h:2", 0));
-        assert_ne!(a, dir_name(&JobKey::new("j").unwrap(), "h:1", 0));
+        let k = JobKey::new("k-0123456789abcdef").unwrap();
+        let a = dir_tag(&k, "h:1", 0);
+        assert_eq!(a.len(), 24);
+        assert_ne!(a, dir_tag(&k, "h:1", 1));
+        assert_ne!(a, dir_tag(&k, "h:2", 0));
+        assert_ne!(a, dir_tag(&JobKey::new("j-0123456789abcdef").unwrap(), "h:1", 0));
+    }
+
+    #[test]
+    fn a_base_taken_by_another_user_is_bypassed() {
+        let uid = sys::euid();
+        let tmp = TempDir::new("jobdir-hijack");
+        let t = tmp.path();
+        // Normal case: the per-user base, created private.
+        let p = choose_path(None, t, uid, "abc").unwrap();
+        assert_eq!(p, t.join(format!("mkernel-{uid}/mkernel-abc")));
+        // Another user's symbolic link where our base would be (a link we never make).
+        let t2 = TempDir::new("jobdir-hijack-link");
+        let elsewhere = t2.path().join("elsewhere");
+        fs::create_dir(&elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, t2.path().join(format!("mkernel-{uid}"))).unwrap();
+        let p = choose_path(None, t2.path(), uid, "abc").unwrap();
+        assert_eq!(p, t2.path().join(format!("mkernel-{uid}-abc")));
+        let dir = JobDir::open(&p).unwrap();
+        check_private_dir(dir.path()).unwrap();
+        // A base owned by another uid (needs root to make one).
+        if uid == 0 {
+            let t3 = TempDir::new("jobdir-hijack-owner");
+            let base = t3.path().join("mkernel-0");
+            fs::create_dir(&base).unwrap();
+            std::os::unix::fs::chown(&base, Some(65534), Some(65534)).unwrap();
+            let p = choose_path(None, t3.path(), 0, "abc").unwrap();
+            assert_eq!(p, t3.path().join("mkernel-0-abc"));
+        }
+        // Our own base with a bad mode is our own doing: an error that says how to fix it.
+        let t4 = TempDir::new("jobdir-own-mode");
+        let base = t4.path().join(format!("mkernel-{uid}"));
+        fs::create_dir(&base).unwrap();
+        fs::set_permissions(&base, fs::Permissions::from_mode(0o755)).unwrap();
+        let e = choose_path(None, t4.path(), uid, "abc").unwrap_err().to_string();
+        assert!(e.contains("chmod 700"), "{e}");
     }
 
     #[test]

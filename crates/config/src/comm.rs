@@ -96,8 +96,31 @@ pub const PROBE_COUNTER: u32 = MAX_COMM_CTAS - 1;
 pub const EPOCH_COUNTERS_OFFSET: u64 = (FLAG_SLOTS * MAX_LOCAL_RANKS * MAX_COMM_CTAS) as u64 * 8;
 /// The rank's [`ErrorRecord`] follows the epoch counters (local use; the host reads it back).
 pub const ERROR_RECORD_OFFSET: u64 = EPOCH_COUNTERS_OFFSET + MAX_COMM_CTAS as u64 * 8;
-/// The rank's abort word (`u32`): nonzero makes every wait of the rank give up at once.
+/// The rank's abort word (`u32`): nonzero makes every wait of the rank give up at once. Its
+/// value says who raised it ([`abort_word`]).
 pub const ABORT_OFFSET: u64 = ERROR_RECORD_OFFSET + 64;
+
+/// Values of the abort word (at [`ABORT_OFFSET`]): 0 while running; otherwise why the rank stops.
+pub mod abort_word {
+    /// A wait of this rank timed out (its error record says which).
+    pub const TIMED_OUT: u32 = 1;
+    /// This rank's proxy failed (the proxy's own error record says why).
+    pub const PROXY_FAILED: u32 = 2;
+    /// `BY_HOST | g`: `Communicator::abort` of global rank `g` (raised at every rank it reaches).
+    pub const BY_HOST: u32 = 1 << 31;
+    /// The abort word `Communicator::abort` of global rank `g` writes.
+    pub const fn by_host(g: u32) -> u32 {
+        BY_HOST | g
+    }
+    /// The global rank whose host aborted, if `word` was written by `Communicator::abort`.
+    pub const fn host_rank(word: u32) -> Option<u32> {
+        if word & BY_HOST != 0 {
+            Some(word & !BY_HOST)
+        } else {
+            None
+        }
+    }
+}
 /// Most ranks in a job (all nodes).
 pub const MAX_RANKS: u32 = 64;
 /// Inter-node flags `[RemoteSlot][source global rank]` (u64 epochs), written by the *proxy*
@@ -148,42 +171,9 @@ pub const RING_EXITS_OFFSET: u64 = RING_EPOCH_OFFSET + 8;
 /// then user buffers.
 pub const HEAP_CONTROL_BYTES: u64 = (RING_EXITS_OFFSET + 8).div_ceil(65536) * 65536;
 
-/// The proxy command FIFO as the device writes it. It mirrors `mkernel_proxy::protocol`
-/// (crates/proxy), whose tests assert that every number here matches.
-pub mod fifo {
-    /// Bytes before slot 0.
-    pub const HEADER_BYTES: u64 = 320;
-    /// Bytes per command slot.
-    pub const SLOT_BYTES: u64 = 64;
-    /// Offset of `tail` (u64, written by the proxy after consuming a slot).
-    pub const TAIL: u64 = 64;
-    /// Offset of `done` (u64: every command below it completed; its source may be reused).
-    pub const DONE: u64 = 72;
-    /// Offset of `abort` (u32, nonzero once the proxy failed).
-    pub const ABORT: u64 = 144;
-    /// Command field offsets within a slot.
-    pub const CMD_HEADER: u64 = 0;
-    pub const CMD_OPCODE: u64 = 8;
-    pub const CMD_DST_RANK: u64 = 12;
-    pub const CMD_SRC_OFFSET: u64 = 16;
-    pub const CMD_DST_OFFSET: u64 = 24;
-    pub const CMD_BYTES: u64 = 32;
-    pub const CMD_FLAG_OFFSET: u64 = 40;
-    pub const CMD_FLAG_VALUE: u64 = 48;
-    pub const CMD_EPOCH: u64 = 56;
-    pub const CMD_FLAGS: u64 = 60;
-    /// `flags` bits 1-2: the epoch sequence of `epoch` (the proxy checks that epochs only grow
-    /// within a sequence; kinds of kernels count their launches separately).
-    pub const CMD_EPOCH_SEQ_SHIFT: u32 = 1;
-    /// Epoch sequences: the collectives (CTA 0's counter), the fused kernels' launch epoch, the
-    /// latency probes' counter.
-    pub const EPOCH_SEQ_COLLECTIVES: u32 = 0;
-    pub const EPOCH_SEQ_FUSED: u32 = 1;
-    pub const EPOCH_SEQ_PROBES: u32 = 2;
-    /// Opcodes.
-    pub const OP_PUT: u32 = 1;
-    pub const OP_SIGNAL: u32 = 2;
-}
+/// The proxy command FIFO's wire format (defined in [`crate::fifo`]; this path is kept for the
+/// kernels that name `comm::fifo::EPOCH_SEQ_*`).
+pub use crate::fifo;
 
 /// CTAs that carry the LL and staged paths. Every collective launch has at least this many
 /// CTAs, so CTAs `0..STAGED_CTAS` advance their epochs in lockstep: in every launch they share
@@ -251,6 +241,9 @@ pub struct ErrorRecord {
     pub seen: u64,
     /// Nanoseconds waited.
     pub waited_ns: u64,
+    /// [`ErrorCode::Aborted`]: the abort word the wait saw ([`abort_word`]); 0 otherwise.
+    pub abort_word: u32,
+    pub _pad: u32,
 }
 
 /// What a stalled wait waited for, as written into [`ErrorRecord::slot`]: a [`FlagSlot`]
@@ -264,6 +257,19 @@ pub mod wait_code {
     pub const FIFO_SPACE: u32 = 18;
     /// The proxy's completion watermark (`done`).
     pub const FIFO_DONE: u32 = 19;
+    /// A GEMM ring slot's `full` mbarrier (the producer's TMA loads), awaited by a consumer
+    /// warpgroup; `peer` is the waiting warpgroup.
+    pub const RING_FULL: u32 = 20;
+    /// A GEMM ring slot's `empty` mbarrier (the consumers' release), awaited by the producer;
+    /// `peer` is the waiting warpgroup (0).
+    pub const RING_EMPTY: u32 = 21;
+    /// A consumer warpgroup's staging handshake with its stager or its own staged TMA load
+    /// (`aux` mbarriers of GEMM+ReduceScatter/AllReduce); `peer` is the mbarrier's index.
+    pub const STAGING: u32 = 22;
+    /// A stager's wait for its consumers' ring progress (the shared-memory tick count).
+    pub const RING_TICK: u32 = 23;
+    /// The consumers' wait for warp 3's "the other nodes' sums landed" (`aux(0)`).
+    pub const NODE_SUMS: u32 = 24;
 }
 
 /// Error codes of [`ErrorRecord`].
@@ -273,6 +279,9 @@ pub enum ErrorCode {
     None = 0,
     /// A flag did not reach the expected epoch in time.
     Timeout = 1,
+    /// A wait saw the rank's abort word raised (by `Communicator::abort` of the rank in
+    /// [`ErrorRecord::abort_word`], or by the rank's proxy failing) and gave up.
+    Aborted = 2,
 }
 
 /// Roles a CTA of a persistent kernel can take.

@@ -1,12 +1,14 @@
 //! mkernel-config: every number that the kernels, their launches and the PTX build must agree on.
 //!
-//! This crate is `no_std` with no dependencies, so that the nvptx device crate, the host runtime,
+//! This crate is `no_std` with no required dependencies (the optional `bytemuck` feature, for
+//! the host, adds `Pod` impls of the FIFO's wire types), so that the nvptx device crate, the host runtime,
 //! the PTX linker (which patches launch bounds into the PTX) and xtask all compile the *same*
 //! constants. A kernel's shared-memory budget, thread count and register split are computed here
 //! once and checked at compile time (`const _: () = ...check()`).
 #![no_std]
 
 pub mod comm;
+pub mod fifo;
 pub mod fused;
 pub mod gemm;
 pub mod kernels;

@@ -32,6 +32,13 @@ pub enum Error {
         have: usize,
         need: usize,
     },
+    /// A stream or buffer belongs to another CUDA context (another GPU, or a context other than
+    /// the [`crate::Device`]'s primary one) than the operation's device.
+    #[error("{op}: the {what} belongs to another CUDA context than the operation's device")]
+    ForeignContext { op: &'static str, what: &'static str },
+    /// A symmetric-heap buffer lies outside the heap's data region, or a rank is out of range.
+    #[error("{op}: {reason}")]
+    OutOfRange { op: &'static str, reason: String },
     /// A CUDA driver call failed.
     #[error("CUDA driver: {0}")]
     Driver(#[from] DriverError),
@@ -47,6 +54,19 @@ pub enum Error {
         seen: u64,
         waited_ms: u64,
     },
+    /// The communicator was aborted (`Communicator::abort` of rank `by_rank`); `rank` (global)
+    /// is the rank whose record says so, `during` the wait that saw it, if one did. The results
+    /// of the launches since the abort are not to be trusted; `Communicator::reset` makes the
+    /// communicator usable again.
+    #[error("rank {rank}: aborted by rank {by_rank}{}", during.as_ref().map(|d| format!(" ({d})")).unwrap_or_default())]
+    Aborted {
+        rank: u32,
+        by_rank: u32,
+        during: Option<String>,
+    },
+    /// `Communicator::abort` wrote the abort words but the writes did not complete in time.
+    #[error("abort: the abort words' writes did not complete within {waited_ms} ms")]
+    AbortUndelivered { waited_ms: u64 },
     /// The routing gave a pair an expert id outside `0..experts` (the first one seen; the
     /// pair was not routed).
     #[error("moe: token {token}'s expert {k} has id {id}, outside 0..{experts} ({bad} pair(s) with a bad id)")]

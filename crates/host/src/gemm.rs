@@ -7,6 +7,7 @@
 //!
 //! A [`GemmPlan`] encodes the TMA descriptors once and uploads them; `launch` is then a single
 //! kernel launch that can be captured in a CUDA graph.
+use crate::check;
 use crate::error::{Error, Result};
 use crate::runtime::Device;
 use crate::tensor_map::{encode_bf16_sw128, Tensor2d};
@@ -44,8 +45,9 @@ impl OutDtype {
     }
 }
 
-/// Element types C may have: `half::bf16` or `f32`.
-pub trait GemmOutput: cudarc::driver::DeviceRepr {
+/// Element types C may have: `half::bf16` or `f32`. Sealed: `DTYPE` decides how many bytes per
+/// element the kernel writes, so it must match the type's size.
+pub trait GemmOutput: cudarc::driver::DeviceRepr + crate::comm::sealed::Sealed {
     /// The kernel's output selector.
     const DTYPE: OutDtype;
 }
@@ -90,15 +92,33 @@ impl GemmShape {
     pub fn flops(&self) -> f64 {
         2.0 * self.m as f64 * self.n as f64 * self.k as f64
     }
-    /// Elements of A, B and C.
+    /// Elements of A, B and C (saturating at `usize::MAX`, which no buffer holds: a shape whose
+    /// products overflow fails the length checks instead of wrapping).
     pub fn lens(&self) -> (usize, usize, usize) {
-        (self.m * self.k, self.k * self.n, self.m * self.n)
+        (
+            self.m.saturating_mul(self.k),
+            self.k.saturating_mul(self.n),
+            self.m.saturating_mul(self.n),
+        )
     }
 }
 
 /// A GEMM ready to launch: descriptors encoded and uploaded, grid chosen.
-/// Borrows the buffers it was made from for `'a`.
+/// Borrows the buffers it was made from for `'a`:
+/// ```compile_fail,E0505
+/// # use mkernel::{GemmPlan, GemmShape, BLayout};
+/// # fn f(dev: &mkernel::Device, s: &std::sync::Arc<mkernel::cudarc::driver::CudaStream>) -> mkernel::Result<()> {
+/// let shape = GemmShape { m: 128, n: 128, k: 64, b_layout: BLayout::NxK };
+/// let a = s.alloc_zeros::<half::bf16>(128 * 64)?;
+/// let b = s.alloc_zeros::<half::bf16>(128 * 64)?;
+/// let mut c = s.alloc_zeros::<half::bf16>(128 * 128)?;
+/// let plan = GemmPlan::new(dev, s, &a, &b, &mut c, shape, None)?;
+/// drop(c);
+/// plan.launch(s)?;
+/// # Ok(()) }
+/// ```
 pub struct GemmPlan<'a> {
+    device: Device,
     func: CudaFunction,
     spec: &'static KernelSpec,
     maps: CudaSlice<u64>,
@@ -118,13 +138,16 @@ impl<'a> GemmPlan<'a> {
     pub fn new<C: GemmOutput>(
         device: &Device,
         stream: &Arc<CudaStream>,
-        a: &'a CudaSlice<bf16>,
-        b: &'a CudaSlice<bf16>,
-        c: &'a mut CudaSlice<C>,
+        a: &'a impl DevicePtr<bf16>,
+        b: &'a impl DevicePtr<bf16>,
+        c: &'a mut impl DevicePtrMut<C>,
         shape: GemmShape,
         sms: Option<u32>,
     ) -> Result<Self> {
         shape.validate()?;
+        check::buffer_on(OP, "A", device, a)?;
+        check::buffer_on(OP, "B", device, b)?;
+        check::buffer_on(OP, "C", device, c)?;
         let (la, lb, lc) = shape.lens();
         for (what, have, need) in [("A", a.len(), la), ("B", b.len(), lb), ("C", c.len(), lc)] {
             if have < need {
@@ -160,6 +183,7 @@ impl<'a> GemmPlan<'a> {
         sms: Option<u32>,
     ) -> Result<Self> {
         shape.validate()?;
+        check::stream_on(OP, device, stream)?;
         for (what, ptr) in [("A", a), ("B", b), ("C", c)] {
             if ptr % 16 != 0 {
                 return Err(Error::Alignment {
@@ -234,6 +258,7 @@ impl<'a> GemmPlan<'a> {
         let sms = sms.unwrap_or(device.sm_count()).clamp(1, device.sm_count());
         let grid = (tiles.min(sms as usize)) as u32;
         Ok(GemmPlan {
+            device: device.clone(),
             func: device.function(spec)?,
             spec,
             maps,
@@ -279,6 +304,7 @@ impl<'a> GemmPlan<'a> {
 
     /// Enqueues the kernel on `stream`.
     pub fn launch(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        check::stream_on(OP, &self.device, stream)?;
         let (maps, _r) = self.maps.device_ptr(stream);
         let (map_a, map_b) = (maps, maps + 128);
         let map_c = if self.tma_store { maps + 256 } else { 0 };
@@ -327,9 +353,9 @@ impl<'a> GemmPlan<'a> {
 pub fn gemm_bf16<C: GemmOutput>(
     device: &Device,
     stream: &Arc<CudaStream>,
-    a: &CudaSlice<bf16>,
-    b: &CudaSlice<bf16>,
-    c: &mut CudaSlice<C>,
+    a: &impl DevicePtr<bf16>,
+    b: &impl DevicePtr<bf16>,
+    c: &mut impl DevicePtrMut<C>,
     shape: GemmShape,
 ) -> Result<()> {
     GemmPlan::new(device, stream, a, b, c, shape, None)?.launch(stream)

@@ -7,13 +7,17 @@
 //! Layers:
 //! - [`Device`]: a CUDA context with mkernel's module loaded (errors, never panics, when no
 //!   driver or no Hopper GPU is present);
-//! - operations ([`gemm`]) take the cudarc streams and buffers a server already has, with a raw
-//!   pointer layer underneath ([`gemm::GemmPlan::new_raw`]);
+//! - operations ([`gemm`], the communicator's collectives, the fused operations in [`ops`])
+//!   take the cudarc streams and buffers a server already has; plans borrow their buffers and
+//!   communicator for their lifetime, and a raw-pointer layer underneath is `unsafe`
+//!   ([`gemm::GemmPlan::new_raw`], [`ops::AgGemmPlan::new_raw`], [`ops::GemmRsPlan::new_raw`],
+//!   [`Communicator::all_gather_raw`], [`Communicator::reduce_scatter_raw`], and launches on a
+//!   raw `CUstream`: [`ops::AgGemmPlan::launch_raw`], [`ops::GemmRsPlan::launch_raw`]);
 //! - [`tensor_map`]: TMA descriptors encoded with `cuTensorMapEncodeTiled`.
 
+mod check;
 pub mod comm;
 pub mod error;
-pub mod fused;
 pub mod gemm;
 pub mod ops;
 pub mod ptx;
@@ -21,10 +25,11 @@ pub mod runtime;
 pub mod tensor_map;
 pub mod tune;
 
-pub use comm::{CommConfig, Communicator, ReduceDtype, SymBuffer};
+pub use comm::{AbortHandle, CommConfig, Communicator, ReduceDtype, ReduceElem, SymBuffer};
 pub use cudarc;
 pub use error::{Error, Result};
 pub use gemm::{BLayout, GemmPlan, GemmShape, OutDtype};
 pub use mkernel_bootstrap as bootstrap;
 pub use mkernel_proxy as proxy;
+pub use ops::{AgGemmPlan, GemmRsPlan, RsSplit};
 pub use runtime::Device;

@@ -144,6 +144,8 @@ impl Device {
     /// Fills `out[i] = i + offset` with the `mk_iota_u32` kernel: a smoke test of the whole
     /// Rust -> PTX -> launch path.
     pub fn iota(&self, stream: &Arc<CudaStream>, out: &mut cudarc::driver::CudaSlice<u32>, offset: u32) -> Result<()> {
+        crate::check::stream_on("iota", self, stream)?;
+        crate::check::buffer_on("iota", "out", self, out)?;
         let spec = &mkernel_config::kernels::IOTA;
         let f = self.function(spec)?;
         let len = u32::try_from(out.len()).map_err(|_| Error::Shape {

@@ -12,11 +12,13 @@ pub enum ErrorCode {
     RankOutOfRange = 2,
     /// `dst_rank` is this rank, or a peer reached over NVLink rather than through the proxy.
     NotRemotePeer = 3,
-    /// `src_offset + bytes` overflows or exceeds the local data region.
+    /// `[src_offset, src_offset + bytes)` overflows or leaves the local data region.
     SrcOutOfRange = 4,
-    /// `dst_offset + bytes` overflows or exceeds the receiver's data region.
+    /// `[dst_offset, dst_offset + bytes)` overflows or leaves the receiver's data region (on
+    /// mkernel's heap: it would touch the control, LL or staging area).
     DstOutOfRange = 5,
-    /// `flag_offset` is not 8-byte aligned or outside the receiver's flag array.
+    /// `flag_offset` is not 8-byte aligned or outside the receiver's flag region (on mkernel's
+    /// heap: the inter-node flags, not the error record, abort word or epoch counters).
     BadFlagOffset = 6,
     /// `epoch` is smaller than the epoch of an earlier command of this FIFO.
     EpochRegressed = 7,
@@ -26,6 +28,8 @@ pub enum ErrorCode {
     ZeroFlagValue = 9,
     /// A slot header held neither 0 nor the expected `seq + 1`: the producer overran the ring.
     SlotOverrun = 10,
+    /// The flag is another sender's (flag `(slot, src)` may only be raised by rank `src`).
+    FlagNotOwned = 11,
     /// The transport (NIC, copy engine) failed.
     Transport = 16,
     /// The host raised `abort` (for example because another rank failed).
@@ -47,6 +51,7 @@ impl ErrorCode {
             8 => BadFields,
             9 => ZeroFlagValue,
             10 => SlotOverrun,
+            11 => FlagNotOwned,
             16 => Transport,
             17 => HostAbort,
             _ => return None,

@@ -130,7 +130,7 @@ impl<M: FifoMemory> FifoConsumer<M> {
             rank: self.rank,
             code,
             seq: rec.seq,
-            message: rec.message(),
+            message: rec.message().to_string(),
         })
     }
 }
@@ -159,12 +159,11 @@ mod tests {
         for round in 0..10u64 {
             for i in 0..4u64 {
                 assert_eq!(
-                    p.try_push(&CommandBody::put(1, i, 0, 8, 0, round + 1, round as u32))
-                        .unwrap(),
+                    p.try_push(&CommandBody::put(1, i, 0, 8, 0, round + 1, round)).unwrap(),
                     Some(round * 4 + i)
                 );
             }
-            assert_eq!(p.try_push(&CommandBody::nop(round as u32)).unwrap(), None, "full");
+            assert_eq!(p.try_push(&CommandBody::nop(round)).unwrap(), None, "full");
             for i in 0..4u64 {
                 let (seq, cmd) = c.poll().unwrap().unwrap();
                 assert_eq!(seq, round * 4 + i);

@@ -38,7 +38,7 @@ impl<M: FifoMemory> FifoProducer<M> {
             rank: self.fifo.rank(),
             code: self.fifo.abort_code(),
             seq: rec.seq,
-            message: rec.message(),
+            message: rec.message().to_string(),
         }
     }
 

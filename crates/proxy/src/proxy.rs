@@ -322,7 +322,15 @@ impl Proxy {
         let s = stop.clone();
         let handle = std::thread::Builder::new()
             .name(name)
-            .spawn(move || run_proxy(consumer, transport, &config, &s))
+            .spawn(move || {
+                let r = run_proxy(consumer, transport, &config, &s);
+                match &r {
+                    // The error record in the FIFO says the same to the device and the host.
+                    Err(e) => tracing::error!("proxy of rank {rank} stopped: {e}"),
+                    Ok(stats) => tracing::debug!("proxy of rank {rank} finished: {stats:?}"),
+                }
+                r
+            })
             .map_err(ProxyError::Spawn)?;
         Ok(Proxy {
             rank,

@@ -47,7 +47,7 @@ fn all_to_all(nnodes: usize, local: usize, epochs: u64) {
                         let dst = (parity * world as u64 + r as u64) * BLOCK;
                         let flag = (parity * world as u64 + r as u64) * 8;
                         last = Some(
-                            p.push(&CommandBody::put(d as u32, src, dst, BLOCK, flag, e, e as u32))
+                            p.push(&CommandBody::put(d as u32, src, dst, BLOCK, flag, e, e))
                                 .unwrap(),
                         );
                     }
@@ -63,7 +63,7 @@ fn all_to_all(nnodes: usize, local: usize, epochs: u64) {
                         );
                     }
                 }
-                p.push(&CommandBody::quit(epochs as u32)).unwrap();
+                p.push(&CommandBody::quit(epochs)).unwrap();
                 peers.len() as u64
             })
         })

@@ -169,7 +169,7 @@ fn backpressure_blocks_until_the_proxy_advances() {
 #[test]
 fn epochs_across_launches_need_no_reset() {
     let mut job = Job::new(2, 1, 16, 4096, 8, WireModel::unlimited());
-    for epoch in 1..=3u32 {
+    for epoch in 1..=3u64 {
         if epoch == 3 {
             let stats = job.take_proxy(0).stop().unwrap();
             assert_eq!(stats.commands, 2 * 41);
@@ -177,18 +177,16 @@ fn epochs_across_launches_need_no_reset() {
         }
         let p = job.producer(0);
         for i in 0..40u64 {
-            let v = u64::from(epoch) * 1000 + i;
+            let v = epoch * 1000 + i;
             job.fabric.write(0, i * 8, &v.to_le_bytes()).unwrap();
             p.push(&CommandBody::put_no_flag(1, i * 8, i * 8, 8, epoch)).unwrap();
         }
-        let last = p
-            .push(&CommandBody::signal(1, (epoch as u64 % 8) * 8, u64::from(epoch), epoch))
-            .unwrap();
-        assert!(job.fabric.wait_flag(1, (epoch as u64 % 8) * 8, u64::from(epoch), WAIT));
+        let last = p.push(&CommandBody::signal(1, (epoch % 8) * 8, epoch, epoch)).unwrap();
+        assert!(job.fabric.wait_flag(1, (epoch % 8) * 8, epoch, WAIT));
         for i in 0..40u64 {
             assert_eq!(
                 u64_at(&job.fabric, 1, i * 8),
-                u64::from(epoch) * 1000 + i,
+                epoch * 1000 + i,
                 "data of launch {epoch} visible after its SIGNAL"
             );
         }

@@ -133,20 +133,13 @@ fn all_to_all(side: &RankSide, fabric: &CpuFabric, world: usize, block: u64, epo
             if e % 3 == 0 {
                 // Flagless halves, then a SIGNAL: the flag must cover both.
                 let h = block / 2;
-                p.push(&CommandBody::put_no_flag(d as u32, src, dst, h, e as u32))
+                p.push(&CommandBody::put_no_flag(d as u32, src, dst, h, e)).unwrap();
+                p.push(&CommandBody::put_no_flag(d as u32, src + h, dst + h, block - h, e))
                     .unwrap();
-                p.push(&CommandBody::put_no_flag(
-                    d as u32,
-                    src + h,
-                    dst + h,
-                    block - h,
-                    e as u32,
-                ))
-                .unwrap();
-                last = Some(p.push(&CommandBody::signal(d as u32, flag, e, e as u32)).unwrap());
+                last = Some(p.push(&CommandBody::signal(d as u32, flag, e, e)).unwrap());
             } else {
                 last = Some(
-                    p.push(&CommandBody::put(d as u32, src, dst, block, flag, e, e as u32))
+                    p.push(&CommandBody::put(d as u32, src, dst, block, flag, e, e))
                         .unwrap(),
                 );
             }
@@ -206,7 +199,7 @@ fn threads_job(nnodes: usize, local: usize, sockets: usize, chunk: usize, block:
         t0.elapsed()
     );
     for mut side in sides {
-        side.producer.push(&CommandBody::quit(epochs as u32)).unwrap();
+        side.producer.push(&CommandBody::quit(epochs)).unwrap();
         let st = side.proxy.take().unwrap().join().unwrap();
         let n = side.topo.proxy_peers().len() as u64;
         assert_eq!(st.bytes, epochs * n * block, "rank {}", side.topo.rank());

@@ -2,8 +2,7 @@
 //! `Communicator::check` names what they waited for. Shared by `fused_timeout_*.rs` (each op
 //! in a process of its own: a timed-out communicator stays aborted).
 use half::bf16;
-use mkernel::cudarc::driver::DevicePtrMut;
-use mkernel::fused::{AgGemmPlan, GemmRsPlan};
+use mkernel::ops::{AgGemmPlan, GemmRsPlan, RsSplit};
 use mkernel::{CommConfig, Communicator, Error};
 use mkernel_tests::gpu::launched_rank_or_skip;
 use std::time::{Duration, Instant};
@@ -26,48 +25,31 @@ pub fn missing_rank_ends_the_launch_with_a_timeout(test: &str, op: Op) {
         timeout: Duration::from_secs(2),
         ..Default::default()
     };
-    let mut comm = Communicator::new(&dev, boot, cfg).unwrap();
+    let comm = Communicator::new(&dev, boot, cfg).unwrap();
     let (rank, world) = (comm.global_rank(), comm.world() * comm.nnodes());
     let absent = world - 1;
     let stream = dev.default_stream();
     // Two tiles and more per CTA, more K blocks than ring stages: when a wait gives up, the
     // GEMM ring is mid-flight (loaded slots nobody consumes, a producer ahead of its consumers).
     let (m, n, k) = (2048 * world as usize, 2048, 1024);
-    let mut a = stream.alloc_zeros::<bf16>(m * k).unwrap();
-    let mut b = stream.alloc_zeros::<bf16>(n * k).unwrap();
+    let a = stream.alloc_zeros::<bf16>(m * k).unwrap();
+    let b = stream.alloc_zeros::<bf16>(n * k).unwrap();
     let mut c = stream.alloc_zeros::<bf16>(m * n).unwrap();
-    let (pa, pb, pc) = (
-        {
-            let (p, _g) = a.device_ptr_mut(&stream);
-            p
-        },
-        {
-            let (p, _g) = b.device_ptr_mut(&stream);
-            p
-        },
-        {
-            let (p, _g) = c.device_ptr_mut(&stream);
-            p
-        },
-    );
-    // SAFETY: buffers sized for every plan's shape (A shard <= m x k, out <= m x n), alive to the end.
-    let launch: Box<dyn Fn() -> mkernel::Result<()>> = unsafe {
-        match op {
-            Op::AgGemm => {
-                let plan = AgGemmPlan::new(&mut comm, &stream, pa, pb, pc, m, n, k, 2).unwrap();
-                let s = stream.clone();
-                Box::new(move || plan.launch(&s))
-            }
-            Op::GemmRs | Op::GemmAr => {
-                let plan = if matches!(op, Op::GemmAr) {
-                    GemmRsPlan::new_all_reduce(&mut comm, &stream, pa, pb, m, n, k, 1)
-                } else {
-                    GemmRsPlan::new(&mut comm, &stream, pa, pb, pc, m, n, k, 1)
-                }
-                .unwrap();
-                let s = stream.clone();
-                Box::new(move || plan.launch(&s))
-            }
+    // The safe constructors: the plans borrow `comm` and the buffers (A shard <= m x k, out
+    // <= m x n) until the end of the test.
+    let s = &stream;
+    let launch: Box<dyn Fn() -> mkernel::Result<()> + '_> = match op {
+        Op::AgGemm => {
+            let plan = AgGemmPlan::new(&comm, s, &a, &b, &mut c, m, n, k, 2).unwrap();
+            Box::new(move || plan.launch(s))
+        }
+        Op::GemmAr => {
+            let plan = GemmRsPlan::new_all_reduce(&comm, s, &a, &b, m, n, k, RsSplit::parts(1)).unwrap();
+            Box::new(move || plan.launch(s))
+        }
+        Op::GemmRs => {
+            let plan = GemmRsPlan::new(&comm, s, &a, &b, &mut c, m, n, k, RsSplit::parts(1)).unwrap();
+            Box::new(move || plan.launch(s))
         }
     };
     // One good launch first: epochs are in step.

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::auth::{self, Handshake, JobKey};
 use crate::error::{secs, Error, Result};
-use crate::store::protocol::{self, Msg, MAX_FRAME, MAX_HANDSHAKE_FRAME, VERSION};
+use crate::store::protocol::{self, DeadlineReader, FrameError, Msg, MAX_FRAME, MAX_HANDSHAKE_FRAME, VERSION};
 use crate::sys;
 
 /// Longest single connect or handshake attempt; attempts repeat until the caller's deadline.
@@ -19,6 +19,8 @@ const REPLY_GRACE: Duration = Duration::from_secs(10);
 pub(crate) struct Client {
     stream: TcpStream,
     addr: String,
+    /// Largest frame body sent or accepted ([`MAX_FRAME`]; tests lower it).
+    max_frame: usize,
     /// Set after a failed request: the stream's state is unknown, so it is not used again.
     broken: Option<String>,
 }
@@ -48,6 +50,7 @@ impl Client {
                     return Ok(Client {
                         stream,
                         addr: addr.to_string(),
+                        max_frame: MAX_FRAME,
                         broken: None,
                     })
                 }
@@ -67,6 +70,12 @@ impl Client {
         }
     }
 
+    /// Lowers the frame limit (tests of the oversize paths without 256 MiB buffers).
+    #[cfg(test)]
+    pub fn set_max_frame(&mut self, max: usize) {
+        self.max_frame = max;
+    }
+
     /// Sends `request` and returns the store's reply, allowing `wait` (the operation's own
     /// timeout) plus a grace period for it. `op` names the operation in errors.
     pub fn request(&mut self, op: &str, request: &Msg, wait: Duration) -> Result<Msg> {
@@ -77,11 +86,27 @@ impl Client {
             });
         }
         let read_timeout = wait.checked_add(REPLY_GRACE);
-        let result = self
-            .stream
-            .set_read_timeout(read_timeout)
-            .and_then(|()| protocol::write_msg(&self.stream, request))
-            .and_then(|()| protocol::read_msg(&self.stream, MAX_FRAME));
+        // Too large to send: refused here, before anything is written (the connection stays usable).
+        let sent = protocol::write_msg_max(&self.stream, request, self.max_frame);
+        if let Err(Some(&FrameError::TooLarge { len, max })) = sent.as_ref().map_err(protocol::frame_error) {
+            return Err(Error::TooLarge {
+                op: op.to_string(),
+                reply: false,
+                bytes: len,
+                max,
+            });
+        }
+        let result = sent
+            .and_then(|()| self.stream.set_read_timeout(read_timeout))
+            .and_then(|()| protocol::read_msg(&self.stream, self.max_frame));
+        if let Ok(Msg::TooLarge { bytes, max }) = result {
+            return Err(Error::TooLarge {
+                op: op.to_string(),
+                reply: true,
+                bytes: usize::try_from(bytes).unwrap_or(usize::MAX),
+                max: usize::try_from(max).unwrap_or(usize::MAX),
+            });
+        }
         result.map_err(|e| {
             let detail = match e.kind() {
                 io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => {
@@ -139,14 +164,16 @@ fn handshake(
         ))),
         _ => Attempt::Retry(format!("{what} {addr}: {e}")),
     };
-    let budget = sys::remaining(deadline).min(ATTEMPT_TIMEOUT);
+    // One absolute deadline for the whole handshake: a server that trickles bytes cannot
+    // stretch it.
+    let hs_deadline = Instant::now() + sys::remaining(deadline).min(ATTEMPT_TIMEOUT);
     stream
         .set_nodelay(true)
-        .and_then(|()| stream.set_read_timeout(Some(budget)))
-        .and_then(|()| stream.set_write_timeout(Some(budget)))
+        .and_then(|()| stream.set_write_timeout(Some(ATTEMPT_TIMEOUT)))
         .map_err(|e| io_retry("setting up the connection to", e))?;
+    let mut reader = DeadlineReader::new(&stream, hs_deadline);
     let hello =
-        protocol::read_msg(&stream, MAX_HANDSHAKE_FRAME).map_err(|e| io_retry("waiting for the greeting of", e))?;
+        protocol::read_msg(&mut reader, MAX_HANDSHAKE_FRAME).map_err(|e| io_retry("waiting for the greeting of", e))?;
     let Msg::Hello {
         version,
         nonce: server_nonce,
@@ -175,9 +202,10 @@ fn handshake(
         proof: hs.client_proof(key),
     };
     protocol::write_msg(&stream, &auth).map_err(|e| io_retry("authenticating to", e))?;
-    match protocol::read_msg(&stream, MAX_HANDSHAKE_FRAME) {
+    match protocol::read_msg(&mut reader, MAX_HANDSHAKE_FRAME) {
         Ok(Msg::Welcome { proof }) if hs.server_proof_ok(key, &proof) => Ok(stream),
         Ok(Msg::Welcome { .. }) => Err(Attempt::Fatal(Error::StoreNotAuthentic { addr: addr.to_string() })),
+        Ok(Msg::Refused(reason)) if reason.is_transient() => Err(Attempt::Retry(format!("{addr} refused: {reason}"))),
         Ok(Msg::Refused(reason)) => Err(Attempt::Fatal(Error::Refused { reason })),
         Ok(other) => Err(Attempt::Fatal(Error::Protocol(format!(
             "unexpected handshake reply {other:?} from {addr}"

@@ -18,6 +18,9 @@ pub(crate) mod protocol;
 mod server;
 mod state;
 
+#[cfg(test)]
+pub(crate) use server::Limits;
+
 use client::Client;
 use protocol::{GatherKind, Msg};
 pub use server::StoreServer;
@@ -153,6 +156,12 @@ impl Store {
             data: data.to_vec(),
         };
         self.client().request(op, &request, timeout)
+    }
+
+    /// Lowers the client's frame limit (tests of the oversize paths).
+    #[cfg(test)]
+    pub(crate) fn set_max_frame(&self, max: usize) {
+        self.client().set_max_frame(max);
     }
 
     fn client(&self) -> MutexGuard<'_, Client> {

@@ -9,19 +9,24 @@
 //!            client -> store  Auth     { rank u32, world u32, client nonce [32], proof [32] }
 //!            store -> client  Welcome  { proof [32] }  or  Refused { reason }
 //! requests   Set    { key, value }                 -> Done
-//!            Get    { key, timeout_ms }            -> Value | TimedOut | Failed
-//!            Gather { kind, name, timeout_ms, data } -> Gathered | TimedOut | RanksLeft | Failed
+//!            Get    { key, timeout_ms }            -> Value | TimedOut | Failed | TooLarge
+//!            Gather { kind, name, timeout_ms, data } -> Gathered | TimedOut | RanksLeft | Failed | TooLarge
 //! ```
 //! One request is in flight per connection; the store answers each before reading the next.
+//! A reply that would exceed the frame limit is replaced by `TooLarge { bytes, max }`.
+use std::fmt;
 use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
 
 use crate::auth::{Tag, TAG_LEN};
 use crate::error::Refusal;
 
 /// Bytes that open a store's `Hello`.
 const MAGIC: [u8; 4] = *b"MKBS";
-/// The protocol version; both ends must speak the same.
-pub(crate) const VERSION: u16 = 1;
+/// The protocol version; both ends must speak the same (2: handshake refusals for truncated,
+/// malformed, oversized, slow and replayed handshakes; the `TooLarge` reply).
+pub(crate) const VERSION: u16 = 2;
 /// Largest frame before the handshake completes (keeps strangers from making us allocate).
 pub(crate) const MAX_HANDSHAKE_FRAME: usize = 1024;
 /// Largest frame after it.
@@ -86,6 +91,11 @@ pub(crate) enum Msg {
     },
     RanksLeft(Vec<u32>),
     Failed(String),
+    /// The reply would have been a frame body of `bytes` bytes, over the `max` limit.
+    TooLarge {
+        bytes: u64,
+        max: u64,
+    },
 }
 
 mod tag {
@@ -102,19 +112,54 @@ mod tag {
     pub const TIMED_OUT: u8 = 23;
     pub const RANKS_LEFT: u8 = 24;
     pub const FAILED: u8 = 25;
+    pub const TOO_LARGE: u8 = 26;
 }
 
-/// Writes `msg` as one frame.
-pub(crate) fn write_msg(mut w: impl Write, msg: &Msg) -> io::Result<()> {
+/// Why a frame could not be read or written, carried inside an [`io::Error`] (see
+/// [`frame_error`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum FrameError {
+    /// The length prefix (or the encoded message) exceeds the limit.
+    TooLarge { len: usize, max: usize },
+    /// The body ended before its fields did.
+    Truncated,
+    /// Anything else that is not a message of this protocol.
+    Malformed(String),
+}
+
+impl fmt::Display for FrameError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FrameError::TooLarge { len, max } => write!(f, "frame of {len} bytes exceeds the {max}-byte limit"),
+            FrameError::Truncated => write!(f, "truncated message"),
+            FrameError::Malformed(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for FrameError {}
+
+/// The [`FrameError`] inside `e`, if it is one.
+pub(crate) fn frame_error(e: &io::Error) -> Option<&FrameError> {
+    e.get_ref().and_then(|inner| inner.downcast_ref::<FrameError>())
+}
+
+fn frame(kind: io::ErrorKind, e: FrameError) -> io::Error {
+    io::Error::new(kind, e)
+}
+
+/// Writes `msg` as one frame of at most `max` body bytes; a larger message is an
+/// `InvalidInput` error carrying [`FrameError::TooLarge`], and nothing is written.
+pub(crate) fn write_msg_max(mut w: impl Write, msg: &Msg, max: usize) -> io::Result<()> {
     let body = encode(msg);
     let len = u32::try_from(body.len())
         .ok()
-        .filter(|&l| l as usize <= MAX_FRAME)
+        .filter(|&l| l as usize <= max)
         .ok_or_else(|| {
-            invalid(format!(
-                "message of {} bytes exceeds the {MAX_FRAME}-byte frame limit",
-                body.len()
-            ))
+            frame(
+                io::ErrorKind::InvalidInput,
+                FrameError::TooLarge { len: body.len(), max },
+            )
         })?;
     let mut frame = Vec::with_capacity(4 + body.len());
     frame.extend_from_slice(&len.to_le_bytes());
@@ -123,21 +168,66 @@ pub(crate) fn write_msg(mut w: impl Write, msg: &Msg) -> io::Result<()> {
     w.flush()
 }
 
-/// Reads one frame of at most `max` bytes. A malformed frame is an `InvalidData` error.
+/// Writes `msg` as one frame (at most [`MAX_FRAME`] body bytes).
+pub(crate) fn write_msg(w: impl Write, msg: &Msg) -> io::Result<()> {
+    write_msg_max(w, msg, MAX_FRAME)
+}
+
+/// Reads one frame of at most `max` bytes. A malformed or oversized frame is an `InvalidData`
+/// error carrying a [`FrameError`]; a frame cut short by the end of the stream is
+/// `UnexpectedEof`.
 pub(crate) fn read_msg(mut r: impl Read, max: usize) -> io::Result<Msg> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len)?;
     let len = u32::from_le_bytes(len) as usize;
     if len > max {
-        return Err(invalid(format!("frame of {len} bytes exceeds the {max}-byte limit")));
+        return Err(frame(io::ErrorKind::InvalidData, FrameError::TooLarge { len, max }));
     }
     let mut body = vec![0u8; len];
     r.read_exact(&mut body)?;
     decode(&body)
 }
 
+/// Reads from a socket with an absolute deadline: each `read` waits at most until `deadline`,
+/// so a peer that trickles one byte at a time cannot stretch a handshake beyond it.
+pub(crate) struct DeadlineReader<'a> {
+    pub stream: &'a TcpStream,
+    pub deadline: Instant,
+    /// Bytes read so far.
+    pub read: usize,
+}
+
+impl<'a> DeadlineReader<'a> {
+    /// A reader of `stream` that gives up at `deadline`.
+    pub fn new(stream: &'a TcpStream, deadline: Instant) -> Self {
+        DeadlineReader {
+            stream,
+            deadline,
+            read: 0,
+        }
+    }
+}
+
+impl Read for DeadlineReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "deadline passed"));
+        }
+        // A zero timeout would mean "block forever".
+        self.stream.set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
+        let n = (&mut &*self.stream).read(buf)?;
+        self.read += n;
+        Ok(n)
+    }
+}
+
 fn invalid(msg: impl Into<String>) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, msg.into())
+    frame(io::ErrorKind::InvalidData, FrameError::Malformed(msg.into()))
+}
+
+fn truncated() -> io::Error {
+    frame(io::ErrorKind::InvalidData, FrameError::Truncated)
 }
 
 fn encode(msg: &Msg) -> Vec<u8> {
@@ -172,6 +262,11 @@ fn encode(msg: &Msg) -> Vec<u8> {
                 Refusal::DuplicateRank { rank } => (1, rank, 0),
                 Refusal::RankOutOfRange { rank, world_size } => (2, rank, world_size),
                 Refusal::WorldSizeMismatch { client, store } => (3, client, store),
+                Refusal::Truncated => (4, 0, 0),
+                Refusal::Malformed => (5, 0, 0),
+                Refusal::FrameTooLarge { len, max } => (6, len, max),
+                Refusal::HandshakeTimeout { after } => (7, usize::try_from(after.as_millis()).unwrap_or(usize::MAX), 0),
+                Refusal::Replayed => (8, 0, 0),
             };
             e.u8(code);
             e.u64(a as u64);
@@ -230,6 +325,11 @@ fn encode(msg: &Msg) -> Vec<u8> {
             e.u8(tag::FAILED);
             e.bytes(why.as_bytes());
         }
+        Msg::TooLarge { bytes, max } => {
+            e.u8(tag::TOO_LARGE);
+            e.u64(*bytes);
+            e.u64(*max);
+        }
     }
     e.0
 }
@@ -262,6 +362,13 @@ fn decode(body: &[u8]) -> io::Result<Msg> {
                 1 => Refusal::DuplicateRank { rank: a },
                 2 => Refusal::RankOutOfRange { rank: a, world_size: b },
                 3 => Refusal::WorldSizeMismatch { client: a, store: b },
+                4 => Refusal::Truncated,
+                5 => Refusal::Malformed,
+                6 => Refusal::FrameTooLarge { len: a, max: b },
+                7 => Refusal::HandshakeTimeout {
+                    after: Duration::from_millis(a as u64),
+                },
+                8 => Refusal::Replayed,
                 c => return Err(invalid(format!("unknown refusal code {c}"))),
             })
         }
@@ -290,7 +397,11 @@ fn decode(body: &[u8]) -> io::Result<Msg> {
         tag::VALUE => Msg::Value(d.bytes()?),
         tag::GATHERED => {
             let n = d.u32()?;
-            let mut all = Vec::new();
+            // Each entry takes at least its 4-byte length: bound the allocation by the frame.
+            if n as usize > body.len() / 4 {
+                return Err(truncated());
+            }
+            let mut all = Vec::with_capacity(n as usize);
             for _ in 0..n {
                 all.push(d.bytes()?);
             }
@@ -302,6 +413,10 @@ fn decode(body: &[u8]) -> io::Result<Msg> {
         },
         tag::RANKS_LEFT => Msg::RanksLeft(d.ranks()?),
         tag::FAILED => Msg::Failed(d.string()?),
+        tag::TOO_LARGE => Msg::TooLarge {
+            bytes: d.u64()?,
+            max: d.u64()?,
+        },
         t => return Err(invalid(format!("unknown message type {t}"))),
     };
     if d.pos != body.len() {
@@ -354,7 +469,7 @@ impl<'a> Dec<'a> {
             .pos
             .checked_add(n)
             .filter(|&e| e <= self.buf.len())
-            .ok_or_else(|| invalid("truncated message"))?;
+            .ok_or_else(truncated)?;
         let s = &self.buf[self.pos..end];
         self.pos = end;
         Ok(s)
@@ -390,7 +505,7 @@ impl<'a> Dec<'a> {
         let n = self.u32()? as usize;
         // Bound the allocation by what the frame can hold.
         if n > self.buf.len() / 4 {
-            return Err(invalid("truncated rank list"));
+            return Err(truncated());
         }
         (0..n).map(|_| self.u32()).collect()
     }
@@ -453,6 +568,17 @@ mod tests {
             },
             Msg::RanksLeft(vec![1, 2]),
             Msg::Failed("why".into()),
+            Msg::TooLarge { bytes: 9, max: 8 },
+            Msg::Refused(Refusal::Truncated),
+            Msg::Refused(Refusal::Malformed),
+            Msg::Refused(Refusal::FrameTooLarge {
+                len: 1 << 31,
+                max: 1024,
+            }),
+            Msg::Refused(Refusal::HandshakeTimeout {
+                after: Duration::from_millis(1500),
+            }),
+            Msg::Refused(Refusal::Replayed),
         ] {
             round_trip(m);
         }
@@ -477,5 +603,46 @@ mod tests {
         // An oversized length is refused before allocating.
         let e = read_msg(&u32::MAX.to_le_bytes()[..], MAX_HANDSHAKE_FRAME).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        assert_eq!(
+            frame_error(&e),
+            Some(&FrameError::TooLarge {
+                len: u32::MAX as usize,
+                max: MAX_HANDSHAKE_FRAME
+            })
+        );
+        // Fields that run past the body, and a frame cut short by the stream's end.
+        let e = read_msg(frame(&[tag::AUTH, 1, 0]).as_slice(), MAX_FRAME).unwrap_err();
+        assert_eq!(frame_error(&e), Some(&FrameError::Truncated));
+        let mut short = frame(&[tag::SET, 1, 0, 0, 0, b'k', 0, 0, 0, 0]);
+        short.truncate(7);
+        assert_eq!(
+            read_msg(short.as_slice(), MAX_FRAME).unwrap_err().kind(),
+            io::ErrorKind::UnexpectedEof
+        );
+        // A message over the limit is not written at all.
+        let mut out = Vec::new();
+        let e = write_msg_max(&mut out, &Msg::Value(vec![0; 100]), 64).unwrap_err();
+        assert_eq!(frame_error(&e), Some(&FrameError::TooLarge { len: 105, max: 64 }));
+        assert!(out.is_empty());
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 4000, ..Default::default() })]
+
+        /// Any bytes: a message or an error, never a panic or an allocation beyond the frame.
+        #[test]
+        fn random_frames_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..96), tag in 0u8..30) {
+            let mut body = vec![tag];
+            body.extend_from_slice(&bytes);
+            let mut f = (body.len() as u32).to_le_bytes().to_vec();
+            f.extend_from_slice(&body);
+            if let Ok(m) = read_msg(f.as_slice(), MAX_HANDSHAKE_FRAME) {
+                // What decodes re-encodes to the same bytes.
+                let mut again = Vec::new();
+                write_msg(&mut again, &m).unwrap();
+                proptest::prop_assert_eq!(again, f);
+            }
+            let _ = read_msg(bytes.as_slice(), MAX_HANDSHAKE_FRAME);
+        }
     }
 }

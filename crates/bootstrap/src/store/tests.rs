@@ -10,7 +10,7 @@ use crate::error::Refusal;
 const T: Duration = Duration::from_secs(10);
 
 fn key() -> JobKey {
-    JobKey::new("the right key").unwrap()
+    JobKey::new("the right key, 16+ bytes").unwrap()
 }
 
 /// A server for `world` ranks on a free port, and its address.
@@ -123,7 +123,9 @@ fn a_wrong_key_is_refused_while_the_right_ones_proceed() {
     let (srv, addr) = server(3);
     let intruder = {
         let addr = addr.clone();
-        thread::spawn(move || Store::connect(&addr, 1, 3, &JobKey::new("a wrong key").unwrap(), T).unwrap_err())
+        thread::spawn(move || {
+            Store::connect(&addr, 1, 3, &JobKey::new("a wrong key of 16+ bytes").unwrap(), T).unwrap_err()
+        })
     };
     let e = intruder.join().unwrap();
     assert!(
@@ -267,4 +269,282 @@ fn a_store_that_cannot_prove_the_key_is_not_trusted() {
     let e = Store::connect(&addr, 1, 2, &key(), T).unwrap_err();
     assert!(matches!(e, Error::StoreNotAuthentic { .. }), "{e:?}");
     t.join().unwrap();
+}
+
+// ---- Hostile and oversized input -------------------------------------------------------------
+
+use std::io::Read;
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use crate::auth::{Handshake, Tag};
+use crate::store::protocol::MAX_HANDSHAKE_FRAME;
+use crate::store::Limits;
+
+fn server_with(world: usize, limits: Limits) -> (StoreServer, String) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let s = StoreServer::serve_with(l, world, key(), limits).unwrap();
+    let addr = s.local_addr().to_string();
+    (s, addr)
+}
+
+/// A raw connection that got the store's greeting, and the store's nonce.
+fn raw(addr: &str) -> (TcpStream, Tag) {
+    let s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    match protocol::read_msg(&s, MAX_HANDSHAKE_FRAME).unwrap() {
+        Msg::Hello { nonce, .. } => (s, nonce),
+        other => panic!("greeting {other:?}"),
+    }
+}
+
+/// A length-prefixed frame around `body`.
+fn framed(body: &[u8]) -> Vec<u8> {
+    let mut f = (body.len() as u32).to_le_bytes().to_vec();
+    f.extend_from_slice(body);
+    f
+}
+
+/// The `Auth` message of `rank` of 2 answering `server_nonce` under `key`.
+fn auth(server_nonce: Tag, rank: u32, key: &JobKey) -> Msg {
+    let client_nonce = crate::auth::nonce().unwrap();
+    let hs = Handshake {
+        server_nonce,
+        client_nonce,
+        rank,
+        world_size: 2,
+    };
+    Msg::Auth {
+        rank,
+        world_size: 2,
+        nonce: client_nonce,
+        proof: hs.client_proof(key),
+    }
+}
+
+/// The store's verdict; then the store must close the connection at once (its thread ended).
+fn refusal(s: &TcpStream) -> Refusal {
+    let verdict = match protocol::read_msg(s, MAX_HANDSHAKE_FRAME) {
+        Ok(Msg::Refused(r)) => r,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    let _ = s.shutdown(Shutdown::Write);
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut b = [0u8; 1];
+    assert!(
+        matches!((&*s).read(&mut b), Ok(0)),
+        "the store kept the connection open after refusing it ({verdict})"
+    );
+    verdict
+}
+
+#[test]
+fn bad_handshakes_are_refused_by_name() {
+    let (srv, addr) = server(2);
+    // A frame cut short: its length says 77 bytes, 10 arrive, then the sender stops writing.
+    let (s, _) = raw(&addr);
+    let mut f = framed(&[2u8; 77]);
+    f.truncate(14);
+    (&s).write_all(&f).unwrap();
+    s.shutdown(Shutdown::Write).unwrap();
+    assert_eq!(refusal(&s), Refusal::Truncated);
+    // A whole frame whose fields run past its end.
+    let (s, _) = raw(&addr);
+    (&s).write_all(&framed(&[2, 1, 0])).unwrap();
+    assert_eq!(refusal(&s), Refusal::Truncated);
+    // A length over the handshake limit (and an HTTP request, whose "GET " reads as one).
+    let (s, _) = raw(&addr);
+    (&s).write_all(&(64u32 << 20).to_le_bytes()).unwrap();
+    assert_eq!(
+        refusal(&s),
+        Refusal::FrameTooLarge {
+            len: 64 << 20,
+            max: MAX_HANDSHAKE_FRAME
+        }
+    );
+    let (s, _) = raw(&addr);
+    (&s).write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    assert!(matches!(refusal(&s), Refusal::FrameTooLarge { .. }));
+    // Not an Auth message.
+    let (s, _) = raw(&addr);
+    protocol::write_msg(&s, &Msg::Done).unwrap();
+    assert_eq!(refusal(&s), Refusal::Malformed);
+    let (s, _) = raw(&addr);
+    (&s).write_all(&framed(&[99, 0, 0])).unwrap();
+    assert_eq!(refusal(&s), Refusal::Malformed);
+    // A wrong key.
+    let (s, n) = raw(&addr);
+    let wrong = JobKey::new("not this job's key!").unwrap();
+    protocol::write_msg(&s, &auth(n, 1, &wrong)).unwrap();
+    assert_eq!(refusal(&s), Refusal::WrongKey);
+    // A replay: rank 1's recorded Auth, sent again on a new connection.
+    let (s1, n) = raw(&addr);
+    let recorded = auth(n, 1, &key());
+    protocol::write_msg(&s1, &recorded).unwrap();
+    assert!(matches!(
+        protocol::read_msg(&s1, MAX_HANDSHAKE_FRAME).unwrap(),
+        Msg::Welcome { .. }
+    ));
+    let (s, _) = raw(&addr);
+    protocol::write_msg(&s, &recorded).unwrap();
+    assert_eq!(refusal(&s), Refusal::Replayed);
+    // Also after rank 1 left.
+    drop(s1);
+    thread::sleep(Duration::from_millis(50));
+    let (s, _) = raw(&addr);
+    protocol::write_msg(&s, &recorded).unwrap();
+    assert_eq!(refusal(&s), Refusal::Replayed);
+    assert_eq!(srv.refused_clients(), 9);
+    // The job itself is unaffected (rank 1 reconnects first: the store saw it leave).
+    let one = Store::connect(&addr, 1, 2, &key(), T).unwrap();
+    let one = thread::spawn(move || one.barrier("b", T));
+    Store::host(srv, T).unwrap().barrier("b", T).unwrap();
+    one.join().unwrap().unwrap();
+}
+
+#[test]
+fn the_handshake_deadline_is_absolute() {
+    let limits = Limits {
+        handshake: Duration::from_millis(400),
+        ..Limits::default()
+    };
+    let (_srv, addr) = server_with(2, limits);
+    let (s, _) = raw(&addr);
+    // One byte every 50 ms: every read completes long before any per-read timeout would fire.
+    let start = Instant::now();
+    let trickler = {
+        let s = s.try_clone().unwrap();
+        thread::spawn(move || {
+            let mut f = framed(&[2u8; 77]).into_iter();
+            while start.elapsed() < Duration::from_secs(3) {
+                match f.next() {
+                    Some(b) if (&s).write_all(&[b]).is_ok() => thread::sleep(Duration::from_millis(50)),
+                    _ => break,
+                }
+            }
+        })
+    };
+    let r = refusal(&s);
+    let took = start.elapsed();
+    assert_eq!(
+        r,
+        Refusal::HandshakeTimeout {
+            after: Duration::from_millis(400)
+        }
+    );
+    assert!(
+        took >= Duration::from_millis(350) && took < Duration::from_secs(2),
+        "{took:?}"
+    );
+    trickler.join().unwrap();
+}
+
+#[test]
+fn a_slowloris_crowd_does_not_keep_ranks_out() {
+    const CROWD: usize = 140;
+    let (srv, addr) = server(3);
+    // 140 connections that each trickle one byte every 200 ms and never finish, and more that
+    // keep arriving while the ranks join.
+    let mut crowd: Vec<TcpStream> = (0..CROWD).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+    for s in &crowd {
+        s.set_nonblocking(true).unwrap();
+        let _ = (&*s).write_all(&77u32.to_le_bytes()[..1]);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let attacker = {
+        let (stop, addr) = (stop.clone(), addr.clone());
+        thread::spawn(move || {
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                if n < 200 {
+                    if let Ok(s) = TcpStream::connect(&addr) {
+                        s.set_nonblocking(true).unwrap();
+                        crowd.push(s);
+                        n += 1;
+                    }
+                }
+                for s in &crowd {
+                    let _ = (&*s).write_all(&[0]);
+                }
+                thread::sleep(Duration::from_millis(if n < 200 { 5 } else { 200 }));
+            }
+            crowd.len()
+        })
+    };
+    thread::sleep(Duration::from_millis(100));
+    let start = Instant::now();
+    let ranks: Vec<_> = (1..3)
+        .map(|r| {
+            let addr = addr.clone();
+            thread::spawn(move || {
+                let s = Store::connect(&addr, r, 3, &key(), T)?;
+                s.barrier("joined", T)?;
+                Ok::<_, Error>(s)
+            })
+        })
+        .collect();
+    let root = Store::host(srv, T).unwrap();
+    root.barrier("joined", T).unwrap();
+    let _others: Vec<Store> = ranks.into_iter().map(|t| t.join().unwrap().unwrap()).collect();
+    let took = start.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let sockets = attacker.join().unwrap();
+    let evicted = root.server().unwrap().evicted_clients();
+    assert!(
+        took < Duration::from_secs(5),
+        "3 ranks took {took:?} to join past {sockets} stalled sockets"
+    );
+    assert!(
+        evicted >= sockets - 64,
+        "{evicted} of {sockets} stalled sockets evicted"
+    );
+    println!("3 ranks joined in {took:?} past {sockets} stalled sockets ({evicted} evicted)");
+}
+
+#[test]
+fn oversized_requests_and_replies_are_named_errors() {
+    let limits = Limits {
+        max_frame: 4096,
+        ..Limits::default()
+    };
+    let (srv, addr) = server_with(2, limits);
+    let one = thread::spawn({
+        let addr = addr.clone();
+        move || {
+            let s = Store::connect(&addr, 1, 2, &key(), T).unwrap();
+            let start = Instant::now();
+            let e = s.all_gather("big", &[1; 3000], T).unwrap_err();
+            (s, e, start.elapsed())
+        }
+    });
+    let root = Store::host(srv, T).unwrap();
+    let start = Instant::now();
+    let e = root.all_gather("big", &[0; 3000], T).unwrap_err();
+    let (one, e1, took1) = one.join().unwrap();
+    for (e, took) in [(e, start.elapsed()), (e1, took1)] {
+        // The store answers at once: no wait for "no answer from the store".
+        assert!(took < Duration::from_secs(2), "{took:?}");
+        assert!(
+            matches!(e, Error::TooLarge { reply: true, max: 4096, bytes, .. } if bytes > 6000),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("all_gather 'big': the reply of"), "{e}");
+    }
+    // Both connections still serve.
+    let t = thread::spawn(move || {
+        one.barrier("after", T).unwrap();
+        one
+    });
+    root.barrier("after", T).unwrap();
+    let one = t.join().unwrap();
+    // A request over the client's limit is refused before anything is sent.
+    one.set_max_frame(1024);
+    let e = one.set("k", &[7; 2000]).unwrap_err();
+    assert!(
+        matches!(e, Error::TooLarge { reply: false, max: 1024, bytes, .. } if bytes > 2000),
+        "{e:?}"
+    );
+    one.set("k", b"small").unwrap();
+    assert_eq!(root.get("k", T).unwrap(), b"small");
 }

@@ -2,7 +2,7 @@
 //! epoch, in one naturally aligned 8-byte word (single-copy atomic), so a receiver that sees the
 //! flag also sees the data: no fence, no separate signal, one NVLink hop. Costs twice the bytes,
 //! so it is used for small messages only. Units: 8 data bytes = 16 LL bytes per thread access.
-use super::wait::report_timeout;
+use super::wait::report_give_up;
 use super::CommCtx;
 use crate::arch::{ids, memory, memory::Scope, time};
 use mkernel_config::comm::{FlagSlot, ABORT_OFFSET};
@@ -49,16 +49,14 @@ pub unsafe fn recv(c: &CommCtx, src: *const u8, i: u64, peer: u32) -> Option<[u3
         }
         polls += 1;
         if polls % 64 == 0 {
-            if unsafe { memory::ld_relaxed_u32(Scope::Gpu, abort) } != 0 {
-                return None;
-            }
+            let aborting = unsafe { memory::ld_relaxed_u32(Scope::Gpu, abort) } != 0;
             let waited = time::globaltimer_ns().wrapping_sub(start);
-            if waited > c.timeout_ns {
+            if aborting || waited > c.timeout_ns {
                 unsafe {
-                    report_timeout(
+                    report_give_up(
                         c,
-                        FlagSlot::Staged,
-                        peer,
+                        FlagSlot::Staged as u32,
+                        peer + (c.global_rank_now() - c.rank),
                         c.epoch,
                         ((a >> 32) as u32).min((b >> 32) as u32) as u64,
                         waited,

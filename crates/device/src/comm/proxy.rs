@@ -1,24 +1,26 @@
 //! The device side of GPU-initiated inter-node traffic: commands posted into the proxy's
-//! host-mapped FIFO (layout in `mkernel_config::comm::fifo`, protocol in docs/internode.md),
+//! host-mapped FIFO (wire format in `mkernel_config::fifo`, protocol in docs/internode.md),
 //! and bounded waits on the flags the proxy raises.
 //!
 //! Posting: claim `seq` with `atom.add` on the device-side head; wait (bounded) until
 //! `seq - tail < capacity`; write the body with plain stores; commit with
 //! `st.release.sys header = seq + 1` (the proxy acquires the header, then reads the body).
-use super::wait::report_timeout_code;
+use super::wait::report_give_up;
 use super::CommCtx;
 use crate::arch::{memory, memory::Scope, time};
-use mkernel_config::comm::{fifo, remote_flag_offset, RemoteSlot, ABORT_OFFSET, FIFO_HEAD_OFFSET};
+use mkernel_config::comm::{abort_word, remote_flag_offset, RemoteSlot, ABORT_OFFSET, FIFO_HEAD_OFFSET};
+use mkernel_config::fifo::{self, offsets as at};
 
 use mkernel_config::comm::wait_code::{
     FIFO_DONE as WAIT_FIFO_DONE, FIFO_SPACE as WAIT_FIFO_SPACE, REMOTE_DATA as WAIT_REMOTE_DATA,
     REMOTE_READY as WAIT_REMOTE_READY,
 };
 
-/// One command.
+/// One command (the fields of `mkernel_config::fifo::CommandBody` that vary; `epoch` and
+/// `flags` come from the context).
 #[derive(Clone, Copy)]
 pub struct Command {
-    pub opcode: u32,
+    pub opcode: u16,
     pub dst_rank: u32,
     pub src_offset: u64,
     pub dst_offset: u64,
@@ -43,7 +45,7 @@ unsafe fn wait_until(
         return true;
     }
     let abort = (c.heap(c.rank) + ABORT_OFFSET) as *const u32;
-    let fifo_abort = (c.fifo + fifo::ABORT) as *const u32;
+    let fifo_abort = (c.fifo + at::ABORT as u64) as *const u32;
     let start = time::globaltimer_ns();
     let mut polls = 0u32;
     loop {
@@ -53,19 +55,19 @@ unsafe fn wait_until(
         }
         polls += 1;
         if polls % 64 == 0 {
+            let mut aborting = unsafe { memory::ld_relaxed_u32(Scope::Gpu, abort) } != 0;
             // The proxy's abort word lives in host memory: read it 16 times less often (many
             // pollers reading across PCIe would slow the host's own traffic to this GPU).
-            if unsafe { memory::ld_relaxed_u32(Scope::Gpu, abort) } != 0 {
-                return false;
-            }
-            if polls % 1024 == 0 && unsafe { memory::ld_relaxed_u32(Scope::Sys, fifo_abort) } != 0 {
-                // The proxy failed (its own error record says why): stop this rank's other waits too.
-                unsafe { memory::st_relaxed_u32(Scope::Gpu, abort as *mut u32, 1) };
-                return false;
+            if !aborting && polls % 1024 == 0 && unsafe { memory::ld_relaxed_u32(Scope::Sys, fifo_abort) } != 0 {
+                // The proxy failed (its own error record says why): stop this rank's other waits
+                // too (a host's abort, if one came first, keeps its word).
+                let _ =
+                    unsafe { memory::atom_acq_rel_cas_u32(Scope::Gpu, abort as *mut u32, 0, abort_word::PROXY_FAILED) };
+                aborting = true;
             }
             let waited = time::globaltimer_ns().wrapping_sub(start);
-            if waited > c.timeout_ns {
-                unsafe { report_timeout_code(c, code, peer, target, seen, waited) };
+            if aborting || waited > c.timeout_ns {
+                unsafe { report_give_up(c, code, peer, target, seen, waited) };
                 return false;
             }
         }
@@ -78,7 +80,7 @@ unsafe fn wait_until(
 pub unsafe fn post(c: &CommCtx, cmd: Command) -> Option<u64> {
     let head = (c.heap(c.rank) + FIFO_HEAD_OFFSET) as *mut u64;
     let seq = unsafe { memory::atom_relaxed_add_u64(Scope::Gpu, head, 1) };
-    let tail = (c.fifo + fifo::TAIL) as *const u64;
+    let tail = (c.fifo + at::TAIL as u64) as *const u64;
     let cap = c.fifo_capacity as u64;
     if !unsafe {
         wait_until(
@@ -92,18 +94,21 @@ pub unsafe fn post(c: &CommCtx, cmd: Command) -> Option<u64> {
     } {
         return None;
     }
-    let slot = c.fifo + fifo::HEADER_BYTES + (seq % cap) * fifo::SLOT_BYTES;
+    let slot = c.fifo + fifo::FIFO_HEADER_BYTES as u64 + (seq % cap) * fifo::SLOT_BYTES as u64;
+    let field = |off: usize| slot + off as u64;
     unsafe {
-        ((slot + fifo::CMD_OPCODE) as *mut u32).write_volatile(cmd.opcode);
-        ((slot + fifo::CMD_DST_RANK) as *mut u32).write_volatile(cmd.dst_rank);
-        ((slot + fifo::CMD_SRC_OFFSET) as *mut u64).write_volatile(cmd.src_offset);
-        ((slot + fifo::CMD_DST_OFFSET) as *mut u64).write_volatile(cmd.dst_offset);
-        ((slot + fifo::CMD_BYTES) as *mut u64).write_volatile(cmd.bytes);
-        ((slot + fifo::CMD_FLAG_OFFSET) as *mut u64).write_volatile(cmd.flag_offset);
-        ((slot + fifo::CMD_FLAG_VALUE) as *mut u64).write_volatile(cmd.flag_value);
-        ((slot + fifo::CMD_EPOCH) as *mut u32).write_volatile(c.epoch as u32);
-        ((slot + fifo::CMD_FLAGS) as *mut u32).write_volatile(c.epoch_seq << fifo::CMD_EPOCH_SEQ_SHIFT);
-        memory::st_release_u64(Scope::Sys, (slot + fifo::CMD_HEADER) as *mut u64, seq + 1);
+        (field(at::CMD_OPCODE) as *mut u16).write_volatile(cmd.opcode);
+        (field(at::CMD_FLAGS) as *mut u16).write_volatile(fifo::cmd_flags(c.epoch_seq, 0));
+        (field(at::CMD_DST_RANK) as *mut u32).write_volatile(cmd.dst_rank);
+        (field(at::CMD_SRC_OFFSET) as *mut u64).write_volatile(cmd.src_offset);
+        (field(at::CMD_DST_OFFSET) as *mut u64).write_volatile(cmd.dst_offset);
+        (field(at::CMD_BYTES) as *mut u64).write_volatile(cmd.bytes);
+        (field(at::CMD_FLAG_OFFSET) as *mut u64).write_volatile(cmd.flag_offset);
+        (field(at::CMD_FLAG_VALUE) as *mut u64).write_volatile(cmd.flag_value);
+        // The whole 64-bit launch counter: the proxy's "epochs never decrease" check then holds
+        // across 2^32 launches (wire format version 2, see `mkernel_config::fifo`).
+        (field(at::CMD_EPOCH) as *mut u64).write_volatile(c.epoch);
+        memory::st_release_u64(Scope::Sys, field(at::CMD_HEADER) as *mut u64, seq + 1);
     }
     Some(seq)
 }
@@ -204,7 +209,7 @@ pub unsafe fn wait_remote_value(c: &CommCtx, slot: RemoteSlot, src: u32, target:
 /// Waits until the proxy completed every command up to `seq` (their sources may be reused).
 #[inline(always)]
 pub unsafe fn wait_done(c: &CommCtx, seq: u64) -> bool {
-    let done = (c.fifo + fifo::DONE) as *const u64;
+    let done = (c.fifo + at::DONE as u64) as *const u64;
     unsafe {
         wait_until(
             c,

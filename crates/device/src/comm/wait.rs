@@ -1,7 +1,10 @@
-//! Bounded waits on epoch flags, and the error record they leave when they give up.
+//! Bounded waits on epoch flags and on shared-memory conditions of a communicating CTA, and
+//! the error record they leave when they give up (docs/protocol.md, "Every device wait").
 use super::CommCtx;
-use crate::arch::{ids, memory, memory::Scope, sync, time};
-use mkernel_config::comm::{ErrorCode, ErrorRecord, FlagSlot, ABORT_OFFSET, ERROR_RECORD_OFFSET, STAGED_CTAS};
+use crate::arch::{ids, mbarrier, memory, memory::Scope, smem::SmemAddr, sync, time};
+use mkernel_config::comm::{
+    abort_word, CommDesc, ErrorCode, ErrorRecord, FlagSlot, Role, ABORT_OFFSET, ERROR_RECORD_OFFSET, STAGED_CTAS,
+};
 
 /// Polls between clock and abort checks.
 const POLLS_PER_CHECK: u32 = 64;
@@ -59,12 +62,11 @@ pub unsafe fn wait_flag_of_cta_from<const SLEEP_NS: u32>(
         }
         polls += 1;
         if polls % POLLS_PER_CHECK == 0 {
-            if unsafe { memory::ld_relaxed_u32(Scope::Gpu, abort) } != 0 {
-                return false;
-            }
+            let aborting = unsafe { memory::ld_relaxed_u32(Scope::Gpu, abort) } != 0;
             let waited = time::globaltimer_ns().wrapping_sub(start);
-            if waited > c.timeout_ns {
-                unsafe { report_timeout(c, slot, src(c), target, seen, waited) };
+            if aborting || waited > c.timeout_ns {
+                let src = src(c) + (c.global_rank_now() - c.rank);
+                unsafe { report_give_up(c, slot as u32, src, target, seen, waited) };
                 return false;
             }
         }
@@ -108,35 +110,22 @@ pub unsafe fn signal_all_peers(c: &CommCtx, slot: FlagSlot) {
     }
 }
 
-/// Claims the rank's error record (first failure wins) and raises its abort word. `src` is
-/// a local rank (recorded as its global rank).
-pub(crate) unsafe fn report_timeout(c: &CommCtx, slot: FlagSlot, src: u32, target: u64, seen: u64, waited: u64) {
-    unsafe {
-        report_timeout_code(
-            c,
-            slot as u32,
-            src + (c.global_rank_now() - c.rank),
-            target,
-            seen,
-            waited,
-        )
-    }
-}
-
-/// As [`report_timeout`] with a raw wait code (flag slots, or the inter-node codes of
-/// [`super::proxy`]) and `src` a global rank. The record names this rank by its global rank.
-pub(crate) unsafe fn report_timeout_code(
-    c: &CommCtx,
-    code_of_wait: u32,
-    src: u32,
-    target: u64,
-    seen: u64,
-    waited: u64,
-) {
+/// The record of a wait that gives up, with a raw wait code (flag slots, or
+/// `mkernel_config::comm::wait_code`) and `src` a global rank; the record names this rank by its
+/// global rank. It reads the rank's abort word: raised, the wait gave up because the rank is
+/// aborting ([`ErrorCode::Aborted`], the word kept in the record); else it timed out
+/// ([`ErrorCode::Timeout`]) and raises the abort word ([`abort_word::TIMED_OUT`]) so the rank's
+/// other waits stop at once - after claiming the record, so a wait stopped by that word cannot
+/// claim it first. The first record of the rank wins (compare-and-swap on `code`).
+/// (The word is read here, not passed: one more value live at every wait's call site cost the
+/// GEMM+ReduceScatter consumers spills.)
+pub(crate) unsafe fn report_give_up(c: &CommCtx, code_of_wait: u32, src: u32, target: u64, seen: u64, waited: u64) {
     let local = c.heap(c.rank);
     let rec = (local + ERROR_RECORD_OFFSET) as *mut ErrorRecord;
     let code = rec as *mut u32;
+    let abort = (local + ABORT_OFFSET) as *mut u32;
     unsafe {
+        let word = memory::ld_acquire_u32(Scope::Gpu, abort);
         if memory::atom_acq_rel_cas_u32(Scope::Gpu, code, 0, u32::MAX) == 0 {
             (*rec).rank = c.global_rank_now();
             (*rec).role = c.role as u32;
@@ -146,8 +135,82 @@ pub(crate) unsafe fn report_timeout_code(
             (*rec).expected = target;
             (*rec).seen = seen;
             (*rec).waited_ns = waited;
-            memory::st_release_u32(Scope::Gpu, code, ErrorCode::Timeout as u32);
+            (*rec).abort_word = word;
+            let what = if word != 0 {
+                ErrorCode::Aborted
+            } else {
+                ErrorCode::Timeout
+            };
+            memory::st_release_u32(Scope::Gpu, code, what as u32);
         }
-        memory::st_release_u32(Scope::Gpu, (local + ABORT_OFFSET) as *mut u32, 1);
+        if word == 0 {
+            // Raised unless it went up meanwhile (a host's abort keeps its value).
+            let _ = memory::atom_acq_rel_cas_u32(Scope::Gpu, abort, 0, abort_word::TIMED_OUT);
+        }
     }
+}
+
+/// How long a fused kernel's wait on a shared-memory condition (a GEMM ring slot, a stager's
+/// handshake) may stall: past every communication wait it can be behind (a relayed wait takes
+/// twice the timeout), plus [`mbarrier::HUNG_NS`].
+#[inline(always)]
+pub unsafe fn hung_ns(desc: u64) -> u64 {
+    unsafe { (*(desc as *const CommDesc)).timeout_ns }
+        .saturating_mul(4)
+        .saturating_add(mbarrier::HUNG_NS)
+}
+
+/// The rank's abort word as loaded now (0: running; `mkernel_config::comm::abort_word`).
+#[inline(always)]
+pub unsafe fn abort_word_of(desc: u64) -> u32 {
+    let d = unsafe { &*(desc as *const CommDesc) };
+    let heap = unsafe { *d.heaps.as_ptr().add(d.rank as usize) };
+    unsafe { memory::ld_relaxed_u32(Scope::Gpu, (heap + ABORT_OFFSET) as *const u32) }
+}
+
+/// `index` of [`local_stall`]: record the waiting thread's warpgroup.
+pub const THIS_WARPGROUP: u32 = u32::MAX;
+
+/// Stall callback (for [`mbarrier::wait_parity_or`], [`time::poll_until`]) of a wait on a
+/// condition other threads of this CTA complete (wait `code` of `mkernel_config::comm::wait_code`,
+/// `index`: the mbarrier, or [`THIS_WARPGROUP`]): gives up (true) once stalled past [`hung_ns`] - a Timeout
+/// record naming `role`, `code` and `index`, the abort word raised - and, with `ON_ABORT`, as
+/// soon as the rank's abort word is up (an Aborted record). Without `ON_ABORT` the wait keeps
+/// waiting through an abort: for waits whose other side runs to the end after an abort (the
+/// GEMM ring: a producer keeps filling, consumers keep freeing), where giving up early would
+/// put the two sides' mbarrier phases out of step. Everything but the clock check is cold.
+#[inline(always)]
+pub fn local_stall<const ON_ABORT: bool>(desc: u64, role: Role, code: u32, index: u32) -> impl Fn(u64) -> bool + Copy {
+    move |stalled| {
+        let word = if ON_ABORT { unsafe { abort_word_of(desc) } } else { 0 };
+        if word == 0 && stalled <= unsafe { hung_ns(desc) } {
+            return false;
+        }
+        unsafe {
+            let c = CommCtx::with_epoch(desc as *const CommDesc, ids::block_idx(), role, 0);
+            let index = if index == THIS_WARPGROUP {
+                ids::warpgroup_idx()
+            } else {
+                index
+            };
+            report_give_up(&c, code, index, 0, 0, stalled);
+        }
+        true
+    }
+}
+
+/// As [`local_stall`] with `ON_ABORT`, recording nothing: for a role short of registers (the
+/// 56-register stagers), whose give-up is recorded by the threads that then wait for
+/// them (an inlined record cost the stagers spills).
+#[inline(always)]
+pub fn stall_or_abort(desc: u64) -> impl Fn(u64) -> bool + Copy {
+    move |stalled| unsafe { abort_word_of(desc) != 0 || stalled > hung_ns(desc) }
+}
+
+/// Waits (bounded, [`local_stall`]) until the phase with `parity` of `bar` completed: false
+/// when the wait gave up (the record is written). Waits through an abort (`ON_ABORT` false):
+/// for an mbarrier that a TMA transfer or another role completes whatever happens.
+#[inline(always)]
+pub unsafe fn wait_mbarrier(bar: SmemAddr, parity: u32, desc: u64, role: Role, code: u32, index: u32) -> bool {
+    unsafe { mbarrier::wait_parity_or(bar, parity, local_stall::<false>(desc, role, code, index)) }
 }

@@ -35,9 +35,10 @@ pub unsafe fn mma_tile(
 }
 
 /// As [`mma_tile`]; a stalled wait for a full slot calls `stall` (see
-/// [`mbarrier::wait_parity_or`]), which bounds it by trapping - fused kernels allow for their
-/// producer's communication waits. `stall` must never return true: the warps of a warpgroup
-/// must all reach each wgmma, so no wait may end early.
+/// [`mbarrier::wait_parity_or`]), which bounds it: the plain GEMM traps, the fused kernels give
+/// up with an error record (`comm::wait::local_stall`). A wait that gives up goes on to the
+/// same wgmmas as one that passed (every warp of the warpgroup reaches each of them), on what
+/// the slot holds, and still frees the slot.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn mma_tile_bounded(

@@ -103,7 +103,10 @@ impl SymmetricHeap {
             .result()?
         };
         let gran = gran.max(1 << 21) as u64;
-        let bytes = bytes.div_ceil(gran) * gran;
+        let bytes = bytes.checked_next_multiple_of(gran).ok_or_else(|| Error::Shape {
+            op: "symmetric heap",
+            reason: format!("{bytes} bytes overflow 64 bits when rounded up to the granularity {gran}"),
+        })?;
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: out-pointer; valid prop.
         unsafe { sys::cuMemCreate(&mut handle, bytes as usize, &p, 0).result()? };
@@ -169,13 +172,13 @@ impl SymmetricHeap {
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
-    /// Address of local rank `r`'s heap in this process.
-    pub fn base(&self, r: usize) -> u64 {
-        self.mappings[r].va
+    /// Address of local rank `r`'s heap in this process (`None` outside `0..ranks()`).
+    pub fn base(&self, r: usize) -> Option<u64> {
+        self.mappings.get(r).map(|m| m.va)
     }
-    /// Address of this rank's own heap.
+    /// Address of this rank's own heap (`new` mapped every local rank, this one included).
     pub fn local_base(&self) -> u64 {
-        self.base(self.local_rank)
+        self.mappings[self.local_rank].va
     }
     /// Local ranks mapped.
     pub fn ranks(&self) -> usize {

@@ -139,7 +139,8 @@ impl InterNode {
         unsafe { RawFifo::init(fifo.host, FIFO_CAPACITY, rank as u32) }.map_err(proxy_err)?;
         // SAFETY: as above; the view lives in the proxy thread, which stops before `fifo` drops.
         let raw = unsafe { RawFifo::from_raw(fifo.host, FIFO_CAPACITY) }.map_err(proxy_err)?;
-        let regions = Regions::symmetric(&topology, heap_bytes, HEAP_CONTROL_BYTES);
+        // Puts confined to the data region, flags to this rank's column of the inter-node flags.
+        let regions = Regions::heap(&topology, heap_bytes);
         let consumer =
             FifoConsumer::new(Fifo::new(raw).map_err(proxy_err)?, Validator::new(regions)).map_err(proxy_err)?;
 
@@ -200,6 +201,12 @@ impl InterNode {
         self.fifo.device
     }
 
+    /// Every rank's heap base as mapped here (index = global rank; `Communicator::abort`
+    /// reaches them all through these).
+    pub(crate) fn heap_bases(&self) -> Vec<u64> {
+        self._mappings.iter().map(|m| m.va).collect()
+    }
+
     /// The proxy's error record, if it failed.
     pub fn check(&self) -> Result<()> {
         // SAFETY: the FIFO stays allocated while `self` lives.
@@ -233,6 +240,23 @@ impl Drop for InterNode {
 
 fn proxy_err(e: mkernel_proxy::ProxyError) -> Error {
     Error::Proxy(e.to_string())
+}
+
+/// Stores the 64-bit flag `value` at device address `dst` on `stream`, as two 32-bit memsets,
+/// low word first. Flags only grow, so a reader that sees the low word alone sees (old high,
+/// new low) <= the new value: never more than the value whose data is already in place (stream
+/// order), at worst a smaller one it keeps waiting past. Flag values pass 2^32: the probes' are
+/// `epoch << 12 | i`, and epochs are 64-bit.
+///
+/// # Safety
+/// `dst` must be an 8-byte aligned device address of a flag word that stays mapped until the
+/// stream's work completes.
+unsafe fn store_flag(dst: u64, value: u64, stream: &CudaStream) -> Result<(), TransportError> {
+    for (word, half) in [(0u64, value as u32), (4, (value >> 32) as u32)] {
+        // SAFETY: `dst + word` is a 4-byte word of the flag (the caller's guarantee).
+        unsafe { sys::cuMemsetD32Async(dst + word, half, 1, stream.cu_stream()).result() }.map_err(cuda)?;
+    }
+    Ok(())
 }
 
 fn transport_err(e: TransportError) -> Error {
@@ -436,15 +460,9 @@ impl DeviceStaging for GpuStaging {
     }
     fn write_flag(&mut self, token: u64, flag_offset: u64, value: u64) -> Result<(), TransportError> {
         self.bind()?;
-        if value >> 32 != 0 {
-            return Err(TransportError::Copy(format!(
-                "flag value {value} does not fit the 4-byte flag store"
-            )));
-        }
-        // SAFETY: the frame's flag offset was checked against the control area; stream order
-        // puts the store after every earlier copy into the heap.
-        unsafe { sys::cuMemsetD32Async(self.heap + flag_offset, value as u32, 1, self.inn.cu_stream()).result() }
-            .map_err(cuda)?;
+        // SAFETY: the frame's flag offset was checked against the control area (8-aligned, in
+        // the heap); stream order puts the store after every earlier copy into the heap.
+        unsafe { store_flag(self.heap + flag_offset, value, &self.inn) }?;
         self.track(false, token)
     }
     fn poll(&mut self, completed: &mut Vec<u64>) -> Result<(), TransportError> {
@@ -544,15 +562,11 @@ impl CopyEngine for GpuCopyEngine {
     }
     fn write_flag(&mut self, token: u64, dst_rank: usize, flag_offset: u64, value: u64) -> Result<(), TransportError> {
         self.bind()?;
-        if value >> 32 != 0 {
-            return Err(TransportError::Copy(format!(
-                "flag value {value} does not fit the 4-byte store of the emulated wire"
-            )));
-        }
         let dst = self.base(dst_rank)? + flag_offset;
-        // SAFETY: validated flag offset inside the destination's control area; stream order puts
-        // it after the data copies issued before it.
-        unsafe { sys::cuMemsetD32Async(dst, value as u32, 1, self.stream.cu_stream()).result() }.map_err(cuda)?;
+        // SAFETY: the proxy validated the flag offset (8-aligned, inside the inter-node flag
+        // region of the destination's heap); stream order puts it after the data copies issued
+        // before it.
+        unsafe { store_flag(dst, value, &self.stream) }?;
         self.track(token)
     }
     fn poll(&mut self, completed: &mut Vec<u64>) -> Result<(), TransportError> {

@@ -9,24 +9,39 @@
 //! Every launch advances per-CTA epochs on the device, so calls need no reset and can be
 //! captured in CUDA graphs. Every device-side wait has a timeout; [`Communicator::check`] turns
 //! the device error record into [`Error::CommTimeout`] naming the rank, role and flag that stalled.
+//!
+//! # Soundness
+//! - [`SymBuffer`]s are made only by [`Communicator::alloc`] and every use checks them against
+//!   the heap's data region `[HEAP_RESERVED_BYTES, heap bytes)`: the control area (flags,
+//!   epochs, error record, abort word) cannot be named.
+//! - Collectives over local buffers take cudarc slices or views ([`Communicator::all_gather`],
+//!   [`Communicator::reduce_scatter`]); the raw-address forms are `unsafe`.
+//! - Launches on one communicator are serialized by an internal lock (see
+//!   [`Communicator`]'s "Launch order") and ordered on the device across streams.
+//! - Streams and buffers of another CUDA context are refused ([`Error::ForeignContext`]).
+pub mod abort;
 pub mod heap;
 pub mod internode;
 #[cfg(feature = "rdma")]
 mod rdma;
 mod residency;
 
+use crate::check;
 use crate::error::{Error, Result};
 use crate::runtime::Device;
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+pub use abort::AbortHandle;
+use cudarc::driver::sys::{self, CUstream};
+use cudarc::driver::{
+    CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
+};
 use heap::SymmetricHeap;
 use internode::{InterNode, FIFO_CAPACITY};
 use mkernel_bootstrap::Bootstrap;
 use mkernel_config::comm::{
-    CommDesc, ErrorRecord, FlagSlot, Role, ABORT_OFFSET, ERROR_RECORD_OFFSET, HEAP_RESERVED_BYTES, HEAP_ZEROED_BYTES,
-    MAX_COMM_CTAS, MAX_LOCAL_RANKS, STAGED_CTAS,
+    CommDesc, FlagSlot, HEAP_RESERVED_BYTES, HEAP_ZEROED_BYTES, MAX_COMM_CTAS, MAX_LOCAL_RANKS, STAGED_CTAS,
 };
 use mkernel_config::{kernels, KernelSpec};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 /// Element type of a reduction.
@@ -51,11 +66,71 @@ impl ReduceDtype {
     }
 }
 
+/// Element types the reductions take: `half::bf16` and `f32`. Sealed: `DTYPE` decides how many
+/// bytes per element the kernels write, so it must match the type's size:
+/// ```compile_fail,E0277
+/// #[derive(Clone, Copy)]
+/// struct Byte(u8);
+/// // SAFETY: plain data.
+/// unsafe impl mkernel::cudarc::driver::DeviceRepr for Byte {}
+/// impl mkernel::ReduceElem for Byte {
+///     const DTYPE: mkernel::ReduceDtype = mkernel::ReduceDtype::F32;
+/// }
+/// ```
+pub trait ReduceElem: DeviceRepr + sealed::Sealed {
+    /// The kernels' element selector.
+    const DTYPE: ReduceDtype;
+}
+impl ReduceElem for half::bf16 {
+    const DTYPE: ReduceDtype = ReduceDtype::Bf16;
+}
+impl ReduceElem for f32 {
+    const DTYPE: ReduceDtype = ReduceDtype::F32;
+}
+
+pub(crate) mod sealed {
+    /// Implemented by the element types whose size the kernels know (bf16, f32).
+    pub trait Sealed {}
+    impl Sealed for half::bf16 {}
+    impl Sealed for f32 {}
+}
+
 /// A region of the symmetric heap: the same offset and size on every rank.
+///
+/// Only [`Communicator::alloc`] makes one (the fields are private), and every operation that
+/// takes one checks it against the data region of the communicator it is given to
+/// ([`Error::OutOfRange`] otherwise), so safe code cannot name the control area or memory past
+/// the heap.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SymBuffer {
-    pub offset: u64,
-    pub bytes: u64,
+    offset: u64,
+    bytes: u64,
+}
+
+impl SymBuffer {
+    /// Byte offset from the start of every rank's heap.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+    /// Size in bytes (a multiple of 256).
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+/// `b` lies in the data region `[HEAP_RESERVED_BYTES, heap_bytes)` of a heap of `heap_bytes`.
+fn check_region(op: &'static str, b: &SymBuffer, heap_bytes: u64) -> Result<()> {
+    let inside = b.offset >= HEAP_RESERVED_BYTES && b.offset.checked_add(b.bytes).is_some_and(|end| end <= heap_bytes);
+    if !inside {
+        return Err(Error::OutOfRange {
+            op,
+            reason: format!(
+                "heap buffer at offset {} of {} bytes is outside the data region [{HEAP_RESERVED_BYTES}, {heap_bytes})",
+                b.offset, b.bytes
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Settings of a communicator.
@@ -63,7 +138,7 @@ pub struct SymBuffer {
 pub struct CommConfig {
     /// Bytes of heap data per rank (the control area is added).
     pub heap_bytes: u64,
-    /// Timeout of every device-side wait.
+    /// Timeout of every device-side wait (nanoseconds on the device, saturating at `u64::MAX`).
     pub timeout: Duration,
     /// Timeout of host-side bootstrap steps.
     pub bootstrap_timeout: Duration,
@@ -98,7 +173,124 @@ struct Wire {
     recv: SymBuffer,
 }
 
+/// What the communicator's last direct launch went to (see [`Communicator`]'s "Launch order").
+enum Last {
+    /// A cudarc stream (kept alive here: the next launch on another stream records an event on
+    /// it).
+    Stream(Arc<CudaStream>),
+    /// A raw `CUstream` ([`Communicator`]'s raw-stream launches), whose lifetime is the caller's:
+    /// an event recorded right after the launch stands for it.
+    Recorded(CudaEvent),
+}
+
+#[derive(Default)]
+struct LaunchOrder {
+    last: Option<Last>,
+}
+
+/// Whether `s` is capturing a CUDA graph (the legacy default stream never is).
+fn capturing(s: &CudaStream) -> Result<bool> {
+    // SAFETY: `s` is a live cudarc stream.
+    unsafe { capturing_raw(s.cu_stream()) }
+}
+
+/// [`capturing`] for a raw stream.
+///
+/// # Safety
+/// `s` must be a live stream (or null, the legacy default stream).
+unsafe fn capturing_raw(s: CUstream) -> Result<bool> {
+    if s.is_null() {
+        return Ok(false);
+    }
+    // SAFETY: `s` is live (caller's contract).
+    let status = unsafe { cudarc::driver::result::stream::is_capturing(s)? };
+    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+impl LaunchOrder {
+    /// Orders the next launch, on `stream`, after every launch so far: when the stream changed,
+    /// `stream` waits for an event recorded on the previous one. Launches into a graph capture
+    /// are left out (an event recorded outside a capture cannot order a captured node).
+    fn follow(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        if matches!(&self.last, Some(Last::Stream(l)) if l.cu_stream() == stream.cu_stream()) {
+            return Ok(());
+        }
+        if capturing(stream)? {
+            return Ok(());
+        }
+        // SAFETY: `stream` is a live cudarc stream.
+        unsafe { self.wait_previous(stream.cu_stream())? };
+        self.last = Some(Last::Stream(stream.clone()));
+        Ok(())
+    }
+
+    /// [`LaunchOrder::follow`] for a raw stream; `Ok(false)` when it is capturing (then
+    /// [`LaunchOrder::recorded`] is skipped too).
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of the communicator's context.
+    unsafe fn follow_raw(&mut self, stream: CUstream) -> Result<bool> {
+        // SAFETY: caller's contract.
+        if unsafe { capturing_raw(stream)? } {
+            return Ok(false);
+        }
+        // SAFETY: caller's contract.
+        unsafe { self.wait_previous(stream)? };
+        Ok(true)
+    }
+
+    /// After a launch on a raw stream: an event recorded there stands for it.
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of `ctx`.
+    unsafe fn recorded(&mut self, ctx: &Arc<cudarc::driver::CudaContext>, stream: CUstream) -> Result<()> {
+        let ev = ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?;
+        // SAFETY: `ev` is live; `stream` by the caller's contract.
+        unsafe { cudarc::driver::result::event::record(ev.cu_event(), stream)? };
+        self.last = Some(Last::Recorded(ev));
+        Ok(())
+    }
+
+    /// Makes `stream` wait for the last launch (if it was not on a capturing stream).
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of the communicator's context.
+    unsafe fn wait_previous(&mut self, stream: CUstream) -> Result<()> {
+        let ev = match self.last.take() {
+            None => return Ok(()),
+            Some(Last::Stream(l)) if capturing(&l)? => return Ok(()),
+            Some(Last::Stream(l)) => l.record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?,
+            Some(Last::Recorded(ev)) => ev,
+        };
+        // SAFETY: `ev` is live; `stream` by the caller's contract.
+        unsafe {
+            cudarc::driver::result::stream::wait_event(
+                stream,
+                ev.cu_event(),
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )?
+        };
+        Ok(())
+    }
+}
+
 /// The NVLink communicator of one rank: its heap, its peers' heaps, its device descriptor.
+///
+/// # Launch order
+/// Every kernel of a communicator advances the same per-CTA epochs on every rank, so its
+/// launches must run one after another on the device and in the same order on every rank.
+/// Methods take `&self` and serialize their launches through an internal lock (a leaf: no
+/// other lock of mkernel is taken while it is held; kernels are looked up before), rather than
+/// taking `&mut self`: plans borrow the communicator for
+/// their lifetime ([`crate::ops`]), several plans and the collectives stay usable side by side,
+/// and a server can share one communicator between threads (`Communicator: Send + Sync`).
+/// The lock orders the enqueues; on the device, a launch on another stream than the previous
+/// one first waits for an event recorded on that stream (after a launch on a raw `CUstream`,
+/// e.g. [`crate::ops::AgGemmPlan::launch_raw`], an event recorded right after it), so kernels
+/// of one communicator never overlap whatever streams they are given. Launches captured into a CUDA graph are not
+/// ordered this way: replay such a graph on the stream of the direct launches, or synchronize
+/// between them. Which order the ranks launch in is the caller's contract (a different order
+/// on two ranks ends in a [`Error::CommTimeout`], not in a hang).
 pub struct Communicator {
     /// Inter-node transport (jobs of several nodes); dropped (proxy stopped) before the heap.
     wire: Option<Wire>,
@@ -111,7 +303,11 @@ pub struct Communicator {
     desc_addr: u64,
     rank: u32,
     world: u32,
-    next_free: u64,
+    /// The bump allocator's next free offset.
+    next_free: Mutex<u64>,
+    order: Mutex<LaunchOrder>,
+    /// The abort words this rank raises, and the reset count ([`abort`]).
+    aborter: Arc<abort::Aborter>,
 }
 
 impl Communicator {
@@ -131,12 +327,17 @@ impl Communicator {
         residency::check(device, &boot, cfg.bootstrap_timeout)?;
         let nnodes = info.nnodes() as u32;
         let wire_bytes = if nnodes > 1 { cfg.internode_scratch_bytes } else { 0 };
-        let heap = SymmetricHeap::new(
-            device.ordinal() as i32,
-            HEAP_RESERVED_BYTES + cfg.heap_bytes + wire_bytes,
-            &mut boot,
-            cfg.bootstrap_timeout,
-        )?;
+        let heap_bytes = HEAP_RESERVED_BYTES
+            .checked_add(cfg.heap_bytes)
+            .and_then(|b| b.checked_add(wire_bytes))
+            .ok_or_else(|| Error::Shape {
+                op: "communicator",
+                reason: format!(
+                    "heap of {} + {} + {wire_bytes} bytes overflows 64 bits",
+                    HEAP_RESERVED_BYTES, cfg.heap_bytes
+                ),
+            })?;
+        let heap = SymmetricHeap::new(device.ordinal() as i32, heap_bytes, &mut boot, cfg.bootstrap_timeout)?;
         let stream = device.default_stream();
         // Zero the control and LL areas (flags, epochs, error record, LL words) before anyone signals into them.
         let zeros = vec![0u8; HEAP_ZEROED_BYTES as usize];
@@ -158,7 +359,7 @@ impl Communicator {
         let mut d = CommDesc {
             rank,
             world,
-            timeout_ns: cfg.timeout.as_nanos() as u64,
+            timeout_ns: check::saturating_nanos(cfg.timeout),
             heaps: [0; MAX_LOCAL_RANKS as usize],
             global_rank: info.rank() as u32,
             global_world: info.world_size() as u32,
@@ -166,8 +367,11 @@ impl Communicator {
             fifo_capacity: FIFO_CAPACITY,
             _pad: 0,
         };
-        for r in 0..world as usize {
-            d.heaps[r] = heap.base(r);
+        for (r, slot) in d.heaps.iter_mut().enumerate().take(world as usize) {
+            *slot = heap.base(r).ok_or_else(|| Error::Shape {
+                op: "communicator",
+                reason: format!("local rank {r}'s heap is not mapped"),
+            })?;
         }
         // SAFETY: CommDesc is repr(C) plain data.
         let bytes =
@@ -178,6 +382,29 @@ impl Communicator {
         boot.store()
             .barrier("mkernel/communicator/zeroed", cfg.bootstrap_timeout)?;
         let desc_addr = desc.device_ptr(&stream).0;
+        // The abort reaches every local rank over NVLink; on emulated nodes, every rank of the
+        // job through the wire's mappings (own heap first either way).
+        let mut abort_bases = vec![heap.local_base()];
+        match &node {
+            Some(n) => abort_bases.extend(
+                n.heap_bases()
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(g, _)| *g != info.rank())
+                    .map(|(_, b)| b),
+            ),
+            None => abort_bases.extend(
+                (0..world as usize)
+                    .filter(|r| *r != rank as usize)
+                    .filter_map(|r| heap.base(r)),
+            ),
+        }
+        let aborter = abort::Aborter::new(
+            device.context(),
+            &abort_bases,
+            info.rank() as u32,
+            cfg.bootstrap_timeout,
+        )?;
         let mut comm = Communicator {
             wire: None,
             device: device.clone(),
@@ -187,13 +414,19 @@ impl Communicator {
             desc_addr,
             rank,
             world,
-            next_free: HEAP_RESERVED_BYTES,
+            next_free: Mutex::new(HEAP_RESERVED_BYTES),
+            order: Mutex::new(LaunchOrder::default()),
+            aborter,
         };
         if let Some(node) = node {
             let max_bytes = wire_bytes / (nnodes as u64 + 2) / 256 * 256;
             let stage = comm.alloc(max_bytes)?;
             let node_sum = comm.alloc(max_bytes)?;
-            let recv = comm.alloc(max_bytes * nnodes as u64)?;
+            let recv = comm.alloc(check::product(
+                "communicator",
+                "stage bytes x nodes",
+                &[max_bytes, nnodes as u64],
+            )?)?;
             comm.wire = Some(Wire {
                 node,
                 nnodes,
@@ -226,6 +459,10 @@ impl Communicator {
     pub fn global_rank(&self) -> u32 {
         self.boot.info().rank() as u32
     }
+    /// Ranks of the whole job (local ranks x nodes).
+    pub fn global_world(&self) -> u32 {
+        self.boot.info().world_size() as u32
+    }
     /// The bootstrap (store) this communicator was built on.
     pub fn bootstrap(&self) -> &Bootstrap {
         &self.boot
@@ -235,38 +472,86 @@ impl Communicator {
         &self.device
     }
 
-    /// Reserves `bytes` (rounded to 256) of the heap on every rank. Collective in the sense
+    /// Reserves `bytes` (rounded up to 256) of the heap on every rank. Collective in the sense
     /// that every rank must make the same sequence of calls (offsets are computed locally).
-    pub fn alloc(&mut self, bytes: u64) -> Result<SymBuffer> {
-        let bytes = bytes.div_ceil(256) * 256;
-        if self.next_free + bytes > self.heap.bytes() {
-            return Err(Error::Shape {
-                op: "symmetric heap",
-                reason: format!(
-                    "{bytes} more bytes do not fit ({} of {} used)",
-                    self.next_free,
-                    self.heap.bytes()
-                ),
-            });
-        }
-        let b = SymBuffer {
-            offset: self.next_free,
-            bytes,
-        };
-        self.next_free += bytes;
+    /// The heap is a bump allocator: buffers live as long as the communicator.
+    pub fn alloc(&self, bytes: u64) -> Result<SymBuffer> {
+        let mut next_free = self.next_free.lock().unwrap_or_else(PoisonError::into_inner);
+        let b = bump(*next_free, bytes, self.heap.bytes())?;
+        *next_free = b.offset + b.bytes;
         Ok(b)
     }
-    /// This rank's device address of `b`.
-    pub fn ptr(&self, b: &SymBuffer) -> u64 {
-        self.heap.local_base() + b.offset
+    /// This rank's device address of `b` ([`Error::OutOfRange`] when `b` is not in this
+    /// heap's data region).
+    pub fn ptr(&self, b: &SymBuffer) -> Result<u64> {
+        check_region("symmetric heap", b, self.heap.bytes())?;
+        Ok(self.heap.local_base() + b.offset)
     }
-    /// Local rank `r`'s buffer `b` as mapped in this process (NVLink).
-    pub fn peer_ptr(&self, r: u32, b: &SymBuffer) -> u64 {
-        self.heap.base(r as usize) + b.offset
+    /// Local rank `r`'s buffer `b` as mapped in this process (NVLink); [`Error::OutOfRange`]
+    /// for a rank outside `0..world` or a buffer outside the data region.
+    pub fn peer_ptr(&self, r: u32, b: &SymBuffer) -> Result<u64> {
+        check_region("symmetric heap", b, self.heap.bytes())?;
+        let base = self.heap.base(r as usize).ok_or_else(|| Error::OutOfRange {
+            op: "symmetric heap",
+            reason: format!("local rank {r} of {}", self.world),
+        })?;
+        Ok(base + b.offset)
     }
     /// Device address of the descriptor the kernels read.
     pub fn desc_ptr(&self) -> u64 {
         self.desc_addr
+    }
+
+    /// Runs `enqueue` (which launches this communicator's kernels on `stream`) under the launch
+    /// lock, after ordering `stream` behind the previous launch ([`Communicator`]'s "Launch
+    /// order"). Refuses a stream of another context.
+    pub(crate) fn enqueue<R>(
+        &self,
+        op: &'static str,
+        stream: &Arc<CudaStream>,
+        enqueue: impl FnOnce() -> Result<R>,
+    ) -> Result<R> {
+        check::stream_on(op, &self.device, stream)?;
+        let mut order = self.order.lock().unwrap_or_else(PoisonError::into_inner);
+        order.follow(stream)?;
+        enqueue()
+    }
+
+    /// [`Communicator::enqueue`] on a raw stream: refuses a stream of another context, orders
+    /// it behind the previous launch, runs `enqueue`, and records an event after it that the
+    /// next launch waits for (so the communicator keeps no handle to `stream`).
+    ///
+    /// # Safety
+    /// `stream` must be a live stream (or null, the legacy default stream) that stays valid
+    /// until the launches `enqueue` makes have completed.
+    pub(crate) unsafe fn enqueue_raw<R>(
+        &self,
+        op: &'static str,
+        stream: CUstream,
+        enqueue: impl FnOnce() -> Result<R>,
+    ) -> Result<R> {
+        let ctx = self.device.context();
+        ctx.bind_to_thread()?;
+        let mut stream_ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: `stream` is live (caller's contract); out-pointer to a CUcontext.
+        unsafe { sys::cuStreamGetCtx(stream, &mut stream_ctx).result()? };
+        if stream_ctx != ctx.cu_ctx() {
+            return Err(Error::ForeignContext { op, what: "stream" });
+        }
+        let mut order = self.order.lock().unwrap_or_else(PoisonError::into_inner);
+        // SAFETY: `stream` is a live stream of this context (checked above).
+        let ordered = unsafe { order.follow_raw(stream)? };
+        let r = enqueue()?;
+        if ordered {
+            // SAFETY: as above.
+            unsafe { order.recorded(ctx, stream)? };
+        }
+        Ok(r)
+    }
+
+    /// Checks `b` against this heap's data region.
+    pub(crate) fn check_region(&self, op: &'static str, b: &SymBuffer) -> Result<()> {
+        check_region(op, b, self.heap.bytes())
     }
 
     /// The kernel and its launch over `ctas` CTAs, raised to `STAGED_CTAS` (the LL and staged
@@ -284,43 +569,112 @@ impl Communicator {
         ))
     }
 
-    /// AllGather of `bytes` per rank: `src` (any local device address) goes to
-    /// `dst[rank * bytes ..]` on every rank. `bytes` must be a multiple of 16.
-    pub fn all_gather(&self, stream: &Arc<CudaStream>, src: u64, dst: &SymBuffer, bytes: u64, ctas: u32) -> Result<()> {
-        let op = "all_gather";
-        check_multiple(op, "bytes per rank", bytes, 16)?;
-        check_aligned(op, "src", src)?;
-        if let Some(w) = &self.wire {
-            check_fits(op, dst, bytes * (self.world * w.nnodes) as u64)?;
-            if bytes > w.max_bytes {
-                return Err(Error::Shape { op, reason: format!("{bytes} bytes per rank exceed the inter-node stage of {} (CommConfig::internode_scratch_bytes)", w.max_bytes) });
-            }
-            // The proxy reads the source from the heap: stage it there.
-            // SAFETY: both ranges are device memory of at least `bytes`.
-            unsafe {
-                cudarc::driver::result::memcpy_dtod_async(self.ptr(&w.stage), src, bytes as usize, stream.cu_stream())?
-            };
-            let (desc, src_off, dst_off) = (self.desc_ptr(), w.stage.offset, dst.offset);
-            let (f, cfg) = self.prepare(&kernels::ALLGATHER_INTERNODE, ctas)?;
-            let mut b = stream.launch_builder(&f);
-            b.arg(&desc).arg(&src_off).arg(&dst_off).arg(&bytes);
-            // SAFETY: mk_allgather_internode(desc, src_off, dst_off, bytes).
-            unsafe { b.launch(cfg) }?;
-            return Ok(());
-        }
-        check_fits(op, dst, bytes * self.world as u64)?;
-        let (desc, dst_off) = (self.desc_ptr(), dst.offset);
-        let (f, cfg) = self.prepare(&kernels::ALLGATHER, ctas)?;
-        let mut b = stream.launch_builder(&f);
-        b.arg(&desc).arg(&src).arg(&dst_off).arg(&bytes);
-        // SAFETY: mk_allgather(desc, src, dst_off, bytes).
-        unsafe { b.launch(cfg) }?;
-        Ok(())
+    /// AllGather of `src` (a cudarc slice or view on this device; its size in bytes, a
+    /// multiple of 16, per rank): every rank's `src` goes to `dst[rank * bytes ..]` on every
+    /// rank (rank: global across nodes).
+    pub fn all_gather<T>(
+        &self,
+        stream: &Arc<CudaStream>,
+        src: &impl DevicePtr<T>,
+        dst: &SymBuffer,
+        ctas: u32,
+    ) -> Result<()> {
+        check::buffer_on("all_gather", "src", &self.device, src)?;
+        let bytes = check::product(
+            "all_gather",
+            "src elements x size",
+            &[src.len() as u64, std::mem::size_of::<T>() as u64],
+        )?;
+        let (ptr, _read) = src.device_ptr(stream);
+        // SAFETY: `src` is a live buffer of `bytes` bytes in this context, borrowed until the
+        // launch is enqueued (cudarc orders its later free or reuse after the read).
+        unsafe { self.all_gather_raw(stream, ptr, dst, bytes, ctas) }
     }
 
-    /// ReduceScatter: `dst` (local, `count` elements) = sum over ranks of elements
-    /// `[rank * count, (rank + 1) * count)` of `src`. `count * size` must be a multiple of 16.
-    pub fn reduce_scatter(
+    /// [`Communicator::all_gather`] from a raw device address: `bytes` per rank (a multiple
+    /// of 16) from `src` (16-byte aligned).
+    ///
+    /// # Safety
+    /// `src` must be a device address of this communicator's context with `bytes` readable
+    /// bytes that stay allocated, and are not written, until the launch has completed on
+    /// `stream`.
+    pub unsafe fn all_gather_raw(
+        &self,
+        stream: &Arc<CudaStream>,
+        src: u64,
+        dst: &SymBuffer,
+        bytes: u64,
+        ctas: u32,
+    ) -> Result<()> {
+        let op = "all_gather";
+        check_multiple(op, "bytes per rank", bytes, 16)?;
+        check::aligned16(op, &[("src", src)])?;
+        self.check_region(op, dst)?;
+        let ranks = self.world as u64 * self.nnodes() as u64;
+        check_fits(op, dst, check::product(op, "bytes x ranks", &[bytes, ranks])?)?;
+        if let Some(w) = &self.wire {
+            if bytes > w.max_bytes {
+                return Err(Error::Shape {
+                    op,
+                    reason: format!(
+                        "{bytes} bytes per rank exceed the inter-node stage of {} (CommConfig::internode_scratch_bytes)",
+                        w.max_bytes
+                    ),
+                });
+            }
+            let stage = self.ptr(&w.stage)?;
+            let (desc, src_off, dst_off) = (self.desc_ptr(), w.stage.offset, dst.offset);
+            let (f, cfg) = self.prepare(&kernels::ALLGATHER_INTERNODE, ctas)?;
+            return self.enqueue(op, stream, || {
+                // The proxy reads the source from the heap: stage it there.
+                // SAFETY: both ranges are device memory of at least `bytes` (caller's contract
+                // for `src`; the stage holds `max_bytes` >= `bytes`).
+                unsafe { cudarc::driver::result::memcpy_dtod_async(stage, src, bytes as usize, stream.cu_stream())? };
+                let mut b = stream.launch_builder(&f);
+                b.arg(&desc).arg(&src_off).arg(&dst_off).arg(&bytes);
+                // SAFETY: mk_allgather_internode(desc, src_off, dst_off, bytes); dst checked above.
+                unsafe { b.launch(cfg) }?;
+                Ok(())
+            });
+        }
+        let (desc, dst_off) = (self.desc_ptr(), dst.offset);
+        let (f, cfg) = self.prepare(&kernels::ALLGATHER, ctas)?;
+        self.enqueue(op, stream, || {
+            let mut b = stream.launch_builder(&f);
+            b.arg(&desc).arg(&src).arg(&dst_off).arg(&bytes);
+            // SAFETY: mk_allgather(desc, src, dst_off, bytes); `src` by the caller's contract,
+            // `dst` checked above.
+            unsafe { b.launch(cfg) }?;
+            Ok(())
+        })
+    }
+
+    /// ReduceScatter into `dst` (a cudarc slice or view of `count` bf16 or f32 elements on
+    /// this device): `dst` = the sum over ranks of elements `[rank * count, (rank + 1) *
+    /// count)` of `src` (in the heap). `count * size` must be a multiple of 16.
+    pub fn reduce_scatter<T: ReduceElem>(
+        &self,
+        stream: &Arc<CudaStream>,
+        src: &SymBuffer,
+        dst: &mut impl DevicePtrMut<T>,
+        ctas: u32,
+    ) -> Result<()> {
+        check::buffer_on("reduce_scatter", "dst", &self.device, &*dst)?;
+        let count = dst.len() as u64;
+        let (ptr, _write) = dst.device_ptr_mut(stream);
+        // SAFETY: `dst` is a live buffer of `count` elements of `T` in this context, borrowed
+        // mutably until the launch is enqueued (cudarc orders later uses after the write).
+        unsafe { self.reduce_scatter_raw(stream, src, ptr, count, T::DTYPE, ctas) }
+    }
+
+    /// [`Communicator::reduce_scatter`] into a raw device address (16-byte aligned) of
+    /// `count` elements of `dtype`.
+    ///
+    /// # Safety
+    /// `dst` must be a device address of this communicator's context with `count * dtype.size()`
+    /// writable bytes that stay allocated, and are not otherwise accessed, until the launch has
+    /// completed on `stream`.
+    pub unsafe fn reduce_scatter_raw(
         &self,
         stream: &Arc<CudaStream>,
         src: &SymBuffer,
@@ -335,16 +689,25 @@ impl Communicator {
                 "reduce_scatter across nodes is not implemented yet (all_gather and all_reduce are)".into(),
             ));
         }
-        check_multiple(op, "bytes per rank", count * dtype.size(), 16)?;
-        check_fits(op, src, count * dtype.size() * self.world as u64)?;
-        check_aligned(op, "dst", dst)?;
+        let bytes = check::product(op, "count x size", &[count, dtype.size()])?;
+        check_multiple(op, "bytes per rank", bytes, 16)?;
+        self.check_region(op, src)?;
+        check_fits(
+            op,
+            src,
+            check::product(op, "count x size x world", &[bytes, self.world as u64])?,
+        )?;
+        check::aligned16(op, &[("dst", dst)])?;
         let (desc, src_off, code) = (self.desc_ptr(), src.offset, dtype.code());
         let (f, cfg) = self.prepare(&kernels::REDUCE_SCATTER, ctas)?;
-        let mut b = stream.launch_builder(&f);
-        b.arg(&desc).arg(&src_off).arg(&dst).arg(&count).arg(&code);
-        // SAFETY: mk_reduce_scatter(desc, src_off, dst, count, dtype).
-        unsafe { b.launch(cfg) }?;
-        Ok(())
+        self.enqueue(op, stream, || {
+            let mut b = stream.launch_builder(&f);
+            b.arg(&desc).arg(&src_off).arg(&dst).arg(&count).arg(&code);
+            // SAFETY: mk_reduce_scatter(desc, src_off, dst, count, dtype); `dst` by the caller's
+            // contract, `src` checked above.
+            unsafe { b.launch(cfg) }?;
+            Ok(())
+        })
     }
 
     /// AllReduce of `count` elements from `src` into `dst` (both in the heap; may be the same
@@ -359,11 +722,13 @@ impl Communicator {
         ctas: u32,
     ) -> Result<()> {
         let op = "all_reduce";
-        check_multiple(op, "bytes", count * dtype.size(), 16)?;
-        check_fits(op, src, count * dtype.size())?;
-        check_fits(op, dst, count * dtype.size())?;
+        let bytes = check::product(op, "count x size", &[count, dtype.size()])?;
+        check_multiple(op, "bytes", bytes, 16)?;
+        self.check_region(op, src)?;
+        self.check_region(op, dst)?;
+        check_fits(op, src, bytes)?;
+        check_fits(op, dst, bytes)?;
         if let Some(w) = &self.wire {
-            let bytes = count * dtype.size();
             if bytes > w.max_bytes {
                 return Err(Error::Shape {
                     op,
@@ -378,29 +743,33 @@ impl Communicator {
             let (desc, code) = (self.desc_ptr(), dtype.code());
             let (src_off, sum_off, recv_off, dst_off) = (src.offset, w.node_sum.offset, w.recv.offset, dst.offset);
             let (f, cfg) = self.prepare(&kernels::ALLREDUCE, ctas)?;
-            let mut b = stream.launch_builder(&f);
-            b.arg(&desc).arg(&src_off).arg(&sum_off).arg(&count).arg(&code);
-            // SAFETY: mk_allreduce(desc, src_off, dst_off, count, dtype).
-            unsafe { b.launch(cfg) }?;
-            let (f, cfg) = self.prepare(&kernels::ALLREDUCE_INTERNODE, ctas)?;
-            let mut b = stream.launch_builder(&f);
-            b.arg(&desc)
-                .arg(&sum_off)
-                .arg(&recv_off)
-                .arg(&dst_off)
-                .arg(&count)
-                .arg(&code);
-            // SAFETY: mk_allreduce_internode(desc, src_off, scratch_off, dst_off, count, dtype).
-            unsafe { b.launch(cfg) }?;
-            return Ok(());
+            let (f2, cfg2) = self.prepare(&kernels::ALLREDUCE_INTERNODE, ctas)?;
+            return self.enqueue(op, stream, || {
+                let mut b = stream.launch_builder(&f);
+                b.arg(&desc).arg(&src_off).arg(&sum_off).arg(&count).arg(&code);
+                // SAFETY: mk_allreduce(desc, src_off, dst_off, count, dtype); heap buffers checked.
+                unsafe { b.launch(cfg) }?;
+                let mut b = stream.launch_builder(&f2);
+                b.arg(&desc)
+                    .arg(&sum_off)
+                    .arg(&recv_off)
+                    .arg(&dst_off)
+                    .arg(&count)
+                    .arg(&code);
+                // SAFETY: mk_allreduce_internode(desc, src_off, scratch_off, dst_off, count, dtype).
+                unsafe { b.launch(cfg2) }?;
+                Ok(())
+            });
         }
         let (desc, src_off, dst_off, code) = (self.desc_ptr(), src.offset, dst.offset, dtype.code());
         let (f, cfg) = self.prepare(&kernels::ALLREDUCE, ctas)?;
-        let mut b = stream.launch_builder(&f);
-        b.arg(&desc).arg(&src_off).arg(&dst_off).arg(&count).arg(&code);
-        // SAFETY: mk_allreduce(desc, src_off, dst_off, count, dtype).
-        unsafe { b.launch(cfg) }?;
-        Ok(())
+        self.enqueue(op, stream, || {
+            let mut b = stream.launch_builder(&f);
+            b.arg(&desc).arg(&src_off).arg(&dst_off).arg(&count).arg(&code);
+            // SAFETY: mk_allreduce(desc, src_off, dst_off, count, dtype); heap buffers checked.
+            unsafe { b.launch(cfg) }?;
+            Ok(())
+        })
     }
 
     /// Round trips of `iters` put-and-answer probes of `bytes` between this rank and `peer` (a
@@ -425,74 +794,71 @@ impl Communicator {
                 reason: format!("bytes {bytes} (max {}), iters {iters} (1..4096)", w.max_bytes),
             });
         }
+        // A peer the proxy would refuse (out of range, this rank, or on this node) would abort
+        // the proxy and with it this communicator's inter-node path: refuse it here instead.
+        let topology =
+            mkernel_proxy::Topology::new(w.nnodes as usize, self.world as usize, self.global_rank() as usize)
+                .map_err(|e| Error::Proxy(e.to_string()))?;
+        if !topology.is_proxy_peer(peer as usize) {
+            return Err(Error::OutOfRange {
+                op,
+                reason: format!(
+                    "peer {peer} is not a rank on another node (global rank {} of {}, {} ranks per node)",
+                    self.global_rank(),
+                    topology.world_size(),
+                    self.world
+                ),
+            });
+        }
         let out = stream.alloc_zeros::<u64>(iters as usize)?;
         let out_ptr = out.device_ptr(stream).0;
         let (desc, src_off, dst_off, init) = (self.desc_ptr(), w.stage.offset, w.recv.offset, initiator as u32);
         let f = self.device.function(&kernels::PROXY_PINGPONG)?;
-        let mut b = stream.launch_builder(&f);
-        b.arg(&desc)
-            .arg(&peer)
-            .arg(&src_off)
-            .arg(&dst_off)
-            .arg(&bytes)
-            .arg(&iters)
-            .arg(&init)
-            .arg(&out_ptr);
-        // SAFETY: mk_proxy_pingpong(desc, peer, src_off, dst_off, bytes, iters, initiator, out).
-        unsafe { b.launch(Device::launch_config(&kernels::PROXY_PINGPONG, 1)) }?;
+        self.enqueue(op, stream, || {
+            let mut b = stream.launch_builder(&f);
+            b.arg(&desc)
+                .arg(&peer)
+                .arg(&src_off)
+                .arg(&dst_off)
+                .arg(&bytes)
+                .arg(&iters)
+                .arg(&init)
+                .arg(&out_ptr);
+            // SAFETY: mk_proxy_pingpong(desc, peer, src_off, dst_off, bytes, iters, initiator, out).
+            unsafe { b.launch(Device::launch_config(&kernels::PROXY_PINGPONG, 1)) }?;
+            Ok(())
+        })?;
         stream.synchronize()?;
         self.check()?;
         Ok(stream.clone_dtoh(&out)?)
     }
 
     /// Reads the device error record (after the stream's work finished). A timeout becomes
-    /// [`Error::CommTimeout`] naming the rank that stalled and the peer it waited for.
+    /// [`Error::CommTimeout`] naming the rank that stalled and the peer it waited for; an abort
+    /// ([`Communicator::abort`], by this rank or a peer) becomes [`Error::Aborted`] naming the
+    /// rank that aborted - also when no wait saw it, for as long as the communicator stays
+    /// aborted (until [`Communicator::reset`]).
     pub fn check(&self) -> Result<()> {
         if let Some(w) = &self.wire {
             w.node.check()?;
         }
-        let mut rec = ErrorRecord::default();
-        // SAFETY: reads the record from this rank's own heap into a repr(C) struct.
-        unsafe {
-            let bytes = std::slice::from_raw_parts_mut(
-                &mut rec as *mut ErrorRecord as *mut u8,
-                std::mem::size_of::<ErrorRecord>(),
-            );
-            cudarc::driver::result::memcpy_dtoh_sync(bytes, self.heap.local_base() + ERROR_RECORD_OFFSET)?;
-        }
-        if rec.code == 0 {
-            return Ok(());
-        }
-        Err(Error::CommTimeout {
-            rank: rec.rank,
-            role: Role::name(rec.role),
-            flag: wait_name(rec.slot),
-            peer: rec.peer,
-            cta: rec.cta,
-            expected: rec.expected,
-            seen: rec.seen,
-            waited_ms: rec.waited_ns / 1_000_000,
-        })
-    }
-
-    /// Raises this rank's abort word: every wait of the rank gives up at once.
-    pub fn abort(&self) -> Result<()> {
-        // SAFETY: writes the abort word of this rank's own heap.
-        unsafe {
-            cudarc::driver::result::memcpy_htod_sync(self.heap.local_base() + ABORT_OFFSET, &1u32.to_ne_bytes())?
-        };
-        Ok(())
+        abort::status(self.heap.local_base(), self.global_rank())
     }
 }
 
 /// What the error record's `slot` says was awaited (`mkernel_config::comm::wait_code`).
-fn wait_name(code: u32) -> String {
+pub(crate) fn wait_name(code: u32) -> String {
     use mkernel_config::comm::wait_code as w;
     match code {
         w::REMOTE_READY => "inter-node Ready flag (epoch)".into(),
         w::REMOTE_DATA => "inter-node Data flag (epoch)".into(),
         w::FIFO_SPACE => "proxy FIFO space".into(),
         w::FIFO_DONE => "proxy completion (done)".into(),
+        w::RING_FULL => "GEMM ring slot (full mbarrier, loads landed)".into(),
+        w::RING_EMPTY => "GEMM ring slot (empty mbarrier, consumers released)".into(),
+        w::STAGING => "epilogue staging (aux mbarrier)".into(),
+        w::RING_TICK => "consumers' ring progress (tick count)".into(),
+        w::NODE_SUMS => "other nodes' sums (aux mbarrier)".into(),
         c => match FlagSlot::from_u32(c) {
             // Counters count tiles; every other slot holds epochs.
             Some(s @ (FlagSlot::Tile1 | FlagSlot::Tile2 | FlagSlot::NodeSum | FlagSlot::Outbox)) => {
@@ -503,6 +869,25 @@ fn wait_name(code: u32) -> String {
             Some(s) => format!("{s:?} flag (epoch)"),
             None => format!("wait code {c}"),
         },
+    }
+}
+
+/// The next `bytes` (rounded up to 256) of a heap of `heap_bytes` from offset `next_free`.
+fn bump(next_free: u64, bytes: u64, heap_bytes: u64) -> Result<SymBuffer> {
+    let op = "symmetric heap";
+    let rounded = bytes.checked_next_multiple_of(256).ok_or_else(|| Error::Shape {
+        op,
+        reason: format!("{bytes} bytes overflow 64 bits when rounded up to 256"),
+    })?;
+    match next_free.checked_add(rounded) {
+        Some(end) if end <= heap_bytes => Ok(SymBuffer {
+            offset: next_free,
+            bytes: rounded,
+        }),
+        _ => Err(Error::Shape {
+            op,
+            reason: format!("{rounded} more bytes do not fit ({next_free} of {heap_bytes} used)"),
+        }),
     }
 }
 
@@ -527,20 +912,11 @@ fn check_fits(op: &'static str, b: &SymBuffer, need: u64) -> Result<()> {
     }
     Ok(())
 }
-fn check_aligned(op: &'static str, what: &'static str, ptr: u64) -> Result<()> {
-    if ptr % 16 != 0 {
-        return Err(Error::Alignment {
-            op,
-            what,
-            ptr,
-            align: 16,
-        });
-    }
-    Ok(())
-}
 
 impl Drop for Communicator {
     fn drop(&mut self) {
+        // No abort handle writes into the mappings from here on.
+        self.aborter.close();
         // Peers may still be writing into our heap: wait until every local rank is done
         // before the mappings go away (best effort; errors are already reported elsewhere).
         let _ = self.device.context().synchronize();
@@ -548,5 +924,79 @@ impl Drop for Communicator {
             .boot
             .store()
             .barrier("mkernel/communicator/drop", Duration::from_secs(30));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server may share the communicator and its plans between threads.
+    #[test]
+    fn communicator_and_plans_are_send_and_sync() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<Communicator>();
+        send_sync::<crate::ops::AgGemmPlan<'static>>();
+        send_sync::<crate::ops::GemmRsPlan<'static>>();
+        send_sync::<crate::GemmPlan<'static>>();
+    }
+
+    const HEAP: u64 = HEAP_RESERVED_BYTES + (1 << 20);
+
+    #[test]
+    fn the_bump_allocator_rounds_and_refuses_overflow() {
+        let a = bump(HEAP_RESERVED_BYTES, 1, HEAP).unwrap();
+        assert_eq!((a.offset(), a.bytes()), (HEAP_RESERVED_BYTES, 256));
+        let b = bump(a.offset() + a.bytes(), 257, HEAP).unwrap();
+        assert_eq!((b.offset(), b.bytes()), (HEAP_RESERVED_BYTES + 256, 512));
+        assert!(bump(HEAP_RESERVED_BYTES, 1 << 20, HEAP).is_ok());
+        assert!(matches!(
+            bump(HEAP_RESERVED_BYTES, (1 << 20) + 1, HEAP),
+            Err(Error::Shape { .. })
+        ));
+        // Rounding and the end offset must not wrap around.
+        for bytes in [u64::MAX, u64::MAX - 255, u64::MAX - HEAP_RESERVED_BYTES] {
+            assert!(
+                matches!(bump(HEAP_RESERVED_BYTES, bytes, HEAP), Err(Error::Shape { .. })),
+                "{bytes}"
+            );
+        }
+    }
+
+    #[test]
+    fn buffers_outside_the_data_region_are_refused() {
+        let ok = bump(HEAP_RESERVED_BYTES, 4096, HEAP).unwrap();
+        assert!(check_region("t", &ok, HEAP).is_ok());
+        let last = SymBuffer {
+            offset: HEAP - 256,
+            bytes: 256,
+        };
+        assert!(check_region("t", &last, HEAP).is_ok());
+        for forged in [
+            // The control area (flags, epochs, error record, abort word).
+            SymBuffer { offset: 0, bytes: 256 },
+            SymBuffer {
+                offset: HEAP_RESERVED_BYTES - 256,
+                bytes: 512,
+            },
+            // Past the end, and an end that wraps around.
+            SymBuffer {
+                offset: HEAP - 256,
+                bytes: 512,
+            },
+            SymBuffer {
+                offset: HEAP_RESERVED_BYTES,
+                bytes: u64::MAX,
+            },
+            SymBuffer {
+                offset: u64::MAX - 255,
+                bytes: 256,
+            },
+        ] {
+            assert!(
+                matches!(check_region("t", &forged, HEAP), Err(Error::OutOfRange { .. })),
+                "{forged:?}"
+            );
+        }
     }
 }

@@ -199,11 +199,11 @@ impl<'a> RingAttentionPlan<'a> {
         }
         let kv_bytes = (rows * hkv * d * 2) as u64;
         let need = Self::workspace_bytes(batch, seqlen_local, &heads);
-        if workspace.bytes < need {
+        if workspace.bytes() < need {
             return Err(Error::BufferTooSmall {
                 op: OP,
                 what: "workspace (symmetric heap)",
-                have: workspace.bytes as usize,
+                have: workspace.bytes() as usize,
                 need: need as usize,
             });
         }
@@ -239,7 +239,7 @@ impl<'a> RingAttentionPlan<'a> {
                 box_rows,
             )
         };
-        let slot = comm.ptr(workspace);
+        let slot = comm.ptr(workspace)?;
         let maps = [
             map(pq, hq, tile.block_m)?,
             map(pk, hkv, tile.block_n)?,
@@ -283,7 +283,7 @@ impl<'a> RingAttentionPlan<'a> {
             lse_acc,
             k_local: pk,
             v_local: pv,
-            slots: workspace.offset,
+            slots: workspace.offset(),
             kv_bytes,
             compute_ctas: roles.compute,
             comm_ctas: roles.comm,
@@ -332,12 +332,16 @@ impl<'a> RingAttentionPlan<'a> {
             (p, Some(r))
         };
         let args = base + 8 * (MAPS * MAP_WORDS) as u64;
-        let mut b = stream.launch_builder(&self.func);
-        b.arg(&args);
-        // SAFETY: the kernel takes the address of a RingArgs block, uploaded with the tensor maps
-        // it points to; the buffers it names are borrowed for 'a, the heap by the communicator.
-        unsafe { b.launch(Device::launch_config(self.spec, self.roles.compute + self.roles.comm)) }?;
-        Ok(())
+        // Under the communicator's launch lock, ordered behind its previous launch.
+        self.comm.enqueue(OP, stream, || {
+            let mut b = stream.launch_builder(&self.func);
+            b.arg(&args);
+            // SAFETY: the kernel takes the address of a RingArgs block, uploaded with the tensor
+            // maps it points to; the buffers it names are borrowed for 'a, the heap by the
+            // communicator.
+            unsafe { b.launch(Device::launch_config(self.spec, self.roles.compute + self.roles.comm)) }?;
+            Ok(())
+        })
     }
 
     /// The role split the plan launches with.

@@ -100,6 +100,14 @@ pub struct SignalRecord {
 }
 
 const _: () = assert!(std::mem::size_of::<SignalRecord>() == SignalRecord::BYTES);
+// The wire is little endian and the record is sent as its memory image.
+#[cfg(not(target_endian = "little"))]
+compile_error!("the EFA signal record is sent as its memory image, which assumes a little-endian host");
+
+// SAFETY: all-zero is a valid record (integers only).
+unsafe impl bytemuck::Zeroable for SignalRecord {}
+// SAFETY: `repr(C)`, integers only, no padding (32 bytes = 4 + 4 + 8 + 8 + 8, asserted above), `Copy`.
+unsafe impl bytemuck::Pod for SignalRecord {}
 
 impl SignalRecord {
     /// "MKSR".
@@ -107,15 +115,10 @@ impl SignalRecord {
     /// Size on the wire.
     pub const BYTES: usize = 32;
 
-    /// Little-endian bytes.
+    /// Its bytes on the wire: the `repr(C)` fields in little-endian order (this crate builds
+    /// for little-endian hosts only, see below).
     pub fn to_bytes(&self) -> [u8; Self::BYTES] {
-        let mut b = [0u8; Self::BYTES];
-        b[0..4].copy_from_slice(&self.magic.to_le_bytes());
-        b[4..8].copy_from_slice(&self.sender.to_le_bytes());
-        b[8..16].copy_from_slice(&self.needed.to_le_bytes());
-        b[16..24].copy_from_slice(&self.flag_offset.to_le_bytes());
-        b[24..32].copy_from_slice(&self.value.to_le_bytes());
-        b
+        bytemuck::cast(*self)
     }
 
     /// Parses and checks the magic.
@@ -131,15 +134,7 @@ impl SignalRecord {
                 Self::BYTES
             )));
         }
-        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-        let u64_at = |i: usize| u64::from(u32_at(i)) | (u64::from(u32_at(i + 4)) << 32);
-        let r = SignalRecord {
-            magic: u32_at(0),
-            sender: u32_at(4),
-            needed: u64_at(8),
-            flag_offset: u64_at(16),
-            value: u64_at(24),
-        };
+        let r: SignalRecord = bytemuck::pod_read_unaligned(b);
         if r.magic != Self::MAGIC {
             return Err(bad(format!("signal record magic {:#010x}", r.magic)));
         }

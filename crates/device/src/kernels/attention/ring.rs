@@ -19,7 +19,7 @@ use super::producer::{drain, tiles, Pos};
 use super::Smem;
 use crate::arch::{ids, memory, memory::Scope, sync, time, tma::TensorMap};
 use crate::comm::move_data;
-use crate::comm::wait::{report_timeout, wait_flag_of_cta};
+use crate::comm::wait::{report_give_up, wait_flag_of_cta};
 use crate::comm::CommCtx;
 use mkernel_config::comm::{CommDesc, FlagSlot, Role, ABORT_OFFSET, RING_EPOCH_OFFSET, RING_EXITS_OFFSET};
 use mkernel_config::ops::attention::{AttentionArgs, RingArgs};
@@ -40,7 +40,8 @@ fn value(c: &CommCtx, t: u32) -> u64 {
 
 /// Waits until rank `peer`'s ring launch epoch (in its heap, read over NVLink) reached this
 /// launch's `e - 1`: every CTA of its previous ring-attention launch exited. Bounded like every
-/// flag wait; the error record names `peer` and the `RingFree` slot with the epoch expected.
+/// flag wait (gives up on the timeout or the rank's abort word); the record names `peer` and the
+/// `RingFree` slot with the epoch expected.
 #[inline(always)]
 unsafe fn wait_previous_launch(c: &CommCtx, peer: u32) -> bool {
     let word = (c.heap(peer) + RING_EPOCH_OFFSET) as *const u64;
@@ -55,12 +56,11 @@ unsafe fn wait_previous_launch(c: &CommCtx, peer: u32) -> bool {
         }
         polls += 1;
         if polls % 64 == 0 {
-            if unsafe { memory::ld_relaxed_u32(Scope::Gpu, abort) } != 0 {
-                return false;
-            }
+            let aborting = unsafe { memory::ld_relaxed_u32(Scope::Gpu, abort) } != 0;
             let waited = time::globaltimer_ns().wrapping_sub(start);
-            if waited > c.timeout_ns {
-                unsafe { report_timeout(c, FlagSlot::RingFree, peer, target, seen, waited) };
+            if aborting || waited > c.timeout_ns {
+                let src = peer + (c.global_rank_now() - c.rank);
+                unsafe { report_give_up(c, FlagSlot::RingFree as u32, src, target, seen, waited) };
                 return false;
             }
         }

@@ -193,8 +193,8 @@ pub(super) unsafe fn compute_role(a: &AgGemmArgs, idx: u32) {
             // shard): kept across the loop it would not fit the producer's 56 registers.
             let mut ready_row: u32 = u32::MAX; // last tile row known to have arrived
             let mut remote_ready: u32 = u32::MAX; // last remote shard known to have arrived
-                                                  // AllGather+GEMM's consumers never stop early: the producer's waits only trap once hung.
-            let give_up = consumer_stall(a.desc);
+                                                  // AllGather+GEMM's consumers never stop early: the producer's waits give up only once hung.
+            let give_up = producer_stall(a.desc);
             let mut tiles = tiles;
             while let Some(tile) = tiles.next() {
                 let src = tile.m0 / shard_rows; // global rank

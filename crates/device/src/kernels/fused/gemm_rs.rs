@@ -350,10 +350,15 @@ pub(super) unsafe fn rs_roles(args: *const GemmRsArgs, desc: *const CommDesc, en
                 let it = unsafe { item(idx, w) };
                 w += 1;
                 let (tile, a_row) = (it.tile, it.a_row);
-                // Gives up once the rank aborted and the consumers stopped taking slots.
-                // Consumers that stop early keep freeing slots: every tile is loaded.
+                // Consumers that stop early keep freeing slots: every item's slots are filled -
+                // once the rank aborted, without data (an aborted launch does not stream its
+                // operands; the consumers stop at their next epilogue barrier).
                 // With a stager, its trickle follows the count of free slots ([`Ring::tick`]).
                 let count = stager_runs(a).then(|| ring.tick(0));
+                if unsafe { abort_word(ldesc()) } != 0 {
+                    let _ = unsafe { fill_without_data(&ring, &mut pos, it.k_len(), producer_stall(ldesc())) };
+                    continue;
+                }
                 let _ = unsafe {
                     load_tile_counted::<true>(
                         &ring,
@@ -365,7 +370,7 @@ pub(super) unsafe fn rs_roles(args: *const GemmRsArgs, desc: *const CommDesc, en
                         tile,
                         it.k0,
                         it.k_len(),
-                        consumer_stall(ldesc()),
+                        producer_stall(ldesc()),
                         count,
                     )
                 };
@@ -509,7 +514,8 @@ pub(super) unsafe fn rs_roles(args: *const GemmRsArgs, desc: *const CommDesc, en
                 // (always completes) has landed.
                 drain_tma_stores();
                 if ready & STAGED != 0 {
-                    while !mbarrier::try_wait_parity(ring.aux(wg), (ready & STAGE_PARITY != 0) as u32) {}
+                    let parity = (ready & STAGE_PARITY != 0) as u32;
+                    let _ = wait_mbarrier(ring.aux(wg), parity, ldesc(), Role::Compute, wait_code::STAGING, wg);
                 }
                 // Keep freeing the ring's slots for this CTA's remaining work (without
                 // computing): the producer and the other consumer warpgroup, which stops at its

@@ -5,13 +5,16 @@
 //!   tile loop; its roles and parts: [`stager`], [`relay`] and [`node_send`] (across nodes),
 //!   [`work_items`] and [`stream_k`]; where no stager runs, [`rs_epilogue`], [`announce`] and
 //!   [`trickle`].
-//! - here: what both kernels share - the launch epoch, the abort word, the hang bound, the exit
+//! - here: what both kernels share - the launch epoch, the abort word, the ring waits' bounds, the exit
 //!   count, a voting barrier.
 //!
 //! Epoch: one per launch, read by every CTA at start and advanced by the last CTA to exit.
 use crate::arch::{ids, mbarrier, memory, memory::Scope, regs, smem, sync, tma, tma::TensorMap};
 use crate::comm::bulk::{BulkRing, Release};
-use crate::comm::wait::{wait_flag_of_cta, wait_flag_of_cta_from, wait_flag_of_cta_sleeping};
+use crate::comm::wait::{
+    local_stall, stall_or_abort, wait_flag_of_cta, wait_flag_of_cta_from, wait_flag_of_cta_sleeping, wait_mbarrier,
+    THIS_WARPGROUP,
+};
 use crate::comm::{proxy, CommCtx};
 use crate::gemm::consumer::{drain_tile, mma_tile_bounded, mma_tile_hooked, KBlockHook};
 use crate::gemm::epilogue::{
@@ -25,7 +28,7 @@ use crate::gemm::scheduler::TileScheduler;
 use crate::gemm::trace;
 use crate::gemm::{BLayout, TILE};
 use mkernel_config::comm::{
-    flag_offset, CommDesc, FlagSlot, RemoteSlot, Role, ABORT_OFFSET, FIFO_HEAD_OFFSET, FUSED_EPOCH_OFFSET,
+    flag_offset, wait_code, CommDesc, FlagSlot, RemoteSlot, Role, ABORT_OFFSET, FIFO_HEAD_OFFSET, FUSED_EPOCH_OFFSET,
     FUSED_EXITS_OFFSET,
 };
 use mkernel_config::fused::{rs_source_row, AgGemmArgs, GemmRsArgs, SK_SLOT_BYTES, STAGER_STORE_ROWS};
@@ -76,24 +79,18 @@ unsafe fn abort_word(desc: u64) -> u32 {
     unsafe { memory::ld_relaxed_u32(Scope::Gpu, (heap + ABORT_OFFSET) as *const u32) }
 }
 
-/// How long a fused kernel's GEMM ring may stall before the wait is declared hung (a trap): past
-/// every communication wait it can be behind (a relayed wait takes twice the timeout).
-#[inline(always)]
-unsafe fn fused_hung_ns(desc: u64) -> u64 {
-    unsafe { (*(desc as *const CommDesc)).timeout_ns }
-        .saturating_mul(4)
-        .saturating_add(mbarrier::HUNG_NS)
-}
-
-/// Stall callback of a fused kernel's consumer slot waits: trap once hung ([`fused_hung_ns`]).
+/// Stall callback of a fused kernel's consumer slot waits (`full`): past [`hung_ns`] the
+/// wait gives up with a record (`RING_FULL`, the warpgroup) and the abort word raised; an abort
+/// alone does not end it (the producer keeps filling: [`local_stall`]).
 #[inline(always)]
 fn consumer_stall(desc: u64) -> impl Fn(u64) -> bool + Copy {
-    move |stalled| {
-        if stalled > unsafe { fused_hung_ns(desc) } {
-            crate::arch::trap();
-        }
-        false
-    }
+    local_stall::<false>(desc, Role::Compute, wait_code::RING_FULL, THIS_WARPGROUP)
+}
+
+/// As [`consumer_stall`] for the producer's waits for a free slot (`empty`, `RING_EMPTY`).
+#[inline(always)]
+fn producer_stall(desc: u64) -> impl Fn(u64) -> bool + Copy {
+    local_stall::<false>(desc, Role::Compute, wait_code::RING_EMPTY, THIS_WARPGROUP)
 }
 
 /// This launch's context, read from the descriptor. Each role builds its own after its

@@ -141,7 +141,9 @@ pub(super) unsafe fn add_chained_partials(ring: &Ring, tile: Tile, wg: u32, acc:
 #[inline(always)]
 pub(super) unsafe fn wait_staged(ring: &Ring, wg: u32, ready: &mut u32) {
     let parity = (*ready & STAGE_PARITY != 0) as u32;
-    while !unsafe { mbarrier::try_wait_parity(ring.aux(wg), parity) } {}
+    // (A load always lands; bounded anyway: a record, then the tile goes on with what the
+    // staging holds and the next barrier sees the abort.)
+    let _ = unsafe { wait_mbarrier(ring.aux(wg), parity, ldesc(), Role::Compute, wait_code::STAGING, wg) };
     *ready ^= STAGE_PARITY;
 }
 
@@ -290,7 +292,7 @@ pub(super) unsafe fn rs_epilogue(
                     // The other nodes' sums of our rows have landed once warp 3 arrived on the
                     // aux barrier (its acquire of their flags, then the barrier's release/acquire
                     // order our loads after the proxy's writes). Bounded by warp 3's wait.
-                    while !mbarrier::try_wait_parity(ring.aux(0), 0) {}
+                    let _ = wait_mbarrier(ring.aux(0), 0, ldesc(), Role::Compute, wait_code::NODE_SUMS, 0);
                     let block_bytes = block_rows as u64 * a.n as u64 * 2;
                     let at = c.heap(c.rank)
                         + a.xrecv_off

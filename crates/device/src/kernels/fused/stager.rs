@@ -40,14 +40,14 @@ pub(super) unsafe fn stager_epilogue(
     let parity = (*ready & STAGE_PARITY != 0) as u32;
     *ready ^= STAGE_PARITY;
     let desc = ldesc();
-    // Bounded by the stager's own bounded waits: a failed one aborts the rank.
+    // Bounded: gives up once the rank aborts or past the hung bound (a record either way; a
+    // stager that gave up leaves its record to this wait).
     let ok = unsafe {
-        mbarrier::wait_parity_or(ring.aux(wg), parity, |stalled| {
-            if stalled > fused_hung_ns(desc) {
-                crate::arch::trap();
-            }
-            aborted(desc)
-        })
+        mbarrier::wait_parity_or(
+            ring.aux(wg),
+            parity,
+            local_stall::<true>(desc, Role::Compute, wait_code::STAGING, wg),
+        )
     };
     if named_barrier_or(wg, crate::arch::ids::WARPGROUP_THREADS, !ok || stop) {
         return false;
@@ -135,12 +135,11 @@ pub(super) unsafe fn stager_role(idx: u32, cw: u32) {
         c
     };
     let ring = || Ring::new(smem::dynamic_smem_addr(), RS_TILE);
-    let give_up = |stalled: u64| {
-        if stalled > unsafe { fused_hung_ns(ldesc()) } {
-            crate::arch::trap();
-        }
-        unsafe { aborted(ldesc()) }
-    };
+    // Its two shared-memory waits - the consumers' "staged", their ring progress - give up
+    // once the rank aborts or past the hung bound, without a record of their own (any record
+    // code here cost this 56-register thread spills): its consumers then stall on their
+    // staging ([`stager_epilogue`]) and record that (Aborted, or a STAGING timeout).
+    let give_up = stall_or_abort(ldesc());
     // The phase of `ready` whose TMA load may still land (NONE, ARRIVED: none), waited for
     // before stopping.
     pub(super) const NONE: u32 = 2;
@@ -279,6 +278,8 @@ pub(super) unsafe fn stager_role(idx: u32, cw: u32) {
     // Stopping early: nothing may still read or fill the staging when the CTA exits.
     tma::store_wait::<0>();
     if loading < NONE {
+        // A TMA load this thread issued: it lands unless memory failed (bounded by a trap: the
+        // CTA must not exit while it may still write the staging).
         unsafe { mbarrier::wait_parity(ring().aux(1 + cw), loading) };
     }
     let a = unsafe { &*(largs() as *const GemmRsArgs) };

@@ -1,0 +1,181 @@
+//! One aborted round of an operation, shared by `abort.rs` and `internode_abort.rs`: every rank
+//! but the last launches the operation, which then waits for the last rank; rank 0 aborts from
+//! a watchdog thread while its own kernel runs and its main thread sits in
+//! `stream.synchronize()`; the last rank launches only once the abort has landed (its launch
+//! must give up at its first wait). Every rank must end its launch by itself (no hang, no
+//! trap) and get `Error::Aborted` naming rank 0 from `check()`.
+use mkernel::cudarc::driver::CudaStream;
+use mkernel::{AbortHandle, Communicator, Error};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The rank that aborts.
+pub const ABORTER: u32 = 0;
+/// How long a round may take on any rank: the device timeout of these tests is far longer
+/// (`DEVICE_TIMEOUT`), so only the abort can end the waits in time.
+pub const ROUND_BOUND: Duration = Duration::from_secs(10);
+/// The communicators' device-wait timeout in these tests.
+pub const DEVICE_TIMEOUT: Duration = Duration::from_secs(60);
+/// When rank 0's watchdog aborts, after its launch.
+const ABORT_AFTER: Duration = Duration::from_millis(300);
+
+/// How the aborted round keeps the kernels busy when the abort comes.
+#[derive(Clone, Copy, Debug)]
+#[allow(dead_code)]
+pub enum Mode {
+    /// The last rank launches only after the abort: the others' kernels wait for it.
+    LaggingRank,
+    /// Every rank queues `n` launches at once (up to about 1.5 s of work, [`queued`];
+    /// `work_ms` as timed on this rank): the abort meets kernels that run and make progress,
+    /// and the queued rest. Opt-in ([`QUEUED_VAR`]): with 4 ranks sharing one H100 through MPS,
+    /// a queue of GEMM+ReduceScatter launches stalled until the 60 s device timeout and the
+    /// abort's writes landed only after it (see docs/protocol.md, "Abort").
+    Queued { n: u32, work_ms: u32 },
+}
+
+/// Set to 1 to add the [`Mode::Queued`] rounds.
+#[allow(dead_code)]
+pub const QUEUED_VAR: &str = "MKERNEL_ABORT_TEST_QUEUED";
+
+/// [`Mode::Queued`] with launches for about 1.5 s of work (100 to 20 000), timed on every
+/// rank (10 launches), the largest count of all ranks (collective).
+#[allow(dead_code)]
+pub fn queued(
+    comm: &Communicator,
+    stream: &Arc<CudaStream>,
+    what: &str,
+    launch: &dyn Fn() -> mkernel::Result<()>,
+) -> Mode {
+    let t = Instant::now();
+    for _ in 0..10 {
+        launch().unwrap();
+    }
+    stream.synchronize().unwrap();
+    comm.check().unwrap();
+    let one = t.elapsed().as_secs_f64() / 10.0;
+    let mine = ((1.5 / one) as u32).clamp(100, 20_000);
+    let all = comm
+        .bootstrap()
+        .store()
+        .all_gather(
+            &format!("abort-test/{what}/queue"),
+            &mine.to_le_bytes(),
+            Duration::from_secs(60),
+        )
+        .unwrap();
+    let n = all
+        .iter()
+        .map(|v| u32::from_le_bytes(v.as_slice().try_into().unwrap()))
+        .max()
+        .unwrap_or(mine);
+    Mode::Queued {
+        n,
+        work_ms: (n as f64 * one * 1e3) as u32,
+    }
+}
+
+/// Runs one aborted round of `launch` (see the module doc); returns what `check()` said.
+pub fn aborted_round(
+    comm: &Communicator,
+    handle: &AbortHandle,
+    stream: &Arc<CudaStream>,
+    what: &str,
+    mode: Mode,
+    launch: &dyn Fn() -> mkernel::Result<()>,
+) -> Error {
+    let store = comm.bootstrap().store();
+    let g = comm.global_rank();
+    let lagging = match mode {
+        Mode::LaggingRank => comm.world() * comm.nnodes() - 1,
+        Mode::Queued { .. } => u32::MAX,
+    };
+    let launches = match mode {
+        Mode::LaggingRank => 1,
+        Mode::Queued { n, .. } => n,
+    };
+    let launch_all = || {
+        for _ in 0..launches {
+            launch().unwrap();
+        }
+    };
+    let key = format!("abort-test/{what}/aborted");
+    let t = Duration::from_secs(60);
+    store.barrier(&format!("abort-test/{what}/start"), t).unwrap();
+    let start = Instant::now();
+    if g == lagging {
+        // The abort has landed (rank 0 wrote every reachable abort word before this key).
+        store.get(&key, t).unwrap();
+        launch_all();
+    } else if g == ABORTER {
+        std::thread::scope(|s| {
+            let watchdog = s.spawn(|| {
+                std::thread::sleep(ABORT_AFTER);
+                handle.abort().unwrap();
+                store.set(&key, b"1").unwrap();
+            });
+            launch_all();
+            // The kernels run while the watchdog aborts.
+            stream
+                .synchronize()
+                .unwrap_or_else(|e| panic!("rank {g}: {what}: the launch failed instead of ending: {e}"));
+            watchdog.join().unwrap();
+        });
+    } else {
+        launch_all();
+    }
+    // Every launch ends by itself; a trap would make this a sticky launch failure.
+    stream
+        .synchronize()
+        .unwrap_or_else(|e| panic!("rank {g}: {what}: the launch failed instead of ending: {e}"));
+    let elapsed = start.elapsed();
+    if g != ABORTER {
+        // (A queue may have run out before the abort: `check()` reports it once it landed.)
+        store.get(&key, t).unwrap();
+    }
+    let err = comm.check().expect_err("an aborted communicator must report the abort");
+    match &err {
+        Error::Aborted { by_rank, .. } => assert_eq!(*by_rank, ABORTER, "rank {g}: {what}: {err}"),
+        other => panic!("rank {g}: {what}: expected Error::Aborted, got {other}"),
+    }
+    let bound = match mode {
+        // The queue held 1 s of work or more: ending well before, the abort cut it short.
+        Mode::Queued { work_ms, .. } if work_ms >= 1000 => Duration::from_millis(work_ms as u64 * 3 / 4),
+        _ => ROUND_BOUND,
+    };
+    assert!(
+        elapsed < bound,
+        "rank {g}: {what}: the aborted round took {elapsed:?} ({mode:?})"
+    );
+    println!(
+        "rank {g}: {what} ({mode:?}): {err} (the round ended after {:.3} s)",
+        elapsed.as_secs_f64()
+    );
+    err
+}
+
+/// Deterministic small bf16 values (a simple LCG), distinct per `seed`.
+pub fn values(len: usize, seed: u64) -> Vec<half::bf16> {
+    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..len)
+        .map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            half::bf16::from_f32(((x >> 40) % 17) as f32 / 16.0 - 0.5)
+        })
+        .collect()
+}
+
+/// Element-wise comparison of two bf16 results (they should be bit-equal; a tolerance keeps
+/// the check independent of the reduction order).
+#[allow(dead_code)]
+pub fn assert_close(what: &str, a: &[half::bf16], b: &[half::bf16]) {
+    assert_eq!(a.len(), b.len());
+    let bad = a
+        .iter()
+        .zip(b)
+        .filter(|(x, y)| {
+            let (x, y) = (x.to_f32(), y.to_f32());
+            (x - y).abs() > 1e-2 * x.abs().max(1.0)
+        })
+        .count();
+    assert_eq!(bad, 0, "{what}: {bad} of {} elements differ after the reset", a.len());
+}
