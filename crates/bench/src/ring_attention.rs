@@ -83,7 +83,7 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
             dev.sm_count()
         );
         println!(
-            "| shape (BxHqxHkvxSxD, c = causal) | comm/compute CTAs | ours ms | TFLOP/s per GPU | local block ms | overlap eff. | NCCL + local, sequential ms | ours / sequential |"
+            "| shape (BxHqxHkvxSxD, c = causal) | comm/compute CTAs | ours ms | TFLOP/s per GPU | local block ms | overlap eff. | NCCL + local, sequential ms | sequential / ours |"
         );
         println!("|---|---|---|---|---|---|---|---|");
     }
