@@ -161,6 +161,111 @@ pub fn output(
     out
 }
 
+/// The whole layer's output row of token `t` (`x` row `t`, its pairs' ids and weights; pair
+/// `j` counted when `kept(j)`), from the full weights of every expert: (value, tolerance) per
+/// column of H. Tolerance: each activation's (from [`up_row`], bf16 rounding included)
+/// propagated through the down projection, the down projection's bf16 rounding and f32
+/// accumulation, weighted, plus the output's rounding (`out_rel`).
+#[allow(clippy::too_many_arguments)]
+pub fn layer_row(
+    x: &[bf16],
+    w_up: &[bf16],
+    w_down: &[bf16],
+    d: Dims,
+    t: usize,
+    ids: &[i32],
+    weights: &[f32],
+    kept: impl Fn(usize) -> bool,
+    out_rel: f64,
+    acc: f64,
+) -> Vec<(f64, f64)> {
+    let (h, f, k) = (d.hidden, d.ffn, d.top_k);
+    let mut sum = vec![0.0f64; h];
+    let mut tol = vec![0.0f64; h];
+    for j in 0..k {
+        let p = t * k + j;
+        let e = ids[p];
+        if e < 0 || e as usize >= d.experts || !kept(j) {
+            continue;
+        }
+        let e = e as usize;
+        let hid = up_row(x, w_up, d, t, e, acc);
+        let wj = weights[p] as f64;
+        for c in 0..h {
+            let w = &w_down[(e * h + c) * f..(e * h + c + 1) * f];
+            let (mut v, mut a, mut prop) = (0.0, 0.0, 0.0);
+            for q in 0..f {
+                let wq = w[q].to_f64();
+                v += hid[q].0 * wq;
+                a += (hid[q].0 * wq).abs();
+                prop += hid[q].1 * wq.abs();
+            }
+            sum[c] += wj * v;
+            tol[c] += wj.abs() * (v.abs() / 256.0 + acc * a + prop) + 1e-6 * (wj * v).abs();
+        }
+    }
+    (0..h).map(|c| (sum[c], tol[c] + out_rel * sum[c].abs())).collect()
+}
+
+/// What one rank of an expert-parallel layer must see ([`ep_expected`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EpExpected {
+    /// Pairs of this rank dropped (their owner had no room).
+    pub sent: u32,
+    /// Rows sent to this rank that it drops.
+    pub received: u32,
+    /// Per expert of the layer: the owner's receive rows `[lo, hi)` this rank's pairs may take.
+    pub ranges: Vec<(u32, u32)>,
+}
+
+/// What expert parallelism over `world` ranks must do with every rank's routing (`ids[r]`,
+/// global expert ids; `experts / world` experts per rank, in rank order) and `capacity`
+/// receive rows per rank: per rank, its [`EpExpected`].
+/// Layout: at each owner its experts' groups in order, each padded to 128 rows, inside a
+/// group the sources in rank order; a row at or past `capacity` is dropped.
+pub fn ep_expected(ids: &[Vec<i32>], experts: usize, world: usize, capacity: usize) -> Vec<EpExpected> {
+    let le = experts / world;
+    let cnt: Vec<Vec<u32>> = ids
+        .iter()
+        .map(|v| {
+            let mut c = vec![0u32; experts];
+            for &e in v {
+                if e >= 0 && (e as usize) < experts {
+                    c[e as usize] += 1;
+                }
+            }
+            c
+        })
+        .collect();
+    let total: Vec<u32> = (0..experts).map(|e| cnt.iter().map(|c| c[e]).sum()).collect();
+    let mut group = vec![0u32; experts];
+    for d in 0..world {
+        let mut at = 0u32;
+        for e in d * le..(d + 1) * le {
+            group[e] = at;
+            at += total[e].div_ceil(128) * 128;
+        }
+    }
+    let cap = capacity as u32;
+    (0..world)
+        .map(|r| {
+            let mut sent = 0;
+            let ranges: Vec<(u32, u32)> = (0..experts)
+                .map(|e| {
+                    let lo = group[e] + cnt[..r].iter().map(|c| c[e]).sum::<u32>();
+                    let hi = lo + cnt[r][e];
+                    sent += hi - hi.min(cap).max(lo);
+                    (lo, hi)
+                })
+                .collect();
+            let received = (r * le..(r + 1) * le)
+                .map(|e| total[e] - total[e].min(cap.saturating_sub(group[e])))
+                .sum();
+            EpExpected { sent, received, ranges }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,6 +301,27 @@ mod tests {
         // Without replacement inside a token the head flattens, but stays far above the tail.
         assert!(counts[0] > 3 * counts[63], "{counts:?}");
         assert!(counts[0] >= counts[8] && counts[8] >= counts[40], "{counts:?}");
+    }
+
+    #[test]
+    fn ep_expected_drops_past_the_capacity() {
+        // 2 ranks, 4 experts (2 each). Rank 0: 100 rows to expert 0, 50 to expert 1;
+        // rank 1: 60 rows to expert 0. At rank 0: expert 0 has 160 rows (2 tiles, rows
+        // 0..160: rank 0's 0..100, rank 1's 100..160), expert 1 starts at row 256.
+        let mut a = vec![0i32; 100];
+        a.extend(vec![1i32; 50]);
+        let b = vec![0i32; 60];
+        let all = [a, b];
+        let full = ep_expected(&all, 4, 2, 384);
+        assert_eq!((full[0].sent, full[0].received, full[1].sent), (0, 0, 0));
+        assert_eq!(full[0].ranges[0], (0, 100));
+        assert_eq!(full[1].ranges[0], (100, 160));
+        assert_eq!(full[0].ranges[1], (256, 306));
+        // Capacity 128: rank 0 keeps 100 of expert 0 and none of expert 1; rank 1 keeps 28.
+        let cut = ep_expected(&all, 4, 2, 128);
+        assert_eq!((cut[0].sent, cut[1].sent), (50, 32));
+        assert_eq!(cut[0].received, 82);
+        assert_eq!(cut[1].received, 0);
     }
 
     #[test]

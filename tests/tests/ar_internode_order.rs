@@ -14,8 +14,11 @@
 //!   (node + 1 + j) % nodes; block nodes - 1 -> `FusedOut` at every remote rank.
 //! - receiver (warp 3 of compute CTA 0): every other node's `FusedData` (then the aux barrier
 //!   opens), then every remote rank's `FusedOut`.
+//!
 //! The proxy delivers every PUT (its completion is not what is modelled). True when every actor
 //! of every rank finishes.
+// The models index several per-CTA and per-rank arrays by the same loop variable.
+#![allow(clippy::needless_range_loop)]
 #[allow(dead_code)]
 #[path = "../../crates/device/src/gemm/scheduler.rs"]
 mod scheduler;

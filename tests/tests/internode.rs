@@ -167,7 +167,10 @@ fn internode_collectives_match_cpu_reference() {
         let peer = (g + comm.world()) % nglobal;
         let rtt = comm.proxy_pingpong(&stream, peer, 256, 16, g < peer).unwrap();
         assert_eq!(rtt.len(), 16);
-        assert!(rtt.iter().all(|&t| t > 0), "rank {g}: round trips {rtt:?}");
+        // The initiator times each round trip; the answering side records nothing.
+        if g < peer {
+            assert!(rtt.iter().all(|&t| t > 0), "rank {g}: round trips {rtt:?}");
+        }
         lines.push("proxy_pingpong 16 x 256 B between the two nodes: every probe answered".into());
     }
     let same_node = comm.global_rank() - comm.rank() + (comm.rank() + 1) % comm.world();

@@ -126,7 +126,7 @@ pub fn layout(args: &LaunchArgs, shared_gpus: Option<usize>) -> Result<Vec<RankE
             })
             .collect());
     }
-    if args.nodes == 0 || args.nproc % args.nodes != 0 {
+    if args.nodes == 0 || !args.nproc.is_multiple_of(args.nodes) {
         bail!(
             "-n {} does not split into --nodes {} equal nodes",
             args.nproc,

@@ -60,8 +60,8 @@ pub fn run(args: &Args, coll: Coll) -> Result<Vec<Value>> {
     };
     let n = world as u64;
     if rank == 0 {
-        println!("# {coll:?}: {world} ranks ({} per node), bf16, ours vs NCCL {} (NCCL_NVLS_ENABLE={}), interleaved, median of {} after {} warm-up",
-            info.local_world_size(), "2.x", std::env::var("NCCL_NVLS_ENABLE").unwrap_or_default(), args.iters, args.warmup);
+        println!("# {coll:?}: {world} ranks ({} per node), bf16, ours vs NCCL 2.x (NCCL_NVLS_ENABLE={}), interleaved, median of {} after {} warm-up",
+            info.local_world_size(), std::env::var("NCCL_NVLS_ENABLE").unwrap_or_default(), args.iters, args.warmup);
         println!(
             "{:>12} {:>12} {:>6} {:>5} | {:>10} {:>8} {:>8} | {:>10} {:>8} {:>8} | {:>6} {:>6}",
             "size(B)",

@@ -6,6 +6,7 @@ mod collectives;
 mod fused;
 mod gemm;
 mod moe;
+mod moe_ep;
 mod nccl;
 mod proxy;
 mod report;
@@ -34,7 +35,8 @@ enum Op {
     GemmRs,
     /// Fused GEMM + AllReduce vs cuBLAS + NCCL AllReduce in sequence.
     GemmAr,
-    /// MoE expert FFN on one GPU vs a per-expert cuBLAS loop and torch._grouped_mm.
+    /// MoE expert FFN on one GPU vs a per-expert cuBLAS loop and torch._grouped_mm; with
+    /// `--nproc W` the expert-parallel layer vs NCCL all-to-all + grouped GEMM + all-to-all.
     Moe,
     /// FlashAttention forward vs PyTorch SDPA (cuDNN and FlashAttention-2 backends, via python3).
     Attention,
@@ -142,6 +144,8 @@ fn main() -> Result<()> {
         Op::AgGemm => fused::run(&args)?,
         Op::GemmRs => fused::run_rs(&args)?,
         Op::GemmAr => fused::run_ar(&args)?,
+        // Under `xtask launch` (`bench --op moe --nproc W`): expert parallelism over the ranks.
+        Op::Moe if std::env::var("RANK").is_ok() => moe_ep::run(&args)?,
         Op::Moe => moe::run(&mkernel::Device::new(0)?, &args)?,
         Op::Attention => attention::run(&mkernel::Device::new(0)?, &args)?,
         Op::RingAttention => ring_attention::run(&args)?,

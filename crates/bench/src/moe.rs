@@ -29,7 +29,7 @@ fn cases() -> Vec<(usize, usize, usize, usize, usize, &'static str)> {
 
 /// `len` bf16 values in [-1, 1) scaled by `scale`: a random block of 4 Mi values repeated
 /// (device copies; values repeat, timing does not care).
-fn random_device(stream: &Arc<CudaStream>, len: usize, seed: u64, scale: f32) -> Result<CudaSlice<bf16>> {
+pub(crate) fn random_device(stream: &Arc<CudaStream>, len: usize, seed: u64, scale: f32) -> Result<CudaSlice<bf16>> {
     let block: Vec<bf16> = random_bf16(len.min(1 << 22), seed)
         .iter()
         .map(|v| bf16::from_f32(v.to_f32() * scale))

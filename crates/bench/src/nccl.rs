@@ -42,6 +42,42 @@ impl Nccl {
         )?;
         Ok(Nccl { comm })
     }
+    /// Point-to-point in one NCCL group (an all-to-all with any counts): every
+    /// `(peer, device address, bytes)` of `sends` and `recvs` (zero-byte entries skipped).
+    pub fn send_recv(
+        &self,
+        stream: &CudaStream,
+        sends: &[(usize, u64, usize)],
+        recvs: &[(usize, u64, usize)],
+    ) -> Result<()> {
+        // SAFETY: grouped calls on device buffers of the given sizes; the group is closed below.
+        unsafe {
+            ok(sys::ncclGroupStart(), "group start")?;
+            for &(peer, ptr, bytes) in sends.iter().filter(|s| s.2 > 0) {
+                let r = sys::ncclSend(
+                    ptr as _,
+                    bytes,
+                    sys::ncclDataType_t::ncclUint8,
+                    peer as i32,
+                    self.comm,
+                    stream.cu_stream() as _,
+                );
+                ok(r, "send")?;
+            }
+            for &(peer, ptr, bytes) in recvs.iter().filter(|s| s.2 > 0) {
+                let r = sys::ncclRecv(
+                    ptr as _,
+                    bytes,
+                    sys::ncclDataType_t::ncclUint8,
+                    peer as i32,
+                    self.comm,
+                    stream.cu_stream() as _,
+                );
+                ok(r, "recv")?;
+            }
+            ok(sys::ncclGroupEnd(), "group end")
+        }
+    }
     pub fn all_gather(&self, stream: &CudaStream, src: u64, dst: u64, bytes_per_rank: usize) -> Result<()> {
         // SAFETY: device buffers of the given sizes.
         ok(
@@ -91,42 +127,6 @@ impl Nccl {
             },
             "all_reduce",
         )
-    }
-}
-
-impl Nccl {
-    /// Sends `bytes` from `src` to rank `to` and receives `bytes` into `dst` from rank `from`, as
-    /// one NCCL group (ring attention's sequential baseline).
-    pub fn send_recv(
-        &self,
-        stream: &CudaStream,
-        src: u64,
-        to: usize,
-        dst: u64,
-        from: usize,
-        bytes: usize,
-    ) -> Result<()> {
-        let s = stream.cu_stream() as _;
-        // SAFETY: device buffers of `bytes`; the group pairs the send with the receive.
-        unsafe {
-            ok(sys::ncclGroupStart(), "group start")?;
-            ok(
-                sys::ncclSend(src as _, bytes, sys::ncclDataType_t::ncclUint8, to as i32, self.comm, s),
-                "send",
-            )?;
-            ok(
-                sys::ncclRecv(
-                    dst as _,
-                    bytes,
-                    sys::ncclDataType_t::ncclUint8,
-                    from as i32,
-                    self.comm,
-                    s,
-                ),
-                "recv",
-            )?;
-            ok(sys::ncclGroupEnd(), "group end")
-        }
     }
 }
 

@@ -151,8 +151,11 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
             for t in 1..world {
                 let (from, to) = (bufs[(t - 1) % 2], bufs[t % 2]);
                 if let Some(nccl) = &nccl {
-                    nccl.send_recv(&stream, from.0, right, to.0, left, bytes)?;
-                    nccl.send_recv(&stream, from.1, right, to.1, left, bytes)?;
+                    nccl.send_recv(
+                        &stream,
+                        &[(right, from.0, bytes), (right, from.1, bytes)],
+                        &[(left, to.0, bytes), (left, to.1, bytes)],
+                    )?;
                 } else {
                     copy(stage_peer, from.0, bytes)?;
                     copy(stage_peer + bytes as u64, from.1, bytes)?;

@@ -31,6 +31,7 @@
 //!
 //! Every waiting operation takes a timeout, and its error names the ranks that did not
 //! arrive (e.g. `barrier 'init' timed out after 5 s: ranks [3] did not arrive`).
+#![deny(clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
 
 mod auth;

@@ -1,10 +1,15 @@
-//! Tile configuration of the warp-specialized TMA + wgmma GEMM.
+//! Tile configuration and shared-memory ring of the warp-specialized TMA + wgmma GEMM, shared by
+//! the plain GEMM (`ops::gemm`) and the fused kernels (`ops::ag_gemm`, `ops::gemm_rs`).
 //!
 //! Layout of one CTA (see docs/gemm.md):
 //! - warpgroup 0 is the producer: one elected thread issues TMA loads of A and B tiles into a
 //!   `stages`-deep shared-memory ring; the warpgroup then gives registers back (`setmaxnreg.dec`).
 //! - warpgroups 1..=consumer_warpgroups are consumers: each owns `block_m / consumer_warpgroups`
 //!   rows of the output tile and issues `wgmma.m64n{block_n}k16` on them (`setmaxnreg.inc`).
+//!
+//! Shared memory: each kernel has a `#[repr(C)]` struct that starts with a [`RingSmem`] for its
+//! tile; the device's `Ring` takes the [`RingLayout`] that struct's `offset_of!`s give.
+use core::mem::{offset_of, size_of};
 
 /// Tile shape, pipeline depth and warp roles of one GEMM kernel instantiation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,12 +33,6 @@ pub struct GemmTile {
     /// Epilogue staging boxes per consumer warpgroup: 2 (double-buffered) or `block_n / 64`
     /// (the whole 64 x block_n half-tile).
     pub epilogue_buffers: u32,
-    /// Work-item records in shared memory after the argument copy (0: none). GEMM+ReduceScatter/
-    /// AllReduce works out each compute CTA's items (tile origin, K range, stream-K owner,
-    /// A's source row) once at the launch's start, and the producer and the consumers read
-    /// item `w` with two shared-memory loads at its start instead of some 30 integer divisions
-    /// each; a CTA with more items works the rest out as it goes.
-    pub item_table_entries: u32,
 }
 
 /// Bytes of one bf16 element.
@@ -43,7 +42,7 @@ pub const SWIZZLE_BYTES: u32 = 128;
 
 impl GemmTile {
     /// The production configuration: 128x256x64, 4 stages, 2 consumer warpgroups.
-    /// 4 x 48 KiB of ring fits in 227 KiB; the epilogue stores from registers.
+    /// 4 x 48 KiB of ring fits in 227 KiB; the epilogue stages two boxes per consumer.
     pub const DEFAULT: GemmTile = GemmTile {
         block_m: 128,
         block_n: 256,
@@ -54,7 +53,6 @@ impl GemmTile {
         consumer_regs: 232,
         group_m: 8,
         epilogue_buffers: 2,
-        item_table_entries: 0,
     };
 
     /// The GEMM inside fused kernels: the producer thread also waits on communication flags
@@ -64,20 +62,6 @@ impl GemmTile {
         producer_regs: 56,
         consumer_regs: 224,
         ..GemmTile::DEFAULT
-    };
-
-    /// GEMM+ReduceScatter/AllReduce: most tiles are stored to peers over NVLink, and a bulk
-    /// store to a peer finishes reading its staging box only as NVLink takes the data. With a
-    /// whole tile of staging per consumer (4 boxes) the epilogue never waits for its own stores,
-    /// only (at its start) for the previous tile's, which had a mainloop to drain; the room comes
-    /// from one operand stage fewer.
-    /// Its work items are read from a table ([`GemmTile::item_table_entries`]): 256 cover
-    /// every CTA of the anchor shapes on 132 SMs (M = 32768, N = 28672: 218 tiles per CTA).
-    pub const FUSED_RS: GemmTile = GemmTile {
-        stages: 3,
-        epilogue_buffers: 4,
-        item_table_entries: 256,
-        ..GemmTile::FUSED
     };
 
     /// Threads per CTA: one producer warpgroup plus the consumers.
@@ -118,70 +102,14 @@ impl GemmTile {
     pub const fn epilogue_box_bytes(&self) -> u32 {
         Self::EPILOGUE_BOX_ROWS * Self::EPILOGUE_BOX_COLS * BF16_BYTES
     }
-    /// Offset of the epilogue staging area (`epilogue_buffers` boxes per consumer warpgroup)
-    /// after the operand ring.
-    pub const fn epilogue_offset(&self) -> u32 {
-        self.stages * self.stage_tx_bytes()
-    }
-    /// Bytes of the epilogue staging area.
+    /// Bytes of the epilogue staging area (`epilogue_buffers` boxes per consumer warpgroup).
     pub const fn epilogue_bytes(&self) -> u32 {
         self.consumer_warpgroups * self.epilogue_buffers * self.epilogue_box_bytes()
     }
-    /// Offset of the mbarrier block after the staging area.
-    pub const fn barrier_offset(&self) -> u32 {
-        self.epilogue_offset() + self.epilogue_bytes()
-    }
-    /// Auxiliary mbarriers after the per-stage ones (one arrival each), for a kernel's own
-    /// hand-offs (GEMM+ReduceScatter/AllReduce: 0 = "the other nodes' sums have landed",
-    /// 1 + w = "consumer warpgroup w's staging is ready" (a staged peer partial has landed, or
-    /// with a stager: the staging is free or holds the partial), 3 + w = "consumer warpgroup w
-    /// wrote its tile into its staging" (with a stager)).
-    pub const AUX_BARRIERS: u32 = 5;
-    /// Offset of the auxiliary mbarriers.
-    pub const fn aux_barrier_offset(&self) -> u32 {
-        self.barrier_offset() + self.stages * 2 * 8
-    }
-    /// Bytes after the auxiliary mbarriers for a copy of the launch's communication
-    /// descriptor (fused kernels read it there: a shared-memory load does not queue behind the
-    /// SM's global traffic, as each read of the global one did).
-    pub const DESC_COPY_BYTES: u32 = 128;
-    /// Offset of two u32 words after the auxiliary mbarriers (GEMM+ReduceScatter/AllReduce:
-    /// word 0 counts the ring slots the producer found free in the launch - the consumers'
-    /// progress - which paces a stager's trickled stores).
-    pub const fn tick_offset(&self) -> u32 {
-        self.aux_barrier_offset() + 8 * Self::AUX_BARRIERS
-    }
-    /// Offset of the descriptor copy (8-byte aligned).
-    pub const fn desc_copy_offset(&self) -> u32 {
-        self.tick_offset() + 8
-    }
-    /// Offset of the launch epoch's copy: the last 8 bytes of the descriptor copy's room
-    /// (written once per CTA at setup, so no role and no exit reads the epoch from global
-    /// memory).
-    pub const fn epoch_copy_offset(&self) -> u32 {
-        self.desc_copy_offset() + Self::DESC_COPY_BYTES - 8
-    }
-    /// Bytes after the descriptor copy for a copy of the launch's argument block
-    /// (GEMM+ReduceScatter/AllReduce's `GemmRsArgs`, read there for the same reason: its tensor
-    /// map addresses are read right before the epilogue's bulk stores, and a global read there
-    /// queues behind the SM's outstanding NVLink traffic).
-    pub const ARGS_COPY_BYTES: u32 = 272;
-    /// Offset of the argument block copy (8-byte aligned).
-    pub const fn args_copy_offset(&self) -> u32 {
-        self.desc_copy_offset() + Self::DESC_COPY_BYTES
-    }
-    /// Bytes of one work-item record: two 16-byte words (`[m0, n0, k0, k1]`,
-    /// `[flags: owner, own tile, stagers; from; a_row; the row inside its chunk]`).
-    pub const ITEM_RECORD_BYTES: u32 = 32;
-    /// Offset of the work-item table (16-byte aligned), after the argument copy.
-    pub const fn item_table_offset(&self) -> u32 {
-        (self.args_copy_offset() + Self::ARGS_COPY_BYTES).div_ceil(16) * 16
-    }
-    /// Dynamic shared memory to launch with: ring + epilogue staging + 2 mbarriers per stage
-    /// (full, empty) + the auxiliary ones + the descriptor and argument copies + the work-item
-    /// table, padded so the 1024-byte alignment of the swizzled ring holds.
-    pub const fn smem_bytes(&self) -> u32 {
-        self.item_table_offset() + self.item_table_entries * Self::ITEM_RECORD_BYTES + 1024
+    /// Bytes of the operand ring and the epilogue staging: the least shared memory any kernel on
+    /// this tile needs (a kernel's exact budget is the size of its `#[repr(C)]` struct).
+    pub const fn ring_bytes(&self) -> u32 {
+        self.stages * self.stage_tx_bytes() + self.epilogue_bytes()
     }
     /// Accumulator registers per consumer thread (f32): (rows_per_consumer x block_n) / 128.
     pub const fn accumulators_per_thread(&self) -> u32 {
@@ -200,16 +128,16 @@ impl GemmTile {
             "each consumer warpgroup issues m64 wgmmas on 64 rows"
         );
         assert!(
-            self.block_m % self.consumer_warpgroups == 0,
+            self.block_m.is_multiple_of(self.consumer_warpgroups),
             "block_m must split evenly over consumers"
         );
         assert!(
-            self.block_n % 64 == 0 && self.block_n >= 64 && self.block_n <= 256,
+            self.block_n.is_multiple_of(64) && self.block_n >= 64 && self.block_n <= 256,
             "wgmma N: 64..=256 in steps of 64 (B loads are 64-wide boxes)"
         );
         assert!(self.stages >= 2, "a ring needs at least 2 stages");
         assert!(
-            self.a_stage_bytes() % 1024 == 0 && self.b_stage_bytes() % 1024 == 0,
+            self.a_stage_bytes().is_multiple_of(1024) && self.b_stage_bytes().is_multiple_of(1024),
             "stage tiles must keep 1024-byte swizzle alignment"
         );
         assert!(
@@ -217,7 +145,7 @@ impl GemmTile {
             "one staging box spans a consumer's rows"
         );
         assert!(
-            self.block_n % Self::EPILOGUE_BOX_COLS == 0,
+            self.block_n.is_multiple_of(Self::EPILOGUE_BOX_COLS),
             "staging boxes tile block_n"
         );
         assert!(
@@ -225,11 +153,11 @@ impl GemmTile {
             "epilogue staging: 2 boxes or a whole half-tile per consumer"
         );
         assert!(
-            self.smem_bytes() <= crate::SM90_MAX_SMEM_PER_CTA,
+            self.ring_bytes() <= crate::SM90_MAX_SMEM_PER_CTA,
             "shared memory ring does not fit in 227 KiB"
         );
         assert!(
-            self.producer_regs % 8 == 0 && self.consumer_regs % 8 == 0,
+            self.producer_regs.is_multiple_of(8) && self.consumer_regs.is_multiple_of(8),
             "setmaxnreg counts are multiples of 8"
         );
         assert!(
@@ -254,7 +182,104 @@ impl GemmTile {
 
 const _: () = GemmTile::DEFAULT.check();
 const _: () = GemmTile::FUSED.check();
-const _: () = GemmTile::FUSED_RS.check();
+
+/// Auxiliary mbarriers after the ring's per-stage ones (one arrival each), for a kernel's own
+/// hand-offs; each kernel names their uses (e.g. `ops::gemm_rs::AUX_NODE_SUMS`).
+pub const AUX_BARRIERS: usize = 5;
+/// Progress words after the auxiliary mbarriers: one thread writes, others poll (uses named
+/// per kernel, e.g. `ops::gemm_rs::TICK_FREE_SLOTS`).
+pub const TICK_WORDS: usize = 2;
+/// Headroom added to every kernel's shared-memory struct when it is launched, so the 1024-byte
+/// alignment of the swizzled ring holds.
+pub const SMEM_ALIGN_SLACK: u32 = 1024;
+/// Bytes of one epilogue staging box (`GemmTile::EPILOGUE_BOX_ROWS` x `EPILOGUE_BOX_COLS` bf16).
+pub const EPILOGUE_BOX_BYTES: usize = (GemmTile::EPILOGUE_BOX_ROWS * GemmTile::EPILOGUE_BOX_COLS * BF16_BYTES) as usize;
+
+/// One stage of the operand ring: the A tile (`block_m` x `block_k`), then the B tile (`block_n` x
+/// `block_k`), both 128-byte swizzled.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Stage<const A: usize, const B: usize> {
+    pub a: [u8; A],
+    pub b: [u8; B],
+}
+
+/// One epilogue staging box: 64 rows of 128 bytes, 128-byte swizzled (what one TMA store writes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct StagingBox(pub [u8; EPILOGUE_BOX_BYTES]);
+
+/// The GEMM ring in shared memory, at offset 0 of a kernel's struct (1024-byte aligned): `STAGES`
+/// operand stages, `BOXES` epilogue staging boxes (`epilogue_buffers` per consumer warpgroup,
+/// warpgroup-major), a `full` mbarrier per stage (completed by the TMA bytes of the stage), an
+/// `empty` one per stage (one arrival per consumer warp), the auxiliary mbarriers and the tick
+/// words. Instantiate it with [`ring_smem!`](crate::ring_smem) for a [`GemmTile`].
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct RingSmem<const STAGES: usize, const A: usize, const B: usize, const BOXES: usize> {
+    pub stages: [Stage<A, B>; STAGES],
+    pub staging: [StagingBox; BOXES],
+    pub full: [u64; STAGES],
+    pub empty: [u64; STAGES],
+    pub aux: [u64; AUX_BARRIERS],
+    pub tick: [u32; TICK_WORDS],
+}
+
+/// The [`RingSmem`] type of a [`GemmTile`] constant: `ring_smem!(GemmTile::DEFAULT)`.
+#[macro_export]
+macro_rules! ring_smem {
+    ($tile:expr) => {
+        $crate::gemm::RingSmem<
+            { $tile.stages as usize },
+            { $tile.a_stage_bytes() as usize },
+            { $tile.b_stage_bytes() as usize },
+            { ($tile.consumer_warpgroups * $tile.epilogue_buffers) as usize },
+        >
+    };
+}
+
+/// Where a ring's pieces lie in a kernel's shared memory (byte offsets from its base), with the
+/// tile they are sized for: what the device's `Ring` addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RingLayout {
+    pub tile: GemmTile,
+    pub staging: u32,
+    pub full: u32,
+    pub empty: u32,
+    pub aux: u32,
+    pub tick: u32,
+}
+
+impl<const STAGES: usize, const A: usize, const B: usize, const BOXES: usize> RingSmem<STAGES, A, B, BOXES> {
+    /// The layout of this ring at offset 0 of a kernel's shared memory, for `tile` (which must be
+    /// the tile the type was instantiated for; checked).
+    pub const fn layout(tile: GemmTile) -> RingLayout {
+        tile.check();
+        assert!(
+            STAGES as u32 == tile.stages
+                && A as u32 == tile.a_stage_bytes()
+                && B as u32 == tile.b_stage_bytes()
+                && BOXES as u32 == tile.consumer_warpgroups * tile.epilogue_buffers,
+            "ring type and tile disagree"
+        );
+        assert!(
+            offset_of!(Self, stages) == 0 && size_of::<Stage<A, B>>().is_multiple_of(1024),
+            "stages keep the 1024-byte swizzle alignment"
+        );
+        assert!(
+            offset_of!(Self, staging).is_multiple_of(1024),
+            "staging boxes are 1024-byte aligned"
+        );
+        RingLayout {
+            tile,
+            staging: offset_of!(Self, staging) as u32,
+            full: offset_of!(Self, full) as u32,
+            empty: offset_of!(Self, empty) as u32,
+            aux: offset_of!(Self, aux) as u32,
+            tick: offset_of!(Self, tick) as u32,
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -264,7 +289,7 @@ mod tests {
         let t = GemmTile::DEFAULT;
         assert_eq!(t.threads(), 384);
         assert_eq!(t.stage_tx_bytes(), 48 * 1024);
-        assert!(t.smem_bytes() <= 227 * 1024);
+        assert!(t.ring_bytes() <= 227 * 1024);
         assert_eq!(t.accumulators_per_thread(), 128);
     }
     #[test]

@@ -4,8 +4,9 @@
 //! `.maxntid` / `.minnctapersm` into each `.entry` from this table, and the host launches each
 //! kernel with exactly `max_threads` threads. A kernel in the PTX that is missing here, or an
 //! entry here missing from the PTX, fails the build.
-
-use crate::gemm::GemmTile;
+//!
+//! The kernels of an operation are defined in its module in `crate::ops` (re-exported here);
+//! the small ones without a module of their own (iota, the collectives) are defined here.
 
 /// Launch bounds and shared memory of one kernel entry point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,26 +30,9 @@ pub const IOTA: KernelSpec = KernelSpec {
     dynamic_smem: 0,
 };
 
-/// The persistent warp-specialized GEMM, B stored N x K (K-major, `nn.Linear` weights).
-pub const GEMM_BF16_NK: KernelSpec = KernelSpec {
-    name: "mk_gemm_bf16_nk",
-    max_threads: GemmTile::DEFAULT.threads(),
-    min_blocks_per_sm: 1,
-    dynamic_smem: GemmTile::DEFAULT.smem_bytes(),
-};
-
-/// The persistent warp-specialized GEMM, B stored K x N (N-major, row-major).
-pub const GEMM_BF16_KN: KernelSpec = KernelSpec {
-    name: "mk_gemm_bf16_kn",
-    ..GEMM_BF16_NK
-};
-
-/// Diagnostic: the N x K GEMM on GEMM+ReduceScatter's ring (`GemmTile::FUSED_RS`).
-pub const GEMM_BF16_NK_FUSED_RING: KernelSpec = KernelSpec {
-    name: "mk_gemm_bf16_nk_fused_ring",
-    dynamic_smem: GemmTile::FUSED_RS.smem_bytes(),
-    ..GEMM_BF16_NK
-};
+pub use crate::ops::ag_gemm::AG_GEMM_NK;
+pub use crate::ops::gemm::{GEMM_BF16_KN, GEMM_BF16_NK, GEMM_BF16_NK_FUSED_RING};
+pub use crate::ops::gemm_rs::GEMM_RS_NK;
 
 /// Threads of the communication kernels (each keeps 4 x 16 bytes in flight per thread).
 pub const COLLECTIVE: KernelSpec = KernelSpec {
@@ -89,20 +73,6 @@ pub const PROXY_PINGPONG: KernelSpec = KernelSpec {
     dynamic_smem: 0,
 };
 
-/// Fused AllGather + GEMM (A gathered by rows over NVLink, B as N x K): GEMM launch shape; the
-/// first `n_comm` CTAs move A, the others compute.
-pub const AG_GEMM_NK: KernelSpec = KernelSpec {
-    name: "mk_ag_gemm_bf16_nk",
-    ..GEMM_BF16_NK
-};
-/// Fused GEMM + ReduceScatter / AllReduce (B as N x K): GEMM launch shape with the
-/// `GemmTile::FUSED_RS` ring (whole-tile epilogue staging); optional comm CTAs, the rest compute.
-pub const GEMM_RS_NK: KernelSpec = KernelSpec {
-    name: "mk_gemm_rs_bf16_nk",
-    dynamic_smem: GemmTile::FUSED_RS.smem_bytes(),
-    ..GEMM_BF16_NK
-};
-
 /// Kernels whose ptxas spills are known and accepted for now: `cargo xtask ptx --check` reports
 /// them without failing. Each entry says why.
 pub const EXPERIMENTAL: &[(&str, &str)] = &[];
@@ -126,6 +96,9 @@ pub const KERNELS: &[KernelSpec] = &[
     crate::ops::moe::MOE_GATHER,
     crate::ops::moe::MOE_GROUPED_GEMM,
     crate::ops::moe::MOE_COMBINE,
+    crate::ops::moe::MOE_EP_ROUTE,
+    crate::ops::moe::MOE_EP_DISPATCH,
+    crate::ops::moe::MOE_EP_COMBINE,
     crate::ops::attention::FLASH_ATTN_FWD_D64,
     crate::ops::attention::FLASH_ATTN_FWD_D128,
     crate::ops::attention::RING_ATTN_FWD_D64,

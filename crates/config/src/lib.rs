@@ -5,11 +5,15 @@
 //! the PTX linker (which patches launch bounds into the PTX) and xtask all compile the *same*
 //! constants. A kernel's shared-memory budget, thread count and register split are computed here
 //! once and checked at compile time (`const _: () = ...check()`).
+//!
+//! Each operation has one module in [`ops`] (argument block, kernel specs, shared-memory struct,
+//! warp roles); [`gemm`], [`bulk`], [`stream_k`], [`comm`] and [`trace`] are shared by them, and
+//! [`kernels`] lists every kernel entry.
 #![no_std]
 
+pub mod bulk;
 pub mod comm;
 pub mod fifo;
-pub mod fused;
 pub mod gemm;
 pub mod kernels;
 pub mod ops;

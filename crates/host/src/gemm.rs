@@ -272,7 +272,7 @@ impl<'a> GemmPlan<'a> {
         })
     }
 
-    /// Diagnostic: the same plan on GEMM+ReduceScatter's ring (`GemmTile::FUSED_RS`: 3 stages,
+    /// Diagnostic: the same plan on GEMM+ReduceScatter's ring (`ops::gemm_rs::TILE`: 3 stages,
     /// whole-tile epilogue staging, the fused kernels' register split), to measure what that
     /// ring costs the GEMM alone. N x K B and TMA-stored bf16 C only.
     pub fn on_fused_ring(mut self, device: &Device) -> Result<Self> {

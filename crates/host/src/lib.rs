@@ -14,6 +14,7 @@
 //!   [`Communicator::all_gather_raw`], [`Communicator::reduce_scatter_raw`], and launches on a
 //!   raw `CUstream`: [`ops::AgGemmPlan::launch_raw`], [`ops::GemmRsPlan::launch_raw`]);
 //! - [`tensor_map`]: TMA descriptors encoded with `cuTensorMapEncodeTiled`.
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 mod check;
 pub mod comm;

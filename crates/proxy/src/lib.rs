@@ -15,6 +15,7 @@
 //! [`backend::choose`] picks one. `docs/internode.md` describes the protocol and how to run on
 //! two nodes. Everything here builds and tests without a GPU or a NIC; libibverbs and libefa
 //! are opened at run time (`dlopen`), so binaries also start on hosts without rdma-core.
+#![deny(clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
 
 pub mod backend;

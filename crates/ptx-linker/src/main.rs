@@ -8,6 +8,7 @@
 //! 1. `llvm-link --ignore-non-bitcode` every input into one module;
 //! 2. `opt` internalizes everything but the exported kernels, drops dead code, optimizes (O3);
 //! 3. `llc` lowers to PTX for the target cpu;
+//!
 //! then it patches `.maxntid` / `.minnctapersm` into each `.entry` from `mkernel_config::KERNELS`
 //! (Rust has no launch-bounds attribute) and fails when the PTX still calls an unresolved
 //! `.extern .func` or when the kernel table and the PTX disagree.

@@ -27,13 +27,13 @@ pub fn finish_ptx(ptx: &str, table: &[KernelSpec]) -> Result<String, String> {
                 .ok_or_else(|| format!("kernel `{name}` is in the PTX but not in mkernel_config::KERNELS"))?;
             seen.push(spec.name);
             pending = Some(spec);
-        } else if pending.is_some()
-            && (t.starts_with(".maxntid")
+        } else if let Some(p) = pending.filter(|_| {
+            t.starts_with(".maxntid")
                 || t.starts_with(".minnctapersm")
                 || t.starts_with(".reqntid")
-                || t.starts_with(".maxnreg"))
-        {
-            return Err(format!("kernel `{}` already has launch bounds", pending.unwrap().name));
+                || t.starts_with(".maxnreg")
+        }) {
+            return Err(format!("kernel `{}` already has launch bounds", p.name));
         }
         out.push_str(line);
         out.push('\n');

@@ -10,11 +10,21 @@
 //! 3. `mk_moe_grouped_gemm` (up): `Hid[slot] = act(Xp[slot] * W_up[e]^T)`.
 //! 4. `mk_moe_grouped_gemm` (down): `Yp[slot] = Hid[slot] * W_down[e]^T`.
 //! 5. `mk_moe_combine`: `out[t] = sum_j w[t, j] * Yp[slot(t, j)]`, f32 accumulation.
-use crate::gemm::GemmTile;
+use crate::gemm::{GemmTile, RingLayout, SMEM_ALIGN_SLACK};
 use crate::kernels::KernelSpec;
 
 /// The grouped GEMM's tile configuration (the plain GEMM's).
 pub const TILE: GemmTile = GemmTile::DEFAULT;
+/// The grouped GEMM's shared memory: its ring alone.
+#[repr(C)]
+pub struct GroupedGemmSmem {
+    pub ring: crate::ring_smem!(TILE),
+}
+/// The grouped GEMM ring's offsets.
+pub const RING: RingLayout = <crate::ring_smem!(TILE)>::layout(TILE);
+/// The grouped GEMM's dynamic shared memory.
+pub const GROUPED_GEMM_SMEM_BYTES: u32 = core::mem::size_of::<GroupedGemmSmem>() as u32 + SMEM_ALIGN_SLACK;
+const _: () = assert!(GROUPED_GEMM_SMEM_BYTES <= crate::SM90_MAX_SMEM_PER_CTA);
 /// Rows of one expert group are padded to a multiple of this (the tile's rows): no row tile
 /// holds rows of two experts, so every tile's bulk stores stay inside its expert's group.
 pub const ROW_ALIGN: u32 = TILE.block_m;
@@ -201,13 +211,123 @@ pub const MOE_GROUPED_GEMM: KernelSpec = KernelSpec {
     name: "mk_moe_grouped_gemm",
     max_threads: TILE.threads(),
     min_blocks_per_sm: 1,
-    dynamic_smem: TILE.smem_bytes(),
+    dynamic_smem: GROUPED_GEMM_SMEM_BYTES,
 };
 pub const MOE_COMBINE: KernelSpec = KernelSpec {
     name: "mk_moe_combine",
     max_threads: ROW_THREADS,
     min_blocks_per_sm: 1,
     dynamic_smem: 0,
+};
+
+/// Expert parallelism (docs/moe.md, "Across ranks"): most CTAs of the dispatch and the combine
+/// kernels (one rows flag and one output flag per source rank and CTA).
+pub const EP_MAX_CTAS: u32 = 256;
+/// Most ranks of an expert-parallel layer (the node's NVLink peers).
+pub const EP_MAX_RANKS: u32 = crate::comm::MAX_LOCAL_RANKS;
+
+/// `mk_moe_ep_route`, `mk_moe_ep_dispatch` and `mk_moe_ep_combine`'s argument block (device
+/// memory). Local buffers are device addresses; `heap_*` are offsets into every rank's
+/// symmetric heap (the same on every rank).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct MoeEpArgs {
+    /// The receive layout of this rank's local experts, written by the routing kernel with
+    /// [`MoeRouteArgs`]'s meaning (`experts` = local experts, `max_tiles` = receive capacity in
+    /// row tiles, `error` a scratch record: cut groups are counted in `drops` instead).
+    pub layout: MoeRouteArgs,
+    /// One `u64`: the layer's launch epoch (the routing kernel advances it; the others read it).
+    pub epoch: u64,
+    /// `u32` per pair: its row in the receive buffer of the rank owning its expert
+    /// (`u32::MAX`: bad id or dropped).
+    pub pos: u64,
+    /// Two `u32`: this launch's pairs of this rank dropped for want of receive capacity at
+    /// their owner, and rows sent to this rank that it dropped.
+    pub drops: u64,
+    /// The [`MoeErrorRecord`] of bad expert ids.
+    pub error: u64,
+    /// Heap offsets: the flags ([`ep_flag`]), the count matrix (`world x experts` u32: row `s`
+    /// written by rank `s`), the received rows (`capacity x hidden` bf16), the down
+    /// projection's rows (`capacity x hidden` bf16, read back by the source ranks).
+    pub heap_flags: u64,
+    pub heap_counts: u64,
+    pub heap_recv: u64,
+    pub heap_yp: u64,
+    pub tokens: u32,
+    pub top_k: u32,
+    pub hidden: u32,
+    /// Experts of the whole layer (`world x local_experts`).
+    pub experts: u32,
+    pub local_experts: u32,
+    /// Receive capacity in rows (a multiple of [`ROW_ALIGN`]).
+    pub capacity: u32,
+}
+
+/// The flags of an expert-parallel layer in its heap region (`u64` epochs, written by the
+/// source rank only, read by their owner): `Ready` (the source entered this launch: it no
+/// longer reads my buffers and its own are free), `Counts` (its row of the count matrix is
+/// in my heap), `Rows` per CTA (its CTA's token rows are in my receive buffer), `Out` per CTA
+/// (its down projection's rows are final: I may read them back).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum EpFlag {
+    Ready = 0,
+    Counts = 1,
+    Rows = 2,
+    Out = 3,
+}
+
+/// Byte offset inside the flag region of flag `(kind, src, cta)` (`cta` 0 for Ready and Counts).
+pub const fn ep_flag(kind: EpFlag, src: u32, cta: u32) -> u64 {
+    let slot = match kind {
+        EpFlag::Ready => src,
+        EpFlag::Counts => EP_MAX_RANKS + src,
+        EpFlag::Rows => 2 * EP_MAX_RANKS + src * EP_MAX_CTAS + cta,
+        EpFlag::Out => 2 * EP_MAX_RANKS + EP_MAX_RANKS * EP_MAX_CTAS + src * EP_MAX_CTAS + cta,
+    };
+    slot as u64 * 8
+}
+/// Bytes of the flag region.
+pub const EP_FLAG_BYTES: u64 = ep_flag(EpFlag::Out, EP_MAX_RANKS - 1, EP_MAX_CTAS - 1) + 8;
+
+/// Shared memory of `mk_moe_ep_route`: the routing's struct first (its group placement is
+/// reused for the receive layout), then per expert of the layer the tile scan, the first
+/// receive row of this rank's rows and the rows all ranks send.
+#[repr(C)]
+pub struct EpRouteSmem {
+    pub route: RouteSmem,
+    pub scan: [u32; MAX_EXPERTS as usize],
+    pub base: [u32; MAX_EXPERTS as usize],
+    pub total: [u32; MAX_EXPERTS as usize],
+}
+pub const EP_SMEM_SCAN: u32 = core::mem::offset_of!(EpRouteSmem, scan) as u32;
+pub const EP_SMEM_BASE: u32 = core::mem::offset_of!(EpRouteSmem, base) as u32;
+pub const EP_SMEM_TOTAL: u32 = core::mem::offset_of!(EpRouteSmem, total) as u32;
+pub const EP_SMEM_BYTES: u32 = core::mem::size_of::<EpRouteSmem>() as u32;
+
+pub const MOE_EP_ROUTE: KernelSpec = KernelSpec {
+    name: "mk_moe_ep_route",
+    max_threads: ROUTE_THREADS,
+    min_blocks_per_sm: 1,
+    dynamic_smem: EP_SMEM_BYTES,
+};
+pub const MOE_EP_DISPATCH: KernelSpec = KernelSpec {
+    name: "mk_moe_ep_dispatch",
+    max_threads: ROW_THREADS,
+    min_blocks_per_sm: 1,
+    dynamic_smem: 0,
+};
+pub const MOE_EP_COMBINE: KernelSpec = KernelSpec {
+    name: "mk_moe_ep_combine",
+    max_threads: ROW_THREADS,
+    min_blocks_per_sm: 1,
+    dynamic_smem: 0,
+};
+
+const _: () = {
+    assert!(EP_SMEM_BYTES <= 48 * 1024);
+    assert!(core::mem::offset_of!(EpRouteSmem, route) == 0);
+    assert!(ROUTE_THREADS >= EP_MAX_RANKS);
 };
 
 /// Row tiles the grouped buffers may need: every expert that gets rows rounds up by less than
@@ -236,6 +356,28 @@ mod tests {
         assert!(max_tiles(1000, 8) >= 1000u32.div_ceil(128));
         // 129 rows each over 8 experts: 2 tiles each.
         assert!(max_tiles(8 * 129, 8) >= 16);
+    }
+    #[test]
+    fn ep_flags_do_not_overlap() {
+        // Every flag inside the region, 8-byte aligned, none twice, none of the region unused.
+        let mut seen = [false; (EP_FLAG_BYTES / 8) as usize];
+        let mut mark = |at: u64| {
+            assert!(at.is_multiple_of(8) && at + 8 <= EP_FLAG_BYTES);
+            assert!(!seen[(at / 8) as usize], "flag at {at} twice");
+            seen[(at / 8) as usize] = true;
+        };
+        for src in 0..EP_MAX_RANKS {
+            mark(ep_flag(EpFlag::Ready, src, 0));
+            mark(ep_flag(EpFlag::Counts, src, 0));
+            for cta in 0..EP_MAX_CTAS {
+                mark(ep_flag(EpFlag::Rows, src, cta));
+                mark(ep_flag(EpFlag::Out, src, cta));
+            }
+        }
+        assert!(seen.iter().all(|&s| s));
+        assert_eq!(EP_SMEM_SCAN, ROUTE_SMEM_BYTES);
+        assert_eq!(EP_SMEM_BASE, EP_SMEM_SCAN + 4 * MAX_EXPERTS);
+        assert_eq!(EP_SMEM_TOTAL, EP_SMEM_BASE + 4 * MAX_EXPERTS);
     }
     #[test]
     fn route_smem_offsets() {

@@ -58,10 +58,15 @@ pub fn block_idx_reread() -> u32 {
     unsafe { asm!("mov.u32 {0}, %ctaid.x;", out(reg32) b, options(nomem, nostack)) };
     b
 }
+/// [`warp_idx`] from [`thread_idx_reread`].
+#[inline(always)]
+pub fn warp_idx_reread() -> u32 {
+    crate::arch::shuffle::shfl_idx(thread_idx_reread() / 32, 0)
+}
 /// [`warpgroup_idx`] from [`thread_idx_reread`].
 #[inline(always)]
 pub fn warpgroup_idx_reread() -> u32 {
-    crate::arch::shuffle::shfl_idx(thread_idx_reread() / 32, 0) / 4
+    warp_idx_reread() / 4
 }
 /// Thread index within its warpgroup (0..128).
 #[inline(always)]

@@ -15,6 +15,19 @@ pub fn sync_threads() {
 pub fn named_barrier_sync(id: u32, threads: u32) {
     unsafe { asm!("barrier.sync {0}, {1};", in(reg32) id, in(reg32) threads, options(nostack)) };
 }
+/// Named barrier `id` among `threads` threads that also ORs `pred` over them:
+/// `barrier.red.or.pred q, id, threads, p;`
+#[inline(always)]
+pub fn named_barrier_or(id: u32, threads: u32, pred: bool) -> bool {
+    let r: u32;
+    unsafe {
+        asm!(
+            "{{ .reg .pred p, q; setp.ne.u32 p, {2}, 0; barrier.red.or.pred q, {0}, {1}, p; selp.u32 {3}, 1, 0, q; }}",
+            in(reg32) id, in(reg32) threads, in(reg32) pred as u32, out(reg32) r, options(nostack)
+        )
+    };
+    r != 0
+}
 /// Arrive at named barrier `id` without waiting: `barrier.arrive id, threads;` (non-aligned).
 #[inline(always)]
 pub fn named_barrier_arrive(id: u32, threads: u32) {

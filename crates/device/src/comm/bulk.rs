@@ -9,7 +9,7 @@
 //! whose stores have finished reading it once at most `S - L` newer groups are still reading
 //! (`cp.async.bulk.wait_group.read S - L`). So up to `S - L` stores are in flight.
 use crate::arch::{mbarrier, memory, smem::SmemAddr, tma};
-use mkernel_config::fused::{BULK_LOOKAHEAD, BULK_STAGES, BULK_STAGE_BYTES};
+use mkernel_config::bulk::{BULK_BARS_OFFSET, BULK_LOOKAHEAD, BULK_STAGES, BULK_STAGE_BYTES};
 
 /// Flags to raise once a copy's stores are complete: `red.release.sys.add` of `add` to each of
 /// `flags[..n]` (device addresses, a peer's over NVLink).
@@ -54,7 +54,7 @@ impl BulkRing {
 
     #[inline(always)]
     fn bar(&self, s: u32) -> SmemAddr {
-        self.base.add(BULK_STAGES * BULK_STAGE_BYTES + 8 * s)
+        self.base.add(BULK_BARS_OFFSET + 8 * s)
     }
 
     /// Starts the load of piece `g` (global piece count), `len` bytes from `src`.

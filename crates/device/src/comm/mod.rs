@@ -8,6 +8,7 @@
 
 pub mod bulk;
 pub mod ctx;
+pub mod launch;
 pub mod ll;
 pub mod move_data;
 pub mod proxy;

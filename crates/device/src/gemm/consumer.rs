@@ -166,9 +166,7 @@ pub unsafe fn mma_tile_hooked<const EARLY_DESC: bool>(
 /// with the wait's) that the compilers cannot sink past a later wait.
 #[inline(always)]
 fn before_wait(x: u32) -> u32 {
-    let r: u32;
-    unsafe { core::arch::asm!("mov.b32 {0}, {1};", out(reg32) r, in(reg32) x, options(nostack, nomem)) };
-    r
+    crate::arch::regs::opaque_u32(x)
 }
 
 /// A consumer warpgroup that stopped computing (its launch gave up) still takes a tile's

@@ -62,6 +62,7 @@ impl TileScheduler {
     /// - segment g = 1..G: the peers' blocks of part g merged with this rank's own block of
     ///   part g - 1 ([`TileScheduler::merged`]: `world - 1` waves of peer tiles, one of own);
     /// - last: the own block of part G - 1.
+    ///
     /// So every own tile comes a whole segment after the peers computed (and sent) their
     /// partials of it, and the NVLink stores are spread over the whole launch instead of
     /// pausing while the own chunk is computed. `m` must be a multiple of

@@ -1,7 +1,7 @@
 //! `mk_gemm_bf16_nk` / `mk_gemm_bf16_kn`: persistent warp-specialized GEMM `C = A * B`.
 //!
 //! Launch: grid = number of CTAs to use (at most one per SM), block = `GemmTile::threads()`,
-//! dynamic shared memory = `GemmTile::smem_bytes()`. `map_a`/`map_b` point to `CUtensorMap`s in
+//! dynamic shared memory = `mkernel_config::ops::gemm::SMEM_BYTES` (`GemmSmem`). `map_a`/`map_b` point to `CUtensorMap`s in
 //! global memory (encoded by crates/host), A: box 64 x 128, B: box 64 x 256 (N x K) or
 //! 64 x 64 (K x N), 128B swizzle, zero fill out of bounds. `map_c` (box 64 x 64, 128B swizzle)
 //! selects the TMA-store epilogue for bf16 C; null selects direct stores to `c`.
@@ -13,15 +13,17 @@ use crate::gemm::ring::{Ring, RingPos};
 use crate::gemm::scheduler::TileScheduler;
 use crate::gemm::trace as gemm_trace;
 use crate::gemm::{BLayout, TILE};
+use mkernel_config::gemm::RingLayout;
+use mkernel_config::ops::{gemm as gemm_op, gemm_rs};
 use mkernel_config::trace::{tile_kind, End, Mark};
 use mkernel_config::GemmTile;
 
-/// The kernel body on ring configuration `ring_tile` (same block shape as [`TILE`]); `PR`/`CR`
-/// are its producer/consumer register counts.
+/// The kernel body on the ring `ring_layout` (same block shape as [`TILE`]); `PR`/`CR` are its
+/// producer/consumer register counts.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn gemm_on<const PR: u32, const CR: u32>(
-    ring_tile: GemmTile,
+    ring_layout: RingLayout,
     map_a: *const u8,
     map_b: *const u8,
     map_c: *const u8,
@@ -34,7 +36,7 @@ unsafe fn gemm_on<const PR: u32, const CR: u32>(
     b_layout: BLayout,
     trace: u64,
 ) {
-    let ring = Ring::new(smem::dynamic_smem_addr(), ring_tile);
+    let ring = Ring::new(smem::dynamic_smem_addr(), ring_layout);
     let (a, b) = (TensorMap(map_a), TensorMap(map_b));
     if ids::thread_idx() == 0 {
         unsafe {
@@ -147,7 +149,18 @@ unsafe fn gemm(
 ) {
     unsafe {
         gemm_on::<{ TILE.producer_regs }, { TILE.consumer_regs }>(
-            TILE, map_a, map_b, map_c, c, m, n, k, ldc, f32_out, b_layout, 0,
+            gemm_op::RING,
+            map_a,
+            map_b,
+            map_c,
+            c,
+            m,
+            n,
+            k,
+            ldc,
+            f32_out,
+            b_layout,
+            0,
         )
     }
 }
@@ -184,7 +197,7 @@ pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_kn(
     unsafe { gemm(map_a, map_b, map_c, c, m, n, k, ldc, f32_out, BLayout::Kn) }
 }
 
-/// Diagnostic: [`mk_gemm_bf16_nk`] on GEMM+ReduceScatter's ring (`GemmTile::FUSED_RS`: 3 stages,
+/// Diagnostic: [`mk_gemm_bf16_nk`] on GEMM+ReduceScatter's ring (`ops::gemm_rs::TILE`: 3 stages,
 /// whole-tile staging, the fused register split), to measure what that ring costs the mainloop
 /// with no communication (`mkernel-bench --op gemm`); with `trace` (0: none) it records the
 /// fused kernels' per-tile timeline ([`mkernel_config::trace`]) for comparison.
@@ -201,10 +214,10 @@ pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_nk_fused_ring(
     f32_out: u32,
     trace: u64,
 ) {
-    const R: GemmTile = GemmTile::FUSED_RS;
+    const R: GemmTile = gemm_rs::TILE;
     unsafe {
         gemm_on::<{ R.producer_regs }, { R.consumer_regs }>(
-            R,
+            gemm_rs::RING,
             map_a,
             map_b,
             map_c,

@@ -859,6 +859,10 @@ pub(crate) fn wait_name(code: u32) -> String {
         w::STAGING => "epilogue staging (aux mbarrier)".into(),
         w::RING_TICK => "consumers' ring progress (tick count)".into(),
         w::NODE_SUMS => "other nodes' sums (aux mbarrier)".into(),
+        c if (w::MOE_EP..w::MOE_EP + 4).contains(&c) => {
+            let names = ["Ready", "Counts", "Rows", "Out"];
+            format!("MoE {} flag (epoch)", names[(c - w::MOE_EP) as usize])
+        }
         c => match FlagSlot::from_u32(c) {
             // Counters count tiles; every other slot holds epochs.
             Some(s @ (FlagSlot::Tile1 | FlagSlot::Tile2 | FlagSlot::NodeSum | FlagSlot::Outbox)) => {

@@ -13,7 +13,7 @@ use crate::tensor_map::{encode_bf16_sw128, Tensor2d};
 use crate::tune;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
-use mkernel_config::fused::AgGemmArgs;
+use mkernel_config::ops::ag_gemm::AgGemmArgs;
 use mkernel_config::{kernels, GemmTile};
 use std::marker::PhantomData;
 use std::sync::Arc;

@@ -14,7 +14,7 @@ use crate::tensor_map::{encode_bf16_sw128, Tensor2d};
 use crate::tune;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
-use mkernel_config::fused::{GemmRsArgs, SK_SLOT_BYTES};
+use mkernel_config::ops::gemm_rs::{GemmRsArgs, SK_SLOT_BYTES};
 use mkernel_config::stream_k::StreamK;
 use mkernel_config::{kernels, GemmTile};
 use std::marker::PhantomData;
@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 /// How a GEMM+ReduceScatter/AllReduce plan splits its work: `parts` per row chunk (0: the tune
 /// cache's or the default), comm CTAs ([`RsSplit::AUTO`]: the default,
-/// `mkernel_config::fused::rs_comm_ctas` - the tune cache holds `parts` only;
+/// `mkernel_config::ops::gemm_rs::rs_comm_ctas` - the tune cache holds `parts` only;
 /// [`RsSplit::NO_COMM_CTAS`]: none, the compute CTAs store partials straight into the peers'
 /// receive buffers) and the rasterization group.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -189,7 +189,7 @@ pub fn policy(p: &RsProblem, split: RsSplit, cached_parts: Option<u32>) -> Resul
                 "comm_ctas = {c} with pulled partials: pulling needs no comm CTAs (AUTO or NO_COMM_CTAS)"
             ))
         }
-        RsSplit::AUTO => mkernel_config::fused::rs_comm_ctas(world as u32, p.all_reduce),
+        RsSplit::AUTO => mkernel_config::ops::gemm_rs::rs_comm_ctas(world as u32, p.all_reduce),
         RsSplit::NO_COMM_CTAS => 0,
         c => c,
     };
@@ -202,7 +202,7 @@ pub fn policy(p: &RsProblem, split: RsSplit, cached_parts: Option<u32>) -> Resul
             ))
         }
     };
-    // Rows are node-blocked (mkernel_config::fused::rs_source_row): a local rank's chunk of
+    // Rows are node-blocked (mkernel_config::ops::gemm_rs::rs_source_row): a local rank's chunk of
     // m / world rows is `nodes` blocks of m / global_world rows, one per node's rank of its rail.
     let (chunk_rows, block_rows) = ((m / world) as u64, (m / global_world) as u64);
     let (m64, n64) = (m as u64, n as u64);
@@ -238,9 +238,9 @@ pub fn policy(p: &RsProblem, split: RsSplit, cached_parts: Option<u32>) -> Resul
         && n_comm == 0
         && !pull
         && !split.no_stager
-        && mkernel_config::fused::stager_items_fit(tiles, compute_ctas);
+        && mkernel_config::ops::gemm_rs::stager_items_fit(tiles, compute_ctas);
     let store_rows = if stager {
-        mkernel_config::fused::STAGER_STORE_ROWS
+        mkernel_config::ops::gemm_rs::STAGER_STORE_ROWS
     } else {
         GemmTile::EPILOGUE_BOX_ROWS
     };
@@ -840,7 +840,7 @@ mod tests {
         assert!(s.stager && !s.pull);
         assert_eq!(
             (s.n_comm, s.grid, s.store_rows),
-            (0, 132, mkernel_config::fused::STAGER_STORE_ROWS)
+            (0, 132, mkernel_config::ops::gemm_rs::STAGER_STORE_ROWS)
         );
         assert_eq!(s.recv_bytes, Some(2048 * 1024 * 2 * 2));
         assert_eq!(

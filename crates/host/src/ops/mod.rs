@@ -8,6 +8,7 @@
 //! - [`gemm_rs`]: GEMM + ReduceScatter and GEMM + AllReduce ([`GemmRsPlan`]).
 //! - [`attention`]: FlashAttention forward on one GPU ([`attention::FlashAttentionPlan`]).
 //! - [`moe`]: mixture-of-experts expert FFN on one GPU ([`moe::MoePlan`]).
+//! - [`moe_ep`]: the same layer with expert parallelism over the node's ranks ([`moe_ep::MoeEpPlan`]).
 //! - [`ring_attention`]: ring attention forward across a communicator's local ranks
 //!   ([`ring_attention::RingAttentionPlan`]).
 //!
@@ -131,6 +132,7 @@ pub mod ag_gemm;
 pub mod attention;
 pub mod gemm_rs;
 pub mod moe;
+pub mod moe_ep;
 pub mod ring_attention;
 
 pub use ag_gemm::AgGemmPlan;

@@ -449,7 +449,7 @@ impl<'a> MoePlan<'a> {
         }
         let a = self.args.device_ptr(stream).0;
         let f32_out = (O::DTYPE == OutDtype::F32) as u32;
-        // SAFETY (every stage): the argument lists match the kernels' (`mkernel_config::ops::moe`
+        // SAFETY: for every stage the argument lists match the kernels' (`mkernel_config::ops::moe`
         // argument blocks at the uploaded addresses, then the launch-time buffers), the
         // buffers hold the shape's elements (checked above), the grouped buffers are the
         // plan's own.

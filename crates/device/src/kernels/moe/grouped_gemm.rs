@@ -13,7 +13,9 @@ use super::{consumer, producer};
 use crate::arch::{ids, smem, sync, tma, tma::TensorMap};
 use crate::gemm::ring::Ring;
 use crate::gemm::scheduler::TileScheduler;
-use mkernel_config::ops::moe::{act, grouped_gemm_role, GroupedGemmArgs, GROUPED_GEMM_ROLES, SWIGLU_TILE_COLS, TILE};
+use mkernel_config::ops::moe::{
+    act, grouped_gemm_role, GroupedGemmArgs, GROUPED_GEMM_ROLES, RING, SWIGLU_TILE_COLS, TILE,
+};
 
 /// What both roles need of the launch.
 #[derive(Clone, Copy)]
@@ -43,7 +45,7 @@ impl Launch {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_moe_grouped_gemm(args: *const GroupedGemmArgs) {
-    let ring = Ring::new(smem::dynamic_smem_addr(), TILE);
+    let ring = Ring::new(smem::dynamic_smem_addr(), RING);
     if ids::thread_idx() == 0 {
         unsafe {
             tma::prefetch(TensorMap((*args).map_a as *const u8));

@@ -77,7 +77,7 @@ pub unsafe extern "ptx-kernel" fn mk_moe_route(args: *const MoeRouteArgs, ids: *
 /// row. Groups that would run past `max_tiles` are cut there (their tiles are not written and
 /// the rows in use stop at the capacity) and the error record's `flag` gets bit 1.
 #[inline(always)]
-unsafe fn place_groups(a: &MoeRouteArgs, experts: u32, count: u32) {
+pub(crate) unsafe fn place_groups(a: &MoeRouteArgs, experts: u32, count: u32) {
     let base = smem::dynamic_smem_addr();
     let cursor = |e: u32| base.add(ROUTE_SMEM_CURSOR + 4 * e);
     let warp_tiles = |w: u32| base.add(ROUTE_SMEM_WARP_TILES + 4 * w);

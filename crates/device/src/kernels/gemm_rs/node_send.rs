@@ -1,5 +1,10 @@
 //! Across nodes: the warp that PUTs a completed node block to its remote rank through the proxy.
-use super::*;
+use super::shared::{fused_ctx_at, ldesc, lepoch, node_blocks, HALVES};
+use crate::comm::wait::wait_flag_of_cta;
+use crate::comm::{proxy, CommCtx};
+use crate::gemm::TILE;
+use mkernel_config::comm::{CommDesc, FlagSlot, RemoteSlot, Role};
+use mkernel_config::ops::gemm_rs::GemmRsArgs;
 
 /// Node blocks whose PUTs this rank posts: across nodes the `nodes - 1` other nodes' blocks, and
 /// for AllReduce also the own one; none on one node.

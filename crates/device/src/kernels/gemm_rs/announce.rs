@@ -1,6 +1,14 @@
 //! Announcing finished GEMM+ReduceScatter/AllReduce tiles (without stagers): the pending tiles
 //! and the rule that says when their bulk stores are complete.
-use super::*;
+use super::shared::{node_blocks, RS_TILE};
+use crate::arch::memory::Scope;
+use crate::arch::sync::named_barrier_or;
+use crate::arch::{ids, memory, tma};
+use crate::comm::CommCtx;
+use crate::gemm::TILE;
+use mkernel_config::comm::FlagSlot;
+use mkernel_config::ops::gemm_rs::GemmRsArgs;
+use mkernel_config::GemmTile;
 
 /// Tiles whose completion is still to be announced: the previous one and the one before it.
 pub(super) struct Pendings {
@@ -9,7 +17,7 @@ pub(super) struct Pendings {
 }
 
 /// Epilogue bulk-store groups per tile and consumer warpgroup (one per staging box).
-pub(super) const TILE_GROUPS: u32 = GemmTile::FUSED_RS.block_n / GemmTile::EPILOGUE_BOX_COLS;
+pub(super) const TILE_GROUPS: u32 = RS_TILE.block_n / GemmTile::EPILOGUE_BOX_COLS;
 
 /// Whether another rank waits for a tile's announcement before the end of its tile loop: a
 /// partial for a local peer, or part of a node sum for another node.
@@ -89,8 +97,9 @@ pub(super) unsafe fn publish<const NEWER_GROUPS: u32>(
     let (nodes, _, block_rows) = node_blocks(c, a.m);
     let j = p.mt * TILE.block_m / block_rows;
     unsafe {
-        // Counted locally (a release at GPU scope: ~1 us where one at system scope stalled the
-        // warpgroup ~4.5 us per tile); comm CTAs or the relay warps carry it to the peers.
+        // Counted locally with a release at GPU scope (one at system scope stalls the
+        // warpgroup for the NVLink round trip); comm CTAs or the relay warps carry it to the
+        // peers.
         if p.dest != c.rank || (a.all_reduce != 0 && j + 1 == nodes && c.world > 1) {
             memory::red_release_add_u64(Scope::Gpu, c.flag_of_cta(c.rank, FlagSlot::Outbox, p.dest, p.mt), 1);
         }

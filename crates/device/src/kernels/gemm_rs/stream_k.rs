@@ -1,6 +1,15 @@
 //! The stream-K tail's partials: a contributor piece's accumulators through the workspace to
 //! the tile's owner.
-use super::*;
+use super::shared::{fused_ctx_at, ldesc};
+use crate::arch::memory::Scope;
+use crate::arch::sync::named_barrier_or;
+use crate::arch::{ids, memory, sync};
+use crate::comm::wait::wait_flag_of_cta;
+use crate::gemm::epilogue::{add_acc_f32, store_acc_f32};
+use crate::gemm::TILE;
+use mkernel_config::comm::FlagSlot;
+use mkernel_config::ops::gemm_rs::{GemmRsArgs, SK_SLOT_BYTES};
+use mkernel_config::trace::Mark;
 
 /// The workspace slot of consumer warpgroup `wg` of compute CTA `cta` (its stream-K partial).
 #[inline(always)]

@@ -1,5 +1,12 @@
 //! A ReduceScatter peer tile's bulk stores spread over the next mainloop (without stagers).
-use super::*;
+use super::shared::{largs, RS_RING, RS_TILE};
+use crate::arch::tma::TensorMap;
+use crate::arch::{ids, smem};
+use crate::gemm::consumer::KBlockHook;
+use crate::gemm::epilogue::store_staged_box;
+use crate::gemm::ring::Ring;
+use crate::gemm::scheduler::Tile;
+use mkernel_config::ops::gemm_rs::GemmRsArgs;
 
 /// A ReduceScatter peer partial tile (pushed without comm CTAs) staged at its epilogue, whose bulk stores
 /// into the peer's receive buffer the warpgroup's leader issues during the next mainloop, one
@@ -65,7 +72,7 @@ impl KBlockHook for Trickle {
         let q = RS_TILE.epilogue_buffers - self.left;
         if self.left > 0 && kb == (2 * q + 1) * k_blocks / (2 * RS_TILE.epilogue_buffers) {
             let cw = ids::warpgroup_idx() - 1;
-            unsafe { self.issue(&Ring::new(smem::dynamic_smem_addr(), RS_TILE), cw) };
+            unsafe { self.issue(&Ring::new(smem::dynamic_smem_addr(), RS_RING), cw) };
         }
     }
 }

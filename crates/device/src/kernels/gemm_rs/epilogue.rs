@@ -1,6 +1,24 @@
 //! GEMM+ReduceScatter/AllReduce's epilogue without stagers: partial loads and adds, stores,
 //! and (across nodes) the node sums.
-use super::*;
+use super::announce::{announce_newer, announce_older, awaited_in_loop, Pending, Pendings};
+use super::shared::{
+    fused_ctx_at, largs, ldesc, node_blocks, partials_of, rank_world, tile1_full, RS_TILE, STAGED, STAGE_PARITY,
+};
+use super::shared::{node_sums, staging_ready};
+use super::trickle::Trickle;
+use crate::arch::memory::Scope;
+use crate::arch::sync::named_barrier_or;
+use crate::arch::tma::TensorMap;
+use crate::arch::{ids, mbarrier, memory, sync, tma};
+use crate::comm::wait::{wait_flag_of_cta, wait_mbarrier};
+use crate::gemm::epilogue::{add_bf16_tile, add_staged_tile, store_tile_tma, store_tile_tma_to, MapTable, StagedOnly};
+use crate::gemm::ring::Ring;
+use crate::gemm::scheduler::Tile;
+use crate::gemm::TILE;
+use mkernel_config::comm::{flag_offset, wait_code, CommDesc, FlagSlot, Role};
+use mkernel_config::ops::gemm_rs::GemmRsArgs;
+use mkernel_config::trace::Mark;
+use mkernel_config::GemmTile;
 
 /// Before an own tile's mainloop: the peers' partial tiles it will add from global memory (all
 /// but a staged first one) are pulled into L2
@@ -38,7 +56,7 @@ pub(super) unsafe fn prefetch_partials(a: &GemmRsArgs, tile: Tile, rank: u32, wo
 
 /// Before an own tile's mainloop, the leader of each consumer warpgroup TMA-loads the first
 /// peer's (`(rank + 1) % world`) partial of its 64 rows into the warpgroup's epilogue staging
-/// ([`load_partial`]) if that peer's counter of the row tile is already full; `aux(wg)`
+/// ([`load_partial`]) if that peer's counter of the row tile is already full; `staging_ready(wg)`
 /// completes when it landed. It never waits for the counter (a wait here, before this tile's
 /// epilogue announces the previous tile, could close a cycle between ranks); true (for every
 /// thread of the warpgroup) when the load was issued, else the epilogue loads that partial.
@@ -69,7 +87,7 @@ pub(super) unsafe fn stage_first_partial(
 
 /// The leader of consumer warpgroup `wg` TMA-loads the partial of local peer `(rank + 1 +
 /// step) % world` of its 64 rows of own tile `tile` into the warpgroup's whole-tile staging,
-/// completing on `aux(wg)`: once this thread's earlier bulk stores finished reading the
+/// completing on `staging_ready(wg)`: once this thread's earlier bulk stores finished reading the
 /// staging, and after the caller's acquire of that peer's counter (the partial was written by
 /// bulk stores and announced by a generic release: the load reads through the async proxy,
 /// after `fence.proxy.async`). Pushed: from that peer's slot of our receive buffer (`map_in`
@@ -88,7 +106,7 @@ pub(super) unsafe fn load_partial(ring: &Ring, tile: Tile, wg: u32, step: u32) {
         )
     };
     let chunk_rows = m / world;
-    let bar = ring.aux(wg);
+    let bar = staging_ready(ring, wg);
     memory::fence_proxy_async();
     tma::store_wait_read::<0>();
     unsafe { mbarrier::arrive_expect_tx(bar, RS_TILE.epilogue_buffers * RS_TILE.epilogue_box_bytes()) };
@@ -136,14 +154,23 @@ pub(super) unsafe fn add_chained_partials(ring: &Ring, tile: Tile, wg: u32, acc:
     step!(1 2 3 4 5 6);
 }
 
-/// Waits for the staged partial's load on `aux(wg)` (the phase `ready` tracks) and flips the
+/// Waits for the staged partial's load on `staging_ready(wg)` (the phase `ready` tracks) and flips the
 /// tracked parity.
 #[inline(always)]
 pub(super) unsafe fn wait_staged(ring: &Ring, wg: u32, ready: &mut u32) {
     let parity = (*ready & STAGE_PARITY != 0) as u32;
     // (A load always lands; bounded anyway: a record, then the tile goes on with what the
     // staging holds and the next barrier sees the abort.)
-    let _ = unsafe { wait_mbarrier(ring.aux(wg), parity, ldesc(), Role::Compute, wait_code::STAGING, wg) };
+    let _ = unsafe {
+        wait_mbarrier(
+            staging_ready(ring, wg),
+            parity,
+            ldesc(),
+            Role::Compute,
+            wait_code::STAGING,
+            wg,
+        )
+    };
     *ready ^= STAGE_PARITY;
 }
 
@@ -230,8 +257,8 @@ pub(super) unsafe fn rs_epilogue(
                     left: RS_TILE.epilogue_buffers,
                 };
             } else if a.n_comm == 0 {
-                // AllReduce: at once (its own tiles, which also cross NVLink from their
-                // epilogues, ran slower with the peer tiles trickling: 2 x H200).
+                // AllReduce: at once (its own tiles also cross NVLink from their epilogues, and
+                // trickled peer tiles would compete with them; docs/fused.md).
                 store_tile_tma(
                     ring,
                     TensorMap(*a.map_recv.as_ptr().add(dest as usize) as *const u8),
@@ -261,9 +288,9 @@ pub(super) unsafe fn rs_epilogue(
                 // Pushed: the peers' partials (rank + 1, rank + 2, ...) pass through the
                 // staging one after another, each TMA-loaded from our receive buffer once the
                 // one before is added (`ldmatrix`); the last one stays for the store pass.
-                // Loads of the global partials from the registers' layout (32-bit pieces of
-                // 8 rows per warp) were latency-bound behind this SM's NVLink traffic: ~10 us
-                // per partial on 4 x H200, where a TMA load of it takes a few.
+                // (Loads of the global partials in the registers' layout, 32-bit pieces of 8
+                // rows per warp, are latency-bound behind this SM's NVLink traffic; one TMA load
+                // per box is not.)
                 if !staged && t == 0 {
                     load_partial(ring, tile, wg, 0);
                 }
@@ -292,7 +319,7 @@ pub(super) unsafe fn rs_epilogue(
                     // The other nodes' sums of our rows have landed once warp 3 arrived on the
                     // aux barrier (its acquire of their flags, then the barrier's release/acquire
                     // order our loads after the proxy's writes). Bounded by warp 3's wait.
-                    let _ = wait_mbarrier(ring.aux(0), 0, ldesc(), Role::Compute, wait_code::NODE_SUMS, 0);
+                    let _ = wait_mbarrier(node_sums(ring), 0, ldesc(), Role::Compute, wait_code::NODE_SUMS, 0);
                     let block_bytes = block_rows as u64 * a.n as u64 * 2;
                     let at = c.heap(c.rank)
                         + a.xrecv_off

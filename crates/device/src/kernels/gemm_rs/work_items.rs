@@ -1,6 +1,14 @@
 //! A compute CTA's work items (whole tiles, then stream-K pieces) and their table in shared
 //! memory.
-use super::*;
+use super::shared::{largs, ldesc, rank_world, RS_TILE};
+use super::stager::stager_runs;
+use crate::arch::{ids, smem};
+use crate::gemm::scheduler::{Tile, TileScheduler};
+use crate::gemm::TILE;
+use mkernel_config::comm::CommDesc;
+use mkernel_config::ops::gemm_rs as rs_op;
+use mkernel_config::ops::gemm_rs::{rs_source_row, GemmRsArgs};
+use mkernel_config::stream_k::StreamK;
 
 /// This launch's stream-K plan ([`StreamK`]): `GemmRsArgs::sk_tiles` where stagers run (the
 /// host sets it only there), none elsewhere. Read afresh (volatile) from the arguments' shared
@@ -94,31 +102,29 @@ pub(super) unsafe fn compute_item(idx: u32, w: u32) -> ItemRec {
     }
 }
 
-/// Flag bits of a work-item record's word 4.
-pub(super) const REC_OWNER: u32 = 1;
-pub(super) const REC_OWN: u32 = 2;
-pub(super) const REC_STAGER: u32 = 4;
-
-/// Record `w` of the work-item table (`GemmTile::item_table_offset`).
+/// Record `w` of the work-item table (`GemmRsSmem::items`).
 #[inline(always)]
 pub(super) fn item_slot(w: u32) -> smem::SmemAddr {
-    smem::dynamic_smem_addr().add(RS_TILE.item_table_offset() + w * GemmTile::ITEM_RECORD_BYTES)
+    smem::dynamic_smem_addr().add(rs_op::ITEMS_OFFSET + w * rs_op::ITEM_BYTES)
 }
 
 /// Fills the work-item table of this compute CTA (every thread of the CTA, before the role
 /// split; a CTA barrier must follow): records `0..min(items, capacity)`.
 #[inline(always)]
 pub(super) unsafe fn fill_item_table(idx: u32) {
-    let items = stream_k().items(idx).min(RS_TILE.item_table_entries);
+    let items = stream_k().items(idx).min(rs_op::ITEM_TABLE_ENTRIES as u32);
     let mut w = ids::thread_idx_reread();
     while w < items {
         let r = unsafe { compute_item(idx, w) };
         unsafe {
             smem::st_shared_v4(item_slot(w), [r.tile.m0, r.tile.n0, r.k0, r.k1]);
-            let flags = if r.owner { REC_OWNER } else { 0 }
-                | if r.own { REC_OWN } else { 0 }
-                | if r.stager { REC_STAGER } else { 0 };
-            smem::st_shared_v4(item_slot(w).add(16), [flags, r.from, r.a_row, r.local_m0]);
+            let flags = if r.owner { rs_op::ITEM_OWNER } else { 0 }
+                | if r.own { rs_op::ITEM_OWN } else { 0 }
+                | if r.stager { rs_op::ITEM_STAGER } else { 0 };
+            smem::st_shared_v4(
+                item_slot(w).add(rs_op::ITEM_META_OFFSET),
+                [flags, r.from, r.a_row, r.local_m0],
+            );
         }
         w += RS_TILE.threads();
     }
@@ -130,18 +136,18 @@ pub(super) unsafe fn table_item(w: u32) -> ItemRec {
     let (x, y) = unsafe {
         (
             smem::ld_shared_v4(item_slot(w)),
-            smem::ld_shared_v4(item_slot(w).add(16)),
+            smem::ld_shared_v4(item_slot(w).add(rs_op::ITEM_META_OFFSET)),
         )
     };
     ItemRec {
         tile: Tile { m0: x[0], n0: x[1] },
         k0: x[2],
         k1: x[3],
-        owner: y[0] & REC_OWNER != 0,
+        owner: y[0] & rs_op::ITEM_OWNER != 0,
         from: y[1],
         a_row: y[2],
-        own: y[0] & REC_OWN != 0,
-        stager: y[0] & REC_STAGER != 0,
+        own: y[0] & rs_op::ITEM_OWN != 0,
+        stager: y[0] & rs_op::ITEM_STAGER != 0,
         local_m0: y[3],
     }
 }
@@ -150,7 +156,7 @@ pub(super) unsafe fn table_item(w: u32) -> ItemRec {
 /// its capacity.
 #[inline(always)]
 pub(super) unsafe fn item(idx: u32, w: u32) -> ItemRec {
-    if w < RS_TILE.item_table_entries {
+    if w < rs_op::ITEM_TABLE_ENTRIES as u32 {
         unsafe { table_item(w) }
     } else {
         unsafe { compute_item(idx, w) }

@@ -1,5 +1,12 @@
 //! The relay warps: local tile counts turned into the peers' row-tile flags.
-use super::*;
+use super::shared::{fused_ctx_at, ldesc, lepoch, node_blocks, HALVES};
+use crate::arch::memory::Scope;
+use crate::arch::{ids, memory};
+use crate::comm::wait::{wait_flag_of_cta, wait_flag_of_cta_sleeping};
+use crate::comm::CommCtx;
+use crate::gemm::TILE;
+use mkernel_config::comm::{flag_offset, CommDesc, FlagSlot, Role};
+use mkernel_config::ops::gemm_rs::GemmRsArgs;
 
 /// Whether the compute CTAs' relay warps run: some local peer waits for a flag that the
 /// compute CTAs count locally (`Outbox`) and no comm CTA carries - peer partials without comm
@@ -21,6 +28,7 @@ pub(super) fn relays_run(a: &GemmRsArgs) -> bool {
 ///   is raised by the full count;
 /// - an own AllReduce row tile: once full (stored into every local rank's output),
 ///   `(Tile2, rank, mt)` at every local peer.
+///
 /// The release is cumulative: the consumers' releases of the local counter, which this
 /// thread's acquire saw, order their completed stores before the peer's flag. Deadlock-free
 /// like the comm CTAs' walk: an item of part g waits only for tiles whose waits concern parts

@@ -1,6 +1,22 @@
 //! The stagers: each consumer warpgroup's epilogue I/O (partial loads, bulk stores, trickled
 //! where they cross NVLink, announcements) on a producer-warpgroup thread.
-use super::*;
+use super::relay::RELAY_SLEEP_NS;
+use super::shared::{free_slots, staging_ready, tile_staged};
+use super::shared::{fused_ctx_at, largs, ldesc, lepoch, rank_world, tile1_full, RS_RING, RS_TILE, STAGE_PARITY};
+use super::work_items::{stream_k, table_item};
+use crate::arch::memory::Scope;
+use crate::arch::sync::named_barrier_or;
+use crate::arch::tma::TensorMap;
+use crate::arch::{ids, mbarrier, memory, smem, tma};
+use crate::comm::wait::{local_stall, stall_or_abort, wait_flag_of_cta, wait_flag_of_cta_from};
+use crate::gemm::epilogue::{store_tile_tma_to, StagedOnly};
+use crate::gemm::ring::Ring;
+use crate::gemm::scheduler::Tile;
+use crate::gemm::{trace, TILE};
+use mkernel_config::comm::{wait_code, CommDesc, FlagSlot, Role};
+use mkernel_config::ops::gemm_rs::{GemmRsArgs, STAGER_STORE_ROWS};
+use mkernel_config::trace::{End, Mark};
+use mkernel_config::GemmTile;
 
 /// Whether each consumer warpgroup's epilogue I/O is handed to a stager thread
 /// ([`stager_role`]; the host sets it on one node of 2 ranks, partials pushed by the compute
@@ -20,8 +36,8 @@ pub(super) fn stager_runs(a: &GemmRsArgs) -> bool {
 }
 
 /// The epilogue of a tile with a stager ([`stager_role`]): wait until the warpgroup's staging
-/// is ready (`aux(wg)`: free, or holding the peer's partial of an own tile), write the tile
-/// into it (an own tile: the partial added, `ldmatrix`), and tell the stager (`aux(wg + 2)`),
+/// is ready (`staging_ready(wg)`: free, or holding the peer's partial of an own tile), write the tile
+/// into it (an own tile: the partial added, `ldmatrix`), and tell the stager (`tile_staged(wg)`),
 /// which stores and announces it. No bulk store or flag is touched here: the warpgroup goes
 /// back to its tensor cores at once. False when the rank aborted.
 #[inline(always)]
@@ -44,7 +60,7 @@ pub(super) unsafe fn stager_epilogue(
     // stager that gave up leaves its record to this wait).
     let ok = unsafe {
         mbarrier::wait_parity_or(
-            ring.aux(wg),
+            staging_ready(ring, wg),
             parity,
             local_stall::<true>(desc, Role::Compute, wait_code::STAGING, wg),
         )
@@ -55,10 +71,10 @@ pub(super) unsafe fn stager_epilogue(
     mark(Mark::Waited);
     mark(Mark::Added);
     // The staging's reads (an own tile's partial) and writes below are this warpgroup's; the
-    // stager's earlier bulk stores had finished reading it before it arrived on `aux(wg)`.
+    // stager's earlier bulk stores had finished reading it before it arrived on `staging_ready(wg)`.
     unsafe { store_tile_tma_to(ring, StagedOnly, local, wg - 1, acc, own) };
     if ids::thread_in_warpgroup() == 0 {
-        unsafe { mbarrier::arrive(ring.aux(wg + 2)) };
+        unsafe { mbarrier::arrive(tile_staged(ring, wg)) };
     }
     true
 }
@@ -66,7 +82,7 @@ pub(super) unsafe fn stager_epilogue(
 /// What a stager's staging holds for the tile ahead: nothing in flight, told to its consumers.
 pub(super) const ARRIVED: u32 = 3;
 
-/// Makes consumer warpgroup `cw`'s staging ready for `tile` (phase `parity` of `aux(1 + cw)`):
+/// Makes consumer warpgroup `cw`'s staging ready for `tile` (phase `parity` of `staging_ready(1 + cw)`):
 /// an own tile's peer partial is TMA-loaded into it (the caller saw the peer's counter full:
 /// the partial was written by the peer's bulk stores and announced by a generic release, so
 /// the load, through the async proxy, comes after `fence.proxy.async`); for a peer tile it
@@ -77,7 +93,7 @@ pub(super) unsafe fn stager_ready(cw: u32, tile: Tile, parity: u32) -> u32 {
     let a = unsafe { &*(largs() as *const GemmRsArgs) };
     let (rank, world) = unsafe { rank_world(ldesc()) };
     let chunk_rows = a.m / world;
-    let ready = Ring::new(smem::dynamic_smem_addr(), RS_TILE).aux(1 + cw);
+    let ready = staging_ready(&Ring::new(smem::dynamic_smem_addr(), RS_RING), 1 + cw);
     if tile.m0 / chunk_rows != rank {
         unsafe { mbarrier::arrive(ready) };
         return ARRIVED;
@@ -87,7 +103,7 @@ pub(super) unsafe fn stager_ready(cw: u32, tile: Tile, parity: u32) -> u32 {
     let map = TensorMap(a.map_in as *const u8);
     let row0 = (rank + 1) % world * chunk_rows + (tile.m0 - rank * chunk_rows) + cw * TILE.rows_per_consumer();
     for q in 0..RS_TILE.epilogue_buffers {
-        let dst = Ring::new(smem::dynamic_smem_addr(), RS_TILE).staging(cw, q);
+        let dst = Ring::new(smem::dynamic_smem_addr(), RS_RING).staging(cw, q);
         // Read once: first to leave L2.
         unsafe {
             tma::load_2d_hinted(
@@ -106,10 +122,10 @@ pub(super) unsafe fn stager_ready(cw: u32, tile: Tile, parity: u32) -> u32 {
 /// The stager of consumer warpgroup `cw` of compute CTA `idx` (lane 0 of producer warp
 /// `1 + 2 cw`; [`stager_runs`]): the warpgroup's epilogue I/O, so its `wgmma` issue never
 /// waits for NVLink. For each tile of the CTA, in the consumers' order:
-/// 1. makes the staging ready (`aux(1 + cw)`, [`stager_ready`]): an own tile's peer partial
+/// 1. makes the staging ready (`staging_ready(1 + cw)`, [`stager_ready`]): an own tile's peer partial
 ///    is TMA-loaded into it once the peer's counter `(Tile1, peer, mt)` is full (completing
 ///    the barrier with its bytes); for a peer tile it just arrives;
-/// 2. waits until the consumers wrote the tile into it (`aux(3 + cw)`);
+/// 2. waits until the consumers wrote the tile into it (`tile_staged(1 + cw)`);
 /// 3. issues its bulk stores (a peer tile: into this rank's slot of the peer's receive buffer;
 ///    an own tile: to the output, AllReduce: to every local rank's output) in pieces of
 ///    [`STAGER_STORE_ROWS`] rows; an AllReduce tile's or a peer partial's trickle as the
@@ -134,7 +150,7 @@ pub(super) unsafe fn stager_role(idx: u32, cw: u32) {
         c.cta = idx;
         c
     };
-    let ring = || Ring::new(smem::dynamic_smem_addr(), RS_TILE);
+    let ring = || Ring::new(smem::dynamic_smem_addr(), RS_RING);
     // Its two shared-memory waits - the consumers' "staged", their ring progress - give up
     // once the rank aborts or past the hung bound, without a record of their own (any record
     // code here cost this 56-register thread spills): its consumers then stall on their
@@ -185,7 +201,7 @@ pub(super) unsafe fn stager_role(idx: u32, cw: u32) {
             // (The tile read again: kept across the wait, ptxas spilled.)
             loading = unsafe { stager_ready(cw, table_item(w - 1).tile, parity) };
         }
-        let staged = ring().aux(3 + cw);
+        let staged = tile_staged(&ring(), 1 + cw);
         // 2. The consumers' tile in the staging.
         // (Sleeping between tests: this thread shares its SM with the tensor cores' issue.)
         ok = unsafe { mbarrier::wait_parity_sleeping_or::<RELAY_SLEEP_NS>(staged, parity, give_up) };
@@ -200,17 +216,16 @@ pub(super) unsafe fn stager_role(idx: u32, cw: u32) {
         // [p + 1/4, p + 3/4) k / P of their next mainloop, staggered over the stagers
         // ([`trickle_point`]; k K blocks; before an own tile, whose peer partial is loaded
         // into the staging once these stores are complete, over its first half, so the load
-        // lands before its epilogue). A burst of every CTA's tile at once held up the next
-        // mainloop's loads; paced by time instead, every mainloop took 5-13% more cycles on
-        // 2 x H200.
+        // lands before its epilogue). A burst of every CTA's tile at once holds up the next
+        // mainloop's loads, and pacing by time rather than by the consumers' progress slows
+        // every mainloop (docs/fused.md).
         // Everything but the loop's counters is derived again for each piece (from the shared
         // copies and the item table): kept live across the loop it does not fit in the
         // stager's 56 registers.
         const PIECES: u32 = GemmTile::EPILOGUE_BOX_ROWS / STAGER_STORE_ROWS * RS_TILE.epilogue_buffers;
         // An own AllReduce tile's copy into this rank's output (no NVLink) goes out with each
-        // piece's copies for the peers, at the same staggered points: issued at once instead,
-        // it was 0.7% faster before the stagger and is 0.7% slower with it (M = 4096 on
-        // 2 x H200): 64 KiB for the SM's TMA unit at once, queued ahead of the operand loads.
+        // piece's copies for the peers, at the same staggered points: issued at once it puts
+        // 64 KiB on the SM's TMA unit, queued ahead of the operand loads (docs/fused.md).
         let mut p = 0;
         while p < PIECES {
             let a = unsafe { &*(largs() as *const GemmRsArgs) };
@@ -234,7 +249,7 @@ pub(super) unsafe fn stager_role(idx: u32, cw: u32) {
                     2 * PIECES
                 };
                 let x = sk.k_before(idx, w) + trickle_point(p, next.k_len(), spread, idx, cw);
-                if !unsafe { wait_tick(ring().tick(0), (x + RS_TILE.stages).min(sk.k_total(idx)), give_up) } {
+                if !unsafe { wait_tick(free_slots(&ring()), (x + RS_TILE.stages).min(sk.k_total(idx)), give_up) } {
                     ok = false;
                     break;
                 }
@@ -280,7 +295,7 @@ pub(super) unsafe fn stager_role(idx: u32, cw: u32) {
     if loading < NONE {
         // A TMA load this thread issued: it lands unless memory failed (bounded by a trap: the
         // CTA must not exit while it may still write the staging).
-        unsafe { mbarrier::wait_parity(ring().aux(1 + cw), loading) };
+        unsafe { mbarrier::wait_parity(staging_ready(&ring(), 1 + cw), loading) };
     }
     let a = unsafe { &*(largs() as *const GemmRsArgs) };
     unsafe { trace::end(a.trace, idx, if cw == 0 { End::Stager0Done } else { End::Stager1Done }) };
@@ -290,13 +305,14 @@ pub(super) unsafe fn stager_role(idx: u32, cw: u32) {
 /// destination's chunk) as one bulk store through `map` ([`STAGER_STORE_ROWS`] rows of a
 /// staging box). Nothing reads it again soon (a peer's partial only rounds later, at its
 /// owner; an output tile not in this launch), so its lines are the first to leave L2, ahead of
-/// the operands the mainloops still read (AllReduce at M = 4096 on 2 x H200: -1.7% with the
-/// partial loads' and B's policies, docs/fused.md).
+/// the operands the mainloops still read (docs/fused.md measures the cache policies).
+// (`PER_BOX` is 1 at `STAGER_STORE_ROWS` = 64; the arithmetic holds for smaller pieces too.)
+#[allow(clippy::modulo_one)]
 #[inline(always)]
 pub(super) unsafe fn stager_store(map: u64, local: Tile, cw: u32, p: u32) {
     const PER_BOX: u32 = GemmTile::EPILOGUE_BOX_ROWS / STAGER_STORE_ROWS;
     let (q, r) = (p / PER_BOX, p % PER_BOX);
-    let src = Ring::new(smem::dynamic_smem_addr(), RS_TILE)
+    let src = Ring::new(smem::dynamic_smem_addr(), RS_RING)
         .staging(cw, q)
         .add(r * STAGER_STORE_ROWS * GemmTile::EPILOGUE_BOX_COLS * 2);
     let (c0, c1) = (
@@ -321,10 +337,9 @@ pub(super) unsafe fn wait_tick(tick: smem::SmemAddr, target: u32, give_up: impl 
 /// store goes out (the caller's `spread` is twice the pieces per item, or four times before an
 /// own tile: piece `p`'s span is K blocks `[p, p + 1) 2 k_len / spread`). Each stager takes
 /// one of 8 points in the middle half of the span (by CTA and warpgroup): the CTAs finish their
-/// tiles nearly together, and when every stager issued its pieces at the span's middle, the
-/// first round with NVLink stores ran its mainloops at 72-76 k cycles against 68 k in later
-/// rounds (the bursts held up the SMs' operand loads); staggered, 68 k. On 2 x H200 at M = 4096
-/// (A/B, three rounds): GEMM+AllReduce -0.9%, GEMM+ReduceScatter -1.6% (docs/fused.md).
+/// tiles nearly together, and pieces that every stager issues at the same point go out as one
+/// burst that holds up the SMs' operand loads; staggered, the first round with NVLink stores
+/// runs its mainloops as fast as the later ones (measurements in docs/fused.md).
 #[inline(always)]
 pub(super) fn trickle_point(p: u32, k_len: u32, spread: u32, idx: u32, cw: u32) -> u32 {
     let phase = ((2 * idx + cw) * 3) & 7;

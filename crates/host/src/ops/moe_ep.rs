@@ -1,0 +1,643 @@
+//! The MoE expert FFN with expert parallelism over the node's ranks (docs/moe.md, "Across
+//! ranks"): `E` experts split evenly over the `W` ranks of a [`Communicator`] (rank `r` owns
+//! experts `r E/W .. (r + 1) E/W`); every rank brings `T` tokens with their top-k ids (global
+//! expert ids) and weights; each pair's token row goes to the rank owning its expert (NVLink
+//! stores into the owner's receive rows in the symmetric heap), the owner runs the grouped
+//! expert FFN of the single-GPU layer on what it received, and every rank reads its pairs'
+//! results back and sums them in f32:
+//!
+//! ```text
+//! out_r[t] = sum_j w_r[t, j] * FFN_{e_r(t, j)}(x_r[t])     (on every rank r)
+//! ```
+//!
+//! Five launches on one stream, no host round trip (capturable): `mk_moe_ep_route` (1 CTA:
+//! counts, `Ready` handshake, count-matrix exchange, receive rows, receive layout),
+//! `mk_moe_ep_dispatch`, the up and the down `mk_moe_grouped_gemm`, `mk_moe_ep_combine`.
+//! Receive capacity: the worst case by default, or rows given by the caller; pairs past an
+//! owner's capacity are dropped (they add nothing to the output) and counted
+//! ([`MoeEpPlan::drops`]).
+use super::moe::Activation;
+use crate::comm::Communicator;
+use crate::error::{Error, Result};
+use crate::gemm::{GemmOutput, OutDtype};
+use crate::runtime::Device;
+use crate::tensor_map::{encode_bf16_sw128, Tensor2d, TensorMap};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, PushKernelArg};
+use half::bf16;
+use mkernel_config::ops::moe::{
+    self as cfg, act, GroupedGemmArgs, MoeEpArgs, MoeErrorRecord, MoeRouteArgs, EP_FLAG_BYTES, EP_MAX_CTAS,
+    EP_MAX_RANKS, MAX_EXPERTS, MAX_TOP_K, ROW_ALIGN, SWIGLU_TILE_COLS, TILE,
+};
+use mkernel_config::GemmTile;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+const OP: &str = "moe_ep";
+
+/// Sizes of an expert-parallel MoE layer (per rank, except `experts`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeEpShape {
+    /// Tokens on every rank (`T`).
+    pub tokens: usize,
+    /// Experts of the whole layer (`E`, a multiple of the world size).
+    pub experts: usize,
+    pub top_k: usize,
+    pub hidden: usize,
+    pub ffn: usize,
+    pub act: Activation,
+    /// Rows every rank can receive (rounded up to a multiple of 128); `None`: the worst case,
+    /// every pair of every rank to one rank.
+    pub capacity: Option<usize>,
+}
+
+impl MoeEpShape {
+    /// (token, expert) pairs of one rank.
+    pub fn pairs(&self) -> usize {
+        self.tokens * self.top_k
+    }
+    /// Experts per rank.
+    pub fn local_experts(&self, world: usize) -> usize {
+        self.experts / world.max(1)
+    }
+    /// Rows of `W_up` per expert.
+    pub fn up_rows(&self) -> usize {
+        match self.act {
+            Activation::SwiGlu => 2 * self.ffn,
+            Activation::None => self.ffn,
+        }
+    }
+    /// Receive rows per rank: the caller's capacity rounded up to 128, or the worst case
+    /// (`W T k` rows to one rank, every local expert's group padded).
+    pub fn capacity_rows(&self, world: usize) -> usize {
+        let align = ROW_ALIGN as usize;
+        match self.capacity {
+            Some(c) => c.max(1).div_ceil(align) * align,
+            None => {
+                let rows = (world * self.pairs()).min(u32::MAX as usize) as u32;
+                cfg::max_tiles(rows, self.local_experts(world) as u32) as usize * align
+            }
+        }
+    }
+    /// Elements of this rank's `W_up` (`L x up_rows x H`) and `W_down` (`L x H x F`), `L` local experts.
+    pub fn weight_lens(&self, world: usize) -> (usize, usize) {
+        let l = self.local_experts(world);
+        (l * self.up_rows() * self.hidden, l * self.hidden * self.ffn)
+    }
+    /// Bytes of every rank's symmetric heap the plan takes ([`Communicator::alloc`]).
+    pub fn heap_bytes(&self, world: usize) -> u64 {
+        let rows = (self.capacity_rows(world) * self.hidden * 2) as u64;
+        let counts = (world * self.experts * 4) as u64;
+        EP_FLAG_BYTES.div_ceil(256) * 256 + counts.div_ceil(256) * 256 + 2 * rows.div_ceil(256) * 256
+    }
+    /// Checks the sizes against the kernels' limits (those of the single-GPU layer, plus:
+    /// `E` a multiple of the world size, at most 8 ranks, receive rows below 2^31).
+    pub fn validate(&self, world: usize) -> Result<()> {
+        let bad = |reason: String| Err(Error::Shape { op: OP, reason });
+        if world == 0 || world > EP_MAX_RANKS as usize {
+            return bad(format!("{world} ranks; 1..={EP_MAX_RANKS} supported"));
+        }
+        if self.experts % world != 0 {
+            return bad(format!(
+                "{} experts do not split evenly over {world} ranks (E % W must be 0)",
+                self.experts
+            ));
+        }
+        if self.tokens == 0 || self.experts == 0 || self.top_k == 0 || self.hidden == 0 || self.ffn == 0 {
+            return bad(format!("empty dimension in {self:?}"));
+        }
+        if self.experts > MAX_EXPERTS as usize || self.top_k > MAX_TOP_K as usize {
+            return bad(format!("at most {MAX_EXPERTS} experts and top_k {MAX_TOP_K}: {self:?}"));
+        }
+        if self.hidden % 8 != 0 || self.ffn % 8 != 0 {
+            return bad(format!(
+                "hidden={} and ffn={} must be multiples of 8 (16-byte rows)",
+                self.hidden, self.ffn
+            ));
+        }
+        let limit = i32::MAX as usize / 2;
+        let cap = self.capacity_rows(world);
+        if world * self.pairs() > limit || cap > limit || cap * self.hidden.max(self.ffn) > (u32::MAX as usize) * 8 {
+            return bad(format!("{cap} receive rows (tokens x top_k x ranks) is too large"));
+        }
+        let l = self.local_experts(world);
+        if l * self.up_rows() > limit || l * self.hidden > limit {
+            return bad("local experts x rows per expert must stay below 2^30".into());
+        }
+        Ok(())
+    }
+}
+
+/// The kernel launches of [`MoeEpPlan::launch`], in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoeEpStage {
+    /// `mk_moe_ep_route`: counts, `Ready` handshake, count matrix, receive rows and layout.
+    Route,
+    /// `mk_moe_ep_dispatch`: token rows to their experts' owners.
+    Dispatch,
+    /// `mk_moe_grouped_gemm`: up projection (with the activation) of the received rows.
+    Up,
+    /// `mk_moe_grouped_gemm`: down projection into the heap.
+    Down,
+    /// `mk_moe_ep_combine`: rows read back from the owners, top-k weighted sum.
+    Combine,
+}
+
+impl MoeEpStage {
+    pub const ALL: [MoeEpStage; 5] = [
+        MoeEpStage::Route,
+        MoeEpStage::Dispatch,
+        MoeEpStage::Up,
+        MoeEpStage::Down,
+        MoeEpStage::Combine,
+    ];
+}
+
+/// Rows dropped by one launch for want of receive capacity ([`MoeEpPlan::drops`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MoeEpDrops {
+    /// This rank's pairs whose owner had no room: they add nothing to this rank's output.
+    pub sent: u32,
+    /// Rows the other ranks (and this one) sent here that did not fit.
+    pub received: u32,
+}
+
+/// What the routing of the last launch decided ([`MoeEpPlan::inspect`]; tests, diagnostics).
+#[derive(Clone, Debug)]
+pub struct MoeEpRouting {
+    /// Per pair of this rank: its row in the owner's receive buffer (`u32::MAX`: bad id or dropped).
+    pub pos: Vec<u32>,
+    /// Rows per local expert received (from all ranks, before the capacity cut).
+    pub counts: Vec<u32>,
+    /// Padded first row of every local expert's group (`L + 1`; the last: rows in use).
+    pub offsets: Vec<u32>,
+}
+
+/// Where the plan's pieces sit in its heap region.
+#[derive(Clone, Copy, Debug)]
+struct HeapLayout {
+    flags: u64,
+    counts: u64,
+    recv: u64,
+    yp: u64,
+    /// This rank's addresses of the receive rows and the down projection's rows.
+    recv_ptr: u64,
+    yp_ptr: u64,
+}
+
+/// Byte offsets in the uploaded block: six tensor maps, then the argument blocks.
+const MAP_BYTES: usize = 128;
+const ARG_EP: usize = 6 * MAP_BYTES;
+const ARG_UP: usize = ARG_EP + 256;
+const ARG_DOWN: usize = ARG_UP + 128;
+const ARG_BYTES: usize = ARG_DOWN + 128;
+
+fn bytes_of<T: Copy>(v: &T) -> &[u8] {
+    // SAFETY: T is a repr(C) plain-data argument block or tensor map.
+    unsafe { std::slice::from_raw_parts(v as *const T as *const u8, std::mem::size_of::<T>()) }
+}
+
+/// Grid of the dispatch and the combine: one CTA per token up to one per SM (every rank
+/// computes the same from the same shape and GPU; the flags are per CTA).
+pub fn moe_ep_grid(tokens: usize, sm_count: u32) -> u32 {
+    tokens.clamp(1, sm_count.clamp(1, EP_MAX_CTAS) as usize) as u32
+}
+
+/// An expert-parallel MoE layer ready to launch on one rank. Borrows the communicator (its
+/// heap holds the plan's flags, count matrix, receive rows and down-projection rows) and this
+/// rank's expert weights for `'a`. Collective: every rank of the communicator builds it with
+/// the same shape, and every rank launches it the same number of times, in the same order
+/// relative to the communicator's other kernels. Launches must be ordered (one stream).
+pub struct MoeEpPlan<'a> {
+    comm: &'a Communicator,
+    shape: MoeEpShape,
+    world: usize,
+    route: CudaFunction,
+    dispatch: CudaFunction,
+    gemm: CudaFunction,
+    combine: CudaFunction,
+    args: CudaSlice<u8>,
+    /// The up projection's rows (local).
+    _hid: CudaSlice<bf16>,
+    /// epoch (2 words) | error record (4) | scratch record (4) | drops (2) | counts (L) |
+    /// offsets (L + 1) | rows (1) | tile_expert (max tiles) | pos (pairs).
+    words: CudaSlice<u32>,
+    grid: u32,
+    gemm_grid: [u32; 2],
+    _weights: PhantomData<&'a ()>,
+}
+
+const W_ERROR: usize = 2;
+const W_DROPS: usize = 10;
+const W_COUNTS: usize = 12;
+
+impl<'a> MoeEpPlan<'a> {
+    /// Plans the layer on `comm`'s ranks with this rank's expert weights `w_up` (`L x up_rows x
+    /// H`) and `w_down` (`L x H x F`), `L = E / W` (the experts this rank owns, in order).
+    /// Takes `shape.heap_bytes(W)` of the heap on every rank. Collective (every rank calls it).
+    pub fn new(
+        comm: &'a Communicator,
+        stream: &Arc<CudaStream>,
+        shape: MoeEpShape,
+        w_up: &'a CudaSlice<bf16>,
+        w_down: &'a CudaSlice<bf16>,
+    ) -> Result<Self> {
+        let world = comm.world() as usize;
+        if comm.nnodes() > 1 {
+            return Err(Error::Unsupported(
+                "moe_ep across nodes (the proxy path) is not implemented; ranks of one node only".into(),
+            ));
+        }
+        shape.validate(world)?;
+        let (lu, ld) = shape.weight_lens(world);
+        for (what, have, need) in [("W_up", w_up.len(), lu), ("W_down", w_down.len(), ld)] {
+            if have < need {
+                return Err(Error::BufferTooSmall {
+                    op: OP,
+                    what,
+                    have,
+                    need,
+                });
+            }
+        }
+        let cap = shape.capacity_rows(world);
+        let row_bytes = (cap * shape.hidden * 2) as u64;
+        // Four heap buffers in a row (`heap_bytes` is their sum, each rounded to 256 bytes).
+        let flag_buf = comm.alloc(EP_FLAG_BYTES)?;
+        let counts_buf = comm.alloc((world * shape.experts * 4) as u64)?;
+        let recv_buf = comm.alloc(row_bytes)?;
+        let yp_buf = comm.alloc(row_bytes)?;
+        let heap = HeapLayout {
+            flags: flag_buf.offset(),
+            counts: counts_buf.offset(),
+            recv: recv_buf.offset(),
+            yp: yp_buf.offset(),
+            recv_ptr: comm.ptr(&recv_buf)?,
+            yp_ptr: comm.ptr(&yp_buf)?,
+        };
+        // Flags start at zero (the region may have held another plan's): zero ours, then no
+        // rank signals before every rank has.
+        stream.synchronize()?;
+        // SAFETY: the flag region of this rank's own heap, allocated above.
+        unsafe {
+            cudarc::driver::result::memset_d8_async(
+                comm.ptr(&flag_buf)?,
+                0,
+                EP_FLAG_BYTES as usize,
+                stream.cu_stream(),
+            )?
+        };
+        stream.synchronize()?;
+        comm.bootstrap().store().barrier(
+            &format!("mkernel/moe_ep/zeroed/{}", heap.flags),
+            std::time::Duration::from_secs(60),
+        )?;
+        let (pu, _gu) = w_up.device_ptr(stream);
+        let (pd, _gd) = w_down.device_ptr(stream);
+        // SAFETY: the weights are borrowed for 'a and hold the shape's elements (checked).
+        unsafe { Self::build(comm, stream, shape, world, heap, pu, pd) }
+    }
+
+    unsafe fn build(
+        comm: &'a Communicator,
+        stream: &Arc<CudaStream>,
+        shape: MoeEpShape,
+        world: usize,
+        heap: HeapLayout,
+        w_up: u64,
+        w_down: u64,
+    ) -> Result<Self> {
+        let device: &Device = comm.device();
+        let (h, f) = (shape.hidden, shape.ffn);
+        let l = shape.local_experts(world);
+        let cap = shape.capacity_rows(world);
+        let max_tiles = cap / ROW_ALIGN as usize;
+        let hid = stream.alloc_zeros::<bf16>(cap * f)?;
+        let n_words = W_COUNTS + l + (l + 1) + 1 + max_tiles + shape.pairs();
+        let words = stream.alloc_zeros::<u32>(n_words)?;
+        let base = words.device_ptr(stream).0;
+        let w = |i: usize| base + 4 * i as u64;
+        let (counts, offsets) = (w(W_COUNTS), w(W_COUNTS + l));
+        let rows = w(W_COUNTS + 2 * l + 1);
+        let tile_expert = w(W_COUNTS + 2 * l + 2);
+        let pos = w(W_COUNTS + 2 * l + 2 + max_tiles);
+        let phid = hid.device_ptr(stream).0;
+        let (precv, pyp) = (heap.recv_ptr, heap.yp_ptr);
+        let t = TILE;
+        let map = |ptr: u64, cols: usize, rows: usize, box_cols: u32, box_rows: u32| -> Result<TensorMap> {
+            encode_bf16_sw128(
+                Tensor2d {
+                    ptr,
+                    cols: cols as u64,
+                    rows: rows as u64,
+                    row_stride_bytes: 2 * cols as u64,
+                },
+                box_cols,
+                box_rows,
+            )
+        };
+        let swiglu = shape.act == Activation::SwiGlu;
+        let b_up_box = if swiglu { SWIGLU_TILE_COLS } else { t.block_n };
+        let maps = [
+            map(precv, h, cap, t.block_k, t.block_m)?,
+            map(w_up, h, l * shape.up_rows(), t.block_k, b_up_box)?,
+            map(phid, f, cap, GemmTile::EPILOGUE_BOX_COLS, GemmTile::EPILOGUE_BOX_ROWS)?,
+            map(phid, f, cap, t.block_k, t.block_m)?,
+            map(w_down, f, l * h, t.block_k, t.block_n)?,
+            map(pyp, h, cap, GemmTile::EPILOGUE_BOX_COLS, GemmTile::EPILOGUE_BOX_ROWS)?,
+        ];
+        let mut args = stream.alloc_zeros::<u8>(ARG_BYTES)?;
+        let abase = args.device_ptr(stream).0;
+        let map_at = |i: usize| abase + (i * MAP_BYTES) as u64;
+        let ep = MoeEpArgs {
+            layout: MoeRouteArgs {
+                counts,
+                offsets,
+                tile_expert,
+                rows,
+                slots: 0,
+                error: w(W_ERROR + 4),
+                pairs: 0,
+                experts: l as u32,
+                max_tiles: max_tiles as u32,
+                _pad: 0,
+            },
+            epoch: w(0),
+            pos,
+            drops: w(W_DROPS),
+            error: w(W_ERROR),
+            heap_flags: heap.flags,
+            heap_counts: heap.counts,
+            heap_recv: heap.recv,
+            heap_yp: heap.yp,
+            tokens: shape.tokens as u32,
+            top_k: shape.top_k as u32,
+            hidden: h as u32,
+            experts: shape.experts as u32,
+            local_experts: l as u32,
+            capacity: cap as u32,
+        };
+        let up = GroupedGemmArgs {
+            map_a: map_at(0),
+            map_b: map_at(1),
+            map_c: map_at(2),
+            rows,
+            tile_expert,
+            n: f as u32,
+            k: h as u32,
+            b_rows: shape.up_rows() as u32,
+            act: if swiglu { act::SWIGLU } else { act::NONE },
+        };
+        let down = GroupedGemmArgs {
+            map_a: map_at(3),
+            map_b: map_at(4),
+            map_c: map_at(5),
+            rows,
+            tile_expert,
+            n: h as u32,
+            k: f as u32,
+            b_rows: h as u32,
+            act: act::NONE,
+        };
+        let mut block = vec![0u8; ARG_BYTES];
+        for (i, m) in maps.iter().enumerate() {
+            block[i * MAP_BYTES..(i + 1) * MAP_BYTES].copy_from_slice(bytes_of(m));
+        }
+        let put = |block: &mut Vec<u8>, at: usize, b: &[u8]| block[at..at + b.len()].copy_from_slice(b);
+        assert!(std::mem::size_of::<MoeEpArgs>() <= ARG_UP - ARG_EP);
+        put(&mut block, ARG_EP, bytes_of(&ep));
+        put(&mut block, ARG_UP, bytes_of(&up));
+        put(&mut block, ARG_DOWN, bytes_of(&down));
+        stream.memcpy_htod(&block, &mut args)?;
+        stream.synchronize()?;
+        let sms = device.sm_count().max(1) as usize;
+        let up_cols = if swiglu { SWIGLU_TILE_COLS } else { t.block_n } as usize;
+        let gemm_grid = |n: usize, cols: usize| (max_tiles * n.div_ceil(cols)).clamp(1, sms) as u32;
+        Ok(MoeEpPlan {
+            comm,
+            shape,
+            world,
+            route: device.function(&cfg::MOE_EP_ROUTE)?,
+            dispatch: device.function(&cfg::MOE_EP_DISPATCH)?,
+            gemm: device.function(&cfg::MOE_GROUPED_GEMM)?,
+            combine: device.function(&cfg::MOE_EP_COMBINE)?,
+            args,
+            _hid: hid,
+            words,
+            grid: moe_ep_grid(shape.tokens, device.sm_count()),
+            gemm_grid: [gemm_grid(f, up_cols), gemm_grid(h, t.block_n as usize)],
+            _weights: PhantomData,
+        })
+    }
+
+    /// Enqueues the layer on `stream`: this rank's `x` (`T x H` bf16), `ids` (`T x top_k` i32,
+    /// global expert ids), `weights` (`T x top_k` f32) -> `out` (`T x H`, bf16 or f32).
+    pub fn launch<O: GemmOutput>(
+        &self,
+        stream: &Arc<CudaStream>,
+        x: &CudaSlice<bf16>,
+        ids: &CudaSlice<i32>,
+        weights: &CudaSlice<f32>,
+        out: &mut CudaSlice<O>,
+    ) -> Result<()> {
+        for stage in MoeEpStage::ALL {
+            self.launch_stage(stage, stream, x, ids, weights, out)?;
+        }
+        Ok(())
+    }
+
+    /// Enqueues one stage of [`MoeEpPlan::launch`]. The stages of one launch must all be
+    /// enqueued, in order (the route starts a launch epoch that the others use): this is for
+    /// timing the stages with events between them, not for running one alone.
+    pub fn launch_stage<O: GemmOutput>(
+        &self,
+        stage: MoeEpStage,
+        stream: &Arc<CudaStream>,
+        x: &CudaSlice<bf16>,
+        ids: &CudaSlice<i32>,
+        weights: &CudaSlice<f32>,
+        out: &mut CudaSlice<O>,
+    ) -> Result<()> {
+        let s = &self.shape;
+        for (what, have, need) in [
+            ("x", x.len(), s.tokens * s.hidden),
+            ("ids", ids.len(), s.pairs()),
+            ("weights", weights.len(), s.pairs()),
+            ("out", out.len(), s.tokens * s.hidden),
+        ] {
+            if have != need {
+                return Err(Error::Shape {
+                    op: OP,
+                    reason: format!("{what} holds {have} elements; the plan's shape needs exactly {need}"),
+                });
+            }
+        }
+        let a = self.args.device_ptr(stream).0;
+        let (ep, up, down) = (a + ARG_EP as u64, a + ARG_UP as u64, a + ARG_DOWN as u64);
+        let desc = self.comm.desc_ptr();
+        let f32_out = (O::DTYPE == OutDtype::F32) as u32;
+        // Under the communicator's launch lock, ordered behind its previous launch (its
+        // kernels share the communicator's epochs, error record and abort word).
+        self.comm.enqueue(OP, stream, || {
+            // SAFETY: the argument lists match the kernels' (`mk_moe_ep_route(desc, args, ids)`,
+            // `mk_moe_ep_dispatch(desc, args, ids, x)`, `mk_moe_grouped_gemm(args)`,
+            // `mk_moe_ep_combine(desc, args, ids, weights, out, f32_out)`); the buffers hold
+            // the shape's elements (checked above); the heap buffers and the local ones are the plan's.
+            unsafe {
+                match stage {
+                    MoeEpStage::Route => {
+                        stream
+                            .launch_builder(&self.route)
+                            .arg(&desc)
+                            .arg(&ep)
+                            .arg(ids)
+                            .launch(Device::launch_config(&cfg::MOE_EP_ROUTE, 1))?;
+                    }
+                    MoeEpStage::Dispatch => {
+                        stream
+                            .launch_builder(&self.dispatch)
+                            .arg(&desc)
+                            .arg(&ep)
+                            .arg(ids)
+                            .arg(x)
+                            .launch(Device::launch_config(&cfg::MOE_EP_DISPATCH, self.grid))?;
+                    }
+                    MoeEpStage::Up => {
+                        stream
+                            .launch_builder(&self.gemm)
+                            .arg(&up)
+                            .launch(Device::launch_config(&cfg::MOE_GROUPED_GEMM, self.gemm_grid[0]))?;
+                    }
+                    MoeEpStage::Down => {
+                        stream
+                            .launch_builder(&self.gemm)
+                            .arg(&down)
+                            .launch(Device::launch_config(&cfg::MOE_GROUPED_GEMM, self.gemm_grid[1]))?;
+                    }
+                    MoeEpStage::Combine => {
+                        stream
+                            .launch_builder(&self.combine)
+                            .arg(&desc)
+                            .arg(&ep)
+                            .arg(ids)
+                            .arg(weights)
+                            .arg(out)
+                            .arg(&f32_out)
+                            .launch(Device::launch_config(&cfg::MOE_EP_COMBINE, self.grid))?;
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// After the stream finished: a timeout of any of the layer's waits
+    /// ([`Error::CommTimeout`] naming the rank, role, flag and peer), then bad expert ids
+    /// ([`Error::MoeExpertId`], the record is cleared). Synchronizes `stream`.
+    pub fn check(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        stream.synchronize()?;
+        self.comm.check()?;
+        let mut rec = [0u32; 4];
+        stream.memcpy_dtoh(&self.words.slice(W_ERROR..W_ERROR + 4), &mut rec)?;
+        stream.synchronize()?;
+        if rec[0] == 0 {
+            return Ok(());
+        }
+        stream.memset_zeros(&mut self.words.slice_mut(W_ERROR..W_ERROR + 4))?;
+        let r = MoeErrorRecord {
+            flag: rec[0],
+            pair: rec[1],
+            id: rec[2] as i32,
+            bad: rec[3],
+        };
+        Err(Error::MoeExpertId {
+            token: r.pair as usize / self.shape.top_k,
+            k: r.pair as usize % self.shape.top_k,
+            id: r.id,
+            experts: self.shape.experts,
+            bad: r.bad as usize,
+        })
+    }
+
+    /// Rows the last launch dropped for want of receive capacity (synchronizes `stream`).
+    pub fn drops(&self, stream: &Arc<CudaStream>) -> Result<MoeEpDrops> {
+        let mut d = [0u32; 2];
+        stream.memcpy_dtoh(&self.words.slice(W_DROPS..W_DROPS + 2), &mut d)?;
+        stream.synchronize()?;
+        Ok(MoeEpDrops {
+            sent: d[0],
+            received: d[1],
+        })
+    }
+
+    /// The device words of the last launch's drops (`[sent, received]`, u32): for a caller
+    /// that reads them on the device or after a captured graph.
+    pub fn drops_device(&self) -> cudarc::driver::CudaView<'_, u32> {
+        self.words.slice(W_DROPS..W_DROPS + 2)
+    }
+
+    /// The routing of the last launch (synchronizes `stream`).
+    pub fn inspect(&self, stream: &Arc<CudaStream>) -> Result<MoeEpRouting> {
+        let l = self.shape.local_experts(self.world);
+        let w = stream.clone_dtoh(&self.words)?;
+        let pos_at = W_COUNTS + 2 * l + 2 + self.shape.capacity_rows(self.world) / ROW_ALIGN as usize;
+        Ok(MoeEpRouting {
+            pos: w[pos_at..pos_at + self.shape.pairs()].to_vec(),
+            counts: w[W_COUNTS..W_COUNTS + l].to_vec(),
+            offsets: w[W_COUNTS + l..W_COUNTS + 2 * l + 1].to_vec(),
+        })
+    }
+
+    /// The planned shape.
+    pub fn shape(&self) -> MoeEpShape {
+        self.shape
+    }
+    /// The communicator the plan runs on.
+    pub fn comm(&self) -> &'a Communicator {
+        self.comm
+    }
+    /// Receive rows per rank.
+    pub fn capacity_rows(&self) -> usize {
+        self.shape.capacity_rows(self.world)
+    }
+    /// CTAs of the dispatch and the combine.
+    pub fn grid(&self) -> u32 {
+        self.grid
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    fn shape(tokens: usize, experts: usize, top_k: usize, capacity: Option<usize>) -> MoeEpShape {
+        MoeEpShape {
+            tokens,
+            experts,
+            top_k,
+            hidden: 256,
+            ffn: 128,
+            act: Activation::SwiGlu,
+            capacity,
+        }
+    }
+    #[test]
+    fn experts_must_split_evenly() {
+        assert!(shape(64, 8, 2, None).validate(2).is_ok());
+        let e = shape(64, 6, 2, None).validate(4).unwrap_err().to_string();
+        assert!(e.contains("E % W"), "{e}");
+        assert!(shape(64, 16, 2, None).validate(9).is_err());
+    }
+    #[test]
+    fn capacity_is_the_worst_case_or_rounded_up() {
+        // 2 ranks x 64 tokens x top-2 = 256 rows to one rank, over 4 local experts.
+        let s = shape(64, 8, 2, None);
+        assert_eq!(s.capacity_rows(2), (256 / 128 + 4) * 128);
+        assert_eq!(shape(64, 8, 2, Some(200)).capacity_rows(2), 256);
+        assert_eq!(shape(64, 8, 2, Some(0)).capacity_rows(2), 128);
+    }
+    #[test]
+    fn grid_is_capped_by_the_sms_and_the_flags() {
+        assert_eq!(moe_ep_grid(10, 132), 10);
+        assert_eq!(moe_ep_grid(4096, 132), 132);
+        assert_eq!(moe_ep_grid(4096, 400), EP_MAX_CTAS);
+    }
+}
