@@ -77,7 +77,7 @@ fn check(lens: &[(u32, u32)], heads_q: u32, heads_kv: u32, causal: bool, varlen:
                 .clone()
                 .any(|q| (n * BLOCK..(n + 1) * BLOCK).any(|j| !visible(q, j)));
             assert!(
-                !hidden || w.needs_mask(n, causal),
+                !hidden || w.needs_mask(n),
                 "block {n} of tile ({b}, {h}, {}) needs its mask",
                 w.m0
             );
@@ -112,5 +112,75 @@ fn attention_tiles_are_visited_once_with_exact_key_blocks_and_masks() {
             true,
         );
         check(&[(1024, 1024); 4], 8, 2, causal, true);
+    }
+}
+
+/// Ring attention's zigzag mask (`Mask::Zigzag`, one step: rank `r`'s queries against rank `s`'s
+/// shard): each tile's key-block count and masks against a brute force over global positions,
+/// and the sum over the ring's W steps of every query's visible keys equals its causal count
+/// over the whole sequence (each key seen exactly once).
+#[test]
+fn zigzag_ring_steps_see_each_earlier_key_once() {
+    use schedule::{work_in, Mask};
+    for (world, s_local, batch, heads) in [(2u32, 256u32, 1u32, 2u32), (4, 250, 2, 1), (4, 128, 1, 3), (8, 2, 1, 1)] {
+        let c = s_local / 2;
+        let a = AttentionArgs {
+            batch,
+            heads_q: heads,
+            heads_kv: 1,
+            seqlen_q: s_local,
+            seqlen_k: s_local,
+            total_q: batch * s_local,
+            m_blocks: s_local.div_ceil(BLOCK),
+            causal: 1,
+            ..Default::default()
+        };
+        let global = |rank: u32, i: u32| {
+            if i < c {
+                rank * c + i
+            } else {
+                (2 * world - 1 - rank) * c + i - c
+            }
+        };
+        for r in 0..world {
+            let mut seen_total = vec![0u32; s_local as usize];
+            for step in 0..world {
+                let src = (r + world - step) % world;
+                let mask = Mask::Zigzag {
+                    chunk: c,
+                    q: [r, 2 * world - 1 - r],
+                    k: [src, 2 * world - 1 - src],
+                };
+                for t in 0..total::<true>(&a) {
+                    let w = unsafe { work_in::<true>(&a, t, Some(mask)) }.expect("batched tiles exist");
+                    let rows = w.m0..(w.m0 + BLOCK).min(s_local);
+                    let sees = |q: u32, j: u32| global(src, j) <= global(r, q);
+                    for q in rows.clone() {
+                        let n = (0..s_local).filter(|&j| sees(q, j)).count() as i32;
+                        assert_eq!(w.visible(q as i32), n, "W {world} rank {r} step {step} row {q}");
+                        // The keys seen are a prefix.
+                        assert!((0..n as u32).all(|j| sees(q, j)));
+                        if w.b == 0 && w.h == 0 {
+                            seen_total[q as usize] += n as u32;
+                        }
+                    }
+                    let last = rows.clone().last().unwrap();
+                    assert_eq!(w.n_blocks, (w.visible(last as i32) as u32).div_ceil(BLOCK));
+                    for n in 0..w.n_blocks {
+                        let hidden = rows
+                            .clone()
+                            .any(|q| (n * BLOCK..((n + 1) * BLOCK).min(s_local)).any(|j| !sees(q, j)));
+                        assert!(!hidden || w.needs_mask(n), "W {world} rank {r} step {step} block {n}");
+                    }
+                }
+            }
+            for (q, &n) in seen_total.iter().enumerate() {
+                assert_eq!(
+                    n,
+                    global(r, q as u32) + 1,
+                    "W {world} rank {r} row {q}: keys over the ring"
+                );
+            }
+        }
     }
 }

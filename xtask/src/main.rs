@@ -53,7 +53,8 @@ enum Task {
     },
     /// Run a benchmark: ours beside cuBLAS/NCCL in the same run; prints a table, writes JSON.
     Bench {
-        /// gemm | allgather | reducescatter | allreduce | proxy | ag-gemm | gemm-rs | gemm-ar
+        /// gemm | allgather | reducescatter | allreduce | proxy | ag-gemm | gemm-rs | gemm-ar | moe | attention |
+        /// ring-attention
         #[arg(long)]
         op: String,
         /// Collectives: processes (GPUs) to launch (default: every GPU nvidia-smi lists).

@@ -10,6 +10,7 @@ mod moe_ep;
 mod nccl;
 mod proxy;
 mod report;
+mod ring_attention;
 mod timing;
 mod trace;
 
@@ -39,6 +40,8 @@ enum Op {
     Moe,
     /// FlashAttention forward vs PyTorch SDPA (cuDNN and FlashAttention-2 backends, via python3).
     Attention,
+    /// Ring attention forward across ranks vs NCCL send/recv of K/V + our local kernel in sequence.
+    RingAttention,
 }
 
 #[derive(Parser, Debug)]
@@ -145,6 +148,7 @@ fn main() -> Result<()> {
         Op::Moe if std::env::var("RANK").is_ok() => moe_ep::run(&args)?,
         Op::Moe => moe::run(&mkernel::Device::new(0)?, &args)?,
         Op::Attention => attention::run(&mkernel::Device::new(0)?, &args)?,
+        Op::RingAttention => ring_attention::run(&args)?,
     };
     // Under launch, rank 0 writes the JSON.
     if std::env::var("RANK").map_or(true, |r| r == "0") {

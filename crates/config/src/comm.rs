@@ -56,6 +56,14 @@ pub enum FlagSlot {
     /// epoch once compute CTA `cta`'s consumer warpgroup `wg` wrote its contributor partial to
     /// the workspace (`GemmRsArgs::sk_ws`). Epoch-valued only.
     StreamK = 9,
+    /// Ring attention: `(RingData, src, comm CTA k)` = ring step value `(e - 1) W + t + 1` (`e`
+    /// the ring launch epoch, `W` the local ranks) once src's comm CTA `k` stored its slice of
+    /// the K/V shard of step `t` into this rank's receive slot `t % 2` (docs/attention.md).
+    RingData = 10,
+    /// Ring attention: `(RingFree, src, cta)` = the step value of the last step whose receive
+    /// slot src's CTA `cta` (compute or comm) no longer reads; src is this rank's right
+    /// neighbour, the rank this one writes into.
+    RingFree = 11,
 }
 
 impl FlagSlot {
@@ -72,13 +80,15 @@ impl FlagSlot {
             7 => Some(FlagSlot::NodeSum),
             8 => Some(FlagSlot::Outbox),
             9 => Some(FlagSlot::StreamK),
+            10 => Some(FlagSlot::RingData),
+            11 => Some(FlagSlot::RingFree),
             _ => None,
         }
     }
 }
 
 /// Number of flag slots.
-pub const FLAG_SLOTS: u32 = 10;
+pub const FLAG_SLOTS: u32 = 12;
 /// The epoch counter of latency probes: the last CTA slot, which collectives never use (they
 /// launch at most `MAX_COMM_CTAS - 1` CTAs).
 pub const PROBE_COUNTER: u32 = MAX_COMM_CTAS - 1;
@@ -149,11 +159,17 @@ pub const FIFO_HEAD_OFFSET: u64 = REMOTE_FLAGS_OFFSET + REMOTE_SLOTS as u64 * MA
 pub const FUSED_EPOCH_OFFSET: u64 = FIFO_HEAD_OFFSET + 8;
 /// CTAs of the current fused launch that have exited (u32).
 pub const FUSED_EXITS_OFFSET: u64 = FUSED_EPOCH_OFFSET + 8;
+/// Launch epoch of ring attention (u64), kept apart from the fused kernels' so that its step
+/// values `(e - 1) W + t + 1` follow one launch after another without gaps: every CTA reads it
+/// at start; the last warp to exit (counted at [`RING_EXITS_OFFSET`]) advances it.
+pub const RING_EPOCH_OFFSET: u64 = FUSED_EXITS_OFFSET + 8;
+/// Warps of the current ring-attention launch that have exited (u32).
+pub const RING_EXITS_OFFSET: u64 = RING_EPOCH_OFFSET + 8;
 
 /// Bytes of the heap's control area (flags, epoch counters, error record, abort, inter-node
 /// flags, FIFO head, fused epoch and exits), rounded to 64 KiB. The LL and staging areas follow,
 /// then user buffers.
-pub const HEAP_CONTROL_BYTES: u64 = (FUSED_EXITS_OFFSET + 8).div_ceil(65536) * 65536;
+pub const HEAP_CONTROL_BYTES: u64 = (RING_EXITS_OFFSET + 8).div_ceil(65536) * 65536;
 
 /// The proxy command FIFO's wire format (defined in [`crate::fifo`]; this path is kept for the
 /// kernels that name `comm::fifo::EPOCH_SEQ_*`).

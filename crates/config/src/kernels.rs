@@ -101,6 +101,8 @@ pub const KERNELS: &[KernelSpec] = &[
     crate::ops::moe::MOE_EP_COMBINE,
     crate::ops::attention::FLASH_ATTN_FWD_D64,
     crate::ops::attention::FLASH_ATTN_FWD_D128,
+    crate::ops::attention::RING_ATTN_FWD_D64,
+    crate::ops::attention::RING_ATTN_FWD_D128,
 ];
 
 /// Looks a kernel up by its entry name.

@@ -262,6 +262,71 @@ pub const FLASH_ATTN_FWD_D128: KernelSpec = KernelSpec {
     dynamic_smem: AttentionTile::D128.smem_bytes(),
 };
 
+/// Ring attention's argument block: the single-GPU block for the local shard (maps of the local
+/// Q, K, V; O; LSE; the shard's shape), then the ring. Batched layout only; `attn.causal = 1`
+/// means causal over the whole sequence with zigzag shards (rank `r` holds chunks `r` and
+/// `2W - 1 - r` of `2W`, `chunk` rows each, per sequence).
+///
+/// Grid: CTAs `0..compute_ctas` compute (the FlashAttention roles), CTAs
+/// `compute_ctas..compute_ctas + comm_ctas` move K/V to the right neighbour.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RingArgs {
+    pub attn: AttentionArgs,
+    /// `CUtensorMap`s of K and V in receive slots 0 and 1 (same shape as the local K, V).
+    pub map_k_slot: [u64; 2],
+    pub map_v_slot: [u64; 2],
+    /// The communicator's `CommDesc`.
+    pub desc: u64,
+    /// f32 running O `[batch][seqlen][heads_q][head_dim]` (normalized) and LSE
+    /// `[batch][heads_q][seqlen]` between steps.
+    pub o_acc: u64,
+    pub lse_acc: u64,
+    /// The local K and V (device addresses; the comm CTAs send them at step 0).
+    pub k_local: u64,
+    pub v_local: u64,
+    /// Heap offset of the receive slots: slot `j` holds K at `slots + 2 j kv_bytes`, V after it.
+    pub slots: u64,
+    /// Bytes of one K (or V) shard.
+    pub kv_bytes: u64,
+    pub compute_ctas: u32,
+    pub comm_ctas: u32,
+    /// Rows of one zigzag chunk (`seqlen / 2`; causal only).
+    pub chunk: u32,
+    pub _pad: u32,
+}
+
+const _: () = assert!(
+    size_of::<RingArgs>() == size_of::<AttentionArgs>() + 8 * 11 + 4 * 4,
+    "ring block layout"
+);
+
+/// Registers per thread of ring attention's producer warpgroup after `setmaxnreg.dec`: its loop
+/// over the ring steps (flag waits, the zigzag mask) spilled 60 bytes at 40.
+pub const RING_PRODUCER_REGS: u32 = 56;
+/// Registers per thread of each of ring attention's consumer warpgroups (0 spills at 224).
+pub const RING_CONSUMER_REGS: u32 = 224;
+const _: () = assert!(
+    (RING_PRODUCER_REGS + 2 * RING_CONSUMER_REGS) * crate::WARPGROUP_SIZE
+        <= AttentionTile::D128.entry_regs() * AttentionTile::D128.threads(),
+    "ring register split exceeds the CTA's registers"
+);
+
+/// Ring attention forward, head dim 64 (same tile and roles as [`FLASH_ATTN_FWD_D64`], plus comm CTAs).
+pub const RING_ATTN_FWD_D64: KernelSpec = KernelSpec {
+    name: "mk_ring_attn_fwd_d64",
+    max_threads: AttentionTile::D64.threads(),
+    min_blocks_per_sm: 1,
+    dynamic_smem: AttentionTile::D64.smem_bytes(),
+};
+/// Ring attention forward, head dim 128.
+pub const RING_ATTN_FWD_D128: KernelSpec = KernelSpec {
+    name: "mk_ring_attn_fwd_d128",
+    max_threads: AttentionTile::D128.threads(),
+    min_blocks_per_sm: 1,
+    dynamic_smem: AttentionTile::D128.smem_bytes(),
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;

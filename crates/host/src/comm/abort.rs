@@ -193,6 +193,9 @@ fn holds_epochs(s: FlagSlot) -> bool {
         FlagSlot::Ready | FlagSlot::Done | FlagSlot::Staged | FlagSlot::Tile0 | FlagSlot::FusedReady => true,
         FlagSlot::StreamK => true,
         FlagSlot::Tile1 | FlagSlot::Tile2 | FlagSlot::NodeSum | FlagSlot::Outbox => false,
+        // Ring attention's step values follow its own launch epoch (`RING_EPOCH_OFFSET`), which
+        // the image zeroes with them: the next ring launch starts as on a fresh heap.
+        FlagSlot::RingData | FlagSlot::RingFree => false,
     }
 }
 

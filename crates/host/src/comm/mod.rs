@@ -868,6 +868,8 @@ pub(crate) fn wait_name(code: u32) -> String {
             Some(s @ (FlagSlot::Tile1 | FlagSlot::Tile2 | FlagSlot::NodeSum | FlagSlot::Outbox)) => {
                 format!("{s:?} tile counter")
             }
+            // Ring attention's flags hold step values (e - 1) W + t + 1.
+            Some(s @ (FlagSlot::RingData | FlagSlot::RingFree)) => format!("{s:?} flag (ring step)"),
             Some(s) => format!("{s:?} flag (epoch)"),
             None => format!("wait code {c}"),
         },

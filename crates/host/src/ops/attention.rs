@@ -41,7 +41,7 @@ pub struct AttentionHeads {
 }
 
 impl AttentionHeads {
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         let bad = |reason: String| Err(Error::Shape { op: OP, reason });
         if self.head_dim != 64 && self.head_dim != 128 {
             return bad(format!("head_dim {} is not supported (64 or 128)", self.head_dim));

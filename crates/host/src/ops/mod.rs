@@ -9,6 +9,8 @@
 //! - [`attention`]: FlashAttention forward on one GPU ([`attention::FlashAttentionPlan`]).
 //! - [`moe`]: mixture-of-experts expert FFN on one GPU ([`moe::MoePlan`]).
 //! - [`moe_ep`]: the same layer with expert parallelism over the node's ranks ([`moe_ep::MoeEpPlan`]).
+//! - [`ring_attention`]: ring attention forward across a communicator's local ranks
+//!   ([`ring_attention::RingAttentionPlan`]).
 //!
 //! # Soundness of the communicating plans
 //! A plan borrows its communicator and the buffers it was made from for its lifetime `'a`
@@ -131,6 +133,7 @@ pub mod attention;
 pub mod gemm_rs;
 pub mod moe;
 pub mod moe_ep;
+pub mod ring_attention;
 
 pub use ag_gemm::AgGemmPlan;
 pub use gemm_rs::{GemmRsPlan, RsSplit};

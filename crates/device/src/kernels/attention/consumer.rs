@@ -10,15 +10,17 @@
 //! Thread layout (see [`crate::arch::wgmma`]): thread `t` (warp `w`, lane `l`) holds rows
 //! `r = 16w + l/4` and `r + 8` of the warpgroup's 64; element `4j + 2h + e` of an accumulator is
 //! row `r + 8h`, column `8j + 2(l%4) + e`. A row's values are spread over the 4 lanes of a quad.
-use super::schedule::{total, uniform, work, Work, BLOCK};
+use super::schedule::{total, uniform, work_in, Mask, Work, BLOCK};
 use super::Smem;
 use crate::arch::convert::pack_bf16x2;
+use crate::arch::memory;
 use crate::arch::shuffle::shfl_xor;
 use crate::arch::smem::SmemAddr;
 use crate::arch::wgmma::{self, Swizzle};
 use crate::arch::{ids, math, mbarrier, sync};
 use crate::gemm::ring::RingPos;
-use mkernel_config::ops::attention::{AttentionArgs, SWIZZLE_ROW};
+use mkernel_config::comm::CommDesc;
+use mkernel_config::ops::attention::{AttentionArgs, RingArgs, SWIZZLE_ROW};
 
 macro_rules! unroll {
     ([$($n:literal)*], $i:ident => $body:block) => {
@@ -134,15 +136,14 @@ fn fence_o<const D: u32>(o: &mut [f32; 64]) {
     }
 }
 
-/// Sets masked scores to -inf: keys past the sequence, and (causal) keys right of the row's
-/// diagonal. `row` is this thread's first row in the sequence, `col` its first column.
+/// Sets masked scores to -inf: keys a row does not see. `lim[h]` is the number of keys (a
+/// prefix) row `h` of the thread sees ([`Work::visible`]), `col` its first column.
 #[inline(always)]
-fn mask(s: &mut [f32; 64], row: i32, col: i32, k_len: i32, shift: i32, causal: bool) {
+fn mask(s: &mut [f32; 64], col: i32, lim: [i32; 2]) {
     unroll64!(i => {
         let (j, h, e) = (i / 4, (i / 2) % 2, i % 2);
         let kv = col + (8 * j + e) as i32;
-        let q = row + 8 * h as i32;
-        if kv >= k_len || (causal && kv > q + shift) {
+        if kv >= lim[h] {
             s[i] = f32::NEG_INFINITY;
         }
     });
@@ -195,11 +196,32 @@ fn pack(s: &[f32; 64]) -> [u32; 32] {
     p
 }
 
+/// Waits for a K or V slot. Ring attention bounds it past the communication timeouts the
+/// producer can be behind (4 x the timeout + `HUNG_NS`, as the fused kernels) and then traps.
 #[inline(always)]
-pub unsafe fn run<const D: u32>(sm: &Smem, args: *const AttentionArgs, wg: u32) {
+unsafe fn wait_slot<const RING: bool>(bar: SmemAddr, parity: u32, args: *const AttentionArgs) {
+    if RING {
+        let _ = unsafe {
+            mbarrier::wait_parity_or(bar, parity, move |stalled| {
+                let d = (*(args as *const RingArgs)).desc as *const CommDesc;
+                if stalled > (*d).timeout_ns.saturating_mul(4).saturating_add(mbarrier::HUNG_NS) {
+                    crate::arch::trap();
+                }
+                false
+            })
+        };
+    } else {
+        unsafe { mbarrier::wait_parity(bar, parity) };
+    }
+}
+
+/// The consumer loop. `RING`: `args` is a [`RingArgs`] block; the tiles are walked once per
+/// ring step (the key/value shard of rank `(r - t) mod W` at step `t`) and each tile's partial
+/// is merged into the running f32 O and LSE ([`merge`]).
+#[inline(always)]
+pub unsafe fn run<const D: u32, const RING: bool>(sm: &Smem, args: *const AttentionArgs, wg: u32) {
     let a = unsafe { &*args };
     let t = sm.tile;
-    let causal = uniform(a.causal) != 0;
     let scale_log2 = a.scale_log2;
     let tid = ids::thread_idx_reread() % 128;
     let (warp, lane) = (tid / 32, tid % 32);
@@ -209,103 +231,120 @@ pub unsafe fn run<const D: u32>(sm: &Smem, args: *const AttentionArgs, wg: u32) 
     let q_rows = sm.q().add(64 * wg * SWIZZLE_ROW);
     let (mut kpos, mut vpos) = (RingPos::START, RingPos::START);
     let mut q_phase = 0u32;
-    let mut i = ids::block_idx_reread();
-    let (end, stride) = (total::<true>(a), ids::grid_dim());
+    let (end, stride) = if RING {
+        let r = unsafe { &*(args as *const RingArgs) };
+        (total::<true>(a), uniform(r.compute_ctas))
+    } else {
+        (total::<true>(a), ids::grid_dim())
+    };
+    let steps = if RING { uniform(unsafe { ring_world(args) }) } else { 1 };
     // Consumer 0 takes the first turn.
     if wg == 1 && !cfg!(mk_variant = "no_pingpong") {
         sync::named_barrier_arrive(TURN_BARRIER, 256);
     }
-    while i < end {
-        let w = unsafe { work::<true>(a, i) };
-        i += stride;
-        let Some(w) = w else { continue };
-        let row = (w.m0 + row0) as i32;
-        let (k_len, shift) = (w.k_len as i32, w.shift());
-        let mut o = [0f32; 64];
-        let mut m = [f32::NEG_INFINITY; 2];
-        let mut l = [0f32; 2];
-        if w.n_blocks > 0 {
-            unsafe { mbarrier::wait_parity(sm.q_full(), q_phase) };
-            q_phase ^= 1;
-            // Key block 0.
-            let mut s = [0f32; 64];
-            unsafe { mbarrier::wait_parity(sm.k_full(kpos.stage), kpos.phase) };
-            turn_begin(wg);
-            wgmma::fence();
-            unsafe { issue_qk::<D>(&mut s, q_rows, sm.k(kpos.stage), q_box, kv_box) };
-            wgmma::commit_group();
-            turn_end(wg);
-            wgmma::wait_group::<0>();
-            wgmma::fence_operands_64(&mut s);
-            release(sm.k_empty(kpos.stage));
-            kpos.advance(t.stages);
-            if w.n_blocks == 1 {
-                release(sm.q_empty());
-            }
-            if w.needs_mask(0, causal) {
-                mask(&mut s, row, col0 as i32, k_len, shift, causal);
-            }
-            m = row_max(&s, m);
-            l = exponentiate(&mut s, m, scale_log2);
-            let mut p = pack(&s);
-            // Key blocks 1.. overlapped with P V of the block before.
-            for n in 1..w.n_blocks {
-                unsafe { mbarrier::wait_parity(sm.k_full(kpos.stage), kpos.phase) };
-                unsafe { mbarrier::wait_parity(sm.v_full(vpos.stage), vpos.phase) };
+    for step in 0..steps {
+        let zigzag = if RING {
+            unsafe { ring_mask::<true>(args, step) }
+        } else {
+            None
+        };
+        let mut i = ids::block_idx_reread();
+        while i < end {
+            let w = unsafe { work_in::<true>(a, i, zigzag) };
+            i += stride;
+            let Some(w) = w else { continue };
+            let row = (w.m0 + row0) as i32;
+            let lim = [w.visible(row), w.visible(row + 8)];
+            let mut o = [0f32; 64];
+            let mut m = [f32::NEG_INFINITY; 2];
+            let mut l = [0f32; 2];
+            if w.n_blocks > 0 {
+                unsafe { mbarrier::wait_parity(sm.q_full(), q_phase) };
+                q_phase ^= 1;
+                // Key block 0.
+                let mut s = [0f32; 64];
+                unsafe { wait_slot::<RING>(sm.k_full(kpos.stage), kpos.phase, args) };
                 turn_begin(wg);
                 wgmma::fence();
                 unsafe { issue_qk::<D>(&mut s, q_rows, sm.k(kpos.stage), q_box, kv_box) };
                 wgmma::commit_group();
-                unsafe { issue_pv::<D>(&mut o, &p, sm.v(vpos.stage), kv_box, n > 1) };
-                wgmma::commit_group();
                 turn_end(wg);
-                wgmma::wait_group::<1>();
+                wgmma::wait_group::<0>();
                 wgmma::fence_operands_64(&mut s);
                 release(sm.k_empty(kpos.stage));
                 kpos.advance(t.stages);
-                if n + 1 == w.n_blocks {
+                if w.n_blocks == 1 {
                     release(sm.q_empty());
                 }
-                if w.needs_mask(n, causal) {
-                    mask(&mut s, row, (n * BLOCK + col0) as i32, k_len, shift, causal);
+                if w.needs_mask(0) {
+                    mask(&mut s, col0 as i32, lim);
                 }
-                let m_new = row_max(&s, m);
-                let factor = [0, 1].map(|h| {
-                    if m_new[h] == f32::NEG_INFINITY {
-                        1.0
-                    } else {
-                        math::ex2((m[h] - m_new[h]) * scale_log2)
+                m = row_max(&s, m);
+                l = exponentiate(&mut s, m, scale_log2);
+                let mut p = pack(&s);
+                // Key blocks 1.. overlapped with P V of the block before.
+                for n in 1..w.n_blocks {
+                    unsafe { wait_slot::<RING>(sm.k_full(kpos.stage), kpos.phase, args) };
+                    unsafe { wait_slot::<RING>(sm.v_full(vpos.stage), vpos.phase, args) };
+                    turn_begin(wg);
+                    wgmma::fence();
+                    unsafe { issue_qk::<D>(&mut s, q_rows, sm.k(kpos.stage), q_box, kv_box) };
+                    wgmma::commit_group();
+                    unsafe { issue_pv::<D>(&mut o, &p, sm.v(vpos.stage), kv_box, n > 1) };
+                    wgmma::commit_group();
+                    turn_end(wg);
+                    wgmma::wait_group::<1>();
+                    wgmma::fence_operands_64(&mut s);
+                    release(sm.k_empty(kpos.stage));
+                    kpos.advance(t.stages);
+                    if n + 1 == w.n_blocks {
+                        release(sm.q_empty());
                     }
-                });
-                let sum = exponentiate(&mut s, m_new, scale_log2);
+                    if w.needs_mask(n) {
+                        mask(&mut s, (n * BLOCK + col0) as i32, lim);
+                    }
+                    let m_new = row_max(&s, m);
+                    let factor = [0, 1].map(|h| {
+                        if m_new[h] == f32::NEG_INFINITY {
+                            1.0
+                        } else {
+                            math::ex2((m[h] - m_new[h]) * scale_log2)
+                        }
+                    });
+                    let sum = exponentiate(&mut s, m_new, scale_log2);
+                    wgmma::wait_group::<0>();
+                    fence_o::<D>(&mut o);
+                    // P is packed over the registers the finished P V read, so only now.
+                    wgmma::fence_operands_64(&mut s);
+                    release(sm.v_empty(vpos.stage));
+                    vpos.advance(t.stages);
+                    unroll64!(i => {
+                        if i < D as usize / 2 {
+                            o[i] *= factor[(i / 2) % 2];
+                        }
+                    });
+                    l = [l[0] * factor[0] + sum[0], l[1] * factor[1] + sum[1]];
+                    m = m_new;
+                    p = pack(&s);
+                }
+                // The last block's P V.
+                unsafe { wait_slot::<RING>(sm.v_full(vpos.stage), vpos.phase, args) };
+                turn_begin(wg);
+                wgmma::fence();
+                unsafe { issue_pv::<D>(&mut o, &p, sm.v(vpos.stage), kv_box, w.n_blocks > 1) };
+                wgmma::commit_group();
+                turn_end(wg);
                 wgmma::wait_group::<0>();
                 fence_o::<D>(&mut o);
-                // P is packed over the registers the finished P V read, so only now.
-                wgmma::fence_operands_64(&mut s);
                 release(sm.v_empty(vpos.stage));
                 vpos.advance(t.stages);
-                unroll64!(i => {
-                    if i < D as usize / 2 {
-                        o[i] *= factor[(i / 2) % 2];
-                    }
-                });
-                l = [l[0] * factor[0] + sum[0], l[1] * factor[1] + sum[1]];
-                m = m_new;
-                p = pack(&s);
             }
-            // The last block's P V.
-            unsafe { mbarrier::wait_parity(sm.v_full(vpos.stage), vpos.phase) };
-            turn_begin(wg);
-            wgmma::fence();
-            unsafe { issue_pv::<D>(&mut o, &p, sm.v(vpos.stage), kv_box, w.n_blocks > 1) };
-            wgmma::commit_group();
-            turn_end(wg);
-            wgmma::wait_group::<0>();
-            fence_o::<D>(&mut o);
-            release(sm.v_empty(vpos.stage));
-            vpos.advance(t.stages);
+            if RING {
+                unsafe { merge::<D>(args as *const RingArgs, &w, &o, m, l, row, col0, step, steps) };
+            } else {
+                unsafe { store::<D>(a, &w, &mut o, m, l, row, col0, scale_log2) };
+            }
         }
-        unsafe { store::<D>(a, &w, &mut o, m, l, row, col0, scale_log2) };
     }
     // Consumer 1's last turn handed one to consumer 0: take it, so no arrival is left pending.
     if wg == 0 && !cfg!(mk_variant = "no_pingpong") {
@@ -358,5 +397,109 @@ unsafe fn store<const D: u32>(
             unsafe { (a.lse as *mut f32).add(at as usize).write(lse) };
         }
     }
+    });
+}
+
+/// Local ranks of the ring (`RingArgs::desc`).
+#[inline(always)]
+unsafe fn ring_world(args: *const AttentionArgs) -> u32 {
+    unsafe { (*((*(args as *const RingArgs)).desc as *const CommDesc)).world }
+}
+
+/// The mask of ring step `step`: [`Mask::None`] (non-causal), or the zigzag mask of the local
+/// queries against the shard of rank `(r - step) mod W`.
+/// `UNIFORM` (full warps only): the values read from memory go through [`uniform`]; the
+/// producer's single thread passes `false`.
+#[inline(always)]
+pub unsafe fn ring_mask<const UNIFORM: bool>(args: *const AttentionArgs, step: u32) -> Option<Mask> {
+    let uniform = |x: u32| if UNIFORM { uniform(x) } else { x };
+    let r = unsafe { &*(args as *const RingArgs) };
+    if uniform(r.attn.causal) == 0 {
+        return Some(Mask::None);
+    }
+    let d = unsafe { &*(r.desc as *const CommDesc) };
+    let (rank, world) = (uniform(d.rank), uniform(d.world));
+    let src = (rank + world - step % world) % world;
+    Some(Mask::Zigzag {
+        chunk: uniform(r.chunk),
+        q: [rank, 2 * world - 1 - rank],
+        k: [src, 2 * world - 1 - src],
+    })
+}
+
+/// Ring attention's epilogue of one tile at step `step` of `steps`: merges this step's partial
+/// (`o` unnormalized, row maxima `m`, row sums `l`) into the running f32 O and LSE through the
+/// log-sum-exp (`m = max(lse_a, lse_b)`, weights `2^((lse - m) log2 e)`), all in f32. The last
+/// step writes O (bf16) and LSE (f32) instead of the running values. Each thread reads back
+/// only what it wrote at the step before (the same CTA owns a tile at every step); a row's LSE
+/// is read by the quad's first lane and passed on by a shuffle before that lane writes it.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn merge<const D: u32>(
+    r: *const RingArgs,
+    w: &Work,
+    o: &[f32; 64],
+    m: [f32; 2],
+    l: [f32; 2],
+    row: i32,
+    col0: u32,
+    step: u32,
+    steps: u32,
+) {
+    let r = unsafe { &*r };
+    let a = &r.attn;
+    let scale_log2 = a.scale_log2;
+    let l = [quad_sum(l[0]), quad_sum(l[1])];
+    let last = step + 1 == steps;
+    let lane = ids::lane_id();
+    unroll!([0 1], h => {
+        let q = row as u32 + 8 * h as u32;
+        let inside = q < w.q_len;
+        let lse_p = if l[h] > 0.0 {
+            (m[h] * scale_log2 + math::lg2(l[h])) * core::f32::consts::LN_2
+        } else {
+            f32::NEG_INFINITY
+        };
+        let at = ((w.b as u64 * a.heads_q as u64 + w.h as u64) * w.q_len as u64 + q as u64) as usize;
+        let mut lse_a = f32::NEG_INFINITY;
+        if step > 0 && inside && col0 == 0 {
+            lse_a = unsafe { (r.lse_acc as *const f32).add(at).read() };
+        }
+        let lse_a = f32::from_bits(crate::arch::shuffle::shfl_idx(lse_a.to_bits(), lane & !3));
+        let mx = lse_a.max(lse_p);
+        let (ca, cb, lse) = if mx == f32::NEG_INFINITY {
+            (0.0, 0.0, f32::NEG_INFINITY)
+        } else {
+            let wa = math::ex2((lse_a - mx) * core::f32::consts::LOG2_E);
+            let wb = math::ex2((lse_p - mx) * core::f32::consts::LOG2_E);
+            let inv = 1.0 / (wa + wb);
+            let cb = if l[h] > 0.0 { wb * inv / l[h] } else { 0.0 };
+            (wa * inv, cb, mx + math::lg2(wa + wb) * core::f32::consts::LN_2)
+        };
+        if inside {
+            let g = (w.q_start + q) as u64;
+            let base = ((g * a.heads_q as u64 + w.h as u64) * D as u64 + col0 as u64) as usize;
+            let acc = r.o_acc as *mut f32;
+            unroll16!(j => {
+                if j < D as usize / 8 {
+                    let (x, y) = if h == 0 { (o[4 * j], o[4 * j + 1]) } else { (o[4 * j + 2], o[4 * j + 3]) };
+                    let (mut x, mut y) = (x * cb, y * cb);
+                    if step > 0 {
+                        let old = unsafe { memory::ld_v2(acc.add(base + 8 * j) as *const u8) };
+                        x += ca * f32::from_bits(old[0]);
+                        y += ca * f32::from_bits(old[1]);
+                    }
+                    if last {
+                        unsafe { (a.o as *mut u32).add((base + 8 * j) / 2).write(pack_bf16x2(x, y)) };
+                    } else {
+                        unsafe { memory::st_v2(acc.add(base + 8 * j) as *mut u8, [x.to_bits(), y.to_bits()]) };
+                    }
+                }
+            });
+            if col0 == 0 {
+                let dst = if last { a.lse } else { r.lse_acc };
+                unsafe { (dst as *mut f32).add(at).write(lse) };
+            }
+        }
     });
 }

@@ -8,13 +8,19 @@
 //! - [`schedule`]: which tiles a CTA computes and each tile's sequence bounds (both roles walk
 //!   the same sequence);
 //! - [`producer`]: TMA loads of Q and the (K, V) ring;
-//! - [`consumer`]: `S = Q K^T`, online softmax, `O += P V`, the O/LSE epilogue.
+//! - [`consumer`]: `S = Q K^T`, online softmax, `O += P V`, the O/LSE epilogue (ring attention:
+//!   the merge of each step's partial);
+//! - [`ring`]: ring attention's launch epoch, its producer across the ring steps and its comm
+//!   CTAs (`mk_ring_attn_fwd_d64` / `mk_ring_attn_fwd_d128`).
 pub mod consumer;
 pub mod producer;
+pub mod ring;
 pub mod schedule;
 
 use crate::arch::{ids, mbarrier, regs, smem, sync, tma};
-use mkernel_config::ops::attention::{AttentionArgs, AttentionTile, Role, ROLES};
+use mkernel_config::ops::attention::{
+    AttentionArgs, AttentionTile, RingArgs, Role, RING_CONSUMER_REGS, RING_PRODUCER_REGS, ROLES,
+};
 
 /// The shared-memory addresses of one CTA (from the config's `offset_of!` layout).
 #[derive(Clone, Copy)]
@@ -79,9 +85,21 @@ impl Smem {
     }
 }
 
-/// The kernel body for one head dimension.
+/// The kernel body for one head dimension. `RING`: `args` is a [`RingArgs`] block; CTAs past
+/// `compute_ctas` are comm CTAs.
 #[inline(always)]
-unsafe fn flash_attn<const D: u32, const PR: u32, const CR: u32>(tile: AttentionTile, args: *const AttentionArgs) {
+unsafe fn flash_attn<const D: u32, const PR: u32, const CR: u32, const RING: bool>(
+    tile: AttentionTile,
+    args: *const AttentionArgs,
+) {
+    if RING {
+        let r = unsafe { &*(args as *const RingArgs) };
+        if ids::block_idx() >= r.compute_ctas {
+            unsafe { ring::communicate(r, ids::block_idx() - r.compute_ctas) };
+            unsafe { ring::exit(r.desc) };
+            return;
+        }
+    }
     let sm = Smem {
         base: smem::dynamic_smem_addr(),
         tile,
@@ -100,13 +118,20 @@ unsafe fn flash_attn<const D: u32, const PR: u32, const CR: u32>(tile: Attention
         Role::Producer => {
             regs::setmaxnreg_dec::<PR>();
             if ids::thread_idx_reread() == 0 {
-                unsafe { producer::run::<D>(&sm, args) };
+                if RING {
+                    unsafe { ring::produce::<D>(&sm, &*(args as *const RingArgs)) };
+                } else {
+                    unsafe { producer::run::<D>(&sm, args) };
+                }
             }
         }
         Role::Consumer(wg) => {
             regs::setmaxnreg_inc::<CR>();
-            unsafe { consumer::run::<D>(&sm, args, wg) };
+            unsafe { consumer::run::<D, RING>(&sm, args, wg) };
         }
+    }
+    if RING {
+        unsafe { ring::exit((*(args as *const RingArgs)).desc) };
     }
 }
 
@@ -114,12 +139,26 @@ unsafe fn flash_attn<const D: u32, const PR: u32, const CR: u32>(tile: Attention
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_flash_attn_fwd_d64(args: *const AttentionArgs) {
     const T: AttentionTile = AttentionTile::D64;
-    unsafe { flash_attn::<64, { T.producer_regs }, { T.consumer_regs }>(T, args) }
+    unsafe { flash_attn::<64, { T.producer_regs }, { T.consumer_regs }, false>(T, args) }
 }
 
 /// FlashAttention forward, head dim 128.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_flash_attn_fwd_d128(args: *const AttentionArgs) {
     const T: AttentionTile = AttentionTile::D128;
-    unsafe { flash_attn::<128, { T.producer_regs }, { T.consumer_regs }>(T, args) }
+    unsafe { flash_attn::<128, { T.producer_regs }, { T.consumer_regs }, false>(T, args) }
+}
+
+/// Ring attention forward, head dim 64 (the argument is a [`RingArgs`] block).
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn mk_ring_attn_fwd_d64(args: *const RingArgs) {
+    const T: AttentionTile = AttentionTile::D64;
+    unsafe { flash_attn::<64, RING_PRODUCER_REGS, RING_CONSUMER_REGS, true>(T, args as *const AttentionArgs) }
+}
+
+/// Ring attention forward, head dim 128 (the argument is a [`RingArgs`] block).
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn mk_ring_attn_fwd_d128(args: *const RingArgs) {
+    const T: AttentionTile = AttentionTile::D128;
+    unsafe { flash_attn::<128, RING_PRODUCER_REGS, RING_CONSUMER_REGS, true>(T, args as *const AttentionArgs) }
 }

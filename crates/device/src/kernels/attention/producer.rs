@@ -1,33 +1,72 @@
 //! The producer: one thread walks the CTA's tiles and issues the TMA loads - the tile's Q once
 //! its buffer is free, then K and V of each key block into the next ring slot.
-use super::schedule::{total, work, BLOCK};
+use super::consumer::ring_mask;
+use super::schedule::{total, work_in, Mask, BLOCK};
 use super::Smem;
 use crate::arch::{ids, mbarrier, tma, tma::TensorMap};
 use crate::gemm::ring::RingPos;
 use mkernel_config::ops::attention::{AttentionArgs, BOX_COLS};
 
+/// Where the producer is in its rings (carried from one ring-attention step to the next).
+pub struct Pos {
+    pub kv: RingPos,
+    pub q_phase: u32,
+}
+
+impl Pos {
+    pub const START: Pos = Pos {
+        kv: RingPos::START,
+        q_phase: 0,
+    };
+}
+
 #[inline(always)]
 pub unsafe fn run<const D: u32>(sm: &Smem, args: *const AttentionArgs) {
     let a = unsafe { &*args };
-    let (mq, mk, mv) = (
-        TensorMap(a.map_q as *const u8),
-        TensorMap(a.map_k as *const u8),
-        TensorMap(a.map_v as *const u8),
-    );
+    let mut pos = Pos::START;
+    unsafe {
+        tiles::<D>(
+            sm,
+            a,
+            TensorMap(a.map_k as *const u8),
+            TensorMap(a.map_v as *const u8),
+            None,
+            ids::grid_dim(),
+            &mut pos,
+        )
+    };
+}
+
+/// Loads the tiles of this CTA (`block_idx`, `block_idx + stride`, ...) with K and V from
+/// `mk`, `mv`; `ring_step = Some(t)`: `a` is a `RingArgs` block and the mask is ring step
+/// `t`'s ([`ring_mask`], re-read per tile: the producer is short of registers).
+#[inline(always)]
+pub unsafe fn tiles<const D: u32>(
+    sm: &Smem,
+    a: &AttentionArgs,
+    mk: TensorMap,
+    mv: TensorMap,
+    ring_step: Option<u32>,
+    stride: u32,
+    pos: &mut Pos,
+) {
+    let mq = TensorMap(a.map_q as *const u8);
     let t = sm.tile;
-    let mut kv = RingPos::START;
-    let mut q_phase = 0u32;
     let mut i = ids::block_idx_reread();
-    let (end, stride) = (total::<false>(a), ids::grid_dim());
+    let end = total::<false>(a);
     while i < end {
-        let w = unsafe { work::<false>(a, i) };
+        let zigzag: Option<Mask> = match ring_step {
+            Some(t) => unsafe { ring_mask::<false>(a, t) },
+            None => None,
+        };
+        let w = unsafe { work_in::<false>(a, i, zigzag) };
         i += stride;
         let Some(w) = w else { continue };
         if w.n_blocks == 0 {
             continue;
         }
         unsafe {
-            mbarrier::wait_parity(sm.q_empty(), q_phase ^ 1);
+            mbarrier::wait_parity(sm.q_empty(), pos.q_phase ^ 1);
             mbarrier::arrive_expect_tx(sm.q_full(), t.q_bytes());
             for bx in 0..D / BOX_COLS {
                 tma::load_3d(
@@ -40,8 +79,9 @@ pub unsafe fn run<const D: u32>(sm: &Smem, args: *const AttentionArgs) {
                 );
             }
         }
-        q_phase ^= 1;
+        pos.q_phase ^= 1;
         for n in 0..w.n_blocks {
+            let kv = pos.kv;
             let (s, row) = (kv.stage, w.k_start + n * BLOCK);
             unsafe {
                 mbarrier::wait_parity(sm.k_empty(s), kv.phase ^ 1);
@@ -69,7 +109,22 @@ pub unsafe fn run<const D: u32>(sm: &Smem, args: *const AttentionArgs) {
                     );
                 }
             }
-            kv.advance(t.stages);
+            pos.kv.advance(t.stages);
+        }
+    }
+}
+
+/// Waits until the consumers have released every (K, V) slot the producer filled: after it, no
+/// load of this CTA reads the K/V source any more (ring attention frees its receive slot).
+#[inline(always)]
+pub unsafe fn drain(sm: &Smem, pos: &Pos) {
+    let kv = pos.kv;
+    for s in 0..sm.tile.stages {
+        // The parity the producer's next wait for slot `s` uses.
+        let parity = if s >= kv.stage { kv.phase ^ 1 } else { kv.phase };
+        unsafe {
+            mbarrier::wait_parity(sm.k_empty(s), parity);
+            mbarrier::wait_parity(sm.v_empty(s), parity);
         }
     }
 }

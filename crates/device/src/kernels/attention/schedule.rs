@@ -24,20 +24,47 @@ pub struct Work {
     pub k_len: u32,
     /// Key blocks the tile attends to (0: none; its rows get O = 0, LSE = -inf).
     pub n_blocks: u32,
+    pub mask: Mask,
+}
+
+/// Which keys a query sees. In every case the keys query `i` sees are the first
+/// [`Work::visible`]`(i)` rows of its sequence's keys, a count that does not decrease with `i`.
+#[derive(Clone, Copy)]
+pub enum Mask {
+    /// All keys.
+    None,
+    /// Causal, bottom-right aligned: query `i` sees keys `j <= i + k_len - q_len`.
+    BottomRight,
+    /// Causal over a zigzag-sharded sequence (ring attention): the local queries are global
+    /// chunks `q[0]` then `q[1]`, the keys chunks `k[0]` then `k[1]` (`k[0] < k[1]`), `chunk`
+    /// rows each; a query sees the keys at global positions up to its own.
+    Zigzag { chunk: u32, q: [u32; 2], k: [u32; 2] },
 }
 
 impl Work {
-    /// Whether key block `n` needs the element mask: it runs past the keys, or (causal) some
-    /// of its keys lie right of the diagonal of the tile's first row.
+    /// Keys (a prefix of the sequence's) that query row `i` of the sequence sees.
     #[inline(always)]
-    pub fn needs_mask(&self, n: u32, causal: bool) -> bool {
-        let n0 = n * BLOCK;
-        n0 + BLOCK > self.k_len || (causal && (n0 + BLOCK - 1) as i32 > self.m0 as i32 + self.shift())
+    pub fn visible(&self, i: i32) -> i32 {
+        let k_len = self.k_len as i32;
+        match self.mask {
+            Mask::None => k_len,
+            Mask::BottomRight => (i + k_len - self.q_len as i32 + 1).clamp(0, k_len),
+            Mask::Zigzag { chunk, q, k } => {
+                let c = chunk as i32;
+                let g = if i < c {
+                    q[0] as i32 * c + i
+                } else {
+                    q[1] as i32 * c + i - c
+                };
+                (g - k[0] as i32 * c + 1).clamp(0, c) + (g - k[1] as i32 * c + 1).clamp(0, c)
+            }
+        }
     }
-    /// `k_len - q_len`: query `i` sees keys `j <= i + shift` (bottom-right aligned).
+    /// Whether key block `n` needs the element mask: some of its keys are not seen by the
+    /// tile's first row (past the keys, or right of its causal limit).
     #[inline(always)]
-    pub fn shift(&self) -> i32 {
-        self.k_len as i32 - self.q_len as i32
+    pub fn needs_mask(&self, n: u32) -> bool {
+        (n * BLOCK + BLOCK) as i32 > self.visible(self.m0 as i32)
     }
 }
 
@@ -63,6 +90,13 @@ pub fn uniform(x: u32) -> u32 {
 /// `UNIFORM` (full warps only): the values read from memory go through [`uniform`].
 #[inline(always)]
 pub unsafe fn work<const UNIFORM: bool>(a: &AttentionArgs, t: u32) -> Option<Work> {
+    unsafe { work_in::<UNIFORM>(a, t, None) }
+}
+
+/// As [`work`]; with `zigzag = Some(mask)` (a [`Mask::Zigzag`]) the causal mask is that one
+/// (ring attention's step) instead of the bottom-right one.
+#[inline(always)]
+pub unsafe fn work_in<const UNIFORM: bool>(a: &AttentionArgs, t: u32, zigzag: Option<Mask>) -> Option<Work> {
     let u = |x: u32| if UNIFORM { uniform(x) } else { x };
     let (m_blocks, heads_q) = (u(a.m_blocks), u(a.heads_q));
     let bh = t / m_blocks;
@@ -84,20 +118,12 @@ pub unsafe fn work<const UNIFORM: bool>(a: &AttentionArgs, t: u32) -> Option<Wor
     if m0 >= q_len {
         return None;
     }
-    let k_blocks = k_len.div_ceil(BLOCK);
-    let n_blocks = if u(a.causal) != 0 {
-        // Keys below `limit` are seen by the tile's last row.
-        let last = (m0 + BLOCK).min(q_len) as i32 - 1;
-        let limit = last + k_len as i32 - q_len as i32 + 1;
-        if limit <= 0 {
-            0
-        } else {
-            (limit as u32).div_ceil(BLOCK).min(k_blocks)
-        }
-    } else {
-        k_blocks
+    let mask = match zigzag {
+        Some(z) => z,
+        None if u(a.causal) != 0 => Mask::BottomRight,
+        None => Mask::None,
     };
-    Some(Work {
+    let mut w = Work {
         b,
         h,
         h_kv: h / (heads_q / u(a.heads_kv)),
@@ -106,6 +132,11 @@ pub unsafe fn work<const UNIFORM: bool>(a: &AttentionArgs, t: u32) -> Option<Wor
         k_start,
         q_len,
         k_len,
-        n_blocks,
-    })
+        n_blocks: 0,
+        mask,
+    };
+    // The tile's last row sees the most keys.
+    let last = (m0 + BLOCK).min(q_len) as i32 - 1;
+    w.n_blocks = (w.visible(last) as u32).div_ceil(BLOCK);
+    Some(w)
 }

@@ -1,0 +1,206 @@
+//! Ring attention forward across the ranks (one process per GPU, under `xtask launch`; `cargo
+//! xtask bench --op ring-attention --nproc W` does that itself, sharing a GPU when there are
+//! fewer GPUs than W). Per shape (the issue's four, causal and not; S is the whole sequence):
+//! - ours: one `RingAttentionPlan` launch (K/V passed around the ring inside the kernel);
+//! - local block: our single-GPU kernel on one rank's block (`S/W` queries x `S/W` keys; causal:
+//!   the causal block, the same pairs as one zigzag step);
+//! - sequential baseline: W local-block kernels with NCCL send/recv of K and V (to the right,
+//!   from the left) between them, nothing overlapped. The merge of the partials is not in it
+//!   (ours merges inside the kernel), which favours the baseline. NCCL refuses two ranks on one
+//!   GPU, so where ranks share a GPU (MPS) the baseline moves K and V with copy-engine copies
+//!   into the right neighbour's heap, a barrier, and a local copy into the next buffer
+//!   (marked `copies` in the table).
+//!
+//! TFLOP/s per GPU = this rank's visible pairs x 4 x Hq x D / ring time; overlap efficiency =
+//! W x local-block time / ring time (1.0: the ring costs no more than its compute).
+use crate::nccl::Nccl;
+use crate::timing::median_ms_aligned;
+use crate::Args;
+use anyhow::Result;
+use cudarc::driver::DevicePtr;
+use half::bf16;
+use mkernel::bootstrap::Bootstrap;
+use mkernel::ops::attention::{AttentionHeads, FlashAttentionPlan, Sequences};
+use mkernel::ops::ring_attention::{RingAttentionPlan, RingOptions};
+use mkernel::{CommConfig, Communicator, Device, ReduceDtype};
+use mkernel_tests::data::random_bf16;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// (batch, heads_q, heads_kv, whole sequence, head_dim): issue 24's shapes.
+const SHAPES: [(usize, usize, usize, usize, usize); 4] = [
+    (1, 32, 32, 16384, 128),
+    (4, 16, 16, 8192, 128),
+    (1, 32, 8, 16384, 128),
+    (1, 32, 32, 16384, 64),
+];
+
+pub fn run(args: &Args) -> Result<Vec<Value>> {
+    let boot = Bootstrap::from_env(Duration::from_secs(60))?;
+    let info = boot.info().clone();
+    let dev = Device::new(info.device())?;
+    let (rank, world) = (info.rank(), info.world_size());
+    // NCCL refuses ranks that share a GPU.
+    let nccl = if crate::report::shared_gpu().is_none() {
+        Some(Nccl::new(&boot, rank, world)?)
+    } else {
+        None
+    };
+    let mut cases = vec![];
+    for &(b, hq, hkv, s, d) in &SHAPES {
+        for causal in [false, true] {
+            let label = format!("{b}x{hq}x{hkv}x{s}x{d}{}", if causal { "c" } else { "" });
+            if args.filter.as_ref().is_some_and(|f| !label.contains(f.as_str())) {
+                continue;
+            }
+            cases.push((label, b, hq, hkv, s, d, causal));
+        }
+    }
+    let ws_bytes = cases
+        .iter()
+        .map(|&(_, b, _, hkv, s, d, _)| 4 * (b * (s / world) * hkv * d * 2) as u64)
+        .max()
+        .unwrap_or(0);
+    let comm = Communicator::new(
+        &dev,
+        boot,
+        CommConfig {
+            heap_bytes: 2 * ws_bytes + (64 << 20),
+            ..Default::default()
+        },
+    )?;
+    let ws = comm.alloc(ws_bytes.max(256))?;
+    // The baseline's receive buffers where NCCL cannot run (K then V).
+    let stage = comm.alloc(ws_bytes.max(256) / 2)?;
+    let sync = comm.alloc(256)?;
+    let stream = dev.default_stream();
+    // Lines the ranks up before each timed run (see median_ms_aligned).
+    let barrier = || comm.all_reduce(&stream, &sync, &sync, 8, ReduceDtype::Bf16, 1);
+    let mut align = || Ok(barrier()?);
+    if rank == 0 {
+        println!(
+            "# ring attention forward, {world} ranks, {} SMs per rank",
+            dev.sm_count()
+        );
+        println!(
+            "| shape (BxHqxHkvxSxD, c = causal) | comm/compute CTAs | ours ms | TFLOP/s per GPU | local block ms | overlap eff. | NCCL + local, sequential ms | sequential / ours |"
+        );
+        println!("|---|---|---|---|---|---|---|---|");
+    }
+    let mut rows = vec![];
+    for (label, b, hq, hkv, s, d, causal) in cases {
+        if s % (2 * world) != 0 {
+            continue;
+        }
+        let sl = s / world;
+        let heads = AttentionHeads {
+            heads_q: hq,
+            heads_kv: hkv,
+            head_dim: d,
+            causal,
+            softmax_scale: None,
+        };
+        let nq = b * sl * hq * d;
+        let nkv = b * sl * hkv * d;
+        let seed = 10 * rank as u64;
+        let q = stream.clone_htod(&random_bf16(nq, seed + 1))?;
+        let ka = stream.clone_htod(&random_bf16(nkv, seed + 2))?;
+        let va = stream.clone_htod(&random_bf16(nkv, seed + 3))?;
+        let kb = stream.alloc_zeros::<bf16>(nkv)?;
+        let vb = stream.alloc_zeros::<bf16>(nkv)?;
+        let (mut o, mut lse) = (stream.alloc_zeros::<bf16>(nq)?, stream.alloc_zeros::<f32>(b * sl * hq)?);
+        let (mut oa, mut la) = (stream.alloc_zeros::<bf16>(nq)?, stream.alloc_zeros::<f32>(b * sl * hq)?);
+        let (mut ob, mut lb) = (stream.alloc_zeros::<bf16>(nq)?, stream.alloc_zeros::<f32>(b * sl * hq)?);
+        let seqs = Sequences::Batched {
+            batch: b,
+            seqlen_q: sl,
+            seqlen_k: sl,
+        };
+        let ring = RingAttentionPlan::new(
+            &comm,
+            &stream,
+            &q,
+            &ka,
+            &va,
+            &mut o,
+            &mut lse,
+            &ws,
+            b,
+            sl,
+            heads,
+            RingOptions::default(),
+        )?;
+        let local_a = FlashAttentionPlan::new(&dev, &stream, &q, &ka, &va, &mut oa, &mut la, seqs, heads)?;
+        let local_b = FlashAttentionPlan::new(&dev, &stream, &q, &kb, &vb, &mut ob, &mut lb, seqs, heads)?;
+        let bufs = [
+            (ka.device_ptr(&stream).0, va.device_ptr(&stream).0),
+            (kb.device_ptr(&stream).0, vb.device_ptr(&stream).0),
+        ];
+        let bytes = nkv * 2;
+        let (right, left) = ((rank + 1) % world, (rank + world - 1) % world);
+        let mut f_ring = || Ok(ring.launch(&stream)?);
+        let mut f_local = || Ok(local_a.launch(&stream)?);
+        let (stage_peer, stage_local) = (comm.peer_ptr(right as u32, &stage)?, comm.ptr(&stage)?);
+        let copy = |dst: u64, src: u64, n: usize| -> Result<()> {
+            // SAFETY: device ranges of `n` bytes (heap buffers sized for the largest case).
+            unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, n, stream.cu_stream())? };
+            Ok(())
+        };
+        let mut f_seq = || -> Result<()> {
+            local_a.launch(&stream)?;
+            for t in 1..world {
+                let (from, to) = (bufs[(t - 1) % 2], bufs[t % 2]);
+                if let Some(nccl) = &nccl {
+                    nccl.send_recv(
+                        &stream,
+                        &[(right, from.0, bytes), (right, from.1, bytes)],
+                        &[(left, to.0, bytes), (left, to.1, bytes)],
+                    )?;
+                } else {
+                    copy(stage_peer, from.0, bytes)?;
+                    copy(stage_peer + bytes as u64, from.1, bytes)?;
+                    barrier()?;
+                    copy(to.0, stage_local, bytes)?;
+                    copy(to.1, stage_local + bytes as u64, bytes)?;
+                    // The left neighbour may overwrite the stage at the next step only after this.
+                    barrier()?;
+                }
+                if t % 2 == 1 {
+                    local_b.launch(&stream)?;
+                } else {
+                    local_a.launch(&stream)?;
+                }
+            }
+            Ok(())
+        };
+        let t = median_ms_aligned(
+            &stream,
+            args.warmup,
+            args.iters,
+            &mut align,
+            &mut [&mut f_ring, &mut f_local, &mut f_seq],
+        )?;
+        comm.check()?;
+        let (ring_ms, local_ms, seq_ms) = (t[0], t[1], t[2]);
+        let tflops = ring.flops() / ring_ms / 1e9;
+        let eff = world as f64 * local_ms / ring_ms;
+        let roles = ring.roles();
+        if rank == 0 {
+            println!(
+                "| {label} | {}/{} | {ring_ms:.3} | {tflops:.1} | {local_ms:.3} | {eff:.2} | {seq_ms:.3}{} | {:.2} |",
+                roles.comm,
+                roles.compute,
+                if nccl.is_some() { "" } else { " (copies)" },
+                seq_ms / ring_ms
+            );
+        }
+        rows.push(json!({
+            "shape": label, "batch": b, "heads_q": hq, "heads_kv": hkv, "seqlen": s, "head_dim": d,
+            "causal": causal, "world": world, "comm_ctas": roles.comm, "compute_ctas": roles.compute,
+            "ring_ms": ring_ms, "tflops_per_gpu": tflops, "local_block_ms": local_ms,
+            "overlap_efficiency": eff, "sequential_ms": seq_ms,
+            "sequential_transport": if nccl.is_some() { "nccl" } else { "copies" },
+        }));
+    }
+    Ok(rows)
+}

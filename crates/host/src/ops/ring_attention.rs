@@ -1,0 +1,389 @@
+//! Ring attention forward across the local ranks of a [`Communicator`]: each of the W ranks holds
+//! `seqlen_local` rows of every sequence (Q, K, V shards); one persistent kernel per call passes
+//! the K/V shards around the ring (NVLink stores into the right neighbour's receive slots, two
+//! slots per rank) while the compute CTAs attend the local queries to the shard that arrived, and
+//! merges the partials in f32 through their log-sum-exp. Outputs: the local rows of O (bf16) and
+//! LSE (f32), equal to attention over the whole sequence.
+//!
+//! Layout per rank (batched only): Q and O `[batch][seqlen_local][heads_q][head_dim]`, K and V
+//! `[batch][seqlen_local][heads_kv][head_dim]`, LSE `[batch][heads_q][seqlen_local]`.
+//! - non-causal: rank `r` holds rows `r * seqlen_local ..` of each sequence (any split works,
+//!   the result does not depend on the order of the keys);
+//! - causal: zigzag sharding, sequence of `S = W * seqlen_local` rows cut into `2W` chunks of
+//!   `S / 2W` rows; rank `r` holds chunks `r` then `2W - 1 - r` (`seqlen_local` even). The mask
+//!   is causal over the global positions.
+//!
+//! Memory per rank: the workspace (two receive slots of K and V, [`RingAttentionPlan::workspace_bytes`],
+//! in the symmetric heap) and, for W > 1, an f32 running O and LSE owned by the plan.
+//! docs/attention.md ("Ring attention") has the protocol.
+use super::attention::AttentionHeads;
+use crate::comm::{Communicator, SymBuffer};
+use crate::error::{Error, Result};
+use crate::runtime::Device;
+use crate::tensor_map::{encode_bf16_sw128_3d, Tensor3d};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
+use half::bf16;
+use mkernel_config::comm::MAX_COMM_CTAS;
+use mkernel_config::ops::attention::{
+    AttentionArgs, AttentionTile, RingArgs, BOX_COLS, RING_ATTN_FWD_D128, RING_ATTN_FWD_D64,
+};
+use mkernel_config::KernelSpec;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const OP: &str = "ring attention";
+
+/// How the grid is split between compute CTAs (FlashAttention tiles) and comm CTAs (K/V copies).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RingRoles {
+    pub compute: u32,
+    pub comm: u32,
+}
+
+/// The role split: `comm` comm CTAs (default `sm_count / 16` clamped to 1..=8: 8 on 132 SMs, 4
+/// on a 66-SM share; none for W = 1), the rest of the SMs compute, at most one per tile. Every
+/// CTA must be resident at once (they wait for each other), so the total is at most `sm_count`.
+pub fn ring_roles(sm_count: u32, world: u32, tiles: usize, comm: Option<u32>) -> Result<RingRoles> {
+    let bad = |reason: String| Err(Error::Shape { op: OP, reason });
+    let comm = if world == 1 {
+        0
+    } else {
+        comm.unwrap_or((sm_count / 16).clamp(1, 8))
+    };
+    if world > 1 && comm == 0 {
+        return bad("a ring of several ranks needs at least one comm CTA".into());
+    }
+    if comm >= sm_count {
+        return bad(format!("{comm} comm CTAs leave no SM to compute (sm_count {sm_count})"));
+    }
+    let compute = (tiles.max(1) as u32).min(sm_count - comm).min(MAX_COMM_CTAS - 1 - comm);
+    Ok(RingRoles { compute, comm })
+}
+
+/// Options of a ring-attention plan.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RingOptions {
+    /// Comm CTAs; `None`: [`ring_roles`]' default.
+    pub comm_ctas: Option<u32>,
+}
+
+/// Words of the uploaded block: seven tensor maps (Q, K, V, K/V of both slots), then [`RingArgs`].
+const MAP_WORDS: usize = 16;
+const MAPS: usize = 7;
+const ARGS_WORDS: usize = std::mem::size_of::<RingArgs>() / 8;
+
+/// Plans made in this process (every rank makes the same sequence: names the store exchange).
+static PLANS: AtomicU64 = AtomicU64::new(0);
+
+/// A ring-attention forward ready to launch; borrows its communicator and buffers for `'a`.
+pub struct RingAttentionPlan<'a> {
+    comm: &'a Communicator,
+    func: CudaFunction,
+    spec: &'static KernelSpec,
+    block: CudaSlice<u64>,
+    block_addr: u64,
+    roles: RingRoles,
+    _acc: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
+    flops: f64,
+    _buffers: PhantomData<&'a ()>,
+}
+
+impl<'a> RingAttentionPlan<'a> {
+    /// Heap bytes of the workspace (`Communicator::alloc`): two receive slots of one K and one V
+    /// shard each.
+    pub fn workspace_bytes(batch: usize, seqlen_local: usize, heads: &AttentionHeads) -> u64 {
+        4 * (batch * seqlen_local * heads.heads_kv * heads.head_dim * 2) as u64
+    }
+
+    /// Plans the local rows of `o`, `lse` = attention of the local `q` over every rank's `k`, `v`.
+    /// Collective: every local rank calls it with the same shapes (checked through the store).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        comm: &'a Communicator,
+        stream: &Arc<CudaStream>,
+        q: &'a CudaSlice<bf16>,
+        k: &'a CudaSlice<bf16>,
+        v: &'a CudaSlice<bf16>,
+        o: &'a mut CudaSlice<bf16>,
+        lse: &'a mut CudaSlice<f32>,
+        workspace: &'a SymBuffer,
+        batch: usize,
+        seqlen_local: usize,
+        heads: AttentionHeads,
+        opts: RingOptions,
+    ) -> Result<Self> {
+        if comm.nnodes() > 1 {
+            return Err(Error::Unsupported(
+                "ring attention across nodes (through the proxy) is not implemented; one node only".into(),
+            ));
+        }
+        heads.validate()?;
+        let bad = |reason: String| Err(Error::Shape { op: OP, reason });
+        let device: &Device = comm.device();
+        let (w, rank) = (comm.world() as usize, comm.rank() as usize);
+        let (hq, hkv, d) = (heads.heads_q, heads.heads_kv, heads.head_dim);
+        // Every rank must agree on the shapes and the grid (the comm CTAs wait for every CTA of
+        // their neighbour): exchange them and take the smallest SM count.
+        let mine = [
+            batch as u64,
+            seqlen_local as u64,
+            hq as u64,
+            hkv as u64,
+            d as u64,
+            heads.causal as u64,
+            opts.comm_ctas.map_or(0, |c| c as u64 + 1),
+            device.sm_count() as u64,
+        ];
+        let bytes: Vec<u8> = mine.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let n = PLANS.fetch_add(1, Ordering::Relaxed);
+        let all = comm.bootstrap().store().all_gather(
+            &format!("mkernel/ring_attention/{n}"),
+            &bytes,
+            Duration::from_secs(60),
+        )?;
+        let mut sm_count = device.sm_count();
+        for (peer, b) in all.iter().enumerate().take(w) {
+            let theirs: Vec<u64> = b
+                .chunks(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                .collect();
+            if theirs.len() != mine.len() {
+                return bad(format!("rank {peer} sent a malformed plan description"));
+            }
+            if theirs[1] != mine[1] {
+                return bad(format!(
+                    "shards of different lengths: rank {rank} holds {} rows per sequence, rank {peer} {}",
+                    mine[1], theirs[1]
+                ));
+            }
+            if theirs[..7] != mine[..7] {
+                return bad(format!(
+                    "rank {peer} planned (batch, seqlen_local, heads_q, heads_kv, head_dim, causal, comm) = {:?}, rank {rank} {:?}",
+                    &theirs[..7],
+                    &mine[..7]
+                ));
+            }
+            sm_count = sm_count.min(theirs[7] as u32);
+        }
+        if batch == 0 || seqlen_local == 0 {
+            return bad(format!("empty problem: batch = {batch}, seqlen_local = {seqlen_local}"));
+        }
+        if heads.causal && seqlen_local % 2 != 0 {
+            return bad(format!(
+                "a causal sequence of {} rows over {w} ranks cannot be zigzag-split: each rank holds 2 chunks of \
+                 S / 2W rows, so seqlen_local = {seqlen_local} must be even",
+                w * seqlen_local
+            ));
+        }
+        let rows = batch * seqlen_local;
+        if rows >= 1 << 31 {
+            return bad(format!("{rows} local rows: at most 2^31 - 1"));
+        }
+        for (what, have, need) in [
+            ("Q", q.len(), rows * hq * d),
+            ("K", k.len(), rows * hkv * d),
+            ("V", v.len(), rows * hkv * d),
+            ("O", o.len(), rows * hq * d),
+            ("LSE", lse.len(), rows * hq),
+        ] {
+            if have < need {
+                return Err(Error::BufferTooSmall {
+                    op: OP,
+                    what,
+                    have,
+                    need,
+                });
+            }
+        }
+        let kv_bytes = (rows * hkv * d * 2) as u64;
+        let need = Self::workspace_bytes(batch, seqlen_local, &heads);
+        if workspace.bytes() < need {
+            return Err(Error::BufferTooSmall {
+                op: OP,
+                what: "workspace (symmetric heap)",
+                have: workspace.bytes() as usize,
+                need: need as usize,
+            });
+        }
+        let (spec, tile) = match d {
+            64 => (&RING_ATTN_FWD_D64, AttentionTile::D64),
+            _ => (&RING_ATTN_FWD_D128, AttentionTile::D128),
+        };
+        let m_blocks = seqlen_local.div_ceil(tile.block_m as usize);
+        let tiles = batch * hq * m_blocks;
+        let roles = ring_roles(sm_count, w as u32, tiles, opts.comm_ctas)?;
+        let acc = if w > 1 {
+            Some((
+                stream.alloc_zeros::<f32>(rows * hq * d)?,
+                stream.alloc_zeros::<f32>(rows * hq)?,
+            ))
+        } else {
+            None
+        };
+        let (pq, _r1) = q.device_ptr(stream);
+        let (pk, _r2) = k.device_ptr(stream);
+        let (pv, _r3) = v.device_ptr(stream);
+        let (po, _r4) = o.device_ptr_mut(stream);
+        let (pl, _r5) = lse.device_ptr_mut(stream);
+        let map = |ptr: u64, heads: usize, box_rows: u32| {
+            encode_bf16_sw128_3d(
+                Tensor3d {
+                    ptr,
+                    cols: d as u64,
+                    heads: heads as u64,
+                    rows: rows as u64,
+                },
+                BOX_COLS,
+                box_rows,
+            )
+        };
+        let slot = comm.ptr(workspace)?;
+        let maps = [
+            map(pq, hq, tile.block_m)?,
+            map(pk, hkv, tile.block_n)?,
+            map(pv, hkv, tile.block_n)?,
+            map(slot, hkv, tile.block_n)?,
+            map(slot + 2 * kv_bytes, hkv, tile.block_n)?,
+            map(slot + kv_bytes, hkv, tile.block_n)?,
+            map(slot + 3 * kv_bytes, hkv, tile.block_n)?,
+        ];
+        let mut block = stream.alloc_zeros::<u64>(MAPS * MAP_WORDS + ARGS_WORDS)?;
+        let base = block.device_ptr(stream).0;
+        let map_at = |i: usize| base + (i * MAP_WORDS * 8) as u64;
+        let (o_acc, lse_acc) = match &acc {
+            Some((a, l)) => (a.device_ptr(stream).0, l.device_ptr(stream).0),
+            None => (0, 0),
+        };
+        let args = RingArgs {
+            attn: AttentionArgs {
+                map_q: map_at(0),
+                map_k: map_at(1),
+                map_v: map_at(2),
+                o: po,
+                lse: pl,
+                cu_seqlens_q: 0,
+                cu_seqlens_k: 0,
+                batch: batch as u32,
+                heads_q: hq as u32,
+                heads_kv: hkv as u32,
+                seqlen_q: seqlen_local as u32,
+                seqlen_k: seqlen_local as u32,
+                total_q: rows as u32,
+                m_blocks: m_blocks as u32,
+                causal: heads.causal as u32,
+                scale_log2: heads.scale() * std::f32::consts::LOG2_E,
+                _pad: 0,
+            },
+            map_k_slot: [map_at(3), map_at(4)],
+            map_v_slot: [map_at(5), map_at(6)],
+            desc: comm.desc_ptr(),
+            o_acc,
+            lse_acc,
+            k_local: pk,
+            v_local: pv,
+            slots: workspace.offset(),
+            kv_bytes,
+            compute_ctas: roles.compute,
+            comm_ctas: roles.comm,
+            chunk: (seqlen_local / 2) as u32,
+            _pad: 0,
+        };
+        let mut words = vec![0u64; MAPS * MAP_WORDS + ARGS_WORDS];
+        for (i, m) in maps.iter().enumerate() {
+            words[i * MAP_WORDS..(i + 1) * MAP_WORDS].copy_from_slice(&m.opaque);
+        }
+        // SAFETY: RingArgs is repr(C), 8-byte aligned, ARGS_WORDS words of plain integers and one f32.
+        let arg_words: [u64; ARGS_WORDS] = unsafe { std::mem::transmute(args) };
+        words[MAPS * MAP_WORDS..].copy_from_slice(&arg_words);
+        stream.memcpy_htod(&words, &mut block)?;
+        stream.synchronize()?;
+        let pairs = if heads.causal {
+            // Causal over the whole sequence of W * seqlen_local rows; this rank's share of it.
+            let s = (w * seqlen_local) as f64;
+            s * (s + 1.0) / 2.0 / w as f64
+        } else {
+            (seqlen_local * w * seqlen_local) as f64
+        };
+        Ok(RingAttentionPlan {
+            comm,
+            func: device.function(spec)?,
+            spec,
+            block,
+            block_addr: base,
+            roles,
+            _acc: acc,
+            flops: 4.0 * (batch * hq * d) as f64 * pairs,
+            _buffers: PhantomData,
+        })
+    }
+
+    /// Enqueues the kernel on `stream` (inside a CUDA graph capture too). Every local rank
+    /// launches the same sequence of plans; [`Communicator::check`] after the stream
+    /// synchronized reports a rank that never came ([`Error::CommTimeout`]).
+    pub fn launch(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        use cudarc::driver::sys::CUstreamCaptureStatus;
+        let capturing = stream.capture_status()? != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        let (base, _r) = if capturing {
+            (self.block_addr, None)
+        } else {
+            let (p, r) = self.block.device_ptr(stream);
+            (p, Some(r))
+        };
+        let args = base + 8 * (MAPS * MAP_WORDS) as u64;
+        // Under the communicator's launch lock, ordered behind its previous launch.
+        self.comm.enqueue(OP, stream, || {
+            let mut b = stream.launch_builder(&self.func);
+            b.arg(&args);
+            // SAFETY: the kernel takes the address of a RingArgs block, uploaded with the tensor
+            // maps it points to; the buffers it names are borrowed for 'a, the heap by the
+            // communicator.
+            unsafe { b.launch(Device::launch_config(self.spec, self.roles.compute + self.roles.comm)) }?;
+            Ok(())
+        })
+    }
+
+    /// The role split the plan launches with.
+    pub fn roles(&self) -> RingRoles {
+        self.roles
+    }
+    /// Attention FLOPs of this rank per call (the visible pairs of its queries).
+    pub fn flops(&self) -> f64 {
+        self.flops
+    }
+    /// The communicator.
+    pub fn communicator(&self) -> &Communicator {
+        self.comm
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn roles_fit_the_sms() {
+        assert_eq!(
+            ring_roles(132, 4, 4096, None).unwrap(),
+            RingRoles { compute: 124, comm: 8 }
+        );
+        assert_eq!(
+            ring_roles(66, 2, 4096, None).unwrap(),
+            RingRoles { compute: 62, comm: 4 }
+        );
+        assert_eq!(
+            ring_roles(33, 4, 4096, None).unwrap(),
+            RingRoles { compute: 31, comm: 2 }
+        );
+        assert_eq!(
+            ring_roles(132, 1, 4096, None).unwrap(),
+            RingRoles { compute: 132, comm: 0 }
+        );
+        assert_eq!(
+            ring_roles(132, 2, 10, Some(3)).unwrap(),
+            RingRoles { compute: 10, comm: 3 }
+        );
+        assert!(ring_roles(8, 2, 10, Some(8)).is_err());
+        assert!(ring_roles(8, 2, 10, Some(0)).is_err());
+    }
+}
