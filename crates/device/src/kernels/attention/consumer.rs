@@ -112,6 +112,8 @@ unsafe fn issue_qk<const D: u32>(s: &mut [f32; 64], q: SmemAddr, k: SmemAddr, q_
 /// Issues `O (+)= P V` over the block's 128 key rows (8 K steps); V is `[key][head_dim]` in
 /// `D / 64` boxes of 128 rows, read MN-major (transpose bit), `lbo` = one box.
 #[inline(always)]
+// `ks > 0` is a constant of each unrolled step (false on the first): the comparison is meant.
+#[allow(clippy::absurd_extreme_comparisons)]
 unsafe fn issue_pv<const D: u32>(o: &mut [f32; 64], p: &[u32; 32], v: SmemAddr, v_box: u32, accumulate: bool) {
     unroll8!(ks => {
         let a = [p[4 * ks], p[4 * ks + 1], p[4 * ks + 2], p[4 * ks + 3]];
@@ -218,6 +220,10 @@ unsafe fn wait_slot<const RING: bool>(bar: SmemAddr, parity: u32, args: *const A
 /// The consumer loop. `RING`: `args` is a [`RingArgs`] block; the tiles are walked once per
 /// ring step (the key/value shard of rank `(r - t) mod W` at step `t`) and each tile's partial
 /// is merged into the running f32 O and LSE ([`merge`]).
+///
+/// # Safety
+/// Called by every thread of consumer warpgroup `wg` after the CTA's setup: `sm` is this CTA's
+/// initialised shared memory, `args` the launch's argument block (a [`RingArgs`] block when `RING`).
 #[inline(always)]
 pub unsafe fn run<const D: u32, const RING: bool>(sm: &Smem, args: *const AttentionArgs, wg: u32) {
     let a = unsafe { &*args };
@@ -410,6 +416,10 @@ unsafe fn ring_world(args: *const AttentionArgs) -> u32 {
 /// queries against the shard of rank `(r - step) mod W`.
 /// `UNIFORM` (full warps only): the values read from memory go through [`uniform`]; the
 /// producer's single thread passes `false`.
+///
+/// # Safety
+/// `args` is a [`RingArgs`] block with a valid communicator descriptor; `UNIFORM` only when every
+/// lane of the warp calls it.
 #[inline(always)]
 pub unsafe fn ring_mask<const UNIFORM: bool>(args: *const AttentionArgs, step: u32) -> Option<Mask> {
     let uniform = |x: u32| if UNIFORM { uniform(x) } else { x };

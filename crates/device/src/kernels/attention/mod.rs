@@ -136,6 +136,10 @@ unsafe fn flash_attn<const D: u32, const PR: u32, const CR: u32, const RING: boo
 }
 
 /// FlashAttention forward, head dim 64.
+///
+/// # Safety
+/// The launch contract of `crate::kernels` (block size and dynamic shared memory from its `KernelSpec`),
+/// and `args` points to an argument block the host uploaded for this kernel, alive until the launch ends.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_flash_attn_fwd_d64(args: *const AttentionArgs) {
     const T: AttentionTile = AttentionTile::D64;
@@ -143,6 +147,10 @@ pub unsafe extern "ptx-kernel" fn mk_flash_attn_fwd_d64(args: *const AttentionAr
 }
 
 /// FlashAttention forward, head dim 128.
+///
+/// # Safety
+/// The launch contract of `crate::kernels` (block size and dynamic shared memory from its `KernelSpec`),
+/// and `args` points to an argument block the host uploaded for this kernel, alive until the launch ends.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_flash_attn_fwd_d128(args: *const AttentionArgs) {
     const T: AttentionTile = AttentionTile::D128;
@@ -150,6 +158,10 @@ pub unsafe extern "ptx-kernel" fn mk_flash_attn_fwd_d128(args: *const AttentionA
 }
 
 /// Ring attention forward, head dim 64 (the argument is a [`RingArgs`] block).
+///
+/// # Safety
+/// As for the FlashAttention entries, with a [`RingArgs`] block whose communicator descriptor is valid
+/// for this launch; every rank of the ring launches the same kernel with the same shapes.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_ring_attn_fwd_d64(args: *const RingArgs) {
     const T: AttentionTile = AttentionTile::D64;
@@ -157,6 +169,10 @@ pub unsafe extern "ptx-kernel" fn mk_ring_attn_fwd_d64(args: *const RingArgs) {
 }
 
 /// Ring attention forward, head dim 128 (the argument is a [`RingArgs`] block).
+///
+/// # Safety
+/// As for the FlashAttention entries, with a [`RingArgs`] block whose communicator descriptor is valid
+/// for this launch; every rank of the ring launches the same kernel with the same shapes.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_ring_attn_fwd_d128(args: *const RingArgs) {
     const T: AttentionTile = AttentionTile::D128;

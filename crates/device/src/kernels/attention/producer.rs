@@ -20,6 +20,9 @@ impl Pos {
     };
 }
 
+/// # Safety
+/// Called by the producer's elected thread after the CTA's setup: `sm` is this CTA's initialised
+/// shared memory and `args` the launch's argument block with valid tensor maps.
 #[inline(always)]
 pub unsafe fn run<const D: u32>(sm: &Smem, args: *const AttentionArgs) {
     let a = unsafe { &*args };
@@ -40,6 +43,10 @@ pub unsafe fn run<const D: u32>(sm: &Smem, args: *const AttentionArgs) {
 /// Loads the tiles of this CTA (`block_idx`, `block_idx + stride`, ...) with K and V from
 /// `mk`, `mv`; `ring_step = Some(t)`: `a` is a `RingArgs` block and the mask is ring step
 /// `t`'s ([`ring_mask`], re-read per tile: the producer is short of registers).
+///
+/// # Safety
+/// As [`run`]; `mk`, `mv` are valid tensor maps of this launch's K and V (or a ring slot), `pos`
+/// is the producer's ring position, and with `ring_step` `a` is a [`RingArgs`] block.
 #[inline(always)]
 pub unsafe fn tiles<const D: u32>(
     sm: &Smem,
@@ -116,6 +123,10 @@ pub unsafe fn tiles<const D: u32>(
 
 /// Waits until the consumers have released every (K, V) slot the producer filled: after it, no
 /// load of this CTA reads the K/V source any more (ring attention frees its receive slot).
+///
+/// # Safety
+/// Called by the producer's thread with the position its loads reached; the consumers keep
+/// releasing slots until they have consumed every loaded tile.
 #[inline(always)]
 pub unsafe fn drain(sm: &Smem, pos: &Pos) {
     let kv = pos.kv;

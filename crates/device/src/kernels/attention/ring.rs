@@ -25,6 +25,9 @@ use mkernel_config::comm::{CommDesc, FlagSlot, Role, ABORT_OFFSET, RING_EPOCH_OF
 use mkernel_config::ops::attention::{AttentionArgs, RingArgs};
 
 /// This CTA's view of the communicator with the ring launch epoch.
+///
+/// # Safety
+/// `r.desc` is the launch's valid communicator descriptor (heaps mapped, epochs in step).
 #[inline(always)]
 pub unsafe fn ctx(r: &RingArgs, cta: u32, role: Role) -> CommCtx {
     let mut c = unsafe { CommCtx::new(r.desc as *const CommDesc, cta, role) };
@@ -42,6 +45,8 @@ fn value(c: &CommCtx, t: u32) -> u64 {
 /// launch's `e - 1`: every CTA of its previous ring-attention launch exited. Bounded like every
 /// flag wait (gives up on the timeout or the rank's abort word); the record names `peer` and the
 /// `RingFree` slot with the epoch expected.
+// `polls % 64` keeps the polling loop's PTX as measured (`is_multiple_of` changes it).
+#[allow(clippy::manual_is_multiple_of)]
 #[inline(always)]
 unsafe fn wait_previous_launch(c: &CommCtx, peer: u32) -> bool {
     let word = (c.heap(peer) + RING_EPOCH_OFFSET) as *const u64;
@@ -69,6 +74,10 @@ unsafe fn wait_previous_launch(c: &CommCtx, peer: u32) -> bool {
 
 /// Counts this warp's exit; the launch's last warp advances the ring launch epoch. Every warp
 /// calls it once, after its work (lane 0 after its warp barrier).
+///
+/// # Safety
+/// Called once per warp of the launch, after the warp's last access to the ring buffers;
+/// `desc` is the launch's communicator descriptor.
 #[inline(always)]
 pub unsafe fn exit(desc: u64) {
     sync::sync_warp();
@@ -92,6 +101,10 @@ pub unsafe fn exit(desc: u64) {
 /// The producer of compute CTA `ids::block_idx()` over the W steps. The communicator context is
 /// rebuilt around each wait and signal rather than kept live across the tile loop (the producer
 /// is short of registers).
+///
+/// # Safety
+/// As [`super::producer::run`] for a ring launch: `r` is the launch's [`RingArgs`] block and its
+/// receive slots are mapped on this rank.
 #[inline(always)]
 pub unsafe fn produce<const D: u32>(sm: &Smem, r: &RingArgs) {
     let world = unsafe { (*(r.desc as *const CommDesc)).world };
@@ -152,6 +165,10 @@ unsafe fn signal_free(r: &RingArgs, t: u32) {
 
 /// Comm CTA `k` (of `r.comm_ctas`): moves slice `k` of each step's K and V to the right
 /// neighbour. Every thread of the CTA runs it.
+///
+/// # Safety
+/// Called by every thread of comm CTA `k < r.comm_ctas` of a ring launch; the right neighbour's
+/// receive slots are mapped through the symmetric heap.
 #[inline(always)]
 pub unsafe fn communicate(r: &RingArgs, k: u32) {
     let c = unsafe { ctx(r, r.compute_ctas + k, Role::IntraComm) };

@@ -88,6 +88,10 @@ pub fn uniform(x: u32) -> u32 {
 
 /// Tile `t`; `None` when its query block lies past the end of its sequence (varlen).
 /// `UNIFORM` (full warps only): the values read from memory go through [`uniform`].
+///
+/// # Safety
+/// `a` is the launch's argument block (its `cu_seqlens` pointers, when set, are readable for
+/// `batch + 1` entries); `UNIFORM` only when every lane of the warp calls it.
 #[inline(always)]
 pub unsafe fn work<const UNIFORM: bool>(a: &AttentionArgs, t: u32) -> Option<Work> {
     unsafe { work_in::<UNIFORM>(a, t, None) }
@@ -95,6 +99,9 @@ pub unsafe fn work<const UNIFORM: bool>(a: &AttentionArgs, t: u32) -> Option<Wor
 
 /// As [`work`]; with `zigzag = Some(mask)` (a [`Mask::Zigzag`]) the causal mask is that one
 /// (ring attention's step) instead of the bottom-right one.
+///
+/// # Safety
+/// As [`work`].
 #[inline(always)]
 pub unsafe fn work_in<const UNIFORM: bool>(a: &AttentionArgs, t: u32, zigzag: Option<Mask>) -> Option<Work> {
     let u = |x: u32| if UNIFORM { uniform(x) } else { x };
