@@ -668,3 +668,255 @@ fn loopback_latency_and_bandwidth() {
             .unwrap_or_else(|e| panic!("rank {r}: {e}"));
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Asynchronous staging: copies that complete later, as on a GPU's streams.
+
+/// A [`DeviceStaging`] whose calls complete some polls later, in call order per direction (as
+/// the GPU engine's two streams do), and whose copies happen at completion: a transport that
+/// refills a buffer before the copy using it completed sends or lands the wrong bytes. Every
+/// breach of the trait's contract (a buffer touched while a copy uses it, a range outside the
+/// rank's memory) panics, which fails the proxy and the test.
+struct DelayedStaging {
+    fabric: Arc<CpuFabric>,
+    rank: usize,
+    buffers: Vec<Vec<u8>>,
+    busy: Vec<bool>,
+    out: std::collections::VecDeque<(u64, u32, DelayedOp)>,
+    inn: std::collections::VecDeque<(u64, u32, DelayedOp)>,
+    rng: u64,
+}
+
+enum DelayedOp {
+    ToHost { src: u64, buf: usize, len: usize },
+    ToDevice { buf: usize, dst: u64, len: usize },
+    Flag { offset: u64, value: u64 },
+}
+
+impl DelayedStaging {
+    fn new(fabric: Arc<CpuFabric>, rank: usize) -> DelayedStaging {
+        DelayedStaging {
+            fabric,
+            rank,
+            buffers: vec![],
+            busy: vec![],
+            out: Default::default(),
+            inn: Default::default(),
+            rng: 0x9e37_79b9_7f4a_7c15 ^ rank as u64,
+        }
+    }
+    /// Polls until the call completes: 0..8.
+    fn delay(&mut self) -> u32 {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        (self.rng % 8) as u32
+    }
+    fn claim(&mut self, buf: usize, len: usize) {
+        assert!(
+            buf < self.buffers.len() && len <= self.buffers[buf].len(),
+            "rank {}: buffer {buf} cannot hold {len} bytes",
+            self.rank
+        );
+        assert!(
+            !self.busy[buf],
+            "rank {}: buffer {buf} reused before its copy completed",
+            self.rank
+        );
+        self.busy[buf] = true;
+    }
+    fn run(&mut self, op: DelayedOp) {
+        match op {
+            DelayedOp::ToHost { src, buf, len } => {
+                let b = self
+                    .fabric
+                    .read(self.rank, src, len)
+                    .expect("to_host inside the data region");
+                self.buffers[buf][..len].copy_from_slice(&b);
+                self.busy[buf] = false;
+            }
+            DelayedOp::ToDevice { buf, dst, len } => {
+                self.fabric
+                    .write(self.rank, dst, &self.buffers[buf][..len])
+                    .expect("to_device inside the data region");
+                self.busy[buf] = false;
+            }
+            DelayedOp::Flag { offset, value } => {
+                self.fabric
+                    .store_flag(self.rank, offset, value)
+                    .expect("flag inside the flag array");
+            }
+        }
+    }
+}
+
+impl mkernel_proxy::tcp::DeviceStaging for DelayedStaging {
+    fn alloc_buffers(&mut self, count: usize, bytes: usize) -> Result<(), mkernel_proxy::TransportError> {
+        self.buffers = vec![vec![0; bytes]; count];
+        self.busy = vec![false; count];
+        Ok(())
+    }
+    fn buffer(&mut self, i: usize) -> &mut [u8] {
+        assert!(
+            !self.busy[i],
+            "rank {}: buffer {i} touched while a copy uses it",
+            self.rank
+        );
+        &mut self.buffers[i]
+    }
+    fn to_host(&mut self, token: u64, src: u64, buf: usize, len: usize) -> Result<(), mkernel_proxy::TransportError> {
+        self.claim(buf, len);
+        let d = self.delay();
+        self.out.push_back((token, d, DelayedOp::ToHost { src, buf, len }));
+        Ok(())
+    }
+    fn to_device(&mut self, token: u64, buf: usize, dst: u64, len: usize) -> Result<(), mkernel_proxy::TransportError> {
+        self.claim(buf, len);
+        let d = self.delay();
+        self.inn.push_back((token, d, DelayedOp::ToDevice { buf, dst, len }));
+        Ok(())
+    }
+    fn write_flag(&mut self, token: u64, offset: u64, value: u64) -> Result<(), mkernel_proxy::TransportError> {
+        let d = self.delay();
+        self.inn.push_back((token, d, DelayedOp::Flag { offset, value }));
+        Ok(())
+    }
+    fn poll(&mut self, completed: &mut Vec<u64>) -> Result<(), mkernel_proxy::TransportError> {
+        for out in [true, false] {
+            loop {
+                let q = if out { &mut self.out } else { &mut self.inn };
+                let Some(front) = q.front_mut() else { break };
+                if front.1 > 0 {
+                    front.1 -= 1;
+                    break;
+                }
+                let (token, _, op) = q.pop_front().expect("front checked");
+                self.run(op);
+                completed.push(token);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Sources of rank `r`: `puts` blocks of `block` bytes per peer slot, distinct patterns.
+fn burst_byte(from: usize, to: usize, k: u64, j: u64) -> u8 {
+    (from as u64 * 131 + to as u64 * 29 + k * 17 + j * 3 + (j >> 8)) as u8 ^ 0x5a
+}
+
+/// Every rank posts `puts` PUTs of odd sizes (1 to 3 chunks) to every remote rank back to back,
+/// with a FIFO of 16 slots (backpressure) and without waiting between them: `puts - same`
+/// land in distinct blocks, the last `same` all land in one block (the last must win), each
+/// raising the sender's flag to its number. Then every byte of every receiving region is
+/// checked, and the bytes around them must still be zero.
+fn burst_job(nnodes: usize, local: usize, chunk: usize, puts: u64, same: u64) {
+    let world = nnodes * local;
+    let block = (2 * chunk + 777) as u64;
+    let stride = block + 64; // 64 guard bytes after each block
+                             // Region of rank r: [receive area: world x puts blocks | source area: world x puts blocks].
+    let area = world as u64 * puts * stride;
+    let fabric = CpuFabric::new(world, (2 * area) as usize, world);
+    let links = establish_all(world, local, &config(2, chunk), &MemStore::default());
+    let len = |k: u64| block - (k * 97) % chunk as u64; // 1 to 3 chunks
+    let sides: Vec<(Topology, FifoProducer<HeapFifo>, Proxy)> = links
+        .into_iter()
+        .enumerate()
+        .map(|(r, l)| {
+            let topo = Topology::new(nnodes, local, r).unwrap();
+            let fifo = Fifo::new(HeapFifo::new(16, r as u32).unwrap()).unwrap();
+            let regions = Regions::symmetric(&topo, fabric.data_bytes(), fabric.flag_bytes());
+            let consumer = FifoConsumer::new(fifo.clone(), Validator::new(regions)).unwrap();
+            let t = TcpTransport::new(
+                l,
+                DelayedStaging::new(fabric.clone(), r),
+                fabric.data_bytes(),
+                fabric.flag_bytes(),
+            )
+            .unwrap();
+            let proxy = Proxy::spawn(consumer, t, ProxyConfig::default()).unwrap();
+            (topo, FifoProducer::new(fifo), proxy)
+        })
+        .collect();
+    // Sources, written before any put.
+    for (topo, _, _) in &sides {
+        let r = topo.rank();
+        for d in topo.proxy_peers() {
+            for k in 0..puts {
+                let data: Vec<u8> = (0..len(k)).map(|j| burst_byte(r, d, k, j)).collect();
+                fabric.write(r, area + (d as u64 * puts + k) * stride, &data).unwrap();
+            }
+        }
+    }
+    std::thread::scope(|s| {
+        for (topo, producer, _) in &sides {
+            let fabric = &fabric;
+            s.spawn(move || {
+                let r = topo.rank();
+                let peers = topo.proxy_peers();
+                for k in 0..puts {
+                    for &d in &peers {
+                        let src = area + (d as u64 * puts + k) * stride;
+                        let slot = if k < puts - same { k } else { puts - same };
+                        let dst = (r as u64 * puts + slot) * stride;
+                        producer
+                            .push(&CommandBody::put(d as u32, src, dst, len(k), r as u64 * 8, k + 1, 1))
+                            .unwrap();
+                    }
+                }
+                for &q in &peers {
+                    assert!(
+                        fabric.wait_flag(r, q as u64 * 8, puts, WAIT),
+                        "rank {r}: the last flag of rank {q} never came"
+                    );
+                }
+                for &q in &peers {
+                    for slot in 0..=puts - same {
+                        let k = if slot < puts - same { slot } else { puts - 1 };
+                        let at = (q as u64 * puts + slot) * stride;
+                        let got = fabric.read(r, at, stride as usize).unwrap();
+                        for (j, &b) in got.iter().enumerate() {
+                            let j = j as u64;
+                            let want = if j < len(k) {
+                                burst_byte(q, r, k, j)
+                            } else if slot == puts - same && j < block {
+                                // Earlier, longer puts to the same block may leave their tail.
+                                b
+                            } else {
+                                0
+                            };
+                            assert_eq!(b, want, "rank {r}: byte {j} of block {slot} from rank {q}");
+                        }
+                    }
+                    // Blocks nobody writes stay zero.
+                    let untouched = fabric
+                        .read(
+                            r,
+                            (q as u64 * puts + puts - same + 1) * stride,
+                            ((same - 1) * stride) as usize,
+                        )
+                        .unwrap();
+                    assert!(
+                        untouched.iter().all(|&b| b == 0),
+                        "rank {r}: a put from {q} landed outside its block"
+                    );
+                }
+            });
+        }
+    });
+    for (topo, producer, proxy) in sides {
+        producer.push(&CommandBody::quit(1)).unwrap();
+        let st = proxy.join().unwrap();
+        let bytes: u64 = (0..puts).map(len).sum::<u64>() * topo.proxy_peers().len() as u64;
+        assert_eq!(st.bytes, bytes, "rank {}", topo.rank());
+    }
+}
+
+#[test]
+fn back_to_back_puts_with_delayed_copies_two_by_two() {
+    burst_job(2, 2, 8 << 10, 96, 8);
+}
+
+#[test]
+fn back_to_back_puts_with_delayed_copies_two_nodes() {
+    burst_job(2, 1, 4 << 10, 160, 16);
+}

@@ -159,7 +159,7 @@ impl InterNode {
                     TcpLinks::establish(&topology, &cfg, &StoreExchange(boot), Some(&info.store_addr()), timeout)
                         .map_err(transport_err)?;
                 tracing::info!(rank, addr = %links.local_addr(), why = %links.address_reason(), sockets = cfg.sockets, "tcp transport connected");
-                let engine = GpuStaging::new(ctx.clone(), heap_base)?;
+                let engine = GpuStaging::new(ctx.clone(), heap_base, heap_bytes)?;
                 Box::new(TcpTransport::new(links, engine, heap_bytes, HEAP_CONTROL_BYTES).map_err(transport_err)?)
             }
             #[cfg(feature = "rdma")]
@@ -350,6 +350,10 @@ pub struct GpuStaging {
     out: Arc<CudaStream>,
     inn: Arc<CudaStream>,
     heap: u64,
+    /// Bytes of the heap mapping at `heap`: every copy and flag store is checked against it
+    /// here too, so a bad range is a transport error naming it, never a copy-engine fault
+    /// (a sticky `CUDA_ERROR_ILLEGAL_ADDRESS` that MPS reports to every client of the GPU).
+    heap_bytes: u64,
     host: PinnedHost,
     chunk: usize,
     count: usize,
@@ -365,12 +369,13 @@ pub struct GpuStaging {
 unsafe impl Send for GpuStaging {}
 
 impl GpuStaging {
-    fn new(ctx: Arc<CudaContext>, heap: u64) -> Result<GpuStaging> {
+    fn new(ctx: Arc<CudaContext>, heap: u64, heap_bytes: u64) -> Result<GpuStaging> {
         Ok(GpuStaging {
             out: ctx.new_stream()?,
             inn: ctx.new_stream()?,
             ctx,
             heap,
+            heap_bytes,
             host: PinnedHost {
                 ptr: std::ptr::null_mut(),
                 bytes: 0,
@@ -404,6 +409,16 @@ impl GpuStaging {
         ev.record(stream).map_err(cuda)?;
         q.push_back((token, ev));
         Ok(())
+    }
+    /// Device address of `[offset, offset + len)` of the heap, if inside it.
+    fn heap_range(&self, what: &str, offset: u64, len: u64) -> Result<u64, TransportError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.heap_bytes => Ok(self.heap + offset),
+            _ => Err(TransportError::Copy(format!(
+                "{what} [{offset}, +{len}) outside the {}-byte heap",
+                self.heap_bytes
+            ))),
+        }
     }
     fn host_ptr(&self, buf: usize, len: usize) -> Result<*mut u8, TransportError> {
         if buf >= self.count || len > self.chunk {
@@ -444,25 +459,33 @@ impl DeviceStaging for GpuStaging {
     fn to_host(&mut self, token: u64, src_offset: u64, buf: usize, len: usize) -> Result<(), TransportError> {
         self.bind()?;
         let dst = self.host_ptr(buf, len)?;
-        // SAFETY: the receiver's validator and the proxy's checked the range against the heap;
+        let src = self.heap_range("staging source", src_offset, len as u64)?;
+        // SAFETY: `src` holds `len` bytes of the heap (checked above, and by the validator);
         // `dst` holds `len` bytes of pinned memory.
-        unsafe { sys::cuMemcpyDtoHAsync_v2(dst.cast(), self.heap + src_offset, len, self.out.cu_stream()).result() }
-            .map_err(cuda)?;
+        unsafe { sys::cuMemcpyDtoHAsync_v2(dst.cast(), src, len, self.out.cu_stream()).result() }.map_err(cuda)?;
         self.track(true, token)
     }
     fn to_device(&mut self, token: u64, buf: usize, dst_offset: u64, len: usize) -> Result<(), TransportError> {
         self.bind()?;
         let src = self.host_ptr(buf, len)?;
-        // SAFETY: the frame was checked against this rank's data region; `src` holds `len` bytes.
-        unsafe { sys::cuMemcpyHtoDAsync_v2(self.heap + dst_offset, src.cast(), len, self.inn.cu_stream()).result() }
-            .map_err(cuda)?;
+        let dst = self.heap_range("received data", dst_offset, len as u64)?;
+        // SAFETY: `dst` holds `len` bytes of the heap (checked above, and the frame against this
+        // rank's data region); `src` holds `len` bytes of pinned memory.
+        unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), len, self.inn.cu_stream()).result() }.map_err(cuda)?;
         self.track(false, token)
     }
     fn write_flag(&mut self, token: u64, flag_offset: u64, value: u64) -> Result<(), TransportError> {
         self.bind()?;
-        // SAFETY: the frame's flag offset was checked against the control area (8-aligned, in
-        // the heap); stream order puts the store after every earlier copy into the heap.
-        unsafe { store_flag(self.heap + flag_offset, value, &self.inn) }?;
+        let dst = self.heap_range("flag", flag_offset, 8)?;
+        if dst % 8 != 0 {
+            return Err(TransportError::Copy(format!(
+                "flag offset {flag_offset} is not 8-byte aligned"
+            )));
+        }
+        // SAFETY: an aligned flag word of the heap (checked above, and the frame's flag offset
+        // against the control area); stream order puts the store after every earlier copy into
+        // the heap.
+        unsafe { store_flag(dst, value, &self.inn) }?;
         self.track(false, token)
     }
     fn poll(&mut self, completed: &mut Vec<u64>) -> Result<(), TransportError> {
