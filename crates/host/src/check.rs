@@ -51,6 +51,26 @@ pub(crate) fn aligned16(op: &'static str, ptrs: &[(&'static str, u64)]) -> Resul
     Ok(())
 }
 
+/// Every `(what, have, need)` buffer holds at least `need` elements.
+pub(crate) fn lens(op: &'static str, buffers: &[(&'static str, usize, usize)]) -> Result<()> {
+    buffers
+        .iter()
+        .try_for_each(|&(what, have, need)| len(op, what, have, need))
+}
+
+/// Every `(what, have, need)` buffer holds exactly `need` elements (a plan built for one shape).
+pub(crate) fn exact_lens(op: &'static str, buffers: &[(&'static str, usize, usize)]) -> Result<()> {
+    for &(what, have, need) in buffers {
+        if have != need {
+            return Err(Error::Shape {
+                op,
+                reason: format!("{what} holds {have} elements; the plan's shape needs exactly {need}"),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// A buffer of `have` elements holds at least `need`.
 pub(crate) fn len(op: &'static str, what: &'static str, have: usize, need: usize) -> Result<()> {
     if have < need {

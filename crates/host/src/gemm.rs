@@ -149,16 +149,7 @@ impl<'a> GemmPlan<'a> {
         check::buffer_on(OP, "B", device, b)?;
         check::buffer_on(OP, "C", device, c)?;
         let (la, lb, lc) = shape.lens();
-        for (what, have, need) in [("A", a.len(), la), ("B", b.len(), lb), ("C", c.len(), lc)] {
-            if have < need {
-                return Err(Error::BufferTooSmall {
-                    op: OP,
-                    what,
-                    have,
-                    need,
-                });
-            }
-        }
+        crate::check::lens(OP, &[("A", a.len(), la), ("B", b.len(), lb), ("C", c.len(), lc)])?;
         let (pa, _ra) = a.device_ptr(stream);
         let (pb, _rb) = b.device_ptr(stream);
         let (pc, _rc) = c.device_ptr_mut(stream);

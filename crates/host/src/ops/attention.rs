@@ -238,22 +238,16 @@ impl<'a> FlashAttentionPlan<'a> {
             ));
         }
         let lse_len = hq * info.total_q;
-        for (what, have, need) in [
-            ("Q", q.len(), info.total_q * hq * d),
-            ("K", k.len(), info.total_k * hkv * d),
-            ("V", v.len(), info.total_k * hkv * d),
-            ("O", o.len(), info.total_q * hq * d),
-            ("LSE", lse.len(), lse_len),
-        ] {
-            if have < need {
-                return Err(Error::BufferTooSmall {
-                    op: OP,
-                    what,
-                    have,
-                    need,
-                });
-            }
-        }
+        crate::check::lens(
+            OP,
+            &[
+                ("Q", q.len(), info.total_q * hq * d),
+                ("K", k.len(), info.total_k * hkv * d),
+                ("V", v.len(), info.total_k * hkv * d),
+                ("O", o.len(), info.total_q * hq * d),
+                ("LSE", lse.len(), lse_len),
+            ],
+        )?;
         let (pq, _r1) = q.device_ptr(stream);
         let (pk, _r2) = k.device_ptr(stream);
         let (pv, _r3) = v.device_ptr(stream);

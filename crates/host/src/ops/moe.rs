@@ -238,16 +238,7 @@ impl<'a> MoePlan<'a> {
     ) -> Result<Self> {
         shape.validate()?;
         let (lu, ld) = shape.weight_lens();
-        for (what, have, need) in [("W_up", w_up.len(), lu), ("W_down", w_down.len(), ld)] {
-            if have < need {
-                return Err(Error::BufferTooSmall {
-                    op: OP,
-                    what,
-                    have,
-                    need,
-                });
-            }
-        }
+        crate::check::lens(OP, &[("W_up", w_up.len(), lu), ("W_down", w_down.len(), ld)])?;
         let (pu, _ru) = w_up.device_ptr(stream);
         let (pd, _rd) = w_down.device_ptr(stream);
         // SAFETY: the weights are borrowed for 'a and hold the shape's elements.
@@ -434,19 +425,15 @@ impl<'a> MoePlan<'a> {
         out: &mut CudaSlice<O>,
     ) -> Result<()> {
         let s = &self.shape;
-        for (what, have, need) in [
-            ("x", x.len(), s.tokens * s.hidden),
-            ("ids", ids.len(), s.pairs()),
-            ("weights", weights.len(), s.pairs()),
-            ("out", out.len(), s.tokens * s.hidden),
-        ] {
-            if have != need {
-                return Err(Error::Shape {
-                    op: OP,
-                    reason: format!("{what} holds {have} elements; the plan's shape needs exactly {need}"),
-                });
-            }
-        }
+        crate::check::exact_lens(
+            OP,
+            &[
+                ("x", x.len(), s.tokens * s.hidden),
+                ("ids", ids.len(), s.pairs()),
+                ("weights", weights.len(), s.pairs()),
+                ("out", out.len(), s.tokens * s.hidden),
+            ],
+        )?;
         let a = self.args.device_ptr(stream).0;
         let f32_out = (O::DTYPE == OutDtype::F32) as u32;
         // SAFETY: for every stage the argument lists match the kernels' (`mkernel_config::ops::moe`
@@ -726,21 +713,15 @@ impl<'a> GroupedGemmPlan<'a> {
     ) -> Result<Self> {
         shape.validate()?;
         let s = shape;
-        for (what, have, need) in [
-            ("A", a.len(), s.capacity_rows * s.k),
-            ("W", w.len(), s.groups * s.w_rows() * s.k),
-            ("C", c.len(), s.capacity_rows * s.n),
-            ("counts", counts.len(), s.groups),
-        ] {
-            if have < need {
-                return Err(Error::BufferTooSmall {
-                    op: "grouped gemm",
-                    what,
-                    have,
-                    need,
-                });
-            }
-        }
+        crate::check::lens(
+            "grouped gemm",
+            &[
+                ("A", a.len(), s.capacity_rows * s.k),
+                ("W", w.len(), s.groups * s.w_rows() * s.k),
+                ("C", c.len(), s.capacity_rows * s.n),
+                ("counts", counts.len(), s.groups),
+            ],
+        )?;
         let (pa, _ra) = a.device_ptr(stream);
         let (pw, _rw) = w.device_ptr(stream);
         let (pc, _rc) = cudarc::driver::DevicePtrMut::device_ptr_mut(c, stream);

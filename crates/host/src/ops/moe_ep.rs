@@ -249,16 +249,7 @@ impl<'a> MoeEpPlan<'a> {
         }
         shape.validate(world)?;
         let (lu, ld) = shape.weight_lens(world);
-        for (what, have, need) in [("W_up", w_up.len(), lu), ("W_down", w_down.len(), ld)] {
-            if have < need {
-                return Err(Error::BufferTooSmall {
-                    op: OP,
-                    what,
-                    have,
-                    need,
-                });
-            }
-        }
+        crate::check::lens(OP, &[("W_up", w_up.len(), lu), ("W_down", w_down.len(), ld)])?;
         let cap = shape.capacity_rows(world);
         let row_bytes = (cap * shape.hidden * 2) as u64;
         // Four heap buffers in a row (`heap_bytes` is their sum, each rounded to 256 bytes).
@@ -458,19 +449,15 @@ impl<'a> MoeEpPlan<'a> {
         out: &mut CudaSlice<O>,
     ) -> Result<()> {
         let s = &self.shape;
-        for (what, have, need) in [
-            ("x", x.len(), s.tokens * s.hidden),
-            ("ids", ids.len(), s.pairs()),
-            ("weights", weights.len(), s.pairs()),
-            ("out", out.len(), s.tokens * s.hidden),
-        ] {
-            if have != need {
-                return Err(Error::Shape {
-                    op: OP,
-                    reason: format!("{what} holds {have} elements; the plan's shape needs exactly {need}"),
-                });
-            }
-        }
+        crate::check::exact_lens(
+            OP,
+            &[
+                ("x", x.len(), s.tokens * s.hidden),
+                ("ids", ids.len(), s.pairs()),
+                ("weights", weights.len(), s.pairs()),
+                ("out", out.len(), s.tokens * s.hidden),
+            ],
+        )?;
         let a = self.args.device_ptr(stream).0;
         let (ep, up, down) = (a + ARG_EP as u64, a + ARG_UP as u64, a + ARG_DOWN as u64);
         let desc = self.comm.desc_ptr();

@@ -181,22 +181,16 @@ impl<'a> RingAttentionPlan<'a> {
         if rows >= 1 << 31 {
             return bad(format!("{rows} local rows: at most 2^31 - 1"));
         }
-        for (what, have, need) in [
-            ("Q", q.len(), rows * hq * d),
-            ("K", k.len(), rows * hkv * d),
-            ("V", v.len(), rows * hkv * d),
-            ("O", o.len(), rows * hq * d),
-            ("LSE", lse.len(), rows * hq),
-        ] {
-            if have < need {
-                return Err(Error::BufferTooSmall {
-                    op: OP,
-                    what,
-                    have,
-                    need,
-                });
-            }
-        }
+        crate::check::lens(
+            OP,
+            &[
+                ("Q", q.len(), rows * hq * d),
+                ("K", k.len(), rows * hkv * d),
+                ("V", v.len(), rows * hkv * d),
+                ("O", o.len(), rows * hq * d),
+                ("LSE", lse.len(), rows * hq),
+            ],
+        )?;
         let kv_bytes = (rows * hkv * d * 2) as u64;
         let need = Self::workspace_bytes(batch, seqlen_local, &heads);
         if workspace.bytes() < need {
