@@ -356,6 +356,7 @@ impl RoleSplit {
 
 /// Per-rank descriptor the communication kernels read (device memory, written once by the host).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "bytemuck", derive(bytemuck::Pod, bytemuck::Zeroable))]
 #[repr(C)]
 pub struct CommDesc {
     /// This rank within the NVLink domain.

@@ -7,6 +7,11 @@ use cudarc::driver::sys;
 /// One encoded descriptor.
 pub type TensorMap = sys::CUtensorMap;
 
+/// The descriptor's 128 bytes, as the kernels read them from global memory.
+pub fn bytes(m: &TensorMap) -> &[u8] {
+    bytemuck::cast_slice(&m.opaque)
+}
+
 /// A row-major 2D bf16 tensor as TMA sees it.
 #[derive(Clone, Copy, Debug)]
 pub struct Tensor2d {

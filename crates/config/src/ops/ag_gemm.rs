@@ -8,6 +8,7 @@ use core::mem::size_of;
 
 /// `mk_ag_gemm_bf16_nk`'s argument block (device memory; the kernel gets its address).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "bytemuck", derive(bytemuck::Pod, bytemuck::Zeroable))]
 #[repr(C)]
 pub struct AgGemmArgs {
     /// Device address of the rank's `CommDesc`.

@@ -23,6 +23,7 @@ pub const BOX_COLS: u32 = SWIZZLE_ROW / BF16;
 /// Batched inputs are `[batch][seqlen][heads][head_dim]`; packed variable-length inputs are
 /// `[total][heads][head_dim]` with `cu_seqlens_*` (`batch + 1` i32 offsets, first 0). Either way
 /// the kernel sees one tensor of rows and a start row per sequence.
+#[cfg_attr(feature = "bytemuck", derive(bytemuck::Pod, bytemuck::Zeroable))]
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct AttentionArgs {
@@ -269,6 +270,7 @@ pub const FLASH_ATTN_FWD_D128: KernelSpec = KernelSpec {
 ///
 /// Grid: CTAs `0..compute_ctas` compute (the FlashAttention roles), CTAs
 /// `compute_ctas..compute_ctas + comm_ctas` move K/V to the right neighbour.
+#[cfg_attr(feature = "bytemuck", derive(bytemuck::Pod, bytemuck::Zeroable))]
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct RingArgs {

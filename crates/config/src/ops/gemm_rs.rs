@@ -18,6 +18,7 @@ use core::mem::{offset_of, size_of};
 /// node's last, so one node's partials of a rail's rows are summed on that rail's rank before
 /// they cross nodes. One node: the plain rows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "bytemuck", derive(bytemuck::Pod, bytemuck::Zeroable))]
 #[repr(C)]
 pub struct GemmRsArgs {
     /// Device address of the rank's `CommDesc`.

@@ -67,6 +67,7 @@ pub struct MoeErrorRecord {
 /// `mk_moe_route`'s argument block (device memory; the kernel gets its address). Buffers are
 /// device addresses of u32 arrays.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "bytemuck", derive(bytemuck::Pod, bytemuck::Zeroable))]
 #[repr(C)]
 pub struct MoeRouteArgs {
     /// Rows per expert (`experts`).
@@ -90,6 +91,7 @@ pub struct MoeRouteArgs {
 
 /// `mk_moe_gather`'s argument block: `Xp[slots[t * top_k + j]] = X[t]`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "bytemuck", derive(bytemuck::Pod, bytemuck::Zeroable))]
 #[repr(C)]
 pub struct MoeGatherArgs {
     pub slots: u64,
@@ -106,6 +108,7 @@ pub struct MoeGatherArgs {
 /// belongs to expert `tile_expert[i]`), `C = act(A W_e^T)` with W stored as one
 /// `experts * b_rows x k` tensor (N x K per expert, `nn.Linear` layout).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "bytemuck", derive(bytemuck::Pod, bytemuck::Zeroable))]
 #[repr(C)]
 pub struct GroupedGemmArgs {
     /// Tensor maps (global memory): A (capacity rows x k, box 64 x 128), W (`experts * b_rows`
@@ -131,6 +134,7 @@ pub struct GroupedGemmArgs {
 /// `mk_moe_combine`'s argument block: `out[t] = sum_j w[t * top_k + j] * Yp[slots[..]]`
 /// (the weights, the output and its type - `f32_out` - are launch parameters).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "bytemuck", derive(bytemuck::Pod, bytemuck::Zeroable))]
 #[repr(C)]
 pub struct MoeCombineArgs {
     pub slots: u64,
@@ -230,6 +234,7 @@ pub const EP_MAX_RANKS: u32 = crate::comm::MAX_LOCAL_RANKS;
 /// memory). Local buffers are device addresses; `heap_*` are offsets into every rank's
 /// symmetric heap (the same on every rank).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "bytemuck", derive(bytemuck::Pod, bytemuck::Zeroable))]
 #[repr(C)]
 pub struct MoeEpArgs {
     /// The receive layout of this rank's local experts, written by the routing kernel with

@@ -373,9 +373,7 @@ impl Communicator {
                 reason: format!("local rank {r}'s heap is not mapped"),
             })?;
         }
-        // SAFETY: CommDesc is repr(C) plain data.
-        let bytes =
-            unsafe { std::slice::from_raw_parts(&d as *const CommDesc as *const u8, std::mem::size_of::<CommDesc>()) };
+        let bytes = bytemuck::bytes_of(&d);
         let desc = stream.clone_htod(bytes)?;
         stream.synchronize()?;
         // Nobody may signal into a heap before its owner zeroed it.

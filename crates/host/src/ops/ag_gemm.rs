@@ -250,8 +250,7 @@ impl<'a> AgGemmPlan<'a> {
             k: k as u32,
             n_comm: policy.n_comm,
         };
-        // SAFETY: AgGemmArgs is repr(C) plain data.
-        let (args, args_addr) = unsafe { super::upload_args(stream, &a)? };
+        let (args, args_addr) = super::upload_args(stream, &a)?;
         // Launches may come on other streams: the uploads are complete before the plan exists.
         stream.synchronize()?;
         Ok(AgGemmPlan {

@@ -304,10 +304,7 @@ impl<'a> FlashAttentionPlan<'a> {
         for (i, m) in maps.iter().enumerate() {
             words[i * MAP_WORDS..(i + 1) * MAP_WORDS].copy_from_slice(&m.opaque);
         }
-        // SAFETY: AttentionArgs is repr(C), 8-byte aligned, ARGS_WORDS words, no padding bytes
-        // that matter (plain integers and one f32).
-        let arg_words: [u64; ARGS_WORDS] = unsafe { std::mem::transmute(args) };
-        words[3 * MAP_WORDS..].copy_from_slice(&arg_words);
+        words[3 * MAP_WORDS..].copy_from_slice(&bytemuck::cast::<_, [u64; ARGS_WORDS]>(args));
         stream.memcpy_htod(&words, &mut block)?;
         // Launches may be captured on other streams: the upload must be complete.
         stream.synchronize()?;

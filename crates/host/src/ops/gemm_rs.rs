@@ -585,8 +585,7 @@ impl<'a> GemmRsPlan<'a> {
             sk_tiles: if sk_ws.is_some() { pol.sk_tiles } else { 0 },
             sk_ws: sk_ws.as_ref().map_or(0, |ws| ws.device_ptr(stream).0),
         };
-        // SAFETY: GemmRsArgs is repr(C) plain data.
-        let (args_dev, args_addr) = unsafe { super::upload_args(stream, &args)? };
+        let (args_dev, args_addr) = super::upload_args(stream, &args)?;
         // Launches may come on other streams: the uploads are complete before the plan exists.
         stream.synchronize()?;
         Ok(GemmRsPlan {

@@ -142,14 +142,9 @@ use crate::error::Result;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use std::sync::Arc;
 
-/// Uploads a `#[repr(C)]` argument block; returns it with its device address.
-///
-/// # Safety
-/// `T` must be plain data (no padding whose bytes matter, no pointers the device would chase
-/// into host memory): the kernels read its bytes as they are.
-pub(crate) unsafe fn upload_args<T: Copy>(stream: &Arc<CudaStream>, args: &T) -> Result<(CudaSlice<u8>, u64)> {
-    // SAFETY: `args` is a live `T` of size_of::<T>() bytes (plain data, caller's contract).
-    let bytes = unsafe { std::slice::from_raw_parts(args as *const T as *const u8, std::mem::size_of::<T>()) };
+/// Uploads a `#[repr(C)]` argument block (plain data: `Pod`); returns it with its device address.
+pub(crate) fn upload_args<T: bytemuck::Pod>(stream: &Arc<CudaStream>, args: &T) -> Result<(CudaSlice<u8>, u64)> {
+    let bytes = bytemuck::bytes_of(args);
     let dev = stream.clone_htod(bytes)?;
     let addr = dev.device_ptr(stream).0;
     Ok((dev, addr))

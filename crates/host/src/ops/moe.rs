@@ -220,11 +220,6 @@ const ARG_DOWN: usize = ARG_UP + 128;
 const ARG_COMBINE: usize = ARG_DOWN + 128;
 const ARG_BYTES: usize = ARG_COMBINE + 128;
 
-fn bytes_of<T: Copy>(v: &T) -> &[u8] {
-    // SAFETY: T is a repr(C) plain-data argument block or tensor map.
-    unsafe { std::slice::from_raw_parts(v as *const T as *const u8, std::mem::size_of::<T>()) }
-}
-
 impl<'a> MoePlan<'a> {
     /// Plans the layer for `shape` with the expert weights `w_up` (`E x up_rows x H`) and
     /// `w_down` (`E x H x F`). `sms` caps the grouped GEMMs' CTAs (default: every SM).
@@ -368,14 +363,14 @@ impl<'a> MoePlan<'a> {
         };
         let mut block = vec![0u8; ARG_BYTES];
         for (i, m) in maps.iter().enumerate() {
-            block[i * MAP_BYTES..i * MAP_BYTES + 128].copy_from_slice(bytes_of(m));
+            block[i * MAP_BYTES..i * MAP_BYTES + 128].copy_from_slice(crate::tensor_map::bytes(m));
         }
         let put = |block: &mut Vec<u8>, at: usize, b: &[u8]| block[at..at + b.len()].copy_from_slice(b);
-        put(&mut block, ARG_ROUTE, bytes_of(&route));
-        put(&mut block, ARG_GATHER, bytes_of(&gather));
-        put(&mut block, ARG_UP, bytes_of(&up));
-        put(&mut block, ARG_DOWN, bytes_of(&down));
-        put(&mut block, ARG_COMBINE, bytes_of(&combine));
+        put(&mut block, ARG_ROUTE, bytemuck::bytes_of(&route));
+        put(&mut block, ARG_GATHER, bytemuck::bytes_of(&gather));
+        put(&mut block, ARG_UP, bytemuck::bytes_of(&up));
+        put(&mut block, ARG_DOWN, bytemuck::bytes_of(&down));
+        put(&mut block, ARG_COMBINE, bytemuck::bytes_of(&combine));
         stream.memcpy_htod(&block, &mut args)?;
 
         let grids = moe_grids(&shape, device.sm_count(), sms);
@@ -825,11 +820,11 @@ impl<'a> GroupedGemmPlan<'a> {
         };
         let mut block = vec![0u8; 3 * MAP_BYTES + 256];
         for (i, m) in maps.iter().enumerate() {
-            block[i * MAP_BYTES..(i + 1) * MAP_BYTES].copy_from_slice(bytes_of(m));
+            block[i * MAP_BYTES..(i + 1) * MAP_BYTES].copy_from_slice(crate::tensor_map::bytes(m));
         }
-        let r = bytes_of(&route);
+        let r = bytemuck::bytes_of(&route);
         block[3 * MAP_BYTES..3 * MAP_BYTES + r.len()].copy_from_slice(r);
-        let gb = bytes_of(&gemm);
+        let gb = bytemuck::bytes_of(&gemm);
         block[3 * MAP_BYTES + 128..3 * MAP_BYTES + 128 + gb.len()].copy_from_slice(gb);
         stream.memcpy_htod(&block, &mut args)?;
         let cols = if swiglu { SWIGLU_TILE_COLS } else { t.block_n } as usize;

@@ -191,11 +191,6 @@ const ARG_UP: usize = ARG_EP + 256;
 const ARG_DOWN: usize = ARG_UP + 128;
 const ARG_BYTES: usize = ARG_DOWN + 128;
 
-fn bytes_of<T: Copy>(v: &T) -> &[u8] {
-    // SAFETY: T is a repr(C) plain-data argument block or tensor map.
-    unsafe { std::slice::from_raw_parts(v as *const T as *const u8, std::mem::size_of::<T>()) }
-}
-
 /// Grid of the dispatch and the combine: one CTA per token up to one per SM (every rank
 /// computes the same from the same shape and GPU; the flags are per CTA).
 pub fn moe_ep_grid(tokens: usize, sm_count: u32) -> u32 {
@@ -391,13 +386,13 @@ impl<'a> MoeEpPlan<'a> {
         };
         let mut block = vec![0u8; ARG_BYTES];
         for (i, m) in maps.iter().enumerate() {
-            block[i * MAP_BYTES..(i + 1) * MAP_BYTES].copy_from_slice(bytes_of(m));
+            block[i * MAP_BYTES..(i + 1) * MAP_BYTES].copy_from_slice(crate::tensor_map::bytes(m));
         }
         let put = |block: &mut Vec<u8>, at: usize, b: &[u8]| block[at..at + b.len()].copy_from_slice(b);
         assert!(std::mem::size_of::<MoeEpArgs>() <= ARG_UP - ARG_EP);
-        put(&mut block, ARG_EP, bytes_of(&ep));
-        put(&mut block, ARG_UP, bytes_of(&up));
-        put(&mut block, ARG_DOWN, bytes_of(&down));
+        put(&mut block, ARG_EP, bytemuck::bytes_of(&ep));
+        put(&mut block, ARG_UP, bytemuck::bytes_of(&up));
+        put(&mut block, ARG_DOWN, bytemuck::bytes_of(&down));
         stream.memcpy_htod(&block, &mut args)?;
         stream.synchronize()?;
         let sms = device.sm_count().max(1) as usize;

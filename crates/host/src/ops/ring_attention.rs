@@ -288,9 +288,7 @@ impl<'a> RingAttentionPlan<'a> {
         for (i, m) in maps.iter().enumerate() {
             words[i * MAP_WORDS..(i + 1) * MAP_WORDS].copy_from_slice(&m.opaque);
         }
-        // SAFETY: RingArgs is repr(C), 8-byte aligned, ARGS_WORDS words of plain integers and one f32.
-        let arg_words: [u64; ARGS_WORDS] = unsafe { std::mem::transmute(args) };
-        words[MAPS * MAP_WORDS..].copy_from_slice(&arg_words);
+        words[MAPS * MAP_WORDS..].copy_from_slice(&bytemuck::cast::<_, [u64; ARGS_WORDS]>(args));
         stream.memcpy_htod(&words, &mut block)?;
         stream.synchronize()?;
         let pairs = if heads.causal {
