@@ -32,7 +32,8 @@ enum Task {
         #[arg(long)]
         check: bool,
     },
-    /// Run the tests: CPU tests always; GPU tests with --gpu (they print SKIPPED otherwise).
+    /// Run the tests: CPU tests always; GPU tests with --gpu (a CPU run reports them as ignored),
+    /// then the multi-rank binaries under `launch` (sharing GPUs where they are fewer than ranks).
     /// Also checks the committed PTX against the kernels' source when the device toolchain is installed.
     Test {
         /// Also run the GPU tests (needs a Hopper GPU and its driver).
@@ -174,7 +175,8 @@ fn test(gpu: bool) -> Result<()> {
         );
     }
     let mut cmd = util::cargo();
-    // --nocapture: GPU tests print SKIPPED (or their measured lines) visibly.
+    // --nocapture: the GPU tests' measured lines (and a multi-rank test's SKIPPED when it was
+    // not launched as ranks) are visible.
     cmd.current_dir(&root)
         .args(["test", "--workspace", "--release", "--", "--nocapture"]);
     if gpu {
