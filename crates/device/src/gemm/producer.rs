@@ -131,6 +131,89 @@ pub unsafe fn load_tile_split_b(
     true
 }
 
+/// A's part of a stage for [`load_tile_rows`]: `boxes` boxes of `box_rows` rows (the map's box)
+/// from row `row` of `map` on, into the first `boxes x box_rows` rows of the slot's A tile.
+#[derive(Clone, Copy)]
+pub struct ARows {
+    pub map: TensorMap,
+    pub row: u32,
+    pub boxes: u32,
+    pub box_rows: u32,
+}
+
+/// B's rows of a tile for [`load_tile_rows`] (B stored N x K).
+#[derive(Clone, Copy)]
+pub enum BRows {
+    /// `block_n` rows from this row on (`b` encoded with a 64 x `block_n` box).
+    Whole(u32),
+    /// Two ranges of `block_n / 2` rows (`b` with a 64 x `block_n / 2` box), as
+    /// [`load_tile_split_b`].
+    Split([u32; 2]),
+}
+
+/// As [`load_tile`] / [`load_tile_split_b`] with B stored N x K, A loaded as `a.boxes` boxes
+/// of `a.box_rows` rows: a tile whose last rows are padding loads only the boxes that hold
+/// real rows (the slot's other A rows keep what they held; the consumers compute on them and
+/// never store those rows). The slot expects the bytes of those boxes and all of B.
+/// `b_evict_first`: B's boxes load under an evict-first L2 policy (operands read once).
+///
+/// # Safety
+///
+/// As [`load_tile`], with `a.map` a tensor map of A with a 64 x `a.box_rows` box,
+/// `a.boxes x a.box_rows <= block_m`, `a.box_rows` a multiple of 8 and `b` encoded as `b_rows` says.
+#[inline(always)]
+pub unsafe fn load_tile_rows(
+    ring: &Ring,
+    pos: &mut RingPos,
+    a: ARows,
+    b: TensorMap,
+    b_rows: BRows,
+    b_evict_first: bool,
+    k_blocks: u32,
+    give_up: impl Fn(u64) -> bool + Copy,
+) -> bool {
+    const HALF_BYTES: u32 = TILE.b_stage_bytes() / 2;
+    let a_box_bytes = a.box_rows * TILE.block_k * 2;
+    let tx = a.boxes * a_box_bytes + TILE.b_stage_bytes();
+    let policy = tma::evict_first_policy();
+    for kb in 0..k_blocks {
+        let s = pos.stage;
+        let k0 = kb * TILE.block_k;
+        unsafe {
+            if !mbarrier::wait_parity_or(ring.empty(s), pos.phase ^ 1, give_up) {
+                return false;
+            }
+            mbarrier::arrive_expect_tx(ring.full(s), tx);
+            for j in 0..a.boxes {
+                tma::load_2d(
+                    ring.a(s).add(j * a_box_bytes),
+                    a.map,
+                    k0,
+                    a.row + j * a.box_rows,
+                    ring.full(s),
+                );
+            }
+            let (first, second) = match b_rows {
+                BRows::Whole(r) => (r, None),
+                BRows::Split([r0, r1]) => (r0, Some(r1)),
+            };
+            let load_b = |dst, row| {
+                if b_evict_first {
+                    tma::load_2d_hinted(dst, b, k0, row, ring.full(s), policy)
+                } else {
+                    tma::load_2d(dst, b, k0, row, ring.full(s))
+                }
+            };
+            load_b(ring.b(s), first);
+            if let Some(r1) = second {
+                load_b(ring.b(s).add(HALF_BYTES), r1);
+            }
+        }
+        pos.advance(ring.stages());
+    }
+    true
+}
+
 /// Completes the next `k_blocks` slots without data (one arrival, no bytes): once a fused
 /// kernel's producer cannot get a tile's data (a communication wait failed; the error record
 /// is written), the consumers run through the remaining tiles on stale operands and the launch

@@ -19,8 +19,8 @@ use crate::tensor_map::{encode_bf16_sw128, Tensor2d, TensorMap};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, PushKernelArg};
 use half::bf16;
 use mkernel_config::ops::moe::{
-    self as cfg, act, GroupedGemmArgs, MoeCombineArgs, MoeErrorRecord, MoeGatherArgs, MoeRouteArgs, MAX_EXPERTS,
-    MAX_TOP_K, ROW_ALIGN, SWIGLU_TILE_COLS, TILE,
+    self as cfg, act, mode, GroupedGemmArgs, MoeCombineArgs, MoeErrorRecord, MoeGatherArgs, MoeRouteArgs, MAX_EXPERTS,
+    MAX_TOP_K, PARTIAL_BOX_ROWS, ROW_ALIGN, SWIGLU_TILE_COLS, TILE,
 };
 use mkernel_config::{GemmTile, KernelSpec};
 use std::marker::PhantomData;
@@ -187,6 +187,35 @@ pub fn moe_grids(shape: &MoeShape, sm_count: u32, sms: Option<u32>) -> MoeGrids 
     }
 }
 
+/// The grouped GEMMs' [`mode`] flags for an MoE layer of `shape` (fixed per plan): row-granular
+/// tiles ([`mode::PARTIAL_ROWS`]) when the average expert has fewer rows than one tile - most
+/// of A's and C's rows would be padding, and at small `T` the kernels stream the weights, so
+/// every padding row moved is time.
+pub fn moe_gemm_mode(shape: &MoeShape) -> u32 {
+    let mut m = if shape.pairs() < shape.experts * ROW_ALIGN as usize {
+        mode::PARTIAL_ROWS
+    } else {
+        0
+    };
+    // Measurement override (experiments only).
+    if let Some(v) = std::env::var("MKERNEL_MOE_MODE")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+    {
+        m = v << 8;
+    }
+    m
+}
+
+/// Rows of the grouped A and C maps' boxes under `mode` flags.
+fn row_boxes(mode_flags: u32) -> (u32, u32) {
+    if mode_flags & mode::PARTIAL_ROWS != 0 {
+        (PARTIAL_BOX_ROWS, PARTIAL_BOX_ROWS)
+    } else {
+        (TILE.block_m, GemmTile::EPILOGUE_BOX_ROWS)
+    }
+}
+
 /// An MoE expert FFN ready to launch: arguments and TMA descriptors uploaded, the grouped
 /// buffers allocated (sized for the worst routing). Borrows the expert weights for `'a`.
 /// The plan's launches share its grouped buffers: enqueue them in order (one stream, or
@@ -299,13 +328,15 @@ impl<'a> MoePlan<'a> {
         };
         let swiglu = shape.act == Activation::SwiGlu;
         let b_up_box = if swiglu { SWIGLU_TILE_COLS } else { t.block_n };
+        let gemm_mode = moe_gemm_mode(&shape);
+        let (a_box, c_box) = row_boxes(gemm_mode);
         let maps = [
-            map(pxp, h, cap, t.block_k, t.block_m)?,
+            map(pxp, h, cap, t.block_k, a_box)?,
             map(w_up, h, e * shape.up_rows(), t.block_k, b_up_box)?,
-            map(phid, f, cap, GemmTile::EPILOGUE_BOX_COLS, GemmTile::EPILOGUE_BOX_ROWS)?,
-            map(phid, f, cap, t.block_k, t.block_m)?,
+            map(phid, f, cap, GemmTile::EPILOGUE_BOX_COLS, c_box)?,
+            map(phid, f, cap, t.block_k, a_box)?,
             map(w_down, f, e * h, t.block_k, t.block_n)?,
-            map(pyp, h, cap, GemmTile::EPILOGUE_BOX_COLS, GemmTile::EPILOGUE_BOX_ROWS)?,
+            map(pyp, h, cap, GemmTile::EPILOGUE_BOX_COLS, c_box)?,
         ];
         // Where the block will be: allocate first, then fill in addresses.
         let mut args = stream.alloc_zeros::<u8>(ARG_BYTES)?;
@@ -340,7 +371,7 @@ impl<'a> MoePlan<'a> {
             n: f as u32,
             k: h as u32,
             b_rows: shape.up_rows() as u32,
-            act: if swiglu { act::SWIGLU } else { act::NONE },
+            act: if swiglu { act::SWIGLU } else { act::NONE } | gemm_mode,
         };
         let down = GroupedGemmArgs {
             map_a: map_at(3),
@@ -351,7 +382,7 @@ impl<'a> MoePlan<'a> {
             n: h as u32,
             k: f as u32,
             b_rows: h as u32,
-            act: act::NONE,
+            act: act::NONE | gemm_mode,
         };
         let combine = MoeCombineArgs {
             slots,
@@ -764,6 +795,8 @@ impl<'a> GroupedGemmPlan<'a> {
         let tile_expert = error + 16;
         let t = TILE;
         let swiglu = s.act == Activation::SwiGlu;
+        // The counts are on the device (no rows-per-group estimate): whole-tile loads and stores.
+        let (a_box, c_box) = row_boxes(0);
         let map = |ptr: u64, cols: usize, rows: usize, box_cols: u32, box_rows: u32| -> Result<TensorMap> {
             encode_bf16_sw128(
                 Tensor2d {
@@ -777,7 +810,7 @@ impl<'a> GroupedGemmPlan<'a> {
             )
         };
         let maps = [
-            map(a, s.k, s.capacity_rows, t.block_k, t.block_m)?,
+            map(a, s.k, s.capacity_rows, t.block_k, a_box)?,
             map(
                 w,
                 s.k,
@@ -785,13 +818,7 @@ impl<'a> GroupedGemmPlan<'a> {
                 t.block_k,
                 if swiglu { SWIGLU_TILE_COLS } else { t.block_n },
             )?,
-            map(
-                c,
-                s.n,
-                s.capacity_rows,
-                GemmTile::EPILOGUE_BOX_COLS,
-                GemmTile::EPILOGUE_BOX_ROWS,
-            )?,
+            map(c, s.n, s.capacity_rows, GemmTile::EPILOGUE_BOX_COLS, c_box)?,
         ];
         let mut args = stream.alloc_zeros::<u8>(3 * MAP_BYTES + 256)?;
         let abase = args.device_ptr(stream).0;
