@@ -190,8 +190,7 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
         let dids = stream.clone_htod(&ids)?;
         let dw = stream.clone_htod(&wts)?;
         let mut out = stream.alloc_zeros::<bf16>(s.tokens * s.hidden)?;
-        let sms = std::env::var("MKERNEL_MOE_SMS").ok().and_then(|v| v.parse().ok());
-        let mut plan = MoePlan::new(dev, &stream, *s, &w_up, &w_down, sms).context("MoePlan")?;
+        let mut plan = MoePlan::new(dev, &stream, *s, &w_up, &w_down, None).context("MoePlan")?;
         // cuBLAS loop buffers: rows grouped without padding.
         let mut counts = vec![0usize; s.experts];
         for &i in &ids {

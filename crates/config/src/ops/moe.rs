@@ -13,8 +13,14 @@
 use crate::gemm::{GemmTile, RingLayout, SMEM_ALIGN_SLACK};
 use crate::kernels::KernelSpec;
 
-/// The grouped GEMM's tile configuration (the plain GEMM's).
-pub const TILE: GemmTile = GemmTile::DEFAULT;
+/// The grouped GEMM's tile configuration: the plain GEMM's tile and ring; the producer keeps 56
+/// registers (the consumers 224, the split of `GemmTile::FUSED`) for the tile-expert word and
+/// the per-box A loads of the row-granular mode (at 40 its loop spilled).
+pub const TILE: GemmTile = GemmTile {
+    producer_regs: 56,
+    consumer_regs: 224,
+    ..GemmTile::DEFAULT
+};
 /// The grouped GEMM's shared memory: its ring alone.
 #[repr(C)]
 pub struct GroupedGemmSmem {
@@ -61,8 +67,6 @@ pub mod mode {
     /// rows moves 16 rows of A and C, not 128. Padding rows are computed on whatever the
     /// ring slot held before and never stored.
     pub const PARTIAL_ROWS: u32 = 1 << 8;
-    /// B (the weights, read once per launch) loads under an evict-first L2 policy.
-    pub const B_EVICT_FIRST: u32 = 1 << 9;
 }
 
 /// Rows of one A load and one C store box with [`mode::PARTIAL_ROWS`] (a multiple of 8, the

@@ -29,8 +29,6 @@ pub struct Launch {
     pub swiglu: bool,
     /// [`mode::PARTIAL_ROWS`]: loads and stores cover a tile's valid rows only.
     pub partial: bool,
-    /// [`mode::B_EVICT_FIRST`].
-    pub b_evict_first: bool,
     pub k_blocks: u32,
 }
 
@@ -89,7 +87,6 @@ pub unsafe extern "ptx-kernel" fn mk_moe_grouped_gemm(args: *const GroupedGemmAr
         args,
         swiglu: flags & act::MASK == act::SWIGLU,
         partial: flags & mode::PARTIAL_ROWS != 0,
-        b_evict_first: flags & mode::B_EVICT_FIRST != 0,
         k_blocks: unsafe { (*args).k }.div_ceil(TILE.block_k),
     };
     let wg = ids::warpgroup_idx();

@@ -45,6 +45,6 @@ pub unsafe fn run(ring: &Ring, l: Launch) {
                 box_rows: TILE.block_m,
             }
         };
-        unsafe { load_tile_rows(ring, &mut pos, a_rows, b, b_rows, l.b_evict_first, l.k_blocks, give_up) };
+        unsafe { load_tile_rows(ring, &mut pos, a_rows, b, b_rows, l.k_blocks, give_up) };
     }
 }
