@@ -61,17 +61,22 @@ pub mod act {
 /// How `mk_moe_grouped_gemm` moves a tile's rows (flags in `GroupedGemmArgs::act` above the
 /// activation byte; 0: every tile loads and stores all its `TILE.block_m` rows).
 pub mod mode {
-    /// Row-granular tiles: the A map has a 64 x [`super::PARTIAL_BOX_ROWS`] box and the C map a
-    /// 64 x `PARTIAL_BOX_ROWS` box; a tile loads and stores only the boxes that hold its valid
-    /// rows (the tile-expert word's padding count, [`super::TILE_PAD_SHIFT`]): an expert with 16
-    /// rows moves 16 rows of A and C, not 128. Padding rows are computed on whatever the
-    /// ring slot held before and never stored.
+    /// Row-granular tiles: `map_a` and `map_c` each point to two tensor maps
+    /// [`super::PARTIAL_MAP_OFFSET`] bytes apart, the whole-tile one (box 64 x `block_m`,
+    /// 64 x 64) and one with a 64 x [`super::PARTIAL_BOX_ROWS`] box. A tile whose last rows are
+    /// padding (the tile-expert word's padding count, [`super::TILE_PAD_SHIFT`]) loads and stores
+    /// only the `PARTIAL_BOX_ROWS`-row boxes that hold its valid rows, through the second map:
+    /// an expert with 16 rows moves 16 rows of A and C, not 128. Full tiles (and full 64-row
+    /// halves) move as without the flag. Padding rows are computed on whatever the ring slot
+    /// held before and never stored.
     pub const PARTIAL_ROWS: u32 = 1 << 8;
 }
 
-/// Rows of one A load and one C store box with [`mode::PARTIAL_ROWS`] (a multiple of 8, the
-/// 128-byte swizzle's period, so every box starts on a 1024-byte boundary of its stage).
+/// Rows of one A load and one C store box of a partial tile with [`mode::PARTIAL_ROWS`] (a
+/// multiple of 8, the 128-byte swizzle's period, so every box starts on a 1024-byte boundary).
 pub const PARTIAL_BOX_ROWS: u32 = 16;
+/// With [`mode::PARTIAL_ROWS`]: bytes from a whole-tile tensor map to its `PARTIAL_BOX_ROWS` twin.
+pub const PARTIAL_MAP_OFFSET: u64 = 128;
 /// A tile-expert word (`MoeRouteArgs::tile_expert`) is `expert | pad << TILE_PAD_SHIFT`, `pad`
 /// the padding rows at the end of the tile (0 for a full tile: a word without the field reads as
 /// full). Experts fit below it (`MAX_EXPERTS`).

@@ -187,16 +187,12 @@ pub fn moe_grids(shape: &MoeShape, sm_count: u32, sms: Option<u32>) -> MoeGrids 
     }
 }
 
-/// The grouped GEMMs' [`mode`] flags for an MoE layer of `shape` (fixed per plan): row-granular
-/// tiles ([`mode::PARTIAL_ROWS`]) when the average expert has fewer rows than one tile - most
-/// of A's and C's rows would be padding, and at small `T` the kernels stream the weights, so
-/// every padding row moved is time.
-pub fn moe_gemm_mode(shape: &MoeShape) -> u32 {
-    let mut m = if shape.pairs() < shape.experts * ROW_ALIGN as usize {
-        mode::PARTIAL_ROWS
-    } else {
-        0
-    };
+/// The grouped GEMMs' [`mode`] flags for an MoE layer of `shape` (fixed per plan):
+/// row-granular tiles ([`mode::PARTIAL_ROWS`]): each expert's last tile loads and stores only
+/// its valid rows, so padding rows cost no memory traffic (at small `T` the kernels stream the
+/// weights and most of A's and C's rows would be padding); full tiles move as without it.
+pub fn moe_gemm_mode(_shape: &MoeShape) -> u32 {
+    let mut m = mode::PARTIAL_ROWS;
     // Measurement override (experiments only).
     if let Some(v) = std::env::var("MKERNEL_MOE_MODE")
         .ok()
@@ -205,15 +201,6 @@ pub fn moe_gemm_mode(shape: &MoeShape) -> u32 {
         m = v << 8;
     }
     m
-}
-
-/// Rows of the grouped A and C maps' boxes under `mode` flags.
-fn row_boxes(mode_flags: u32) -> (u32, u32) {
-    if mode_flags & mode::PARTIAL_ROWS != 0 {
-        (PARTIAL_BOX_ROWS, PARTIAL_BOX_ROWS)
-    } else {
-        (TILE.block_m, GemmTile::EPILOGUE_BOX_ROWS)
-    }
 }
 
 /// An MoE expert FFN ready to launch: arguments and TMA descriptors uploaded, the grouped
@@ -239,10 +226,12 @@ pub struct MoePlan<'a> {
     _weights: PhantomData<&'a ()>,
 }
 
-/// Byte offsets in the uploaded block: six tensor maps (128 bytes each), then the argument
-/// blocks (128 bytes apart).
+/// Byte offsets in the uploaded block: ten tensor maps (128 bytes each: A, its
+/// `PARTIAL_BOX_ROWS` twin, W, C and its twin of the up projection, then the same five of the
+/// down projection), then the argument blocks (128 bytes apart).
 const MAP_BYTES: usize = 128;
-const ARG_ROUTE: usize = 6 * MAP_BYTES;
+const ARG_ROUTE: usize = 10 * MAP_BYTES;
+const _: () = assert!(MAP_BYTES as u64 == mkernel_config::ops::moe::PARTIAL_MAP_OFFSET);
 const ARG_GATHER: usize = ARG_ROUTE + 128;
 const ARG_UP: usize = ARG_GATHER + 128;
 const ARG_DOWN: usize = ARG_UP + 128;
@@ -329,14 +318,19 @@ impl<'a> MoePlan<'a> {
         let swiglu = shape.act == Activation::SwiGlu;
         let b_up_box = if swiglu { SWIGLU_TILE_COLS } else { t.block_n };
         let gemm_mode = moe_gemm_mode(&shape);
-        let (a_box, c_box) = row_boxes(gemm_mode);
+        let (box_c, part) = (GemmTile::EPILOGUE_BOX_COLS, PARTIAL_BOX_ROWS);
+        // Every A and C map with its PARTIAL_BOX_ROWS twin right after it (see `ARG_ROUTE`).
         let maps = [
-            map(pxp, h, cap, t.block_k, a_box)?,
+            map(pxp, h, cap, t.block_k, t.block_m)?,
+            map(pxp, h, cap, t.block_k, part)?,
             map(w_up, h, e * shape.up_rows(), t.block_k, b_up_box)?,
-            map(phid, f, cap, GemmTile::EPILOGUE_BOX_COLS, c_box)?,
-            map(phid, f, cap, t.block_k, a_box)?,
+            map(phid, f, cap, box_c, GemmTile::EPILOGUE_BOX_ROWS)?,
+            map(phid, f, cap, box_c, part)?,
+            map(phid, f, cap, t.block_k, t.block_m)?,
+            map(phid, f, cap, t.block_k, part)?,
             map(w_down, f, e * h, t.block_k, t.block_n)?,
-            map(pyp, h, cap, GemmTile::EPILOGUE_BOX_COLS, c_box)?,
+            map(pyp, h, cap, box_c, GemmTile::EPILOGUE_BOX_ROWS)?,
+            map(pyp, h, cap, box_c, part)?,
         ];
         // Where the block will be: allocate first, then fill in addresses.
         let mut args = stream.alloc_zeros::<u8>(ARG_BYTES)?;
@@ -364,8 +358,8 @@ impl<'a> MoePlan<'a> {
         };
         let up = GroupedGemmArgs {
             map_a: map_at(0),
-            map_b: map_at(1),
-            map_c: map_at(2),
+            map_b: map_at(2),
+            map_c: map_at(3),
             rows,
             tile_expert,
             n: f as u32,
@@ -374,9 +368,9 @@ impl<'a> MoePlan<'a> {
             act: if swiglu { act::SWIGLU } else { act::NONE } | gemm_mode,
         };
         let down = GroupedGemmArgs {
-            map_a: map_at(3),
-            map_b: map_at(4),
-            map_c: map_at(5),
+            map_a: map_at(5),
+            map_b: map_at(7),
+            map_c: map_at(8),
             rows,
             tile_expert,
             n: h as u32,
@@ -708,6 +702,12 @@ pub fn padded_offsets(counts: &[u32]) -> Vec<u32> {
     v
 }
 
+/// [`GroupedGemmPlan`]'s uploaded block: five tensor maps (A, its `PARTIAL_BOX_ROWS` twin, W,
+/// C, its twin), the group placement's arguments, the GEMM's.
+const GG_ARG_ROUTE: usize = 5 * MAP_BYTES;
+const GG_ARG_GEMM: usize = GG_ARG_ROUTE + 128;
+const GG_ARG_BYTES: usize = GG_ARG_GEMM + 128;
+
 /// A grouped GEMM ready to launch alone: rows per group are read from a device buffer at
 /// every launch (no host round trip), so a launch captured in a CUDA graph follows new
 /// counts. Borrows A, W, C and the counts for `'a`. Padded rows that exceed the capacity are
@@ -795,8 +795,6 @@ impl<'a> GroupedGemmPlan<'a> {
         let tile_expert = error + 16;
         let t = TILE;
         let swiglu = s.act == Activation::SwiGlu;
-        // The counts are on the device (no rows-per-group estimate): whole-tile loads and stores.
-        let (a_box, c_box) = row_boxes(0);
         let map = |ptr: u64, cols: usize, rows: usize, box_cols: u32, box_rows: u32| -> Result<TensorMap> {
             encode_bf16_sw128(
                 Tensor2d {
@@ -809,8 +807,10 @@ impl<'a> GroupedGemmPlan<'a> {
                 box_rows,
             )
         };
+        // A, its PARTIAL_BOX_ROWS twin, W, C, its twin (row-granular tiles, as in `MoePlan`).
         let maps = [
-            map(a, s.k, s.capacity_rows, t.block_k, a_box)?,
+            map(a, s.k, s.capacity_rows, t.block_k, t.block_m)?,
+            map(a, s.k, s.capacity_rows, t.block_k, PARTIAL_BOX_ROWS)?,
             map(
                 w,
                 s.k,
@@ -818,9 +818,16 @@ impl<'a> GroupedGemmPlan<'a> {
                 t.block_k,
                 if swiglu { SWIGLU_TILE_COLS } else { t.block_n },
             )?,
-            map(c, s.n, s.capacity_rows, GemmTile::EPILOGUE_BOX_COLS, c_box)?,
+            map(
+                c,
+                s.n,
+                s.capacity_rows,
+                GemmTile::EPILOGUE_BOX_COLS,
+                GemmTile::EPILOGUE_BOX_ROWS,
+            )?,
+            map(c, s.n, s.capacity_rows, GemmTile::EPILOGUE_BOX_COLS, PARTIAL_BOX_ROWS)?,
         ];
-        let mut args = stream.alloc_zeros::<u8>(3 * MAP_BYTES + 256)?;
+        let mut args = stream.alloc_zeros::<u8>(GG_ARG_BYTES)?;
         let abase = args.device_ptr(stream).0;
         let route = MoeRouteArgs {
             counts: counts_out,
@@ -836,23 +843,23 @@ impl<'a> GroupedGemmPlan<'a> {
         };
         let gemm = GroupedGemmArgs {
             map_a: abase,
-            map_b: abase + MAP_BYTES as u64,
-            map_c: abase + 2 * MAP_BYTES as u64,
+            map_b: abase + 2 * MAP_BYTES as u64,
+            map_c: abase + 3 * MAP_BYTES as u64,
             rows,
             tile_expert,
             n: s.n as u32,
             k: s.k as u32,
             b_rows: s.w_rows() as u32,
-            act: if swiglu { act::SWIGLU } else { act::NONE },
+            act: if swiglu { act::SWIGLU } else { act::NONE } | mode::PARTIAL_ROWS,
         };
-        let mut block = vec![0u8; 3 * MAP_BYTES + 256];
+        let mut block = vec![0u8; GG_ARG_BYTES];
         for (i, m) in maps.iter().enumerate() {
             block[i * MAP_BYTES..(i + 1) * MAP_BYTES].copy_from_slice(crate::tensor_map::bytes(m));
         }
         let r = bytemuck::bytes_of(&route);
-        block[3 * MAP_BYTES..3 * MAP_BYTES + r.len()].copy_from_slice(r);
+        block[GG_ARG_ROUTE..GG_ARG_ROUTE + r.len()].copy_from_slice(r);
         let gb = bytemuck::bytes_of(&gemm);
-        block[3 * MAP_BYTES + 128..3 * MAP_BYTES + 128 + gb.len()].copy_from_slice(gb);
+        block[GG_ARG_GEMM..GG_ARG_GEMM + gb.len()].copy_from_slice(gb);
         stream.memcpy_htod(&block, &mut args)?;
         let cols = if swiglu { SWIGLU_TILE_COLS } else { t.block_n } as usize;
         let sms = sms.unwrap_or(device.sm_count()).clamp(1, device.sm_count());
@@ -871,7 +878,7 @@ impl<'a> GroupedGemmPlan<'a> {
     /// Enqueues the group placement (one CTA) and the grouped GEMM on `stream`.
     pub fn launch(&self, stream: &Arc<CudaStream>) -> Result<()> {
         let a = self.args.device_ptr(stream).0;
-        let (route, gemm) = (a + 3 * MAP_BYTES as u64, a + 3 * MAP_BYTES as u64 + 128);
+        let (route, gemm) = (a + GG_ARG_ROUTE as u64, a + GG_ARG_GEMM as u64);
         // SAFETY: the argument lists match `mk_moe_group_tiles(args, counts)` and
         // `mk_moe_grouped_gemm(args)`; the buffers are borrowed for 'a.
         unsafe {

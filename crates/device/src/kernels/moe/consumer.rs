@@ -1,7 +1,8 @@
 //! The grouped GEMM's consumer role (warpgroups 1 and 2): the plain GEMM's mainloop on each
 //! tile, then the activation (SwiGLU: `silu(gate) * up` folds the 256 accumulator columns
-//! into 128) and the TMA-store epilogue (with `mode::PARTIAL_ROWS` only the warpgroup's valid
-//! rows, in `PARTIAL_BOX_ROWS`-row boxes; a half of only padding rows stores nothing).
+//! into 128) and the TMA-store epilogue (with `mode::PARTIAL_ROWS`, a half with padding rows
+//! stores only its valid rows, in `PARTIAL_BOX_ROWS`-row boxes; a half of only padding stores
+//! nothing).
 use super::grouped_gemm::Launch;
 use crate::arch::{regs, tma::TensorMap};
 use crate::gemm::consumer::mma_tile;
@@ -10,7 +11,7 @@ use crate::gemm::epilogue::{
 };
 use crate::gemm::ring::{Ring, RingPos};
 use crate::gemm::BLayout;
-use mkernel_config::ops::moe::{PARTIAL_BOX_ROWS, TILE};
+use mkernel_config::ops::moe::{PARTIAL_BOX_ROWS, PARTIAL_MAP_OFFSET, TILE};
 
 /// # Safety
 ///
@@ -21,6 +22,7 @@ use mkernel_config::ops::moe::{PARTIAL_BOX_ROWS, TILE};
 pub unsafe fn run(ring: &Ring, l: Launch, wg: u32) {
     regs::setmaxnreg_inc::<{ TILE.consumer_regs }>();
     let map_c = TensorMap(unsafe { (*l.args).map_c } as *const u8);
+    let map_c_rows = TensorMap((unsafe { (*l.args).map_c } + PARTIAL_MAP_OFFSET) as *const u8);
     let mut acc = [0f32; 128];
     let mut pos = RingPos::START;
     for tile in l.tiles() {
@@ -35,11 +37,12 @@ pub unsafe fn run(ring: &Ring, l: Launch, wg: u32) {
         };
         unsafe {
             mma_tile(ring, &mut pos, &mut acc, wg, BLayout::Nk, l.k_blocks);
-            if l.partial {
-                // All padding: nothing of this half is stored, so nothing is staged either.
+            if rows < TILE.rows_per_consumer() {
+                // Padding in this half: its valid rows in PARTIAL_BOX_ROWS-row boxes; a half of
+                // only padding stores nothing, so nothing is staged either.
                 if rows > 0 {
                     let dst = RowBoxes {
-                        map: map_c,
+                        map: map_c_rows,
                         rows,
                         box_rows: PARTIAL_BOX_ROWS,
                     };

@@ -1,11 +1,12 @@
 //! The grouped GEMM's producer role (warpgroup 0; one thread issues): for each tile, its
 //! expert's weight rows and the tile's grouped rows (all `block_m`, or with `mode::PARTIAL_ROWS`
-//! only the boxes that hold valid rows), through the shared GEMM's TMA loader.
+//! for a tile with padding only the boxes that hold valid rows), through the shared GEMM's TMA
+//! loader.
 use super::grouped_gemm::Launch;
 use crate::arch::{ids, mbarrier, regs, tma::TensorMap};
 use crate::gemm::producer::{load_tile_rows, ARows, BRows};
 use crate::gemm::ring::{Ring, RingPos};
-use mkernel_config::ops::moe::{PARTIAL_BOX_ROWS, TILE};
+use mkernel_config::ops::moe::{PARTIAL_BOX_ROWS, PARTIAL_MAP_OFFSET, TILE};
 
 /// # Safety
 ///
@@ -20,6 +21,7 @@ pub unsafe fn run(ring: &Ring, l: Launch) {
     }
     let args = unsafe { l.args.read() };
     let (a, b) = (TensorMap(args.map_a as *const u8), TensorMap(args.map_b as *const u8));
+    let a_rows_map = TensorMap((args.map_a + PARTIAL_MAP_OFFSET) as *const u8);
     let mut pos = RingPos::START;
     let give_up = mbarrier::trap_after(mbarrier::HUNG_NS);
     for tile in l.tiles() {
@@ -30,9 +32,9 @@ pub unsafe fn run(ring: &Ring, l: Launch) {
         } else {
             BRows::Whole(b_row)
         };
-        let a_rows = if l.partial {
+        let a_rows = if l.partial && valid < TILE.block_m {
             ARows {
-                map: a,
+                map: a_rows_map,
                 row: tile.m0,
                 boxes: valid.div_ceil(PARTIAL_BOX_ROWS),
                 box_rows: PARTIAL_BOX_ROWS,
