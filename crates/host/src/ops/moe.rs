@@ -188,19 +188,28 @@ pub fn moe_grids(shape: &MoeShape, sm_count: u32, sms: Option<u32>) -> MoeGrids 
 }
 
 /// The grouped GEMMs' [`mode`] flags for an MoE layer of `shape` (fixed per plan):
-/// row-granular tiles ([`mode::PARTIAL_ROWS`]): each expert's last tile loads and stores only
-/// its valid rows, so padding rows cost no memory traffic (at small `T` the kernels stream the
-/// weights and most of A's and C's rows would be padding); full tiles move as without it.
-pub fn moe_gemm_mode(_shape: &MoeShape) -> u32 {
-    let mut m = mode::PARTIAL_ROWS;
-    // Measurement override (experiments only).
-    if let Some(v) = std::env::var("MKERNEL_MOE_MODE")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-    {
-        m = v << 8;
+/// row-granular tiles ([`mode::PARTIAL_ROWS`]: each expert's last tile loads and stores only its
+/// valid rows) when the average expert has fewer rows than one tile. There most of A's and C's
+/// rows would be padding and the kernels stream the weights (T = 128, E = 64, top-8 on an H100:
+/// 1120 us instead of 1268 us); with more rows per expert the extra 16-row TMA boxes of the
+/// partial tiles cost more than the padding traffic they save (T = 4096: 2815 us instead of
+/// 2734 us; docs/moe.md). `MKERNEL_MOE_MODE=0|1` overrides the choice (measurements).
+pub fn moe_gemm_mode(shape: &MoeShape) -> u32 {
+    let forced = std::env::var(MODE_VAR).ok().and_then(|v| v.parse::<u32>().ok());
+    gemm_mode_for(shape, forced)
+}
+
+/// Environment variable that forces [`moe_gemm_mode`]: `0` whole tiles, `1` row-granular.
+pub const MODE_VAR: &str = "MKERNEL_MOE_MODE";
+
+/// [`moe_gemm_mode`] without the environment: `forced` (0 or 1) wins when given.
+fn gemm_mode_for(shape: &MoeShape, forced: Option<u32>) -> u32 {
+    match forced {
+        Some(0) => 0,
+        Some(_) => mode::PARTIAL_ROWS,
+        None if shape.pairs() < shape.experts * ROW_ALIGN as usize => mode::PARTIAL_ROWS,
+        None => 0,
     }
-    m
 }
 
 /// An MoE expert FFN ready to launch: arguments and TMA descriptors uploaded, the grouped
@@ -611,6 +620,18 @@ mod tests {
                 rows: 1056
             }
         );
+    }
+    #[test]
+    fn row_granular_tiles_below_one_tile_per_expert() {
+        // T = 128, top-8 over 64 experts: 16 rows per expert on average.
+        assert_eq!(gemm_mode_for(&shape(128, 64, 8, 4096, 2048), None), mode::PARTIAL_ROWS);
+        // T = 4096: 512 rows per expert; T = 16384 over 16 experts, top-4: 4096.
+        assert_eq!(gemm_mode_for(&shape(4096, 64, 8, 4096, 2048), None), 0);
+        assert_eq!(gemm_mode_for(&shape(16384, 16, 4, 4096, 1408), None), 0);
+        // Exactly one tile per expert on average: whole tiles.
+        assert_eq!(gemm_mode_for(&shape(1024, 64, 8, 64, 64), None), 0);
+        assert_eq!(gemm_mode_for(&shape(4096, 64, 8, 64, 64), Some(1)), mode::PARTIAL_ROWS);
+        assert_eq!(gemm_mode_for(&shape(128, 64, 8, 64, 64), Some(0)), 0);
     }
     #[test]
     fn padded_offsets_start_groups_on_row_tiles() {
