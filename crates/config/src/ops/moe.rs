@@ -14,8 +14,8 @@ use crate::gemm::{GemmTile, RingLayout, SMEM_ALIGN_SLACK};
 use crate::kernels::KernelSpec;
 
 /// The grouped GEMM's tile configuration: the plain GEMM's tile and ring; the producer keeps 56
-/// registers (the consumers 224, the split of `GemmTile::FUSED`) for the tile-expert word and
-/// the per-box A loads of the row-granular mode (at 40 its loop spilled).
+/// registers (the consumers 224, the split of `GemmTile::FUSED`): its loop over the tile-expert
+/// words and the per-box A loads of the row-granular mode does not fit 40 without spilling.
 pub const TILE: GemmTile = GemmTile {
     producer_regs: 56,
     consumer_regs: 224,

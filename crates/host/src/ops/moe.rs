@@ -190,10 +190,9 @@ pub fn moe_grids(shape: &MoeShape, sm_count: u32, sms: Option<u32>) -> MoeGrids 
 /// The grouped GEMMs' [`mode`] flags for an MoE layer of `shape` (fixed per plan):
 /// row-granular tiles ([`mode::PARTIAL_ROWS`]: each expert's last tile loads and stores only its
 /// valid rows) when the average expert has fewer rows than one tile. There most of A's and C's
-/// rows would be padding and the kernels stream the weights (T = 128, E = 64, top-8 on an H100:
-/// 1120 us instead of 1268 us); with more rows per expert the extra 16-row TMA boxes of the
-/// partial tiles cost more than the padding traffic they save (T = 4096: 2815 us instead of
-/// 2734 us; docs/moe.md). `MKERNEL_MOE_MODE=0|1` overrides the choice (measurements).
+/// rows would be padding while the kernels stream the weights; with more rows per expert the
+/// padding is a small share and the partial tiles' extra 16-row TMA boxes cost more than they
+/// save (measurements in docs/moe.md). [`MODE_VAR`] overrides the choice.
 pub fn moe_gemm_mode(shape: &MoeShape) -> u32 {
     let forced = std::env::var(MODE_VAR).ok().and_then(|v| v.parse::<u32>().ok());
     gemm_mode_for(shape, forced)
