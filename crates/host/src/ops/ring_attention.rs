@@ -1,9 +1,11 @@
-//! Ring attention forward across the local ranks of a [`Communicator`]: each of the W ranks holds
-//! `seqlen_local` rows of every sequence (Q, K, V shards); one persistent kernel per call passes
-//! the K/V shards around the ring (NVLink stores into the right neighbour's receive slots, two
-//! slots per rank) while the compute CTAs attend the local queries to the shard that arrived, and
-//! merges the partials in f32 through their log-sum-exp. Outputs: the local rows of O (bf16) and
-//! LSE (f32), equal to attention over the whole sequence.
+//! Ring attention forward across every rank of a [`Communicator`] (all nodes): each of the W
+//! ranks holds `seqlen_local` rows of every sequence (Q, K, V shards), rank `r` being the
+//! communicator's global rank; one persistent kernel per call passes the K/V shards around the
+//! ring in global rank order (NVLink stores into the right neighbour's receive slots inside a
+//! node, one proxy PUT per step from a node's last rank to the next node's first; two slots per
+//! rank) while the compute CTAs attend the local queries to the shard that arrived, and merges
+//! the partials in f32 through their log-sum-exp. Outputs: the local rows of O (bf16) and LSE
+//! (f32), equal to attention over the whole sequence.
 //!
 //! Layout per rank (batched only): Q and O `[batch][seqlen_local][heads_q][head_dim]`, K and V
 //! `[batch][seqlen_local][heads_kv][head_dim]`, LSE `[batch][heads_q][seqlen_local]`.
@@ -98,7 +100,9 @@ impl<'a> RingAttentionPlan<'a> {
     }
 
     /// Plans the local rows of `o`, `lse` = attention of the local `q` over every rank's `k`, `v`.
-    /// Collective: every local rank calls it with the same shapes (checked through the store).
+    /// Collective: every rank of the job calls it with the same shapes (checked through the
+    /// store); the shard of global rank `r` is rows `r * seqlen_local ..` (non-causal) or zigzag
+    /// chunks `r` and `2W - 1 - r` (causal).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         comm: &'a Communicator,
@@ -114,15 +118,11 @@ impl<'a> RingAttentionPlan<'a> {
         heads: AttentionHeads,
         opts: RingOptions,
     ) -> Result<Self> {
-        if comm.nnodes() > 1 {
-            return Err(Error::Unsupported(
-                "ring attention across nodes (through the proxy) is not implemented; one node only".into(),
-            ));
-        }
         heads.validate()?;
         let bad = |reason: String| Err(Error::Shape { op: OP, reason });
         let device: &Device = comm.device();
-        let (w, rank) = (comm.world() as usize, comm.rank() as usize);
+        // The ring runs over every rank of the job, in global rank order.
+        let (w, rank) = (comm.global_world() as usize, comm.global_rank() as usize);
         let (hq, hkv, d) = (heads.heads_q, heads.heads_kv, heads.head_dim);
         // Every rank must agree on the shapes and the grid (the comm CTAs wait for every CTA of
         // their neighbour): exchange them and take the smallest SM count.
@@ -311,7 +311,7 @@ impl<'a> RingAttentionPlan<'a> {
         })
     }
 
-    /// Enqueues the kernel on `stream` (inside a CUDA graph capture too). Every local rank
+    /// Enqueues the kernel on `stream` (inside a CUDA graph capture too). Every rank
     /// launches the same sequence of plans; [`Communicator::check`] after the stream
     /// synchronized reports a rank that never came ([`Error::CommTimeout`]).
     pub fn launch(&self, stream: &Arc<CudaStream>) -> Result<()> {

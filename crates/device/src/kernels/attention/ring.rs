@@ -221,7 +221,13 @@ unsafe fn free(c: &CommCtx, t: u32, cta: u32) {
         unsafe { memory::red_release_add_u64(Scope::Gpu, count, 1) };
     } else {
         let left = (c.rank + c.world - 1) % c.world;
-        unsafe { memory::st_release_u64(Scope::Sys, c.flag_of_cta(left, FlagSlot::RingFree, c.rank, cta), value(c, t)) };
+        unsafe {
+            memory::st_release_u64(
+                Scope::Sys,
+                c.flag_of_cta(left, FlagSlot::RingFree, c.rank, cta),
+                value(c, t),
+            )
+        };
     }
 }
 
