@@ -21,7 +21,7 @@ use cudarc::driver::DevicePtr;
 use half::bf16;
 use mkernel::bootstrap::Bootstrap;
 use mkernel::ops::attention::{AttentionHeads, FlashAttentionPlan, Sequences};
-use mkernel::ops::ring_attention::{RingAttentionPlan, RingOptions};
+use mkernel::ops::ring_attention::{comm_cta_candidates, tune_key, RingAttentionPlan, RingOptions};
 use mkernel::{CommConfig, Communicator, Device, ReduceDtype};
 use mkernel_tests::data::random_bf16;
 use serde_json::{json, Value};
@@ -116,6 +116,34 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
             seqlen_q: sl,
             seqlen_k: sl,
         };
+        // `cargo xtask tune --op ring-attention`: time every candidate comm CTA count alone, take
+        // the one whose slowest rank was fastest, record it and run the table with it.
+        let mut sweep = vec![];
+        let comm_ctas = match &args.tune_out {
+            Some(_) => {
+                let tiles = b * hq * sl.div_ceil(128);
+                let mut timed = vec![];
+                for c in comm_cta_candidates(dev.sm_count(), world as u32, tiles) {
+                    let opts = RingOptions { comm_ctas: Some(c) };
+                    let plan = RingAttentionPlan::new(
+                        &comm, &stream, &q, &ka, &va, &mut o, &mut lse, &ws, b, sl, heads, opts,
+                    )?;
+                    let mut f = || Ok(plan.launch(&stream)?);
+                    let t = median_ms_aligned(&stream, args.warmup, args.iters, &mut align, &mut [&mut f])?;
+                    comm.check()?;
+                    sweep.push(json!({ "comm_ctas": c, "ms": t[0] }));
+                    timed.push((c, t[0], ()));
+                }
+                if timed.is_empty() {
+                    None
+                } else {
+                    let (best, ()) = crate::fused::agreed_best(&comm, timed)?;
+                    crate::fused::record_split(args, rank, tune_key(world as u32, b, sl, &heads), best)?;
+                    Some(best)
+                }
+            }
+            None => None,
+        };
         let ring = RingAttentionPlan::new(
             &comm,
             &stream,
@@ -128,7 +156,7 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
             b,
             sl,
             heads,
-            RingOptions::default(),
+            RingOptions { comm_ctas },
         )?;
         let local_a = FlashAttentionPlan::new(&dev, &stream, &q, &ka, &va, &mut oa, &mut la, seqs, heads)?;
         let local_b = FlashAttentionPlan::new(&dev, &stream, &q, &kb, &vb, &mut ob, &mut lb, seqs, heads)?;
@@ -199,7 +227,7 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
             "causal": causal, "world": world, "comm_ctas": roles.comm, "compute_ctas": roles.compute,
             "ring_ms": ring_ms, "tflops_per_gpu": tflops, "local_block_ms": local_ms,
             "overlap_efficiency": eff, "sequential_ms": seq_ms,
-            "sequential_transport": if nccl.is_some() { "nccl" } else { "copies" },
+            "sequential_transport": if nccl.is_some() { "nccl" } else { "copies" }, "sweep": sweep,
         }));
     }
     Ok(rows)
