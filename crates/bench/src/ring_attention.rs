@@ -168,7 +168,14 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
         let (right, left) = ((rank + 1) % world, (rank + world - 1) % world);
         let mut f_ring = || Ok(ring.launch(&stream)?);
         let mut f_local = || Ok(local_a.launch(&stream)?);
-        let (stage_peer, stage_local) = (comm.peer_ptr(right as u32, &stage)?, comm.ptr(&stage)?);
+        // The copies baseline reaches the right neighbour through its heap: one node only.
+        let copies = nccl.is_none() && comm.nnodes() == 1;
+        let stage_peer = if copies {
+            comm.peer_ptr(right as u32, &stage)?
+        } else {
+            0
+        };
+        let stage_local = comm.ptr(&stage)?;
         let copy = |dst: u64, src: u64, n: usize| -> Result<()> {
             // SAFETY: device ranges of `n` bytes (heap buffers sized for the largest case).
             unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, n, stream.cu_stream())? };
@@ -201,13 +208,26 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
             }
             Ok(())
         };
-        let t = median_ms_aligned(
-            &stream,
-            args.warmup,
-            args.iters,
-            &mut align,
-            &mut [&mut f_ring, &mut f_local, &mut f_seq],
-        )?;
+        let t = if nccl.is_some() || copies {
+            median_ms_aligned(
+                &stream,
+                args.warmup,
+                args.iters,
+                &mut align,
+                &mut [&mut f_ring, &mut f_local, &mut f_seq],
+            )?
+        } else {
+            // Ranks sharing a GPU across (emulated) nodes: neither NCCL nor peer copies.
+            let mut t = median_ms_aligned(
+                &stream,
+                args.warmup,
+                args.iters,
+                &mut align,
+                &mut [&mut f_ring, &mut f_local],
+            )?;
+            t.push(f64::NAN);
+            t
+        };
         comm.check()?;
         let (ring_ms, local_ms, seq_ms) = (t[0], t[1], t[2]);
         let tflops = ring.flops() / ring_ms / 1e9;
@@ -218,7 +238,13 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
                 "| {label} | {}/{} | {ring_ms:.3} | {tflops:.1} | {local_ms:.3} | {eff:.2} | {seq_ms:.3}{} | {:.2} |",
                 roles.comm,
                 roles.compute,
-                if nccl.is_some() { "" } else { " (copies)" },
+                if nccl.is_some() {
+                    ""
+                } else if copies {
+                    " (copies)"
+                } else {
+                    " (none: shared GPU across nodes)"
+                },
                 seq_ms / ring_ms
             );
         }
@@ -227,7 +253,7 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
             "causal": causal, "world": world, "comm_ctas": roles.comm, "compute_ctas": roles.compute,
             "ring_ms": ring_ms, "tflops_per_gpu": tflops, "local_block_ms": local_ms,
             "overlap_efficiency": eff, "sequential_ms": seq_ms,
-            "sequential_transport": if nccl.is_some() { "nccl" } else { "copies" }, "sweep": sweep,
+            "sequential_transport": if nccl.is_some() { "nccl" } else if copies { "copies" } else { "none" }, "sweep": sweep,
         }));
     }
     Ok(rows)
