@@ -234,18 +234,16 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
         let eff = world as f64 * local_ms / ring_ms;
         let roles = ring.roles();
         if rank == 0 {
+            let (seq, ratio) = if nccl.is_some() {
+                (format!("{seq_ms:.3}"), format!("{:.2}", seq_ms / ring_ms))
+            } else if copies {
+                (format!("{seq_ms:.3} (copies)"), format!("{:.2}", seq_ms / ring_ms))
+            } else {
+                ("- (shared GPU across nodes: no baseline)".to_string(), "-".to_string())
+            };
             println!(
-                "| {label} | {}/{} | {ring_ms:.3} | {tflops:.1} | {local_ms:.3} | {eff:.2} | {seq_ms:.3}{} | {:.2} |",
-                roles.comm,
-                roles.compute,
-                if nccl.is_some() {
-                    ""
-                } else if copies {
-                    " (copies)"
-                } else {
-                    " (none: shared GPU across nodes)"
-                },
-                seq_ms / ring_ms
+                "| {label} | {}/{} | {ring_ms:.3} | {tflops:.1} | {local_ms:.3} | {eff:.2} | {seq} | {ratio} |",
+                roles.comm, roles.compute
             );
         }
         rows.push(json!({
