@@ -65,7 +65,7 @@ pub unsafe fn host_abort_seen(desc: u64) -> bool {
 /// As [`host_abort_seen`].
 #[inline(always)]
 pub unsafe fn host_abort_at_launch_end(desc: u64, epoch: u64) {
-    if epoch % mkernel_config::comm::HOST_ABORT_LAUNCHES == 0 {
+    if epoch.is_multiple_of(mkernel_config::comm::HOST_ABORT_LAUNCHES) {
         let _ = unsafe { host_abort_seen(desc) };
     }
 }
