@@ -108,7 +108,7 @@ unsafe fn wait_word(c: &CommCtx, word: *const u64, target: u64, code: u32, peer:
         }
         polls += 1;
         if polls % 64 == 0 {
-            let aborting = unsafe { memory::ld_relaxed_u32(Scope::Gpu, abort) } != 0;
+            let aborting = unsafe { crate::comm::wait::aborting_at(c.desc_addr(), abort, polls) };
             let waited = time::globaltimer_ns().wrapping_sub(start);
             if aborting || waited > c.timeout_ns {
                 unsafe { report_give_up(c, code, peer(c), target, seen, waited) };
@@ -149,6 +149,7 @@ pub unsafe fn exit(desc: u64) {
             let epoch = (local + RING_EPOCH_OFFSET) as *mut u64;
             unsafe {
                 let e = epoch.read_volatile();
+                crate::comm::wait::host_abort_at_launch_end(desc, e + 1);
                 memory::st_relaxed_u32(Scope::Gpu, word, 0);
                 // System scope: the left neighbour reads it over NVLink (`wait_previous_launch`).
                 memory::st_release_u64(Scope::Sys, epoch, e + 1);
