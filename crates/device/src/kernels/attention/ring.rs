@@ -72,10 +72,12 @@ fn right_across(c: &CommCtx) -> bool {
     c.global_world != c.world && c.rank + 1 == c.world
 }
 
-/// The left neighbour's global rank (for error records; read now, a cold path).
+/// The left neighbour's global rank, read from the descriptor now (volatile): for error
+/// records, a cold path, so that no register keeps the job's size across the waits.
 #[inline(always)]
 fn left_global(c: &CommCtx) -> u32 {
-    (c.global_rank_now() + c.global_world - 1) % c.global_world
+    let world = unsafe { (&raw const (*(c.desc_addr() as *const CommDesc)).global_world).read_volatile() };
+    (c.global_rank_now() + world - 1) % world
 }
 
 /// The context whose epoch stamps this launch's proxy commands: the fused kernels' epoch
