@@ -381,9 +381,10 @@ impl Communicator {
             .barrier("mkernel/communicator/zeroed", cfg.bootstrap_timeout)?;
         let desc_addr = desc.device_ptr(&stream).0;
         // The abort reaches every local rank over NVLink; on emulated nodes, every rank of the
-        // job through the wire's mappings (own heap first either way).
+        // job through the wire's mappings (own heap first either way). Other transports map no
+        // remote heap (`heap_bases` is empty): the local ranks only.
         let mut abort_bases = vec![heap.local_base()];
-        match &node {
+        match node.as_ref().filter(|n| !n.heap_bases().is_empty()) {
             Some(n) => abort_bases.extend(
                 n.heap_bases()
                     .into_iter()
