@@ -411,6 +411,52 @@ fn killed_peer_is_named_within_the_bound() {
     two_processes("die", &store, [&[], &[]], [Some("lo"), None]);
 }
 
+/// 2 nodes x 2 ranks as threads; rank 3 dies (its sockets close without goodbye, as when its
+/// process is killed). Ranks 0 and 1 lose their link to it; their proxies then close with ABORT
+/// frames, so rank 2 (rank 3's node, linked to ranks 0 and 1 only) fails naming a peer's
+/// failed proxy and rank 3 as the link that broke first, not a peer that "died".
+#[test]
+fn a_failed_proxy_tells_its_peers_which_link_broke() {
+    let (world, local) = (4, 2);
+    let fabric = CpuFabric::new(world, 4096, 8);
+    let mut links = establish_all(world, local, &config(2, 1024), &MemStore::default());
+    drop(links.pop()); // rank 3 "dies"
+    let mut sides: Vec<RankSide> = links
+        .into_iter()
+        .enumerate()
+        .map(|(r, l)| start_rank(Topology::new(2, local, r).unwrap(), &fabric, l))
+        .collect();
+    let t0 = Instant::now();
+    let mut errors = vec![];
+    for side in &mut sides {
+        let r = side.topo.rank();
+        let proxy = side.proxy.take().unwrap();
+        while !proxy.is_finished() {
+            assert!(
+                t0.elapsed() < DEAD_PEER_BOUND,
+                "rank {r}: no error within {DEAD_PEER_BOUND:?}"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let e = proxy.join().expect_err("the proxy must fail").to_string();
+        let record = side.fifo.error_record().expect("an error record").message().to_string();
+        println!("rank {r} after {:?}: {e}", t0.elapsed());
+        errors.push((r, e, record));
+    }
+    for (r, e, record) in &errors[..2] {
+        assert!(e.contains("peer 3") && e.contains("without goodbye"), "rank {r}: {e}");
+        assert!(record.contains("peer 3"), "rank {r}: {record}");
+    }
+    let (_, e, record) = &errors[2];
+    assert!(
+        (e.contains("peer 0") || e.contains("peer 1"))
+            && e.contains("its proxy stopped after an error on its link with rank 3"),
+        "rank 2: {e}"
+    );
+    assert!(!e.contains("without goodbye"), "rank 2: {e}");
+    assert!(record.contains("rank 3"), "rank 2: {record}");
+}
+
 /// Two network namespaces joined by a veth pair; removed on drop (with the veth).
 struct Netns {
     names: [String; 2],

@@ -1,6 +1,6 @@
 //! The TCP [`Transport`]: staging through host buffers, several sockets per peer, and a
 //! receiver that carries frames out in message order (data, then the flag).
-use super::frame::{Header, Limits, HEADER_BYTES, KIND_BYE, KIND_DATA, KIND_SIGNAL};
+use super::frame::{Header, Limits, HEADER_BYTES, KIND_ABORT, KIND_BYE, KIND_DATA, KIND_SIGNAL, NO_RANK};
 use super::setup::TcpLinks;
 use super::staging::DeviceStaging;
 use crate::error::TransportError;
@@ -17,6 +17,8 @@ const TOK_FLAG: u64 = 3 << 62;
 const TOK_KIND: u64 = 3 << 62;
 /// Frames one socket may hold received but not yet carried out, beyond its data buffers.
 const EXTRA_PENDING: usize = 64;
+/// How long closing a socket may spend finishing its frame in progress and sending BYE or ABORT.
+const CLOSE_BOUND: Duration = Duration::from_millis(200);
 
 /// A message waiting for a staging buffer (in FIFO order per peer).
 enum Backlog {
@@ -128,6 +130,9 @@ pub struct TcpTransport<E: DeviceStaging> {
     timeout: Duration,
     /// The last `flush` emptied everything and nothing was posted since: close with BYE.
     clean: bool,
+    /// This transport returned an error: the rank whose link failed first ([`NO_RANK`] when
+    /// the error named none). Closing then sends ABORT naming it.
+    failed: Option<u64>,
     stats: TcpStats,
 }
 
@@ -225,6 +230,7 @@ impl<E: DeviceStaging> TcpTransport<E> {
             poll_of,
             timeout: cfg.timeout,
             clean: false,
+            failed: None,
             stats: TcpStats::default(),
         })
     }
@@ -443,23 +449,61 @@ impl<E: DeviceStaging> TcpTransport<E> {
                 .all(|p| p.backlog.is_empty() && p.lanes.iter().all(|l| l.queue.is_empty()))
     }
 
-    fn say_goodbye(&mut self) {
+    /// Remembers the first error this transport returns (see `failed`).
+    fn note<T>(&mut self, r: Result<T, TransportError>) -> Result<T, TransportError> {
+        if let Err(e) = &r {
+            if self.failed.is_none() {
+                self.failed = Some(match e {
+                    TransportError::Peer { peer, .. } => *peer as u64,
+                    _ => NO_RANK,
+                });
+            }
+        }
+        r
+    }
+
+    /// Closes every outgoing socket with `closing(next message number)` (BYE or ABORT), first
+    /// finishing the frame in progress on it so that the closing frame starts on a frame
+    /// boundary; bounded by [`CLOSE_BOUND`] per socket, best effort (a dead peer's socket just
+    /// fails).
+    fn close_lanes(&mut self, closing: impl Fn(u64) -> Header) {
+        let engine = &mut self.engine;
         for p in &mut self.tx {
             for lane in &mut p.lanes {
-                let bye = Header::bye(p.next_seq).to_bytes();
                 let t0 = Instant::now();
-                let mut written = 0;
-                while written < HEADER_BYTES && t0.elapsed() < Duration::from_millis(200) {
-                    match send_parts(&lane.sock, &bye, &[], written) {
-                        Ok(Some(n)) => written += n,
-                        Ok(None) => std::thread::sleep(Duration::from_micros(50)),
-                        Err(_) => break,
-                    }
+                let mut on_boundary = true;
+                if let Some(m) = lane.queue.front_mut().filter(|m| m.written > 0) {
+                    // Started, so ready: its payload is in the staging buffer.
+                    let payload: &[u8] = match m.payload {
+                        Some((b, l)) => &engine.buffer(b)[..l],
+                        None => &[],
+                    };
+                    on_boundary = send_bounded(&lane.sock, &m.hdr, payload, m.written, t0);
+                }
+                if on_boundary {
+                    send_bounded(&lane.sock, &closing(p.next_seq).to_bytes(), &[], 0, t0);
                 }
                 let _ = lane.sock.shutdown(Shutdown::Write);
             }
         }
     }
+}
+
+/// Sends `hdr ++ payload` from byte `skip` on, retrying a full socket until [`CLOSE_BOUND`]
+/// after `t0`; whether it all went out.
+fn send_bounded(sock: &TcpStream, hdr: &[u8], payload: &[u8], mut skip: usize, t0: Instant) -> bool {
+    let total = hdr.len() + payload.len();
+    while skip < total {
+        if t0.elapsed() > CLOSE_BOUND {
+            return false;
+        }
+        match send_parts(sock, hdr, payload, skip) {
+            Ok(Some(n)) => skip += n,
+            Ok(None) => std::thread::sleep(Duration::from_micros(50)),
+            Err(_) => return false,
+        }
+    }
+    true
 }
 
 /// Reads one socket as far as it goes without blocking.
@@ -510,6 +554,14 @@ fn read_lane<E: DeviceStaging>(
                                 got: 0,
                                 bytes: [0; HEADER_BYTES],
                             };
+                        }
+                        KIND_ABORT => {
+                            let why = if h.a == NO_RANK {
+                                format!("its proxy stopped after an error (rank {rank}'s error record says which)")
+                            } else {
+                                format!("its proxy stopped after an error on its link with rank {}", h.a)
+                            };
+                            return Err(lost(rank, why));
                         }
                         KIND_BYE => {
                             lane.bye = Some(h.seq);
@@ -623,6 +675,24 @@ impl<E: DeviceStaging> Transport for TcpTransport<E> {
     }
 
     fn post(&mut self, dst: usize, ops: &[Op]) -> Result<(), TransportError> {
+        let r = self.post_ops(dst, ops);
+        self.note(r)
+    }
+
+    fn poll(&mut self, completed: &mut Vec<u64>) -> Result<(), TransportError> {
+        let r = self.progress();
+        completed.append(&mut self.done);
+        self.note(r)
+    }
+
+    fn flush(&mut self, completed: &mut Vec<u64>) -> Result<(), TransportError> {
+        let r = self.flush_all(completed);
+        self.note(r)
+    }
+}
+
+impl<E: DeviceStaging> TcpTransport<E> {
+    fn post_ops(&mut self, dst: usize, ops: &[Op]) -> Result<(), TransportError> {
         let slot = self
             .slot_of
             .get(dst)
@@ -673,16 +743,11 @@ impl<E: DeviceStaging> Transport for TcpTransport<E> {
         self.write()
     }
 
-    fn poll(&mut self, completed: &mut Vec<u64>) -> Result<(), TransportError> {
-        self.progress()?;
-        completed.append(&mut self.done);
-        Ok(())
-    }
-
-    fn flush(&mut self, completed: &mut Vec<u64>) -> Result<(), TransportError> {
+    fn flush_all(&mut self, completed: &mut Vec<u64>) -> Result<(), TransportError> {
         let t0 = Instant::now();
         loop {
-            self.poll(completed)?;
+            self.progress()?;
+            completed.append(&mut self.done);
             if self.idle() {
                 self.clean = true;
                 return Ok(());
@@ -709,10 +774,15 @@ impl<E: DeviceStaging> Transport for TcpTransport<E> {
 
 impl<E: DeviceStaging> Drop for TcpTransport<E> {
     fn drop(&mut self) {
-        // A clean stop tells the peers so; anything else closes the sockets without goodbye,
-        // which the peers report as a lost connection naming this rank.
+        // A clean stop says goodbye; a stop after an error (this transport's, or the proxy's:
+        // a bad command, a host abort, a stop without flush) says ABORT, so the peers fail
+        // naming this rank and the link that failed first. Only a process that dies closes its
+        // sockets with neither, which the peers report as a lost connection.
         if self.clean {
-            self.say_goodbye();
+            self.close_lanes(Header::bye);
+        } else {
+            let origin = self.failed.unwrap_or(NO_RANK);
+            self.close_lanes(|next| Header::abort(next, origin));
         }
     }
 }
