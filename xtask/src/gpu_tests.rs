@@ -7,6 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
+/// Pause after a failed launch of ranks sharing a GPU through MPS, before the next one.
+const MPS_SETTLE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// One way to run a multi-rank test binary: `ranks` processes in `nodes` emulated nodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
@@ -149,6 +152,14 @@ pub fn run(suite: &Suite) -> Result<bool> {
                     Ok(()) => true,
                     Err(e) => {
                         println!("FAILED: {label}: {e:#}");
+                        if share {
+                            // The launch stopped ranks whose kernels may still run: the MPS
+                            // server then handles a fatal GPU error, and clients that start
+                            // meanwhile fail at once (CUDA_ERROR_LAUNCH_FAILED or UNKNOWN when
+                            // creating their context: seen twice on one H100, 2026-11-26).
+                            println!("(waiting {MPS_SETTLE:?} for the MPS server to tear the stopped ranks down)");
+                            std::thread::sleep(MPS_SETTLE);
+                        }
                         false
                     }
                 };

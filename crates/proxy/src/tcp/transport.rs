@@ -84,6 +84,8 @@ struct RxLane {
     expect: u64,
     /// The BYE's message number once received.
     bye: Option<u64>,
+    /// The rank an ABORT received here named as the link that broke first.
+    abort_origin: Option<u64>,
     closed: bool,
 }
 
@@ -200,6 +202,7 @@ impl<E: DeviceStaging> TcpTransport<E> {
                     buffers: cfg.rx_buffers,
                     expect: 0,
                     bye: None,
+                    abort_origin: None,
                     closed: false,
                 });
             }
@@ -379,7 +382,14 @@ impl<E: DeviceStaging> TcpTransport<E> {
             let (slot, lane) = self.poll_of[i];
             let peer = &mut self.rx[slot];
             let rank = peer.rank;
-            read_lane(rank, lane, &mut peer.lanes[lane], &mut self.engine, &self.limits)?;
+            if let Err(e) = read_lane(rank, lane, &mut peer.lanes[lane], &mut self.engine, &self.limits) {
+                // A peer's ABORT: the root cause is the link it names, not the peer (so a chain
+                // of failing proxies keeps naming the first broken link).
+                if let Some(o) = peer.lanes[lane].abort_origin.filter(|&o| o != NO_RANK) {
+                    self.failed.get_or_insert(o);
+                }
+                return Err(e);
+            }
             if peer.lanes[lane].closed {
                 self.pollfds[i].fd = -1; // poll ignores negative descriptors
             }
@@ -556,6 +566,7 @@ fn read_lane<E: DeviceStaging>(
                             };
                         }
                         KIND_ABORT => {
+                            lane.abort_origin = Some(h.a);
                             let why = if h.a == NO_RANK {
                                 format!("its proxy stopped after an error (rank {rank}'s error record says which)")
                             } else {
