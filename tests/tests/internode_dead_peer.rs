@@ -60,9 +60,7 @@ fn dead_remote_process_is_named_by_the_tcp_proxy() {
         assert!(
             match &err {
                 Error::CommTimeout { .. } => true,
-                Error::Proxy(_) => msg.contains(&format!(
-                    "its proxy stopped after an error on its link with rank {dead}"
-                )),
+                Error::Proxy(_) => msg.contains(&format!("its proxy failed on its link with rank {dead}")),
                 _ => false,
             },
             "{msg}"

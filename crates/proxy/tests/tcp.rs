@@ -449,15 +449,14 @@ fn a_failed_proxy_tells_its_peers_which_link_broke() {
         // proxy in the chain).
         assert!(
             (e.contains("peer 3") && e.contains("without goodbye"))
-                || e.contains("its proxy stopped after an error on its link with rank 3"),
+                || e.contains("its proxy failed on its link with rank 3"),
             "rank {r}: {e}"
         );
         assert!(record.contains("3"), "rank {r}: {record}");
     }
     let (_, e, record) = &errors[2];
     assert!(
-        (e.contains("peer 0") || e.contains("peer 1"))
-            && e.contains("its proxy stopped after an error on its link with rank 3"),
+        (e.contains("peer 0") || e.contains("peer 1")) && e.contains("its proxy failed on its link with rank 3"),
         "rank 2: {e}"
     );
     assert!(!e.contains("without goodbye"), "rank 2: {e}");

@@ -568,9 +568,12 @@ fn read_lane<E: DeviceStaging>(
                         KIND_ABORT => {
                             lane.abort_origin = Some(h.a);
                             let why = if h.a == NO_RANK {
-                                format!("its proxy stopped after an error (rank {rank}'s error record says which)")
+                                format!(
+                                    "its proxy failed on its own (a CUDA error, its process exiting, a bad command \
+                                     or an abort: rank {rank}'s error record says which)"
+                                )
                             } else {
-                                format!("its proxy stopped after an error on its link with rank {}", h.a)
+                                format!("its proxy failed on its link with rank {}", h.a)
                             };
                             return Err(lost(rank, why));
                         }
