@@ -100,6 +100,14 @@ pub const ERROR_RECORD_OFFSET: u64 = EPOCH_COUNTERS_OFFSET + MAX_COMM_CTAS as u6
 /// value says who raised it ([`abort_word`]).
 pub const ABORT_OFFSET: u64 = ERROR_RECORD_OFFSET + 64;
 
+/// How often a polling wait reads the host abort word (`CommDesc::host_abort`, a load across
+/// PCIe): at the first clock check (after 64 polls) and then every this many polls. The heap's
+/// abort word (GPU memory) is read at every clock check.
+pub const HOST_ABORT_POLLS: u32 = 1024;
+/// Launches of a CTA (its epoch a multiple of this) after which one thread reads the host abort
+/// word at the launch's end, so that an abort also reaches launches whose waits never stall.
+pub const HOST_ABORT_LAUNCHES: u64 = 16;
+
 /// Values of the abort word (at [`ABORT_OFFSET`]): 0 while running; otherwise why the rank stops.
 pub mod abort_word {
     /// A wait of this rank timed out (its error record says which).
@@ -376,6 +384,11 @@ pub struct CommDesc {
     /// Slots of the FIFO (a power of two).
     pub fifo_capacity: u32,
     pub _pad: u32,
+    /// Device address of this rank's host abort word (a `u32` in host memory shared by the
+    /// node's processes and mapped for this GPU; 0: none): `Communicator::abort` stores into it
+    /// from the CPU, and the waits read it now and then ([`HOST_ABORT_POLLS`]) and copy it into
+    /// the heap's abort word ([`ABORT_OFFSET`]).
+    pub host_abort: u64,
 }
 
 #[cfg(test)]

@@ -62,7 +62,7 @@ unsafe fn wait_until(
         }
         polls += 1;
         if polls % 64 == 0 {
-            let mut aborting = unsafe { memory::ld_relaxed_u32(Scope::Gpu, abort) } != 0;
+            let mut aborting = unsafe { super::wait::aborting_at(c.desc_addr(), abort, polls) };
             // The proxy's abort word lives in host memory: read it 16 times less often (many
             // pollers reading across PCIe would slow the host's own traffic to this GPU).
             if !aborting && polls % 1024 == 0 && unsafe { memory::ld_relaxed_u32(Scope::Sys, fifo_abort) } != 0 {

@@ -61,7 +61,7 @@ unsafe fn wait_previous_launch(c: &CommCtx, peer: u32) -> bool {
         }
         polls += 1;
         if polls % 64 == 0 {
-            let aborting = unsafe { memory::ld_relaxed_u32(Scope::Gpu, abort) } != 0;
+            let aborting = unsafe { crate::comm::wait::aborting_at(c.desc_addr(), abort, polls) };
             let waited = time::globaltimer_ns().wrapping_sub(start);
             if aborting || waited > c.timeout_ns {
                 let src = peer + (c.global_rank_now() - c.rank);
@@ -90,6 +90,7 @@ pub unsafe fn exit(desc: u64) {
             let epoch = (local + RING_EPOCH_OFFSET) as *mut u64;
             unsafe {
                 let e = epoch.read_volatile();
+                crate::comm::wait::host_abort_at_launch_end(desc, e + 1);
                 memory::st_relaxed_u32(Scope::Gpu, word, 0);
                 // System scope: the left neighbour reads it over NVLink (`wait_previous_launch`).
                 memory::st_release_u64(Scope::Sys, epoch, e + 1);
