@@ -5,6 +5,7 @@ use super::setup::TcpLinks;
 use super::staging::DeviceStaging;
 use crate::error::TransportError;
 use crate::transport::{Op, Transport};
+use crate::validate::{PeerRegions, Span};
 use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read};
 use std::net::{Shutdown, TcpStream};
@@ -127,6 +128,8 @@ pub struct TcpTransport<E: DeviceStaging> {
     done: Vec<u64>,
     tokens: Vec<u64>,
     limits: Limits,
+    /// Where peers' frames may write in this rank's memory.
+    regions: PeerRegions,
     pollfds: Vec<libc::pollfd>,
     poll_of: Vec<(usize, usize)>,
     timeout: Duration,
@@ -144,8 +147,24 @@ fn lost(peer: usize, what: String) -> TransportError {
 
 impl<E: DeviceStaging> TcpTransport<E> {
     /// The transport over `links`, landing received data in this rank's data region of
-    /// `data_bytes` and flags in its flag array of `flag_bytes` through `engine`.
-    pub fn new(links: TcpLinks, mut engine: E, data_bytes: u64, flag_bytes: u64) -> Result<Self, TransportError> {
+    /// `data_bytes` and flags in its flag array of `flag_bytes` through `engine` (separate
+    /// arrays from offset 0, any flag word writable by any peer: the CPU fabric of the tests).
+    pub fn new(links: TcpLinks, engine: E, data_bytes: u64, flag_bytes: u64) -> Result<Self, TransportError> {
+        let regions = PeerRegions {
+            data: Span::upto(data_bytes),
+            flags: Span::upto(flag_bytes),
+            flag_columns: None,
+        };
+        Self::with_regions(links, engine, regions)
+    }
+
+    /// The transport over `links`, where peers' frames may write only inside `regions` of this
+    /// rank's memory (data into `regions.data`, flags into the sender's own words of
+    /// `regions.flags`), checked as the sender's validator checks the commands
+    /// ([`PeerRegions::check_put`], [`PeerRegions::check_flag`]): mkernel's heap passes
+    /// `PeerRegions::heap(heap_bytes)`. Offsets are `engine`'s.
+    pub fn with_regions(links: TcpLinks, mut engine: E, regions: PeerRegions) -> Result<Self, TransportError> {
+        let (data_bytes, flag_bytes) = (regions.data.end, regions.flags.end);
         let cfg = links.config.clone();
         let lanes = links.lanes;
         let nrx = links.peers.len() * lanes * cfg.rx_buffers;
@@ -229,6 +248,7 @@ impl<E: DeviceStaging> TcpTransport<E> {
                 flag_bytes,
                 max_payload: cfg.chunk as u64,
             },
+            regions,
             pollfds,
             poll_of,
             timeout: cfg.timeout,
@@ -382,7 +402,14 @@ impl<E: DeviceStaging> TcpTransport<E> {
             let (slot, lane) = self.poll_of[i];
             let peer = &mut self.rx[slot];
             let rank = peer.rank;
-            if let Err(e) = read_lane(rank, lane, &mut peer.lanes[lane], &mut self.engine, &self.limits) {
+            if let Err(e) = read_lane(
+                rank,
+                lane,
+                &mut peer.lanes[lane],
+                &mut self.engine,
+                &self.limits,
+                (&self.regions, self.me),
+            ) {
                 // A peer's ABORT: the root cause is the link it names, not the peer (so a chain
                 // of failing proxies keeps naming the first broken link).
                 if let Some(o) = peer.lanes[lane].abort_origin.filter(|&o| o != NO_RANK) {
@@ -523,6 +550,7 @@ fn read_lane<E: DeviceStaging>(
     lane: &mut RxLane,
     engine: &mut E,
     limits: &Limits,
+    (regions, me): (&PeerRegions, usize),
 ) -> Result<(), TransportError> {
     loop {
         if lane.closed || lane.pending.len() >= lane.buffers + EXTRA_PENDING {
@@ -543,6 +571,14 @@ fn read_lane<E: DeviceStaging>(
                     limits
                         .check(&h, lane.expect)
                         .map_err(|why| lost(rank, format!("bad message on socket {li}: {why}")))?;
+                    // The sender's validator checked its command against this rank's regions;
+                    // the same rules here, so a peer running other code cannot write outside.
+                    match h.kind {
+                        KIND_DATA => regions.check_put(me, h.a, h.b),
+                        KIND_SIGNAL => regions.check_flag(me, rank, h.a, h.b),
+                        _ => Ok(()),
+                    }
+                    .map_err(|v| lost(rank, format!("bad message on socket {li}: {}", v.reason)))?;
                     match h.kind {
                         KIND_DATA => {
                             lane.state = ReadState::Payload {
