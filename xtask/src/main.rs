@@ -99,6 +99,11 @@ enum Task {
         /// Limit of each multi-rank launch.
         #[arg(long, default_value_t = 300)]
         timeout_s: u64,
+        /// Runs of several emulated nodes (internode*, fused* at 2 x 2) once per transport listed
+        /// here, with MKERNEL_TRANSPORT set to it: `default` (the variable left as is: the
+        /// emulated wire), `emulated`, `tcp` (e.g. `--transport default,tcp`).
+        #[arg(long, value_delimiter = ',')]
+        transport: Vec<String>,
         /// Arguments for every test binary.
         #[arg(last = true)]
         rest: Vec<String>,
@@ -139,6 +144,7 @@ fn main() -> Result<()> {
             only,
             ranks,
             timeout_s,
+            transport,
             rest,
         } => {
             let suite = gpu_tests::Suite {
@@ -147,6 +153,7 @@ fn main() -> Result<()> {
                 ranks,
                 timeout_s,
                 test_args: rest,
+                transports: transport,
             };
             anyhow::ensure!(gpu_tests::run(&suite)?, "GPU tests failed (summary above)");
             Ok(())
@@ -202,6 +209,8 @@ fn test(gpu: bool) -> Result<()> {
             ranks: vec![],
             timeout_s: 300,
             test_args: vec![],
+            // The layouts of several emulated nodes over both wires a single host can run.
+            transports: vec!["default".into(), "tcp".into()],
         };
         anyhow::ensure!(gpu_tests::run(&suite)?, "multi-rank GPU tests failed (summary above)");
     }
