@@ -129,6 +129,9 @@ pub enum TransportError {
     /// Waiting for completions was abandoned because the FIFO was aborted.
     #[error("aborted while waiting for completions")]
     Aborted,
+    /// The backend does not do this (the message says what and why).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
 }
 
 /// Errors of the FIFO and the proxy thread; what `Proxy::join` returns.

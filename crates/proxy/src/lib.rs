@@ -18,6 +18,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
 
+mod abort;
 pub mod backend;
 mod batch;
 mod completion;
@@ -35,6 +36,7 @@ mod topology;
 mod transport;
 mod validate;
 
+pub use abort::{AbortLink, AbortState};
 pub use batch::Batcher;
 pub use completion::CompletionTracker;
 pub use error::{ErrorCode, ProxyError, TransportError, Violation};

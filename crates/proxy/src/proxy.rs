@@ -1,5 +1,6 @@
 //! The proxy thread: drain the FIFO, batch per destination, drive the transport, publish
 //! `tail` and `done`, stop on QUIT, on abort, or when asked (drop).
+use crate::abort::AbortLink;
 use crate::batch::Batcher;
 use crate::completion::CompletionTracker;
 use crate::error::{ProxyError, TransportError};
@@ -71,6 +72,10 @@ pub struct ProxyConfig {
     pub backoff: Backoff,
     /// Thread name (default `mkernel-proxy-<rank>`).
     pub thread_name: Option<String>,
+    /// User aborts across nodes ([`AbortLink`]): the loop polls it every iteration, sends this
+    /// rank's abort through [`Transport::send_abort`] once requested, and hands peers' aborts
+    /// to it. `None`: the proxy carries no aborts.
+    pub abort: Option<Arc<AbortLink>>,
 }
 
 impl Default for ProxyConfig {
@@ -80,6 +85,7 @@ impl Default for ProxyConfig {
             poll_window: 64,
             backoff: Backoff::busy(),
             thread_name: None,
+            abort: None,
         }
     }
 }
@@ -225,11 +231,41 @@ impl<M: FifoMemory, T: Transport> Loop<'_, M, T> {
         Ok(())
     }
 
+    /// Sends this rank's abort once the host asked; hands peers' aborts to the host.
+    fn aborts(&mut self, link: &AbortLink) -> Result<(), ProxyError> {
+        if link.take_request() {
+            match self.transport.send_abort() {
+                Ok(()) => {}
+                Err(TransportError::Unsupported(why)) => {
+                    tracing::warn!("rank {}: the abort reaches this node only: {why}", self.consumer.rank());
+                    link.unsupported(why);
+                }
+                Err(e) => return Err(self.transport_error(None, e)),
+            }
+        }
+        let me = self.consumer.rank();
+        let delivered = self
+            .transport
+            .poll_aborts(&mut |peer| {
+                tracing::warn!("rank {me}: rank {peer} aborted (through its proxy)");
+                link.peer_aborted(peer)
+            })
+            .map_err(|e| self.transport_error(None, e))?;
+        if delivered {
+            link.delivered();
+        }
+        Ok(())
+    }
+
     fn run(&mut self, stop: &AtomicBool) -> Result<(), ProxyError> {
         let mut idle_since: Option<Instant> = None;
+        let link = self.config.abort.clone();
         loop {
             if stop.load(Ordering::Acquire) {
                 return Ok(());
+            }
+            if let Some(link) = &link {
+                self.aborts(link)?;
             }
             if let Some(e) = self.consumer.aborted() {
                 return Err(e);
@@ -274,6 +310,16 @@ pub fn run_proxy<M: FifoMemory, T: Transport>(
     config: &ProxyConfig,
     stop: &AtomicBool,
 ) -> Result<ProxyStats, ProxyError> {
+    /// Tells the abort link that the loop ended, however it ended.
+    struct Closed<'a>(Option<&'a AbortLink>);
+    impl Drop for Closed<'_> {
+        fn drop(&mut self) {
+            if let Some(l) = self.0 {
+                l.close();
+            }
+        }
+    }
+    let _closed = Closed(config.abort.as_deref());
     if !(1..=MAX_BATCH).contains(&config.max_batch) {
         return Err(ProxyError::Config(format!(
             "max_batch {} not in 1..={MAX_BATCH}",

@@ -63,6 +63,32 @@ pub trait Transport: Send {
     /// appends their `seq`s.
     fn flush(&mut self, completed: &mut Vec<u64>) -> Result<(), TransportError>;
 
+    /// Tells every peer's proxy that this rank called `abort()`, ahead of any data still queued
+    /// for it (a control message outside the FIFO's order). Does not block: it queues the
+    /// notice and sends what it can; [`Transport::poll`] sends the rest. A receiving proxy
+    /// reports it through [`Transport::poll_aborts`], hands it to its host (which stores the
+    /// rank into its node's abort words) and acknowledges it; this side's `poll_aborts` returns
+    /// true once every peer did. The connections stay up: data and flags keep flowing.
+    ///
+    /// A backend without a control path returns [`TransportError::Unsupported`] (the default;
+    /// the proxy then reports the abort as undeliverable and goes on); any other error is a
+    /// transport failure like those of `post`.
+    fn send_abort(&mut self) -> Result<(), TransportError> {
+        Err(TransportError::Unsupported(format!(
+            "the {} transport does not carry aborts to other nodes",
+            self.name()
+        )))
+    }
+
+    /// Hands every peer abort received since the last call to `on_peer_abort(peer rank)` (once
+    /// per aborting peer), then acknowledges each to its sender (so the acknowledgement
+    /// follows the host's stores); returns whether every peer acknowledged this rank's
+    /// [`Transport::send_abort`]. Never blocks. Default: nothing received, never delivered.
+    fn poll_aborts(&mut self, on_peer_abort: &mut dyn FnMut(usize)) -> Result<bool, TransportError> {
+        let _ = on_peer_abort;
+        Ok(false)
+    }
+
     /// Posts one put.
     fn put(
         &mut self,
@@ -108,5 +134,11 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     }
     fn flush(&mut self, completed: &mut Vec<u64>) -> Result<(), TransportError> {
         (**self).flush(completed)
+    }
+    fn send_abort(&mut self) -> Result<(), TransportError> {
+        (**self).send_abort()
+    }
+    fn poll_aborts(&mut self, on_peer_abort: &mut dyn FnMut(usize)) -> Result<bool, TransportError> {
+        (**self).poll_aborts(on_peer_abort)
     }
 }

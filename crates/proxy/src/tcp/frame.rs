@@ -17,13 +17,13 @@
 //!
 //! Frame header:
 //!
-//! | offset | field | type | DATA (1) | SIGNAL (2) | BYE (3) | ABORT (4) |
-//! |---:|---|---|---|---|---|---|
-//! | 0 | `kind` | u32 | 1 | 2 | 3 | 4 |
-//! | 4 | `reserved` | u32 | 0 | 0 | 0 | 0 |
-//! | 8 | `seq` | u64 | message number | message number | next message number | next message number |
-//! | 16 | `a` | u64 | destination offset in the data region | flag offset | 0 | rank whose link failed first, or [`NO_RANK`] |
-//! | 24 | `b` | u64 | payload bytes (1..=max_payload) | flag value (nonzero) | 0 | 0 |
+//! | offset | field | type | DATA (1) | SIGNAL (2) | BYE (3) | ABORT (4) | USER_ABORT (5) | USER_ABORT_ACK (6) |
+//! |---:|---|---|---|---|---|---|---|---|
+//! | 0 | `kind` | u32 | 1 | 2 | 3 | 4 | 5 | 6 |
+//! | 4 | `reserved` | u32 | 0 | 0 | 0 | 0 | 0 | 0 |
+//! | 8 | `seq` | u64 | message number | message number | next message number | next message number | 0 | 0 |
+//! | 16 | `a` | u64 | destination offset in the data region | flag offset | 0 | rank whose link failed first, or [`NO_RANK`] | the sender's rank | the receiver's rank |
+//! | 24 | `b` | u64 | payload bytes (1..=max_payload) | flag value (nonzero) | 0 | 0 | 0 | 0 |
 //!
 //! Message numbers count every DATA and SIGNAL frame from one sender to one receiver over all
 //! of its sockets, from 0; on each socket they increase. The receiver carries frames out in
@@ -33,13 +33,21 @@
 //! lost peer, a bad frame or command, a host abort): the receiver then fails too, naming the
 //! sender and, in `a`, the rank whose link failed first, instead of reporting a socket that
 //! closed without goodbye (which is what a process that died leaves).
+//!
+//! USER_ABORT says "the sender's rank called `Communicator::abort()`"; the connection stays up.
+//! It is a control frame outside the message order (no message number; `a` must be the rank
+//! the socket's hello authenticated): the sender puts it on every socket to the receiver right
+//! after the frame in progress, ahead of queued data, and the receiver acts on it as soon as
+//! it reads it (its host stores the rank into its node's abort words), then answers once per
+//! sender with USER_ABORT_ACK (`a` = the rank that aborted, i.e. the ack's receiver), sent the
+//! same way. An acknowledgement of an abort the receiver never sent is a bad frame.
 use crate::error::TransportError;
 
 /// `Hello::magic`.
 pub const HELLO_MAGIC: [u8; 4] = *b"MKTH";
 /// Version of this wire format.
-/// (2: ABORT frames.)
-pub const WIRE_VERSION: u32 = 2;
+/// (2: ABORT frames; 3: USER_ABORT and USER_ABORT_ACK frames.)
+pub const WIRE_VERSION: u32 = 3;
 /// Bytes of a hello.
 pub const HELLO_BYTES: usize = 64;
 /// Bytes of a frame header.
@@ -55,6 +63,10 @@ pub const KIND_SIGNAL: u32 = 2;
 pub const KIND_BYE: u32 = 3;
 /// Frame kind: the sender's proxy failed and closes this socket; nothing follows.
 pub const KIND_ABORT: u32 = 4;
+/// Frame kind: the sender's rank called abort(); out of message order, nothing follows.
+pub const KIND_USER_ABORT: u32 = 5;
+/// Frame kind: the sender stored the receiver's USER_ABORT into its node's abort words.
+pub const KIND_USER_ABORT_ACK: u32 = 6;
 /// `a` of an ABORT whose sender did not fail on a link (a bad command, a host abort).
 pub const NO_RANK: u64 = u64::MAX;
 
@@ -194,6 +206,28 @@ impl Header {
         }
     }
 
+    /// A USER_ABORT header: rank `from` (the sender) called abort().
+    pub fn user_abort(from: u64) -> Header {
+        Header {
+            kind: KIND_USER_ABORT,
+            reserved: 0,
+            seq: 0,
+            a: from,
+            b: 0,
+        }
+    }
+
+    /// A USER_ABORT_ACK header: the sender stored the abort of rank `aborter` (the receiver).
+    pub fn user_abort_ack(aborter: u64) -> Header {
+        Header {
+            kind: KIND_USER_ABORT_ACK,
+            reserved: 0,
+            seq: 0,
+            a: aborter,
+            b: 0,
+        }
+    }
+
     /// The 32 bytes.
     pub fn to_bytes(&self) -> [u8; HEADER_BYTES] {
         let mut out = [0u8; HEADER_BYTES];
@@ -235,10 +269,18 @@ pub struct Limits {
 
 impl Limits {
     /// Checks a header received on a socket whose next message number is `expect_at_least`
-    /// (message numbers on one socket increase). Returns the reason for refusing it.
+    /// (message numbers on one socket increase; USER_ABORT and its ack carry none). Returns
+    /// the reason for refusing it. (Who may send a USER_ABORT or its ack is the transport's
+    /// check: `a` against the socket's peer.)
     pub fn check(&self, h: &Header, expect_at_least: u64) -> Result<(), String> {
         if h.reserved != 0 {
             return Err(format!("reserved field {:#x} is not 0", h.reserved));
+        }
+        if matches!(h.kind, KIND_USER_ABORT | KIND_USER_ABORT_ACK) {
+            if h.seq != 0 || h.b != 0 {
+                return Err("user abort frame with a message number or a length".into());
+            }
+            return Ok(());
         }
         if h.seq < expect_at_least {
             return Err(format!(
@@ -344,6 +386,14 @@ mod tests {
         let mut a = Header::abort(4, 3);
         a.b = 1;
         assert!(l.check(&a, 4).unwrap_err().contains("abort"));
+        assert!(l.check(&Header::user_abort(1), 4).is_ok());
+        assert!(l.check(&Header::user_abort_ack(0), 4).is_ok());
+        let mut u = Header::user_abort(1);
+        u.seq = 4;
+        assert!(l.check(&u, 4).unwrap_err().contains("user abort"));
+        let mut u = Header::user_abort_ack(1);
+        u.b = 1;
+        assert!(l.check(&u, 4).unwrap_err().contains("user abort"));
         let mut k = Header::bye(4);
         k.kind = 9;
         assert!(l.check(&k, 0).unwrap_err().contains("kind 9"));

@@ -25,6 +25,12 @@
 //! `TCP_USER_TIMEOUT`) is a [`TransportError::Peer`](crate::TransportError) naming the peer; the
 //! proxy turns it into the FIFO's error record and raises `abort`. A transport dropped after a
 //! successful `flush` (the proxy's clean stop) sends BYE on every socket first.
+//!
+//! User abort ([`Transport::send_abort`](crate::Transport::send_abort)): a USER_ABORT frame on
+//! every socket to every peer, queued right after the frame in progress (ahead of queued data);
+//! the receiver hands the sender's rank to its host at once (through
+//! [`Transport::poll_aborts`](crate::Transport::poll_aborts)) and answers USER_ABORT_ACK the
+//! same way. The connections stay up.
 pub mod frame;
 mod setup;
 mod staging;

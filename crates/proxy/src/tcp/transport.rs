@@ -1,6 +1,9 @@
 //! The TCP [`Transport`]: staging through host buffers, several sockets per peer, and a
 //! receiver that carries frames out in message order (data, then the flag).
-use super::frame::{Header, Limits, HEADER_BYTES, KIND_ABORT, KIND_BYE, KIND_DATA, KIND_SIGNAL, NO_RANK};
+use super::frame::{
+    Header, Limits, HEADER_BYTES, KIND_ABORT, KIND_BYE, KIND_DATA, KIND_SIGNAL, KIND_USER_ABORT, KIND_USER_ABORT_ACK,
+    NO_RANK,
+};
 use super::setup::TcpLinks;
 use super::staging::DeviceStaging;
 use crate::error::TransportError;
@@ -48,6 +51,32 @@ struct TxLane {
     queue: VecDeque<TxMsg>,
 }
 
+impl TxLane {
+    /// Queues a control frame (USER_ABORT, its ack) right after the frame in progress, ahead
+    /// of everything else queued: it carries no message number, so it may pass data.
+    fn push_control(&mut self, hdr: Header) {
+        let at = usize::from(self.queue.front().is_some_and(|m| m.written > 0));
+        self.queue.insert(
+            at,
+            TxMsg {
+                hdr: hdr.to_bytes(),
+                payload: None,
+                ready: true,
+                written: 0,
+            },
+        );
+    }
+}
+
+/// A control frame received on a socket, for [`TcpTransport::poll_aborts`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Notice {
+    /// The peer called abort().
+    Abort,
+    /// The peer stored this rank's abort.
+    Ack,
+}
+
 struct TxPeer {
     rank: usize,
     lanes: Vec<TxLane>,
@@ -87,6 +116,8 @@ struct RxLane {
     bye: Option<u64>,
     /// The rank an ABORT received here named as the link that broke first.
     abort_origin: Option<u64>,
+    /// USER_ABORT and USER_ABORT_ACK frames read and not yet taken by `read`.
+    notices: Vec<Notice>,
     closed: bool,
 }
 
@@ -138,6 +169,14 @@ pub struct TcpTransport<E: DeviceStaging> {
     /// This transport returned an error: the rank whose link failed first ([`NO_RANK`] when
     /// the error named none). Closing then sends ABORT naming it.
     failed: Option<u64>,
+    /// `send_abort` was called.
+    abort_sent: bool,
+    /// Per peer slot: it acknowledged this rank's abort.
+    abort_acked: Vec<bool>,
+    /// Per peer slot: its abort was handed to the host (and acknowledged).
+    peer_aborted: Vec<bool>,
+    /// Control frames read, per peer slot, not yet handled by `poll_aborts`.
+    notices: Vec<(usize, Notice)>,
     stats: TcpStats,
 }
 
@@ -222,6 +261,7 @@ impl<E: DeviceStaging> TcpTransport<E> {
                     expect: 0,
                     bye: None,
                     abort_origin: None,
+                    notices: Vec::new(),
                     closed: false,
                 });
             }
@@ -254,6 +294,10 @@ impl<E: DeviceStaging> TcpTransport<E> {
             timeout: cfg.timeout,
             clean: false,
             failed: None,
+            abort_sent: false,
+            abort_acked: vec![false; links.peers.len()],
+            peer_aborted: vec![false; links.peers.len()],
+            notices: Vec::new(),
             stats: TcpStats::default(),
         })
     }
@@ -402,14 +446,17 @@ impl<E: DeviceStaging> TcpTransport<E> {
             let (slot, lane) = self.poll_of[i];
             let peer = &mut self.rx[slot];
             let rank = peer.rank;
-            if let Err(e) = read_lane(
+            let r = read_lane(
                 rank,
                 lane,
                 &mut peer.lanes[lane],
                 &mut self.engine,
                 &self.limits,
                 (&self.regions, self.me),
-            ) {
+            );
+            self.notices
+                .extend(peer.lanes[lane].notices.drain(..).map(|n| (slot, n)));
+            if let Err(e) = r {
                 // A peer's ABORT: the root cause is the link it names, not the peer (so a chain
                 // of failing proxies keeps naming the first broken link).
                 if let Some(o) = peer.lanes[lane].abort_origin.filter(|&o| o != NO_RANK) {
@@ -613,6 +660,29 @@ fn read_lane<E: DeviceStaging>(
                             };
                             return Err(lost(rank, why));
                         }
+                        KIND_USER_ABORT | KIND_USER_ABORT_ACK => {
+                            // Only the socket's authenticated peer may abort, and only its own
+                            // rank; an ack names this rank.
+                            let (notice, want) = if h.kind == KIND_USER_ABORT {
+                                (Notice::Abort, rank)
+                            } else {
+                                (Notice::Ack, me)
+                            };
+                            if h.a != want as u64 {
+                                return Err(lost(
+                                    rank,
+                                    format!(
+                                        "bad message on socket {li}: a user abort frame naming rank {} (must be {want})",
+                                        h.a
+                                    ),
+                                ));
+                            }
+                            lane.notices.push(notice);
+                            lane.state = ReadState::Header {
+                                got: 0,
+                                bytes: [0; HEADER_BYTES],
+                            };
+                        }
                         KIND_BYE => {
                             lane.bye = Some(h.seq);
                             lane.state = ReadState::Header {
@@ -739,9 +809,63 @@ impl<E: DeviceStaging> Transport for TcpTransport<E> {
         let r = self.flush_all(completed);
         self.note(r)
     }
+
+    fn send_abort(&mut self) -> Result<(), TransportError> {
+        if !self.abort_sent {
+            self.abort_sent = true;
+            let me = self.me as u64;
+            for p in &mut self.tx {
+                for lane in &mut p.lanes {
+                    lane.push_control(Header::user_abort(me));
+                }
+            }
+        }
+        let r = self.write();
+        self.note(r)
+    }
+
+    fn poll_aborts(&mut self, on_peer_abort: &mut dyn FnMut(usize)) -> Result<bool, TransportError> {
+        let r = self.take_notices(on_peer_abort);
+        self.note(r)
+    }
 }
 
 impl<E: DeviceStaging> TcpTransport<E> {
+    fn take_notices(&mut self, on_peer_abort: &mut dyn FnMut(usize)) -> Result<bool, TransportError> {
+        if !self.notices.is_empty() {
+            let mut ack = false;
+            for (slot, n) in std::mem::take(&mut self.notices) {
+                let rank = self.rx[slot].rank;
+                match n {
+                    Notice::Abort => {
+                        if !self.peer_aborted[slot] {
+                            self.peer_aborted[slot] = true;
+                            on_peer_abort(rank);
+                            // After the host's stores: the ack means "stored".
+                            for lane in &mut self.tx[slot].lanes {
+                                lane.push_control(Header::user_abort_ack(rank as u64));
+                            }
+                            ack = true;
+                        }
+                    }
+                    Notice::Ack => {
+                        if !self.abort_sent {
+                            return Err(lost(
+                                rank,
+                                "bad message: an acknowledgement of an abort this rank never sent".into(),
+                            ));
+                        }
+                        self.abort_acked[slot] = true;
+                    }
+                }
+            }
+            if ack {
+                self.write()?;
+            }
+        }
+        Ok(self.abort_sent && self.abort_acked.iter().all(|&a| a))
+    }
+
     fn post_ops(&mut self, dst: usize, ops: &[Op]) -> Result<(), TransportError> {
         let slot = self
             .slot_of
