@@ -10,7 +10,7 @@ use mkernel_proxy::protocol::CommandBody;
 use mkernel_proxy::tcp::{frame, store_key, CpuStaging, Exchange, TcpConfig, TcpLinks, TcpTransport};
 use mkernel_proxy::Span;
 use mkernel_proxy::{
-    Backoff, ErrorCode, Fifo, FifoConsumer, FifoProducer, HeapFifo, PeerRegions, Proxy, ProxyConfig, ProxyError,
+    AbortLink, AbortState, Backoff, ErrorCode, Fifo, FifoConsumer, FifoProducer, HeapFifo, PeerRegions, Proxy, ProxyConfig, ProxyError,
     Regions, Topology, Validator,
 };
 use std::collections::HashMap;
@@ -84,6 +84,17 @@ fn start_rank(topo: Topology, fabric: &Arc<CpuFabric>, links: TcpLinks) -> RankS
 
 /// [`start_rank`] whose transport lets peers write only inside `own` (default: all of it).
 fn start_rank_in(topo: Topology, fabric: &Arc<CpuFabric>, links: TcpLinks, own: Option<PeerRegions>) -> RankSide {
+    start_rank_with(topo, fabric, links, own, None)
+}
+
+/// [`start_rank_in`] whose proxy carries user aborts through `abort`.
+fn start_rank_with(
+    topo: Topology,
+    fabric: &Arc<CpuFabric>,
+    links: TcpLinks,
+    own: Option<PeerRegions>,
+    abort: Option<Arc<AbortLink>>,
+) -> RankSide {
     let r = topo.rank();
     let fifo = Fifo::new(HeapFifo::new(16, r as u32).unwrap()).unwrap();
     let regions = Regions::symmetric(&topo, fabric.data_bytes(), fabric.flag_bytes());
@@ -99,6 +110,7 @@ fn start_rank_in(topo: Topology, fabric: &Arc<CpuFabric>, links: TcpLinks, own: 
         transport,
         ProxyConfig {
             backoff: Backoff::gentle(),
+            abort,
             ..ProxyConfig::default()
         },
     )
@@ -603,6 +615,94 @@ fn raw(links: &mut TcpLinks, lane: usize, bytes: &[u8]) {
     let s = links.tx_socket(0, lane).unwrap();
     s.set_nonblocking(false).unwrap();
     s.write_all(bytes).unwrap();
+}
+
+/// Ranks 1 (node 0) and 2 (node 1) of 2 nodes x 2 call abort() at once, after some traffic:
+/// every proxy peer of each (the ranks of the other node) hands the aborting rank to its host
+/// within [`ABORT_BOUND`], each once, and nobody else; both aborts are acknowledged by every
+/// peer; the connections stay up (every proxy then stops cleanly).
+#[test]
+fn a_user_abort_reaches_the_other_nodes_proxies() {
+    /// Loopback, proxies sleeping 50 us when idle: a few milliseconds are typical.
+    const ABORT_BOUND: Duration = Duration::from_secs(2);
+    let (nnodes, local, block, epochs) = (2, 2, 20_000u64, 3);
+    let world = nnodes * local;
+    let fabric = CpuFabric::new(world, (3 * world as u64 * block) as usize, 2 * world);
+    let links = establish_all(world, local, &config(2, 8 << 10), &MemStore::default());
+    type Seen = Arc<Mutex<Vec<(usize, Instant)>>>;
+    let seen: Vec<Seen> = (0..world).map(|_| Seen::default()).collect();
+    let aborts: Vec<Arc<AbortLink>> = seen
+        .iter()
+        .map(|s| {
+            let s = s.clone();
+            Arc::new(AbortLink::new(move |r| s.lock().unwrap().push((r, Instant::now()))))
+        })
+        .collect();
+    let sides: Vec<RankSide> = links
+        .into_iter()
+        .enumerate()
+        .map(|(r, l)| {
+            let t = Topology::new(nnodes, local, r).unwrap();
+            start_rank_with(t, &fabric, l, None, Some(aborts[r].clone()))
+        })
+        .collect();
+    std::thread::scope(|s| {
+        for side in &sides {
+            let f = &fabric;
+            s.spawn(move || all_to_all(side, f, world, block, epochs));
+        }
+    });
+    let t0 = Instant::now();
+    aborts[1].request();
+    aborts[2].request();
+    for r in [1, 2] {
+        let st = aborts[r].wait(ABORT_BOUND);
+        assert_eq!(st, AbortState::Delivered, "rank {r}'s abort after {:?}", t0.elapsed());
+    }
+    let delivered = t0.elapsed();
+    for (r, s) in seen.iter().enumerate() {
+        let got = s.lock().unwrap().clone();
+        let ranks: Vec<usize> = got.iter().map(|g| g.0).collect();
+        // Node 0 (ranks 0, 1) hears rank 2; node 1 (ranks 2, 3) hears rank 1.
+        let want = if r < local { vec![2] } else { vec![1] };
+        assert_eq!(ranks, want, "rank {r} saw aborts of {ranks:?}");
+        let after = got[0].1 - t0;
+        assert!(after < ABORT_BOUND, "rank {r} saw the abort after {after:?}");
+        println!("rank {r}: rank {} aborted, seen after {after:?}", got[0].0);
+    }
+    println!("both aborts acknowledged by every peer after {delivered:?}");
+    for r in [0, 3] {
+        assert_eq!(aborts[r].state(), AbortState::Idle);
+    }
+    for mut side in sides {
+        side.producer.push(&CommandBody::quit(epochs)).unwrap();
+        let r = side.topo.rank();
+        side.proxy.take().unwrap().join().unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        assert!(aborts[r].proxy_stopped());
+    }
+}
+
+#[test]
+fn bad_user_abort_frames_are_refused() {
+    expect_refusal(
+        victim(),
+        |l| raw(l, 1, &frame::Header::user_abort(0).to_bytes()),
+        "a user abort frame naming rank 0 (must be 1)",
+    );
+    expect_refusal(
+        victim(),
+        |l| raw(l, 0, &frame::Header::user_abort_ack(0).to_bytes()),
+        "an acknowledgement of an abort this rank never sent",
+    );
+    expect_refusal(
+        victim(),
+        |l| {
+            let mut h = frame::Header::user_abort(1);
+            h.seq = 3;
+            raw(l, 0, &h.to_bytes())
+        },
+        "user abort frame with a message number",
+    );
 }
 
 #[test]

@@ -173,10 +173,9 @@ pub struct TcpTransport<E: DeviceStaging> {
     abort_sent: bool,
     /// Per peer slot: it acknowledged this rank's abort.
     abort_acked: Vec<bool>,
-    /// Per peer slot: its abort was handed to the host (and acknowledged).
-    peer_aborted: Vec<bool>,
-    /// Control frames read, per peer slot, not yet handled by `poll_aborts`.
-    notices: Vec<(usize, Notice)>,
+    /// Per peer slot: its abort arrived (`Some`), and was handed to the host and acknowledged
+    /// (`Some(true)`).
+    peer_aborted: Vec<Option<bool>>,
     stats: TcpStats,
 }
 
@@ -296,8 +295,7 @@ impl<E: DeviceStaging> TcpTransport<E> {
             failed: None,
             abort_sent: false,
             abort_acked: vec![false; links.peers.len()],
-            peer_aborted: vec![false; links.peers.len()],
-            notices: Vec::new(),
+            peer_aborted: vec![None; links.peers.len()],
             stats: TcpStats::default(),
         })
     }
@@ -454,8 +452,20 @@ impl<E: DeviceStaging> TcpTransport<E> {
                 &self.limits,
                 (&self.regions, self.me),
             );
-            self.notices
-                .extend(peer.lanes[lane].notices.drain(..).map(|n| (slot, n)));
+            for n in peer.lanes[lane].notices.drain(..) {
+                match n {
+                    Notice::Abort => {
+                        self.peer_aborted[slot].get_or_insert(false);
+                    }
+                    Notice::Ack if !self.abort_sent => {
+                        return Err(lost(
+                            rank,
+                            format!("bad message on socket {lane}: an acknowledgement of an abort this rank never sent"),
+                        ));
+                    }
+                    Notice::Ack => self.abort_acked[slot] = true,
+                }
+            }
             if let Err(e) = r {
                 // A peer's ABORT: the root cause is the link it names, not the peer (so a chain
                 // of failing proxies keeps naming the first broken link).
@@ -832,36 +842,21 @@ impl<E: DeviceStaging> Transport for TcpTransport<E> {
 
 impl<E: DeviceStaging> TcpTransport<E> {
     fn take_notices(&mut self, on_peer_abort: &mut dyn FnMut(usize)) -> Result<bool, TransportError> {
-        if !self.notices.is_empty() {
-            let mut ack = false;
-            for (slot, n) in std::mem::take(&mut self.notices) {
+        let mut ack = false;
+        for slot in 0..self.peer_aborted.len() {
+            if self.peer_aborted[slot] == Some(false) {
+                self.peer_aborted[slot] = Some(true);
                 let rank = self.rx[slot].rank;
-                match n {
-                    Notice::Abort => {
-                        if !self.peer_aborted[slot] {
-                            self.peer_aborted[slot] = true;
-                            on_peer_abort(rank);
-                            // After the host's stores: the ack means "stored".
-                            for lane in &mut self.tx[slot].lanes {
-                                lane.push_control(Header::user_abort_ack(rank as u64));
-                            }
-                            ack = true;
-                        }
-                    }
-                    Notice::Ack => {
-                        if !self.abort_sent {
-                            return Err(lost(
-                                rank,
-                                "bad message: an acknowledgement of an abort this rank never sent".into(),
-                            ));
-                        }
-                        self.abort_acked[slot] = true;
-                    }
+                on_peer_abort(rank);
+                // After the host's stores: the ack means "stored".
+                for lane in &mut self.tx[slot].lanes {
+                    lane.push_control(Header::user_abort_ack(rank as u64));
                 }
+                ack = true;
             }
-            if ack {
-                self.write()?;
-            }
+        }
+        if ack {
+            self.write()?;
         }
         Ok(self.abort_sent && self.abort_acked.iter().all(|&a| a))
     }
