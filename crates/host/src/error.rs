@@ -64,8 +64,10 @@ pub enum Error {
         by_rank: u32,
         during: Option<String>,
     },
-    /// `Communicator::abort` wrote the abort words but the writes did not complete in time.
-    #[error("abort: the abort words' writes did not complete within {waited_ms} ms")]
+    /// `Communicator::abort` raised this node's abort words, but the other nodes' were not
+    /// confirmed in time (writes into their heaps on emulated nodes, their proxies'
+    /// acknowledgements over TCP).
+    #[error("abort: the other nodes' abort words were not confirmed within {waited_ms} ms")]
     AbortUndelivered { waited_ms: u64 },
     /// The routing gave a pair an expert id outside `0..experts` (the first one seen; the
     /// pair was not routed).

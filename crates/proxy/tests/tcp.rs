@@ -10,8 +10,8 @@ use mkernel_proxy::protocol::CommandBody;
 use mkernel_proxy::tcp::{frame, store_key, CpuStaging, Exchange, TcpConfig, TcpLinks, TcpTransport};
 use mkernel_proxy::Span;
 use mkernel_proxy::{
-    AbortLink, AbortState, Backoff, ErrorCode, Fifo, FifoConsumer, FifoProducer, HeapFifo, PeerRegions, Proxy, ProxyConfig, ProxyError,
-    Regions, Topology, Validator,
+    AbortLink, AbortState, Backoff, ErrorCode, Fifo, FifoConsumer, FifoProducer, HeapFifo, PeerRegions, Proxy,
+    ProxyConfig, ProxyError, Regions, Topology, Validator,
 };
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -677,7 +677,11 @@ fn a_user_abort_reaches_the_other_nodes_proxies() {
     for mut side in sides {
         side.producer.push(&CommandBody::quit(epochs)).unwrap();
         let r = side.topo.rank();
-        side.proxy.take().unwrap().join().unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        side.proxy
+            .take()
+            .unwrap()
+            .join()
+            .unwrap_or_else(|e| panic!("rank {r}: {e}"));
         assert!(aborts[r].proxy_stopped());
     }
 }

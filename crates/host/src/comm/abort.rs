@@ -10,9 +10,12 @@
 //! host word at their polling waits' first clock check and every `HOST_ABORT_POLLS` polls, and
 //! one thread every `HOST_ABORT_LAUNCHES` launches at a launch's end; whoever sees it up copies
 //! it into the heap word, which every wait reads at every clock check and at its first poll
-//! (docs/protocol.md, "Abort and reset"). On emulated nodes, the ranks of the other nodes get
-//! the heap word written through the wire's mappings, with `cuStreamWriteValue32` on a stream of
-//! its own (`CU_STREAM_NON_BLOCKING`).
+//! (docs/protocol.md, "Abort and reset"). The ranks of the other nodes: on emulated nodes, their
+//! heap word is written through the wire's mappings, with `cuStreamWriteValue32` on a stream of
+//! its own (`CU_STREAM_NON_BLOCKING`); over a network transport (TCP), this rank's proxy tells
+//! every peer's proxy ([`AbortLink`], `Transport::send_abort`), and each receiving proxy stores
+//! the aborting rank into the host abort words of its node's ranks (the same stores as here),
+//! then acknowledges.
 use super::host_word::{RegisteredPage, SharedPage};
 use super::Communicator;
 use crate::error::{Error, Result};
@@ -22,13 +25,15 @@ use mkernel_config::comm::{
     abort_word, ErrorCode, ErrorRecord, FlagSlot, Role, ABORT_OFFSET, EPOCH_COUNTERS_OFFSET, ERROR_RECORD_OFFSET,
     FLAG_SLOTS, FUSED_EPOCH_OFFSET, HEAP_ZEROED_BYTES, MAX_COMM_CTAS, MAX_LOCAL_RANKS,
 };
+use mkernel_proxy::{AbortLink, AbortState};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// How long [`AbortHandle::abort`] waits for its writes into other nodes' heaps (emulated
-/// nodes) to land before it reports [`Error::AbortUndelivered`].
+/// How long [`AbortHandle::abort`] waits for the other nodes' abort words to be raised (its
+/// writes into their heaps on emulated nodes; every peer proxy's acknowledgement over TCP)
+/// before it reports [`Error::AbortUndelivered`].
 pub const ABORT_DELIVERY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Aborts a communicator's running and later operations, from any thread, also while a kernel
@@ -77,6 +82,23 @@ impl HostWords {
         self.own.device_addr()
     }
 
+    /// Stores `value` into the word of every local rank, this one first (plain CPU stores; a
+    /// first abort keeps its value).
+    pub(crate) fn raise(&self, value: u32) {
+        for w in std::iter::once(self.own()).chain(self.peers.iter().map(SharedPage::word)) {
+            let _ = w.compare_exchange(0, value, Ordering::AcqRel, Ordering::Acquire);
+        }
+    }
+
+    /// The link through which this rank's proxy hands the aborts of other nodes' ranks to
+    /// these words (`ProxyConfig::abort`).
+    pub(crate) fn proxy_link(self: &Arc<HostWords>) -> Arc<AbortLink> {
+        let words = self.clone();
+        Arc::new(AbortLink::new(move |rank| {
+            words.raise(abort_word::by_host(rank as u32))
+        }))
+    }
+
     fn own(&self) -> &AtomicU32 {
         self.own.word()
     }
@@ -84,7 +106,10 @@ impl HostWords {
 
 pub(crate) struct Aborter {
     ctx: Arc<CudaContext>,
-    host: HostWords,
+    host: Arc<HostWords>,
+    /// This rank's proxy, which carries the abort to the other nodes' proxies (network
+    /// transports; `None` on one node and on the emulated wire).
+    link: Option<Arc<AbortLink>>,
     /// A `CU_STREAM_NON_BLOCKING` stream of the writes into other nodes' heaps alone (none on
     /// one node).
     stream: Option<Arc<CudaStream>>,
@@ -104,10 +129,12 @@ pub(crate) struct Aborter {
 
 impl Aborter {
     /// `remote_bases`: heap bases (as mapped in this process) of the ranks on other nodes the
-    /// abort reaches.
+    /// abort reaches by stream writes (emulated nodes); `link`: the proxy that carries it to
+    /// the other nodes otherwise.
     pub(crate) fn new(
         ctx: &Arc<CudaContext>,
-        host: HostWords,
+        host: Arc<HostWords>,
+        link: Option<Arc<AbortLink>>,
         remote_bases: &[u64],
         global_rank: u32,
         reset_timeout: Duration,
@@ -115,6 +142,7 @@ impl Aborter {
         Ok(Arc::new(Aborter {
             ctx: ctx.clone(),
             host,
+            link,
             // cudarc's new_stream creates CU_STREAM_NON_BLOCKING streams.
             stream: if remote_bases.is_empty() {
                 None
@@ -147,8 +175,24 @@ impl Aborter {
             return Ok(());
         }
         // The node's ranks, this one first: plain stores (a first abort keeps its value).
-        for w in std::iter::once(self.host.own()).chain(self.host.peers.iter().map(SharedPage::word)) {
-            let _ = w.compare_exchange(0, self.value, Ordering::AcqRel, Ordering::Acquire);
+        self.host.raise(self.value);
+        if let Some(link) = &self.link {
+            // Other nodes (network transport): the proxy thread picks the request up at its
+            // next loop iteration and sends it; wait for every peer proxy's acknowledgement.
+            let start = Instant::now();
+            link.request();
+            return match link.wait(ABORT_DELIVERY_TIMEOUT) {
+                AbortState::Delivered => Ok(()),
+                AbortState::Unsupported(why) => Err(Error::Unsupported(format!(
+                    "abort across nodes: {why}; this node's ranks were aborted, the other nodes' stop at their device timeout"
+                ))),
+                AbortState::ProxyStopped => Err(Error::Proxy(
+                    "the proxy stopped before every other node acknowledged the abort (communicator dropped, or the proxy failed: check() says why)".into(),
+                )),
+                _ => Err(Error::AbortUndelivered {
+                    waited_ms: start.elapsed().as_millis() as u64,
+                }),
+            };
         }
         let Some(stream) = &self.stream else {
             return Ok(());
@@ -200,9 +244,12 @@ impl AbortHandle {
     }
 
     /// Raises the host abort word of this rank and of every other local rank (plain CPU
-    /// stores, landed when it returns) and, on emulated nodes, the heap abort word of every
-    /// rank of the other nodes (returns once those writes landed, else
-    /// [`Error::AbortUndelivered`] after 5 s). Every device wait of those ranks then gives up
+    /// stores, landed when it returns) and the abort words of every rank of the other nodes:
+    /// on emulated nodes their heap words, by writes through the wire's mappings (returns once
+    /// those landed); over TCP their host words, stored by their own proxies when this rank's
+    /// proxy tells them (returns once every peer proxy acknowledged: stored). Either way,
+    /// [`Error::AbortUndelivered`] after 5 s without that; over a transport that cannot carry
+    /// aborts (ibverbs, EFA) [`Error::Unsupported`] at once, this node's ranks aborted. Every device wait of those ranks then gives up
     /// within about `HOST_ABORT_POLLS` polls (its CTA exits; a fused kernel runs out its GEMM
     /// ring without computing) and writes an `Aborted` error record; every later launch of
     /// theirs gives up at its first wait, until [`Communicator::reset`].

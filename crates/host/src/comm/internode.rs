@@ -22,8 +22,8 @@ use mkernel_proxy::backend::{choose_from_env, BackendChoice, BackendKind, HostCa
 use mkernel_proxy::emulated::{CopyEngine, EmulatedTransport, WireModel};
 use mkernel_proxy::tcp::{DeviceStaging, Exchange, TcpConfig, TcpLinks, TcpTransport};
 use mkernel_proxy::{
-    Fifo, FifoConsumer, PeerRegions, Proxy, ProxyConfig, RawFifo, Regions, Topology, Transport, TransportError,
-    Validator,
+    AbortLink, Fifo, FifoConsumer, PeerRegions, Proxy, ProxyConfig, RawFifo, Regions, Topology, Transport,
+    TransportError, Validator,
 };
 use std::collections::VecDeque;
 use std::os::fd::BorrowedFd;
@@ -63,7 +63,10 @@ unsafe impl Sync for InterNode {}
 
 impl InterNode {
     /// Chooses the backend (`transport` overrides `MKERNEL_TRANSPORT`), sets up the FIFO and the
-    /// backend's connections, and starts the proxy. Collective over all ranks of the job.
+    /// backend's connections, and starts the proxy. Collective over all ranks of the job. The
+    /// proxy carries user aborts through `abort` (`Transport::send_abort`), except on the
+    /// emulated wire, where `Communicator::abort` writes into the other nodes' heaps itself.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         ctx: &Arc<CudaContext>,
         boot: &Bootstrap,
@@ -71,6 +74,7 @@ impl InterNode {
         heap_base: u64,
         heap_bytes: u64,
         transport: Option<BackendKind>,
+        abort: Arc<AbortLink>,
         timeout: Duration,
     ) -> Result<InterNode> {
         let info = boot.info().clone();
@@ -185,7 +189,11 @@ impl InterNode {
                 )))
             }
         };
-        let proxy = Proxy::spawn(consumer, transport, ProxyConfig::default()).map_err(proxy_err)?;
+        let config = ProxyConfig {
+            abort: (choice.kind != BackendKind::Emulated).then_some(abort),
+            ..ProxyConfig::default()
+        };
+        let proxy = Proxy::spawn(consumer, transport, config).map_err(proxy_err)?;
         boot.store().barrier("mkernel/proxies-up", timeout)?;
         Ok(InterNode {
             proxy: Some(proxy),

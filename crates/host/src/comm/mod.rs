@@ -344,21 +344,27 @@ impl Communicator {
         let zeros = vec![0u8; HEAP_ZEROED_BYTES as usize];
         // SAFETY: the first HEAP_ZEROED_BYTES of our heap are ours and mapped.
         unsafe { cudarc::driver::result::memcpy_htod_sync(heap.local_base(), &zeros)? };
-        let node = if nnodes > 1 {
-            Some(InterNode::new(
+        // The host abort words of the node's ranks (collective, like the heap's exchange); the
+        // proxy stores other nodes' aborts into them.
+        let host_words = Arc::new(abort::HostWords::exchange(
+            device.context(),
+            &mut boot,
+            cfg.bootstrap_timeout,
+        )?);
+        let link = (nnodes > 1).then(|| host_words.proxy_link());
+        let node = match &link {
+            Some(link) => Some(InterNode::new(
                 device.context(),
                 &boot,
                 heap.own_fd(),
                 heap.local_base(),
                 heap.bytes(),
                 cfg.transport,
+                link.clone(),
                 cfg.bootstrap_timeout,
-            )?)
-        } else {
-            None
+            )?),
+            None => None,
         };
-        // The host abort words of the node's ranks (collective, like the heap's exchange).
-        let host_words = abort::HostWords::exchange(device.context(), &mut boot, cfg.bootstrap_timeout)?;
         let mut d = CommDesc {
             rank,
             world,
@@ -385,7 +391,8 @@ impl Communicator {
             .barrier("mkernel/communicator/zeroed", cfg.bootstrap_timeout)?;
         let desc_addr = desc.device_ptr(&stream).0;
         // The abort reaches every local rank through its host abort word; on emulated nodes,
-        // every rank of the other nodes through the wire's mappings of their heaps.
+        // every rank of the other nodes through the wire's mappings of their heaps; otherwise
+        // through the proxies.
         let remote_bases: Vec<u64> = match &node {
             Some(n) => n
                 .heap_bases()
@@ -396,9 +403,13 @@ impl Communicator {
                 .collect(),
             None => Vec::new(),
         };
+        let emulated = node
+            .as_ref()
+            .is_some_and(|n| n.transport().kind == mkernel_proxy::backend::BackendKind::Emulated);
         let aborter = abort::Aborter::new(
             device.context(),
             host_words,
+            if emulated { None } else { link },
             &remote_bases,
             info.rank() as u32,
             cfg.bootstrap_timeout,

@@ -460,7 +460,9 @@ impl<E: DeviceStaging> TcpTransport<E> {
                     Notice::Ack if !self.abort_sent => {
                         return Err(lost(
                             rank,
-                            format!("bad message on socket {lane}: an acknowledgement of an abort this rank never sent"),
+                            format!(
+                                "bad message on socket {lane}: an acknowledgement of an abort this rank never sent"
+                            ),
                         ));
                     }
                     Notice::Ack => self.abort_acked[slot] = true,
