@@ -97,7 +97,11 @@ fn gemm_rs_queued_back_to_back_and_aborted() {
                 let each = t.elapsed().as_secs_f64() / LAUNCHES as f64;
                 comm.check().unwrap();
                 let last = read();
-                let differ = first.iter().zip(&last).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+                let differ = first
+                    .iter()
+                    .zip(&last)
+                    .filter(|(x, y)| x.to_bits() != y.to_bits())
+                    .count();
                 assert_close(case, &last, &first);
                 println!(
                     "rank {rank}: {case}: {LAUNCHES} launches queued at once: {:.1} us each, the last output equals the first ({differ} of {} elements not bit-equal)",
@@ -117,7 +121,9 @@ fn gemm_rs_queued_back_to_back_and_aborted() {
                 assert_close(case, &read(), &first);
                 println!("rank {rank}: {case}: after reset: same result as before the abort");
             }
-            other => panic!("MKERNEL_QUEUE_CASES: unknown case {other:?} (flow, flow-no-stager, abort, abort-no-stager)"),
+            other => {
+                panic!("MKERNEL_QUEUE_CASES: unknown case {other:?} (flow, flow-no-stager, abort, abort-no-stager)")
+            }
         }
     }
 }
