@@ -63,14 +63,15 @@ pub(super) unsafe fn stager_epilogue(
     *ready ^= STAGE_PARITY;
     let desc = ldesc();
     // Bounded: gives up once the rank aborts or past the hung bound (a record either way; a
-    // stager that gave up leaves its record to this wait).
-    let ok = unsafe {
-        mbarrier::wait_parity_or(
-            staging_ready(ring, wg),
-            parity,
-            local_stall::<true>(desc, Role::Compute, wait_code::STAGING, wg),
-        )
-    };
+    // stager that gave up leaves its record to this wait). A stager that stops early arrives
+    // once more (`stager_role`), so in an aborted launch this passes at once and `stop` ends
+    // the tile; where `stop` was read before the abort, the next tile's wait finds the abort
+    // word at a stall check, every [`STAGING_CHECK_TRIES`] tries.
+    let ok = crate::arch::time::poll_until::<0>(
+        STAGING_CHECK_TRIES,
+        || unsafe { mbarrier::try_wait_parity(staging_ready(ring, wg), parity) },
+        local_stall::<true>(desc, Role::Compute, wait_code::STAGING, wg),
+    );
     if named_barrier_or(wg, crate::arch::ids::WARPGROUP_THREADS, !ok || stop) {
         return false;
     }
@@ -84,6 +85,15 @@ pub(super) unsafe fn stager_epilogue(
     }
     true
 }
+
+/// Failed tests of the staging's mbarrier between a consumer warpgroup's checks of the abort
+/// word in [`stager_epilogue`] (the GEMM ring's waits check every
+/// `mbarrier::TRIES_PER_STALL_CHECK`, 16 384). A failed `mbarrier.try_wait` may suspend the
+/// thread up to a hardware time limit, so 16 384 of them can take a long time: on an H100
+/// shared through MPS by 2 ranks, the lagging rank's aborted GEMM+ReduceScatter launch (its
+/// consumers waiting here for a stager that had stopped) ended its round 0.43 s after the
+/// start, the other waits' rounds 0.30-0.32 s (the abort at 0.30 s).
+pub(super) const STAGING_CHECK_TRIES: u32 = 1024;
 
 /// What a stager's staging holds for the tile ahead: nothing in flight, told to its consumers.
 pub(super) const ARRIVED: u32 = 3;
@@ -313,6 +323,13 @@ pub(super) unsafe fn stager_role(idx: u32, cw: u32) {
         // A TMA load this thread issued: it lands unless memory failed (bounded by a trap: the
         // CTA must not exit while it may still write the staging).
         unsafe { mbarrier::wait_parity(staging_ready(&ring(), 1 + cw), loading) };
+    } else if loading == NONE {
+        // The phase the consumers wait for next was not arrived on: arrive now (nothing of this
+        // thread reads or fills the staging any more), so consumers that are still to reach
+        // their epilogue pass at once and stop there (`stop`, the abort word read at the
+        // tile's start), rather than stall until a check of theirs finds the abort word. After
+        // the last tile nobody waits for it.
+        unsafe { mbarrier::arrive(staging_ready(&ring(), 1 + cw)) };
     }
     let a = unsafe { &*(largs() as *const GemmRsArgs) };
     unsafe { trace::end(a.trace, idx, if cw == 0 { End::Stager0Done } else { End::Stager1Done }) };
