@@ -89,10 +89,11 @@ pub(super) unsafe fn stager_epilogue(
 /// Failed tests of the staging's mbarrier between a consumer warpgroup's checks of the abort
 /// word in [`stager_epilogue`] (the GEMM ring's waits check every
 /// `mbarrier::TRIES_PER_STALL_CHECK`, 16 384). A failed `mbarrier.try_wait` may suspend the
-/// thread up to a hardware time limit, so 16 384 of them can take a long time: on an H100
-/// shared through MPS by 2 ranks, the lagging rank's aborted GEMM+ReduceScatter launch (its
-/// consumers waiting here for a stager that had stopped) ended its round 0.43 s after the
-/// start, the other waits' rounds 0.30-0.32 s (the abort at 0.30 s).
+/// thread up to a hardware time limit, so 16 384 of them take long: on an H100 shared by 2
+/// ranks through MPS, an aborted GEMM+ReduceScatter launch whose consumers waited here for a
+/// stager that had stopped without arriving took about 0.1 s (the lagging rank's round ended
+/// 0.429 s after its start, 0.305 s once the stager arrives when it stops; the abort at
+/// 0.30 s), and a queue of such launches ran for minutes (docs/protocol.md, "Abort and reset").
 pub(super) const STAGING_CHECK_TRIES: u32 = 1024;
 
 /// What a stager's staging holds for the tile ahead: nothing in flight, told to its consumers.
@@ -160,7 +161,8 @@ pub(super) unsafe fn stager_ready(cw: u32, tile: Tile, parity: u32) -> u32 {
 ///
 /// Every tile is announced before the wait for a later tile's counter (the deadlock-freedom
 /// rule of [`publish`], met early). Waits are bounded (error record, abort); on an abort it
-/// stops once its stores and loads are done with the staging.
+/// stops once its stores and loads are done with the staging, and arrives on the consumers'
+/// staging barrier if it had not for its next phase, so they pass it at once and stop.
 ///
 /// # Safety
 ///
