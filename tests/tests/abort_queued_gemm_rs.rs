@@ -10,7 +10,7 @@
 //!   rank's queue ends well before its work would, `check()` names rank 0, and after `reset()`
 //!   the next launch gives the result of the launch before the abort.
 //!
-//! Run: `bundle/xtask launch -n 2 [--share-gpu] -- bundle/tests/mkernel-tests-gemm_rs_queue
+//! Run: `bundle/xtask launch -n 2 [--share-gpu] -- bundle/tests/mkernel-tests-abort_queued_gemm_rs
 //! --include-ignored --nocapture`.
 #[path = "support/abort_round.rs"]
 mod abort_round;
