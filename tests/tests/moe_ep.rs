@@ -4,7 +4,10 @@
 //! skewed, all tokens to one expert (top-1), top-8, a second launch with new routing on the
 //! same plan, a CUDA graph replayed with new routing, a receive capacity that drops rows (counted), out-of-range ids, and last a rank
 //! that never launches (the others end with a timeout naming it).
-//! Run: `bundle/xtask launch -n 2 --share-gpu -- <this binary> --include-ignored --nocapture`.
+//! Ranks are global ranks: as 2 emulated nodes x 2 ranks the pairs owned on the other node go
+//! through the proxy.
+//! Run: `bundle/xtask launch -n 2 --share-gpu -- <this binary> --include-ignored --nocapture`
+//! (`-n 4 --nodes 2`: 2 emulated nodes x 2 ranks).
 use half::bf16;
 use mkernel::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use mkernel::cudarc::driver::CudaStream;
@@ -49,7 +52,7 @@ fn routing(r: Routing, tokens: usize, experts: usize, top_k: usize, seed: u64) -
 /// Runs one case on this rank; returns a log line.
 #[allow(clippy::neg_cmp_op_on_partial_ord)]
 fn run_case(comm: &Communicator, default_stream: &Arc<CudaStream>, c: &Case, seed: u64) -> String {
-    let (rank, world) = (comm.rank() as usize, comm.world() as usize);
+    let (rank, world) = (comm.global_rank() as usize, comm.global_world() as usize);
     // A graph is captured on a stream of its own (the default stream cannot be captured),
     // without cudarc's cross-stream event tracking; the case then uses that stream alone.
     let stream = &if c.graph {
@@ -217,7 +220,7 @@ fn moe_ep_matches_cpu_reference_and_names_a_missing_rank() {
         ..Default::default()
     };
     let comm = Communicator::new(&dev, boot, cfg).unwrap();
-    let (rank, world) = (comm.rank() as usize, comm.world() as usize);
+    let (rank, world) = (comm.global_rank() as usize, comm.global_world() as usize);
     let stream = dev.default_stream();
     let shape = |tokens, experts, top_k, act, capacity| MoeEpShape {
         tokens,

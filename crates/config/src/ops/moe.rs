@@ -227,7 +227,8 @@ pub const MOE_COMBINE: KernelSpec = KernelSpec {
 /// Expert parallelism (docs/moe.md, "Across ranks"): most CTAs of the dispatch and the combine
 /// kernels (one rows flag and one output flag per source rank and CTA).
 pub const EP_MAX_CTAS: u32 = 256;
-/// Most ranks of an expert-parallel layer (the node's NVLink peers).
+/// Most ranks of an expert-parallel layer (all nodes; the intra-node flags are per local
+/// rank, the inter-node ones the proxy's per global rank).
 pub const EP_MAX_RANKS: u32 = crate::comm::MAX_LOCAL_RANKS;
 
 /// `mk_moe_ep_route`, `mk_moe_ep_dispatch` and `mk_moe_ep_combine`'s argument block (device
@@ -266,6 +267,35 @@ pub struct MoeEpArgs {
     pub local_experts: u32,
     /// Receive capacity in rows (a multiple of [`ROW_ALIGN`]).
     pub capacity: u32,
+    /// Across nodes (ranks on other nodes, reached through the proxy; all 0 on one node):
+    /// `u32` per pair: its row in this rank's transfer rows (`heap_xfer`), where a pair whose
+    /// owner is on another node is staged for the PUT and its result lands.
+    pub xrow: u64,
+    /// [`EpSend`] per expert of the layer: this rank's rows of the expert (the PUT to its owner).
+    pub send: u64,
+    /// [`EpSend`] per (source rank, local expert), `source * local_experts + l`: the rows of
+    /// that source in this rank's down projection (the PUT back into the source's transfer rows).
+    pub ret: u64,
+    /// One `u32`: CTAs of the dispatch that finished their stores (the last one posts the PUTs
+    /// and resets it).
+    pub exits: u64,
+    /// One `u64`: the combine's relay of the remote `Out` flags (CTA 0 waits on the proxy's
+    /// flags and stores the epoch here; the other CTAs wait on this word).
+    pub relay: u64,
+    /// Heap offset of the transfer rows (`tokens x top_k` rows of `hidden` bf16).
+    pub heap_xfer: u64,
+}
+
+/// One contiguous run of rows between two ranks on different nodes (in units of rows of
+/// `hidden` bf16): `rows` rows from row `src` of the sender's buffer to row `dst` of the
+/// receiver's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "bytemuck", derive(bytemuck::Pod, bytemuck::Zeroable))]
+#[repr(C)]
+pub struct EpSend {
+    pub src: u32,
+    pub dst: u32,
+    pub rows: u32,
 }
 
 /// The flags of an expert-parallel layer in its heap region (`u64` epochs, written by the
