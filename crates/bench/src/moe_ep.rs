@@ -1,4 +1,5 @@
-//! MoE with expert parallelism over the ranks of one node (`xtask bench --op moe --nproc W`):
+//! MoE with expert parallelism over the ranks of a job (`xtask bench --op moe --nproc W`; across
+//! emulated nodes: `xtask launch -n W --nodes 2 [--share-gpu] -- mkernel-bench --op moe`):
 //! ours (`MoeEpPlan`: route + dispatch + grouped up (SwiGLU) + grouped down + combine) beside
 //! NCCL all-to-all + our grouped GEMMs alone + all-to-all in sequence, per rank, with the time
 //! of every stage of ours and its dispatch / combine bandwidth per GPU.
@@ -45,7 +46,7 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
     let boot = Bootstrap::from_env(Duration::from_secs(60))?;
     let info = boot.info().clone();
     let dev = Device::new(info.device())?;
-    let (rank, world) = (info.rank(), info.world_size());
+    let (rank, world, nodes) = (info.rank(), info.world_size(), info.nnodes());
     let nccl = match shared_gpu() {
         Some(n) => {
             if rank == 0 {
@@ -78,7 +79,7 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
             shapes.push(shape_of(c));
         }
     }
-    let heap: u64 = shapes.iter().map(|s| s.heap_bytes(world)).sum::<u64>() + (16 << 20);
+    let heap: u64 = shapes.iter().map(|s| s.heap_bytes_nodes(world, nodes)).sum::<u64>() + (16 << 20);
     let comm = Communicator::new(
         &dev,
         boot,
@@ -91,7 +92,8 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
     let sync_buf = comm.alloc(256)?;
     if rank == 0 {
         println!(
-            "# moe expert parallel: {world} ranks, {} SMs per rank (persistent grids); median of {} runs after {} warm-up, ranks lined up by a 16-byte all_reduce before each run",
+            "# moe expert parallel: {world} ranks on {nodes} node(s){}, {} SMs per rank (persistent grids); median of {} runs after {} warm-up, ranks lined up by a 16-byte all_reduce before each run",
+            if info.emulated_nodes().is_some() { " (emulated: other nodes through the proxy's emulated wire)" } else { "" },
             dev.sm_count(),
             args.iters,
             args.warmup
@@ -173,6 +175,13 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
                 .zip(ids)
                 .filter(|(&p, &id)| p != u32::MAX && id as usize / l != rank)
                 .count();
+            let local = world / nodes.max(1);
+            let to_other_nodes = g
+                .pos
+                .iter()
+                .zip(ids)
+                .filter(|(&p, &id)| p != u32::MAX && id as usize / l / local != rank / local)
+                .count();
             let bytes = (kept * h * 2) as f64;
             let (route, disp, up, down, comb, total) = (med(0), med(1), med(2), med(3), med(4), med(5));
             let (disp_gbs, comb_gbs) = (bytes / (disp * 1e6), bytes / (comb * 1e6));
@@ -201,11 +210,12 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
                 nccl_us / (total * 1e3)
             );
             rows.push(json!({
-                "case": label, "rank": rank, "world": world, "tokens_per_rank": t, "experts": e, "top_k": k,
+                "case": label, "rank": rank, "world": world, "nodes": nodes,
+                "emulated_nodes": info.emulated_nodes().is_some(), "tokens_per_rank": t, "experts": e, "top_k": k,
                 "hidden": h, "ffn": f, "routing": kind,
                 "ours_us": total * 1e3, "route_us": route * 1e3, "dispatch_us": disp * 1e3, "up_us": up * 1e3,
                 "down_us": down * 1e3, "combine_us": comb * 1e3,
-                "rows_stored": kept, "rows_to_peers": to_peers,
+                "rows_stored": kept, "rows_to_peers": to_peers, "rows_to_other_nodes": to_other_nodes,
                 "dispatch_gbps": disp_gbs, "combine_gbps": comb_gbs,
                 "nccl_us": base.map(|b| b.0 * 1e3), "nccl_a2a_us": base.map(|b| b.1 * 1e3),
                 "rows_here": g.offsets[l],
