@@ -227,9 +227,11 @@ pub const MOE_COMBINE: KernelSpec = KernelSpec {
 /// Expert parallelism (docs/moe.md, "Across ranks"): most CTAs of the dispatch and the combine
 /// kernels (one rows flag and one output flag per source rank and CTA).
 pub const EP_MAX_CTAS: u32 = 256;
-/// Most ranks of an expert-parallel layer (all nodes; the intra-node flags are per local
-/// rank, the inter-node ones the proxy's per global rank).
+/// Most ranks of one node in an expert-parallel layer (its flags are per local rank).
 pub const EP_MAX_RANKS: u32 = crate::comm::MAX_LOCAL_RANKS;
+/// Most ranks of an expert-parallel layer in all nodes (the proxy's remote flags are per
+/// global rank; the kernels give a thread to every rank).
+pub const EP_MAX_WORLD: u32 = crate::comm::MAX_RANKS;
 
 /// `mk_moe_ep_route`, `mk_moe_ep_dispatch` and `mk_moe_ep_combine`'s argument block (device
 /// memory). Local buffers are device addresses; `heap_*` are offsets into every rank's
@@ -363,6 +365,7 @@ const _: () = {
     assert!(EP_SMEM_BYTES <= 48 * 1024);
     assert!(core::mem::offset_of!(EpRouteSmem, route) == 0);
     assert!(ROUTE_THREADS >= EP_MAX_RANKS);
+    assert!(ROUTE_THREADS >= EP_MAX_WORLD && ROW_THREADS >= EP_MAX_WORLD);
 };
 
 /// Row tiles the grouped buffers may need: every expert that gets rows rounds up by less than

@@ -27,7 +27,7 @@ use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, PushKernelA
 use half::bf16;
 use mkernel_config::ops::moe::{
     self as cfg, act, GroupedGemmArgs, MoeEpArgs, MoeErrorRecord, MoeRouteArgs, EP_FLAG_BYTES, EP_MAX_CTAS,
-    EP_MAX_RANKS, MAX_EXPERTS, MAX_TOP_K, ROW_ALIGN, SWIGLU_TILE_COLS, TILE,
+    EP_MAX_RANKS, EP_MAX_WORLD, MAX_EXPERTS, MAX_TOP_K, ROW_ALIGN, SWIGLU_TILE_COLS, TILE,
 };
 use mkernel_config::GemmTile;
 use std::marker::PhantomData;
@@ -106,11 +106,12 @@ impl MoeEpShape {
         (self.pairs() * self.hidden * 2) as u64
     }
     /// Checks the sizes against the kernels' limits (those of the single-GPU layer, plus:
-    /// `E` a multiple of the world size, at most 8 ranks in all nodes, receive rows below 2^31).
+    /// `E` a multiple of the world size, at most 64 ranks in all nodes, receive rows below 2^31;
+    /// [`MoeEpPlan::new`] also checks at most 8 ranks per node).
     pub fn validate(&self, world: usize) -> Result<()> {
         let bad = |reason: String| Err(Error::Shape { op: OP, reason });
-        if world == 0 || world > EP_MAX_RANKS as usize {
-            return bad(format!("{world} ranks; 1..={EP_MAX_RANKS} supported"));
+        if world == 0 || world > EP_MAX_WORLD as usize {
+            return bad(format!("{world} ranks; 1..={EP_MAX_WORLD} supported"));
         }
         if self.experts % world != 0 {
             return bad(format!(
@@ -260,6 +261,12 @@ impl<'a> MoeEpPlan<'a> {
         let world = comm.global_world() as usize;
         let across = comm.nnodes() > 1;
         shape.validate(world)?;
+        if comm.world() > EP_MAX_RANKS {
+            return Err(Error::Shape {
+                op: OP,
+                reason: format!("{} ranks per node; at most {EP_MAX_RANKS}", comm.world()),
+            });
+        }
         let (lu, ld) = shape.weight_lens(world);
         crate::check::lens(OP, &[("W_up", w_up.len(), lu), ("W_down", w_down.len(), ld)])?;
         let cap = shape.capacity_rows(world);
@@ -644,7 +651,8 @@ mod tests {
         assert!(shape(64, 8, 2, None).validate(2).is_ok());
         let e = shape(64, 6, 2, None).validate(4).unwrap_err().to_string();
         assert!(e.contains("E % W"), "{e}");
-        assert!(shape(64, 16, 2, None).validate(9).is_err());
+        assert!(shape(64, 16, 2, None).validate(16).is_ok());
+        assert!(shape(64, 128, 2, None).validate(65).is_err());
     }
     #[test]
     fn capacity_is_the_worst_case_or_rounded_up() {
