@@ -32,13 +32,20 @@ fn sanitizer() -> Result<PathBuf> {
     bail!("compute-sanitizer not found on PATH or in /usr/local/cuda/bin (it ships with the CUDA toolkit)")
 }
 
-/// The `ERROR SUMMARY` line of a sanitizer run's output.
+/// The summary line of a sanitizer run's output: `ERROR SUMMARY: N errors` (memcheck,
+/// synccheck) or `RACECHECK SUMMARY: H hazards displayed (N errors, W warnings)` (racecheck, which
+/// prints no ERROR SUMMARY line).
 pub fn error_summary(output: &str) -> Option<&str> {
     output
         .lines()
         .rev()
-        .find(|l| l.contains("ERROR SUMMARY:"))
+        .find(|l| l.contains("ERROR SUMMARY:") || l.contains("RACECHECK SUMMARY:"))
         .map(str::trim)
+}
+
+/// Whether a summary line reports zero errors.
+pub fn no_errors(summary: &str) -> bool {
+    summary.contains("ERROR SUMMARY: 0 errors") || summary.contains("(0 errors")
 }
 
 /// Runs every tool over every target binary present in `dir`; fails if any reported an error.
@@ -66,7 +73,7 @@ pub fn run(dir: &Path, tools: &[String]) -> Result<()> {
             let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
             print!("{text}");
             let summary = error_summary(&text).unwrap_or("no ERROR SUMMARY line").to_string();
-            let ok = out.status.success() && summary.contains(" 0 errors");
+            let ok = out.status.success() && no_errors(&summary);
             if !ok {
                 failed += 1;
             }
@@ -93,5 +100,18 @@ mod tests {
         let out = "========= COMPUTE-SANITIZER\nrunning 3 tests\n========= ERROR SUMMARY: 0 errors\n";
         assert_eq!(super::error_summary(out), Some("========= ERROR SUMMARY: 0 errors"));
         assert_eq!(super::error_summary("nothing"), None);
+        assert!(super::no_errors("========= ERROR SUMMARY: 0 errors"));
+        assert!(!super::no_errors("========= ERROR SUMMARY: 10 errors"));
+    }
+
+    #[test]
+    fn finds_the_racecheck_summary() {
+        let out = "test result: ok.\n========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n";
+        let s = super::error_summary(out).unwrap();
+        assert!(s.starts_with("========= RACECHECK SUMMARY"));
+        assert!(super::no_errors(s));
+        assert!(!super::no_errors(
+            "========= RACECHECK SUMMARY: 3 hazards displayed (2 errors, 1 warnings)"
+        ));
     }
 }

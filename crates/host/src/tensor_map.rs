@@ -52,30 +52,7 @@ pub fn encode_bf16_sw128(t: Tensor2d, box_cols: u32, box_rows: u32) -> Result<Te
     if t.cols == 0 || t.rows == 0 || t.cols >= 1 << 32 || t.rows >= 1 << 32 {
         return Err(bad(format!("{}x{} tensor is empty or too large", t.rows, t.cols)));
     }
-    let mut map = TensorMap { opaque: [0; 16] };
-    let dims = [t.cols, t.rows];
-    let strides = [t.row_stride_bytes];
-    let boxes = [box_cols, box_rows];
-    let elem_strides = [1u32, 1];
-    // SAFETY: all arrays have rank (2) or rank - 1 (1) entries; map is writable and 64-aligned.
-    unsafe {
-        sys::cuTensorMapEncodeTiled(
-            &mut map,
-            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-            2,
-            t.ptr as *mut std::ffi::c_void,
-            dims.as_ptr(),
-            strides.as_ptr(),
-            boxes.as_ptr(),
-            elem_strides.as_ptr(),
-            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-        )
-        .result()?;
-    }
-    Ok(map)
+    encode_tiled(t.ptr, [t.cols, t.rows], &[t.row_stride_bytes], [box_cols, box_rows])
 }
 
 /// A bf16 tensor `[rows][heads][cols]` (cols contiguous) as a 3D TMA tensor.
@@ -120,18 +97,29 @@ pub fn encode_bf16_sw128_3d(t: Tensor3d, box_cols: u32, box_rows: u32) -> Result
             t.rows, t.heads, t.cols
         )));
     }
+    encode_tiled(
+        t.ptr,
+        [t.cols, t.heads, t.rows],
+        &[t.cols * 2, t.heads * t.cols * 2],
+        [box_cols, 1, box_rows],
+    )
+}
+
+/// `cuTensorMapEncodeTiled` for a bf16 tensor of rank `R` (dimension 0 contiguous): 128-byte
+/// swizzle, 256-byte L2 promotion, zero fill outside the tensor, unit element strides. The
+/// callers have checked alignment, strides and box sizes.
+fn encode_tiled<const R: usize>(ptr: u64, dims: [u64; R], strides: &[u64], boxes: [u32; R]) -> Result<TensorMap> {
+    assert_eq!(strides.len() + 1, R, "a rank-{R} tensor map takes {} strides", R - 1);
     let mut map = TensorMap { opaque: [0; 16] };
-    let dims = [t.cols, t.heads, t.rows];
-    let strides = [t.cols * 2, t.heads * t.cols * 2];
-    let boxes = [box_cols, 1, box_rows];
-    let elem_strides = [1u32, 1, 1];
-    // SAFETY: all arrays have rank (3) or rank - 1 (2) entries; map is writable and 64-aligned.
+    let elem_strides = [1u32; R];
+    // SAFETY: dims, boxes and elem_strides have R entries and strides R - 1 (asserted above), as
+    // the driver reads for rank R; map is writable and 64-aligned.
     unsafe {
         sys::cuTensorMapEncodeTiled(
             &mut map,
             sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-            3,
-            t.ptr as *mut std::ffi::c_void,
+            R as u32,
+            ptr as *mut std::ffi::c_void,
             dims.as_ptr(),
             strides.as_ptr(),
             boxes.as_ptr(),
