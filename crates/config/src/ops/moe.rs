@@ -286,6 +286,14 @@ pub struct MoeEpArgs {
     pub relay: u64,
     /// Heap offset of the transfer rows (`tokens x top_k` rows of `hidden` bf16).
     pub heap_xfer: u64,
+    /// Heap offset of the arrival counters (`u64` per local expert, only grow): rows of the
+    /// expert that the node's ranks stored into this rank's receive rows, added by the fused
+    /// dispatch ([`MOE_EP_DISPATCH_UP`]) after each CTA's stores (`red.release.sys`).
+    pub heap_arrival: u64,
+    /// Fused plans only (0 otherwise): two `u64` per local expert, written by the routing
+    /// kernel: the arrival counter's value once this launch's rows from the node have landed
+    /// (the running sum of every launch's), and this launch's rows from other nodes.
+    pub target: u64,
 }
 
 /// One contiguous run of rows between two ranks on different nodes (in units of rows of
@@ -354,6 +362,14 @@ pub const MOE_EP_DISPATCH: KernelSpec = KernelSpec {
     min_blocks_per_sm: 1,
     dynamic_smem: 0,
 };
+/// `mk_moe_ep_dispatch_up`: the dispatch fused with the up projection (the grouped GEMM's
+/// threads, roles and shared memory; the dispatch runs before the role split).
+pub const MOE_EP_DISPATCH_UP: KernelSpec = KernelSpec {
+    name: "mk_moe_ep_dispatch_up",
+    max_threads: TILE.threads(),
+    min_blocks_per_sm: 1,
+    dynamic_smem: GROUPED_GEMM_SMEM_BYTES,
+};
 pub const MOE_EP_COMBINE: KernelSpec = KernelSpec {
     name: "mk_moe_ep_combine",
     max_threads: ROW_THREADS,
@@ -365,7 +381,9 @@ const _: () = {
     assert!(EP_SMEM_BYTES <= 48 * 1024);
     assert!(core::mem::offset_of!(EpRouteSmem, route) == 0);
     assert!(ROUTE_THREADS >= EP_MAX_RANKS);
-    assert!(ROUTE_THREADS >= EP_MAX_WORLD && ROW_THREADS >= EP_MAX_WORLD);
+    assert!(ROUTE_THREADS >= EP_MAX_WORLD && ROW_THREADS >= EP_MAX_WORLD && TILE.threads() >= EP_MAX_WORLD);
+    // The fused dispatch counts rows per expert in the ring's first stage before the ring starts.
+    assert!(4 * MAX_EXPERTS <= TILE.a_stage_bytes());
 };
 
 /// Row tiles the grouped buffers may need: every expert that gets rows rounds up by less than

@@ -95,10 +95,14 @@ impl MoeEpShape {
         let rows = (self.capacity_rows(world) * self.hidden * 2) as u64;
         let counts = (world * self.experts * 4) as u64;
         let xfer = if nodes > 1 { self.xfer_bytes() } else { 0 };
-        EP_FLAG_BYTES.div_ceil(256) * 256
+        self.flag_bytes(world).div_ceil(256) * 256
             + counts.div_ceil(256) * 256
             + 2 * rows.div_ceil(256) * 256
             + xfer.div_ceil(256) * 256
+    }
+    /// Bytes of the flag region: the flags, then the arrival counters (`u64` per local expert).
+    fn flag_bytes(&self, world: usize) -> u64 {
+        EP_FLAG_BYTES + 8 * self.local_experts(world) as u64
     }
     /// Bytes of the transfer rows (across nodes: the rows a rank sends to and gets back from
     /// the other nodes, one per pair).
@@ -198,6 +202,8 @@ struct HeapLayout {
     yp: u64,
     /// The transfer rows (across nodes; 0 on one node).
     xfer: u64,
+    /// The arrival counters (after the flags, zeroed with them).
+    arrival: u64,
     /// This rank's addresses of the receive rows and the down projection's rows.
     recv_ptr: u64,
     yp_ptr: u64,
@@ -229,6 +235,8 @@ pub struct MoeEpPlan<'a> {
     dispatch: CudaFunction,
     gemm: CudaFunction,
     combine: CudaFunction,
+    /// The fused dispatch + up projection (`Some` for a plan from [`MoeEpPlan::new_fused`]).
+    dispatch_up: Option<CudaFunction>,
     args: CudaSlice<u8>,
     /// The up projection's rows (local).
     _hid: CudaSlice<bf16>,
@@ -258,6 +266,32 @@ impl<'a> MoeEpPlan<'a> {
         w_up: &'a CudaSlice<bf16>,
         w_down: &'a CudaSlice<bf16>,
     ) -> Result<Self> {
+        Self::new_with(comm, stream, shape, w_up, w_down, false)
+    }
+
+    /// As [`MoeEpPlan::new`], with the dispatch fused into the up projection
+    /// (`mk_moe_ep_dispatch_up`, docs/moe.md "Fused dispatch"): the up projection's CTAs store
+    /// the token rows first, and each tile waits (bounded) only for its expert's rows, counted
+    /// per expert, instead of for the end of the dispatch kernel. [`MoeEpStage::Dispatch`]
+    /// then enqueues nothing and [`MoeEpStage::Up`] both.
+    pub fn new_fused(
+        comm: &'a Communicator,
+        stream: &Arc<CudaStream>,
+        shape: MoeEpShape,
+        w_up: &'a CudaSlice<bf16>,
+        w_down: &'a CudaSlice<bf16>,
+    ) -> Result<Self> {
+        Self::new_with(comm, stream, shape, w_up, w_down, true)
+    }
+
+    fn new_with(
+        comm: &'a Communicator,
+        stream: &Arc<CudaStream>,
+        shape: MoeEpShape,
+        w_up: &'a CudaSlice<bf16>,
+        w_down: &'a CudaSlice<bf16>,
+        fused: bool,
+    ) -> Result<Self> {
         let world = comm.global_world() as usize;
         let across = comm.nnodes() > 1;
         shape.validate(world)?;
@@ -272,7 +306,8 @@ impl<'a> MoeEpPlan<'a> {
         let cap = shape.capacity_rows(world);
         let row_bytes = (cap * shape.hidden * 2) as u64;
         // Four heap buffers in a row (`heap_bytes` is their sum, each rounded to 256 bytes).
-        let flag_buf = comm.alloc(EP_FLAG_BYTES)?;
+        let flag_bytes = shape.flag_bytes(world);
+        let flag_buf = comm.alloc(flag_bytes)?;
         let counts_buf = comm.alloc((world * shape.experts * 4) as u64)?;
         let recv_buf = comm.alloc(row_bytes)?;
         let yp_buf = comm.alloc(row_bytes)?;
@@ -287,6 +322,7 @@ impl<'a> MoeEpPlan<'a> {
             recv: recv_buf.offset(),
             yp: yp_buf.offset(),
             xfer,
+            arrival: flag_buf.offset() + EP_FLAG_BYTES,
             recv_ptr: comm.ptr(&recv_buf)?,
             yp_ptr: comm.ptr(&yp_buf)?,
         };
@@ -295,12 +331,7 @@ impl<'a> MoeEpPlan<'a> {
         stream.synchronize()?;
         // SAFETY: the flag region of this rank's own heap, allocated above.
         unsafe {
-            cudarc::driver::result::memset_d8_async(
-                comm.ptr(&flag_buf)?,
-                0,
-                EP_FLAG_BYTES as usize,
-                stream.cu_stream(),
-            )?
+            cudarc::driver::result::memset_d8_async(comm.ptr(&flag_buf)?, 0, flag_bytes as usize, stream.cu_stream())?
         };
         stream.synchronize()?;
         comm.bootstrap().store().barrier(
@@ -310,9 +341,10 @@ impl<'a> MoeEpPlan<'a> {
         let (pu, _gu) = w_up.device_ptr(stream);
         let (pd, _gd) = w_down.device_ptr(stream);
         // SAFETY: the weights are borrowed for 'a and hold the shape's elements (checked).
-        unsafe { Self::build(comm, stream, shape, world, heap, pu, pd) }
+        unsafe { Self::build(comm, stream, shape, world, heap, pu, pd, fused) }
     }
 
+    #[allow(clippy::too_many_arguments)]
     unsafe fn build(
         comm: &'a Communicator,
         stream: &Arc<CudaStream>,
@@ -321,6 +353,7 @@ impl<'a> MoeEpPlan<'a> {
         heap: HeapLayout,
         w_up: u64,
         w_down: u64,
+        fused: bool,
     ) -> Result<Self> {
         let device: &Device = comm.device();
         let (h, f) = (shape.hidden, shape.ffn);
@@ -336,7 +369,15 @@ impl<'a> MoeEpPlan<'a> {
         let ret_at = send_at + 3 * shape.experts;
         let exits_at = ret_at + 3 * world * l;
         let relay_at = (exits_at + 1).next_multiple_of(2);
-        let n_words = if across { relay_at + 2 } else { xrow_at };
+        // Fused plans: the targets (2 u64 per local expert, at an even word).
+        let target_at = (if across { relay_at + 2 } else { send_at }).next_multiple_of(2);
+        let n_words = if fused {
+            target_at + 4 * l
+        } else if across {
+            relay_at + 2
+        } else {
+            xrow_at
+        };
         let words = stream.alloc_zeros::<u32>(n_words)?;
         let base = words.device_ptr(stream).0;
         let w = |i: usize| base + 4 * i as u64;
@@ -406,6 +447,8 @@ impl<'a> MoeEpPlan<'a> {
             exits: wx(exits_at),
             relay: wx(relay_at),
             heap_xfer: heap.xfer,
+            heap_arrival: heap.arrival,
+            target: if fused { w(target_at) } else { 0 },
         };
         let up = GroupedGemmArgs {
             map_a: map_at(0),
@@ -451,6 +494,11 @@ impl<'a> MoeEpPlan<'a> {
             dispatch: device.function(&cfg::MOE_EP_DISPATCH)?,
             gemm: device.function(&cfg::MOE_GROUPED_GEMM)?,
             combine: device.function(&cfg::MOE_EP_COMBINE)?,
+            dispatch_up: if fused {
+                Some(device.function(&cfg::MOE_EP_DISPATCH_UP)?)
+            } else {
+                None
+            },
             args,
             _hid: hid,
             words,
@@ -507,6 +555,7 @@ impl<'a> MoeEpPlan<'a> {
         self.comm.enqueue(OP, stream, || {
             // SAFETY: the argument lists match the kernels' (`mk_moe_ep_route(desc, args, ids)`,
             // `mk_moe_ep_dispatch(desc, args, ids, x)`, `mk_moe_grouped_gemm(args)`,
+            // `mk_moe_ep_dispatch_up(desc, args, up, ids, x)`,
             // `mk_moe_ep_combine(desc, args, ids, weights, out, f32_out)`); the buffers hold
             // the shape's elements (checked above); the heap buffers and the local ones are the plan's.
             unsafe {
@@ -518,6 +567,20 @@ impl<'a> MoeEpPlan<'a> {
                             .arg(&ep)
                             .arg(ids)
                             .launch(Device::launch_config(&cfg::MOE_EP_ROUTE, 1))?;
+                    }
+                    MoeEpStage::Dispatch if self.dispatch_up.is_some() => {}
+                    MoeEpStage::Up if self.dispatch_up.is_some() => {
+                        let f = self.dispatch_up.as_ref().expect("fused plan");
+                        // All its CTAs resident at once (at most one per SM): a tile may wait
+                        // for rows another CTA of the launch stores.
+                        stream
+                            .launch_builder(f)
+                            .arg(&desc)
+                            .arg(&ep)
+                            .arg(&up)
+                            .arg(ids)
+                            .arg(x)
+                            .launch(Device::launch_config(&cfg::MOE_EP_DISPATCH_UP, self.gemm_grid[0]))?;
                     }
                     MoeEpStage::Dispatch => {
                         stream

@@ -41,7 +41,7 @@ const POLLS_PER_CHECK: u32 = 64;
 ///
 /// The communicator contract (`crate::comm`) for `c`.
 #[inline(always)]
-unsafe fn aborting(c: &CommCtx) -> bool {
+pub(super) unsafe fn aborting(c: &CommCtx) -> bool {
     unsafe { memory::ld_relaxed_u32(Scope::Sys, (c.heap(c.rank) + ABORT_OFFSET) as *const u32) != 0 }
 }
 
@@ -71,10 +71,10 @@ unsafe fn signal(c: &CommCtx, a: &MoeEpArgs, dst: u32, kind: EpFlag, cta: u32) {
 unsafe fn wait(c: &CommCtx, a: &MoeEpArgs, kind: EpFlag, src: u32, cta: u32) -> bool {
     let f = (c.heap(c.rank) + a.heap_flags + ep_flag(kind, src, cta)) as *const u64;
     let peer = src + (c.global_rank_now() - c.rank_now());
-    unsafe { wait_word(c, f, kind, peer, c.timeout_ns) }
+    unsafe { wait_word(c, f, c.epoch, kind, peer, c.timeout_ns) }
 }
 
-/// Waits until the word `f` (this GPU's memory) reaches `c.epoch`, for at most `timeout_ns`;
+/// Waits until the word `f` (this GPU's memory) reaches `target`, for at most `timeout_ns`;
 /// false (after leaving the error record if first, naming flag `kind` of global rank `peer`)
 /// on timeout or when the rank aborts.
 ///
@@ -84,12 +84,19 @@ unsafe fn wait(c: &CommCtx, a: &MoeEpArgs, kind: EpFlag, src: u32, cta: u32) -> 
 // `is_multiple_of` here changes the emitted PTX of the polling loop (checked with `cargo xtask ptx`).
 #[allow(clippy::manual_is_multiple_of)]
 #[inline(always)]
-unsafe fn wait_word(c: &CommCtx, f: *const u64, kind: EpFlag, peer: u32, timeout_ns: u64) -> bool {
+pub(super) unsafe fn wait_word(
+    c: &CommCtx,
+    f: *const u64,
+    target: u64,
+    kind: EpFlag,
+    peer: u32,
+    timeout_ns: u64,
+) -> bool {
     let start = time::globaltimer_ns();
     let mut polls = 0u32;
     loop {
         let seen = unsafe { memory::ld_acquire_u64(Scope::Sys, f) };
-        if seen >= c.epoch {
+        if seen >= target {
             return true;
         }
         polls += 1;
@@ -97,7 +104,7 @@ unsafe fn wait_word(c: &CommCtx, f: *const u64, kind: EpFlag, peer: u32, timeout
             let waited = time::globaltimer_ns().wrapping_sub(start);
             if unsafe { aborting(c) } || waited > timeout_ns {
                 // Timeout, or the rank aborts: the record says which (docs/protocol.md).
-                unsafe { report_give_up(c, wait_code::MOE_EP + kind as u32, peer, c.epoch, seen, waited) };
+                unsafe { report_give_up(c, wait_code::MOE_EP + kind as u32, peer, target, seen, waited) };
                 return false;
             }
         }
@@ -106,13 +113,13 @@ unsafe fn wait_word(c: &CommCtx, f: *const u64, kind: EpFlag, peer: u32, timeout
 
 /// The node's ranks in global numbering: `[node0, node0 + world)`.
 #[inline(always)]
-fn node0(c: &CommCtx) -> u32 {
+pub(super) fn node0(c: &CommCtx) -> u32 {
     c.global_rank - c.rank
 }
 
 /// Whether global rank `s` is on this rank's node (reached over NVLink, not the proxy).
 #[inline(always)]
-fn on_node(c: &CommCtx, s: u32) -> bool {
+pub(super) fn on_node(c: &CommCtx, s: u32) -> bool {
     s.wrapping_sub(node0(c)) < c.world
 }
 
@@ -123,7 +130,7 @@ fn on_node(c: &CommCtx, s: u32) -> bool {
 ///
 /// As [`signal`], across nodes (`c.fifo` this rank's proxy FIFO); called by every thread of the CTA.
 #[inline(always)]
-unsafe fn wait_remotes(c: &CommCtx, slot: RemoteSlot, kind: EpFlag) -> bool {
+pub(super) unsafe fn wait_remotes(c: &CommCtx, slot: RemoteSlot, kind: EpFlag) -> bool {
     let t = ids::thread_idx();
     let failed = t < c.global_world
         && !on_node(c, t)
@@ -188,6 +195,66 @@ unsafe fn exchange(c: &CommCtx, a: &MoeEpArgs, kind: EpFlag, cta: u32) -> bool {
     }
     let failed = peer && !unsafe { wait(c, a, kind, t, cta) };
     !sync::sync_threads_or(failed)
+}
+
+/// Across nodes, after the CTA's stores and a CTA barrier: whether this CTA is the launch's last
+/// to finish its stores (a counter in device memory, `atom.acq_rel.gpu`, reset by the last).
+/// Every thread calls it; all get the same answer.
+///
+/// # Safety
+///
+/// `a` this layer's `MoeEpArgs` (its `exits` word); every CTA of the grid calls it once per launch.
+#[inline(always)]
+pub(super) unsafe fn last_to_store(a: &MoeEpArgs) -> bool {
+    let mut last = false;
+    if ids::thread_idx() == 0 {
+        let exits = a.exits as *mut u32;
+        last = unsafe { memory::atom_acq_rel_add_u32(Scope::Gpu, exits, 1) } + 1 == ids::grid_dim();
+        if last {
+            unsafe { memory::st_relaxed_u32(Scope::Gpu, exits, 0) };
+        }
+    }
+    sync::sync_threads_or(last)
+}
+
+/// The last CTA of the dispatch: one flagless PUT per expert owned on another node with rows
+/// (my run of its rows, from my transfer rows into the owner's receive rows), then a SIGNAL
+/// `FusedData` to every rank of the other nodes. False if a post failed. Every thread calls it.
+///
+/// # Safety
+///
+/// As [`wait_remotes`], with `a` this layer's `MoeEpArgs` and every CTA's stores into the
+/// transfer rows ordered before ([`last_to_store`] answered true).
+#[inline(always)]
+pub(super) unsafe fn post_remote_rows(c: &CommCtx, a: &MoeEpArgs) -> bool {
+    // Every CTA's stores are ordered before its count (CTA barrier, then acq_rel): make them
+    // visible to the proxy's copies before the commits.
+    memory::fence_acq_rel(Scope::Sys);
+    let mut c = *c;
+    c.role = Role::InterSend;
+    let row_bytes = a.hidden as u64 * 2;
+    let le = a.local_experts.max(1);
+    let send = a.send as *const EpSend;
+    let mut failed = false;
+    let mut e = ids::thread_idx();
+    while e < a.experts {
+        let owner = e / le;
+        let r = unsafe { send.add(e as usize).read() };
+        if !on_node(&c, owner) && r.rows > 0 {
+            failed |= unsafe {
+                proxy::put_no_flag(
+                    &c,
+                    owner,
+                    a.heap_xfer + r.src as u64 * row_bytes,
+                    a.heap_recv + r.dst as u64 * row_bytes,
+                    r.rows as u64 * row_bytes,
+                )
+            }
+            .is_none();
+        }
+        e += ids::block_dim();
+    }
+    !sync::sync_threads_or(failed) && unsafe { signal_remotes(&c, RemoteSlot::FusedData) }
 }
 
 /// `mk_moe_ep_route(desc, args, ids)`: one CTA of `ROUTE_THREADS`.
@@ -423,6 +490,29 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_route(desc: *const CommDesc, args: *
         sync::sync_threads();
     }
 
+    // Fused plans: where the arrival counter of each local expert stands once this launch's
+    //    rows from the node have landed (it only grows), and the rows from other nodes.
+    if a.target != 0 && tid >= mine && tid < mine + le && tid < experts {
+        let group = ROW_ALIGN * unsafe { smem::ld_shared_u32(scan(tid)) - smem::ld_shared_u32(scan(mine)) };
+        let (mut before_s, mut on, mut off) = (0u32, 0u64, 0u64);
+        for s in 0..gw {
+            let at = c.heap(c.rank) + a.heap_counts + 4 * (s * experts + tid) as u64;
+            let n = unsafe { memory::ld_relaxed_u32(Scope::Sys, at as *const u32) };
+            let kept = kept_rows(group + before_s, n, a.capacity) as u64;
+            if on_node(&c, s) {
+                on += kept;
+            } else {
+                off += kept;
+            }
+            before_s += n;
+        }
+        unsafe {
+            let t = (a.target as *mut u64).add(2 * (tid - mine) as usize);
+            t.write(t.read() + on);
+            t.add(1).write(off);
+        }
+    }
+
     // 7. Each pair's receive row; rows past the owner's capacity are dropped and counted.
     //    Across nodes also its transfer row (used when its owner is on another node).
     let mut p = tid;
@@ -510,43 +600,9 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_dispatch(
     let across = c.global_world > c.world;
     let mut last = false;
     if across {
-        if ids::thread_idx() == 0 {
-            let exits = a.exits as *mut u32;
-            last = unsafe { memory::atom_acq_rel_add_u32(Scope::Gpu, exits, 1) } + 1 == ids::grid_dim();
-            if last {
-                unsafe { memory::st_relaxed_u32(Scope::Gpu, exits, 0) };
-            }
-        }
-        last = sync::sync_threads_or(last);
-        if last {
-            // Every CTA's stores are ordered before its count (CTA barrier, then acq_rel): make
-            // them visible to the proxy's copies before the commits.
-            memory::fence_acq_rel(Scope::Sys);
-            let mut c = c;
-            c.role = Role::InterSend;
-            let send = a.send as *const EpSend;
-            let mut failed = false;
-            let mut e = ids::thread_idx();
-            while e < a.experts {
-                let owner = e / le;
-                let r = unsafe { send.add(e as usize).read() };
-                if !on_node(&c, owner) && r.rows > 0 {
-                    failed |= unsafe {
-                        proxy::put_no_flag(
-                            &c,
-                            owner,
-                            a.heap_xfer + r.src as u64 * row_bytes,
-                            a.heap_recv + r.dst as u64 * row_bytes,
-                            r.rows as u64 * row_bytes,
-                        )
-                    }
-                    .is_none();
-                }
-                e += ROW_THREADS;
-            }
-            if sync::sync_threads_or(failed) || !unsafe { signal_remotes(&c, RemoteSlot::FusedData) } {
-                return;
-            }
+        last = unsafe { last_to_store(&a) };
+        if last && !unsafe { post_remote_rows(&c, &a) } {
+            return;
         }
     }
     if !unsafe { exchange(&c, &a, EpFlag::Rows, b) } {
@@ -635,7 +691,16 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_combine(
             }
         } else {
             let failed = ids::thread_idx() == 0
-                && !unsafe { wait_word(&c, relay, EpFlag::Out, c.global_rank, c.timeout_ns.saturating_mul(2)) };
+                && !unsafe {
+                    wait_word(
+                        &c,
+                        relay,
+                        epoch,
+                        EpFlag::Out,
+                        c.global_rank,
+                        c.timeout_ns.saturating_mul(2),
+                    )
+                };
             if sync::sync_threads_or(failed) {
                 return;
             }
