@@ -56,11 +56,19 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
         }
         None => Some(Nccl::new(&boot, rank, world)?),
     };
+    // `--filter` with `fused` in it: the same cases with the dispatch fused into the up
+    // projection (`MoeEpPlan::new_fused`, labels ending in `-fused`), selected by the rest of
+    // the filter.
+    let fused = args.filter.as_deref().is_some_and(|x| x.contains("fused"));
+    let base_filter = args
+        .filter
+        .as_deref()
+        .map(|x| x.replace("-fused", "").replace("fused", ""));
     let selected: Vec<_> = cases()
         .into_iter()
         .filter(|(t, e, k, h, f, r)| {
             let label = format!("T{t}-E{e}-k{k}-H{h}-F{f}-{r}");
-            args.filter.as_ref().is_none_or(|x| label.contains(x.as_str()))
+            base_filter.as_ref().is_none_or(|x| label.contains(x.as_str()))
         })
         .collect();
     // One plan per distinct shape (uniform and skewed share one): the heap holds them all.
@@ -101,6 +109,9 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
         println!(
             "# ours: route + dispatch + grouped up (SwiGLU) + grouped down + combine; nccl: all-to-all + grouped up + grouped down + all-to-all (rows pre-sorted on the host, counts known, no weighted sum)"
         );
+        if fused {
+            println!("# fused (-fused): the dispatch runs inside the up projection's kernel (MoeEpPlan::new_fused): the dispatch column is empty, its time is in up");
+        }
         println!(
             "# dispatch GB/s = rows this rank stores (all owners, itself included) x H x 2 B / dispatch time; combine GB/s = rows it reads back / combine time"
         );
@@ -130,10 +141,14 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
         let w_down = random_device(&stream, ld, 2 + rank as u64, 0.05)?;
         let x = random_device(&stream, t * h, 3 + rank as u64, 1.0)?;
         let mut out = stream.alloc_zeros::<bf16>(t * h)?;
-        let mut plan = MoeEpPlan::new(&comm, &stream, *shape, &w_up, &w_down)?;
+        let mut plan = if fused {
+            MoeEpPlan::new_fused(&comm, &stream, *shape, &w_up, &w_down)?
+        } else {
+            MoeEpPlan::new(&comm, &stream, *shape, &w_up, &w_down)?
+        };
         for c in selected.iter().filter(|c| shape_of(c) == *shape) {
             let kind = c.5;
-            let label = format!("T{t}-E{e}-k{k}-H{h}-F{f}-{kind}");
+            let label = format!("T{t}-E{e}-k{k}-H{h}-F{f}-{kind}{}", if fused { "-fused" } else { "" });
             let all: Vec<(Vec<i32>, Vec<f32>)> = (0..world).map(|r| routing(kind, t, e, k, 100 + r as u64)).collect();
             let (ids, wts) = &all[rank];
             let (dids, dw) = (stream.clone_htod(ids)?, stream.clone_htod(wts)?);
@@ -184,7 +199,9 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
                 .count();
             let bytes = (kept * h * 2) as f64;
             let (route, disp, up, down, comb, total) = (med(0), med(1), med(2), med(3), med(4), med(5));
-            let (disp_gbs, comb_gbs) = (bytes / (disp * 1e6), bytes / (comb * 1e6));
+            // Fused: the dispatch stage enqueues nothing, its stores are inside the up projection.
+            let disp_gbs = if fused { f64::NAN } else { bytes / (disp * 1e6) };
+            let comb_gbs = bytes / (comb * 1e6);
             // NCCL baseline.
             let base = match &nccl {
                 Some(n) => Some(nccl_baseline(
