@@ -154,6 +154,7 @@ mod tests {
         );
         assert_eq!(layouts("mkernel-tests-internode"), [l(2, 2), l(4, 2)]);
         assert_eq!(layouts("mkernel-tests-moe_ep"), [l(2, 1), l(4, 1), l(4, 2)]);
+        assert_eq!(layouts("mkernel-tests-moe_ep_fused"), [l(2, 1), l(4, 1), l(4, 2)]);
         assert!(layouts("mkernel-tests-ar_internode_order").is_empty());
         assert!(layouts("mkernel-tests-scheduler_order").is_empty());
         assert!(layouts("mkernel-tests-gemm").is_empty());
