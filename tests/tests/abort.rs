@@ -1,7 +1,7 @@
 //! `Communicator::abort` while a kernel runs, on one node: an AllGather (LL, staged and direct
 //! paths), then each fused op (AllGather+GEMM, GEMM+ReduceScatter, GEMM+AllReduce); the kernels
-//! wait for a lagging rank (and, with `MKERNEL_ABORT_TEST_QUEUED=1`, also run a queue of about
-//! 1.5 s of launches: `Mode`). In each
+//! wait for a lagging rank, and (direct AllGather, GEMM+ReduceScatter, GEMM+AllReduce) every
+//! rank also queues about 1.5 s of launches at once (`Mode`). In each
 //! round every rank's launches end by themselves within the round's bound (the device timeout
 //! is 60 s) and `check()` names rank 0 as the aborter; `reset()` then makes the communicator
 //! usable again: the next launch gives the same result as the launch before the abort.
@@ -33,11 +33,6 @@ fn zero_heap(comm: &Communicator, b: &SymBuffer) {
     let zeros = vec![0u8; b.bytes() as usize];
     // SAFETY: `b` is this rank's heap buffer of `b.bytes` bytes; no kernel uses it now.
     unsafe { mkernel::cudarc::driver::result::memcpy_htod_sync(comm.ptr(b).unwrap(), &zeros).unwrap() };
-}
-
-/// Whether to add the queued rounds ([`abort_round::QUEUED_VAR`]).
-fn queued_rounds() -> bool {
-    std::env::var(abort_round::QUEUED_VAR).is_ok_and(|v| v == "1")
 }
 
 fn label(m: Mode) -> &'static str {
@@ -78,7 +73,7 @@ fn abort_stops_every_op_and_reset_makes_the_communicator_usable() {
         comm.check().unwrap();
         check_data(&comm);
         let mut modes = vec![Mode::LaggingRank];
-        if path == "direct" && queued_rounds() {
+        if path == "direct" {
             let launch = || comm.all_gather(&stream, &src, &dst, 8);
             modes.push(queued(&comm, &stream, &format!("all_gather_{path}"), &launch));
         }
@@ -151,10 +146,15 @@ fn abort_stops_every_op_and_reset_makes_the_communicator_usable() {
         comm.check().unwrap();
         let before = read(&comm);
         // AllGather+GEMM is not queued: its consumers do not read the abort word (an aborted
-        // launch still runs its math on stale operands; docs/protocol.md).
+        // launch still runs its math on stale operands; docs/protocol.md). On 2 ranks (the
+        // stager path) the queued GEMM+ReduceScatter round faults (CUDA_ERROR_ILLEGAL_ADDRESS
+        // on rank 1, one H100 shared through MPS, 5 runs of 5; docs/protocol.md, "Abort and
+        // reset"): not run there until that is fixed.
         let mut modes = vec![Mode::LaggingRank];
-        if op != "ag_gemm" && queued_rounds() {
+        if op != "ag_gemm" && world > 2 {
             modes.push(queued(&comm, &stream, op, &*launch));
+        } else if op != "ag_gemm" && rank == 0 {
+            println!("{op}: the queued round is not run on 2 ranks (open fault of the stager path)");
         }
         for mode in modes {
             let what = format!("{op}_{}", label(mode));

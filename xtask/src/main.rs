@@ -69,10 +69,11 @@ enum Task {
         #[arg(last = true)]
         rest: Vec<String>,
     },
-    /// Search the SM split of a fused op per shape (the benchmark's sweep) and store the best in
-    /// the tune cache the library reads (`$MKERNEL_TUNE_FILE`, else `mkernel-tune.txt`).
+    /// Search the SM split of a fused op or ring attention per shape (the benchmark's sweep) and
+    /// store the best in the tune cache the library reads (`$MKERNEL_TUNE_FILE`, else
+    /// `mkernel-tune.txt`).
     Tune {
-        /// ag-gemm | gemm-rs | gemm-ar
+        /// ag-gemm | gemm-rs | gemm-ar | ring-attention
         #[arg(long)]
         op: String,
         /// Processes (GPUs) to launch (default: every GPU nvidia-smi lists).
@@ -152,8 +153,8 @@ fn main() -> Result<()> {
         }
         Task::Tune { op, nproc, rest } => {
             anyhow::ensure!(
-                matches!(op.as_str(), "ag-gemm" | "gemm-rs" | "gemm-ar"),
-                "tune --op must be ag-gemm, gemm-rs or gemm-ar"
+                matches!(op.as_str(), "ag-gemm" | "gemm-rs" | "gemm-ar" | "ring-attention"),
+                "tune --op must be ag-gemm, gemm-rs, gemm-ar or ring-attention"
             );
             let file = std::env::var("MKERNEL_TUNE_FILE").unwrap_or_else(|_| "mkernel-tune.txt".into());
             let file = std::path::absolute(&file)?.display().to_string();

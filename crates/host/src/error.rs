@@ -77,6 +77,13 @@ pub enum Error {
         experts: usize,
         bad: usize,
     },
+    /// An operating-system call failed (e.g. the shared page of the host abort words).
+    #[error("{what}: {source}")]
+    Os {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
     /// The request is valid but not implemented (yet); the message says what is missing.
     #[error("unsupported: {0}")]
     Unsupported(String),

@@ -27,15 +27,11 @@ pub enum Mode {
     LaggingRank,
     /// Every rank queues `n` launches at once (up to about 1.5 s of work, [`queued`];
     /// `work_ms` as timed on this rank): the abort meets kernels that run and make progress,
-    /// and the queued rest. Opt-in ([`QUEUED_VAR`]): with 4 ranks sharing one H100 through MPS,
-    /// a queue of GEMM+ReduceScatter launches stalled until the 60 s device timeout and the
-    /// abort's writes landed only after it (see docs/protocol.md, "Abort").
+    /// and the queued rest, which must stop at their first wait (the round ends well before
+    /// the queue's work would). The abort is a CPU store into host-mapped words, so it lands
+    /// also while every rank's stream is full (docs/protocol.md, "Abort and reset").
     Queued { n: u32, work_ms: u32 },
 }
-
-/// Set to 1 to add the [`Mode::Queued`] rounds.
-#[allow(dead_code)]
-pub const QUEUED_VAR: &str = "MKERNEL_ABORT_TEST_QUEUED";
 
 /// [`Mode::Queued`] with launches for about 1.5 s of work (100 to 20 000), timed on every
 /// rank (10 launches), the largest count of all ranks (collective).

@@ -13,8 +13,14 @@
 use crate::gemm::{GemmTile, RingLayout, SMEM_ALIGN_SLACK};
 use crate::kernels::KernelSpec;
 
-/// The grouped GEMM's tile configuration (the plain GEMM's).
-pub const TILE: GemmTile = GemmTile::DEFAULT;
+/// The grouped GEMM's tile configuration: the plain GEMM's tile and ring; the producer keeps 56
+/// registers (the consumers 224, the split of `GemmTile::FUSED`): its loop over the tile-expert
+/// words and the per-box A loads of the row-granular mode does not fit 40 without spilling.
+pub const TILE: GemmTile = GemmTile {
+    producer_regs: 56,
+    consumer_regs: 224,
+    ..GemmTile::DEFAULT
+};
 /// The grouped GEMM's shared memory: its ring alone.
 #[repr(C)]
 pub struct GroupedGemmSmem {
@@ -41,13 +47,42 @@ pub const ROUTE_THREADS: u32 = 1024;
 /// Threads of the gather and combine kernels (each thread moves 16-byte pieces of a row).
 pub const ROW_THREADS: u32 = 256;
 
-/// Activation fused into the up projection's epilogue (`GroupedGemmArgs::act`).
+/// Activation fused into the up projection's epilogue (the low byte of `GroupedGemmArgs::act`;
+/// the bits above it are [`mode`] flags).
 pub mod act {
     /// `Hid = X W^T`: W has `F` rows per expert.
     pub const NONE: u32 = 0;
     /// `Hid = silu(X Wg^T) * (X Wu^T)`: W has `2F` rows per expert, rows `0..F` gate, `F..2F` up.
     pub const SWIGLU: u32 = 1;
+    /// The bits of `GroupedGemmArgs::act` that name the activation.
+    pub const MASK: u32 = 0xff;
 }
+
+/// How `mk_moe_grouped_gemm` moves a tile's rows (flags in `GroupedGemmArgs::act` above the
+/// activation byte; 0: every tile loads and stores all its `TILE.block_m` rows).
+pub mod mode {
+    /// Row-granular tiles: `map_a` and `map_c` each point to two tensor maps
+    /// [`super::PARTIAL_MAP_OFFSET`] bytes apart, the whole-tile one (box 64 x `block_m`,
+    /// 64 x 64) and one with a 64 x [`super::PARTIAL_BOX_ROWS`] box. A tile whose last rows are
+    /// padding (the tile-expert word's padding count, [`super::TILE_PAD_SHIFT`]) loads and stores
+    /// only the `PARTIAL_BOX_ROWS`-row boxes that hold its valid rows, through the second map:
+    /// an expert with 16 rows moves 16 rows of A and C, not 128. Full tiles (and full 64-row
+    /// halves) move as without the flag. Padding rows are computed on whatever the ring slot
+    /// held before and never stored.
+    pub const PARTIAL_ROWS: u32 = 1 << 8;
+}
+
+/// Rows of one A load and one C store box of a partial tile with [`mode::PARTIAL_ROWS`] (a
+/// multiple of 8, the 128-byte swizzle's period, so every box starts on a 1024-byte boundary).
+pub const PARTIAL_BOX_ROWS: u32 = 16;
+/// With [`mode::PARTIAL_ROWS`]: bytes from a whole-tile tensor map to its `PARTIAL_BOX_ROWS` twin.
+pub const PARTIAL_MAP_OFFSET: u64 = 128;
+/// A tile-expert word (`MoeRouteArgs::tile_expert`) is `expert | pad << TILE_PAD_SHIFT`, `pad`
+/// the padding rows at the end of the tile (0 for a full tile: a word without the field reads as
+/// full). Experts fit below it (`MAX_EXPERTS`).
+pub const TILE_PAD_SHIFT: u32 = 16;
+/// The expert bits of a tile-expert word.
+pub const TILE_EXPERT_MASK: u32 = (1 << TILE_PAD_SHIFT) - 1;
 
 /// The error record the routing kernel writes (device memory, 4 words; all zero: no error).
 /// The first bad pair wins `flag` (compare-and-swap 0 -> 1) and writes `pair` and `id`; every
@@ -74,7 +109,8 @@ pub struct MoeRouteArgs {
     pub counts: u64,
     /// Padded first row of every expert's group (`experts + 1`; the last is the total).
     pub offsets: u64,
-    /// Expert of every row tile (`max_tiles`; only the first `rows / ROW_ALIGN` are written).
+    /// Expert of every row tile (`max_tiles`; only the first `rows / ROW_ALIGN` are written),
+    /// with the tile's padding rows above [`TILE_PAD_SHIFT`].
     pub tile_expert: u64,
     /// One word: padded rows in use (the grouped GEMMs' M).
     pub rows: u64,
@@ -119,7 +155,7 @@ pub struct GroupedGemmArgs {
     pub map_c: u64,
     /// One word: rows of A in use (padded; written by the routing kernel).
     pub rows: u64,
-    /// Expert of every row tile.
+    /// Expert of every row tile (and its padding rows: [`TILE_PAD_SHIFT`]).
     pub tile_expert: u64,
     /// Columns of C (`F` up, `H` down).
     pub n: u32,
@@ -127,7 +163,7 @@ pub struct GroupedGemmArgs {
     pub k: u32,
     /// Rows of W per expert (`2F` SwiGLU, `F` none, `H` down).
     pub b_rows: u32,
-    /// [`act`].
+    /// [`act`] in the low byte, [`mode`] flags above it.
     pub act: u32,
 }
 
@@ -394,6 +430,16 @@ pub const fn max_tiles(pairs: u32, experts: u32) -> u32 {
 }
 
 const _: () = {
+    assert!(
+        MAX_EXPERTS <= TILE_EXPERT_MASK + 1,
+        "experts fit the tile-expert word's low bits"
+    );
+    assert!(
+        ROW_ALIGN < 1 << (32 - TILE_PAD_SHIFT),
+        "padding rows fit the tile-expert word"
+    );
+    assert!(PARTIAL_BOX_ROWS.is_multiple_of(8) && ROW_ALIGN.is_multiple_of(PARTIAL_BOX_ROWS));
+    assert!(GemmTile::EPILOGUE_BOX_ROWS.is_multiple_of(PARTIAL_BOX_ROWS));
     assert!(ROUTE_THREADS >= MAX_EXPERTS, "the scan gives every expert a thread");
     assert!(ROUTE_THREADS.is_multiple_of(crate::WARP_SIZE));
     assert!(ROUTE_SMEM_BYTES <= 48 * 1024);

@@ -72,6 +72,11 @@ impl CommCtx {
             epoch_seq: mkernel_config::comm::fifo::EPOCH_SEQ_COLLECTIVES,
         }
     }
+    /// The descriptor's address.
+    #[inline(always)]
+    pub fn desc_addr(&self) -> u64 {
+        self.desc as u64
+    }
     /// This rank in the whole job, read from the descriptor now (volatile): for cold paths
     /// such as error records, so that no register keeps it across the waits they follow.
     #[inline(always)]
@@ -132,6 +137,9 @@ impl CommCtx {
         if ids::thread_idx() == 0 {
             let counter = (self.heap(self.rank) + EPOCH_COUNTERS_OFFSET + 8 * self.cta as u64) as *mut u64;
             unsafe { counter.write_volatile(self.epoch) };
+            if self.cta == 0 {
+                unsafe { super::wait::host_abort_at_launch_end(self.desc as u64, self.epoch) };
+            }
         }
     }
 }

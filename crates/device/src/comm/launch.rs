@@ -106,6 +106,7 @@ pub unsafe fn count_exit(c: &CommCtx, epoch: u64, exits: u32, last: impl FnOnce(
     if exited + 1 == exits {
         last();
         unsafe {
+            crate::comm::wait::host_abort_at_launch_end(c.desc_addr(), epoch);
             memory::st_relaxed_u32(Scope::Gpu, (local + FUSED_EXITS_OFFSET) as *mut u32, 0);
             memory::st_release_u64(Scope::Gpu, (local + FUSED_EPOCH_OFFSET) as *mut u64, epoch);
         }
@@ -143,6 +144,7 @@ pub unsafe fn exit_launch_by_cta_then(c: &CommCtx, epoch: u64, word: *mut u32, l
         if ids::lane_id() == 0 {
             let local = c.heap(c.rank);
             unsafe {
+                crate::comm::wait::host_abort_at_launch_end(c.desc_addr(), epoch);
                 memory::st_relaxed_u32(Scope::Gpu, (local + FUSED_EXITS_OFFSET) as *mut u32, 0);
                 memory::st_release_u64(Scope::Gpu, (local + FUSED_EPOCH_OFFSET) as *mut u64, epoch);
             }

@@ -4,7 +4,7 @@
 //! so it is used for small messages only. Units: 8 data bytes = 16 LL bytes per thread access.
 use super::wait::report_give_up;
 use super::CommCtx;
-use crate::arch::{ids, memory, memory::Scope, time};
+use crate::arch::{ids, memory, time};
 use mkernel_config::comm::{FlagSlot, ABORT_OFFSET};
 
 /// LL bytes per 8 data bytes.
@@ -62,7 +62,7 @@ pub unsafe fn recv(c: &CommCtx, src: *const u8, i: u64, peer: u32) -> Option<[u3
         }
         polls += 1;
         if polls % 64 == 0 {
-            let aborting = unsafe { memory::ld_relaxed_u32(Scope::Gpu, abort) } != 0;
+            let aborting = unsafe { super::wait::aborting_at(c.desc_addr(), abort, polls) };
             let waited = time::globaltimer_ns().wrapping_sub(start);
             if aborting || waited > c.timeout_ns {
                 unsafe {

@@ -13,7 +13,8 @@ use mkernel_config::fifo::{self, offsets as at};
 
 use mkernel_config::comm::wait_code::{
     FIFO_DONE as WAIT_FIFO_DONE, FIFO_SPACE as WAIT_FIFO_SPACE, REMOTE_DATA as WAIT_REMOTE_DATA,
-    REMOTE_READY as WAIT_REMOTE_READY,
+    REMOTE_READY as WAIT_REMOTE_READY, REMOTE_RING_DATA as WAIT_REMOTE_RING_DATA,
+    REMOTE_RING_FREE as WAIT_REMOTE_RING_FREE,
 };
 
 /// One command (the fields of `mkernel_config::fifo::CommandBody` that vary; `epoch` and
@@ -62,7 +63,7 @@ unsafe fn wait_until(
         }
         polls += 1;
         if polls % 64 == 0 {
-            let mut aborting = unsafe { memory::ld_relaxed_u32(Scope::Gpu, abort) } != 0;
+            let mut aborting = unsafe { super::wait::aborting_at(c.desc_addr(), abort, polls) };
             // The proxy's abort word lives in host memory: read it 16 times less often (many
             // pollers reading across PCIe would slow the host's own traffic to this GPU).
             if !aborting && polls % 1024 == 0 && unsafe { memory::ld_relaxed_u32(Scope::Sys, fifo_abort) } != 0 {
@@ -280,10 +281,11 @@ pub unsafe fn wait_remote(c: &CommCtx, slot: RemoteSlot, src: u32) -> bool {
 #[inline(always)]
 pub unsafe fn wait_remote_value(c: &CommCtx, slot: RemoteSlot, src: u32, target: u64) -> bool {
     let flag = (c.heap(c.rank) + remote_flag_offset(slot, src)) as *const u64;
-    let code = if slot == RemoteSlot::Ready || slot == RemoteSlot::FusedReady {
-        WAIT_REMOTE_READY
-    } else {
-        WAIT_REMOTE_DATA
+    let code = match slot {
+        RemoteSlot::Ready | RemoteSlot::FusedReady => WAIT_REMOTE_READY,
+        RemoteSlot::RingData => WAIT_REMOTE_RING_DATA,
+        RemoteSlot::RingFree => WAIT_REMOTE_RING_FREE,
+        _ => WAIT_REMOTE_DATA,
     };
     unsafe {
         wait_until(

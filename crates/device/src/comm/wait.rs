@@ -3,11 +3,72 @@
 use super::CommCtx;
 use crate::arch::{ids, mbarrier, memory, memory::Scope, smem::SmemAddr, sync, time};
 use mkernel_config::comm::{
-    abort_word, CommDesc, ErrorCode, ErrorRecord, FlagSlot, Role, ABORT_OFFSET, ERROR_RECORD_OFFSET, STAGED_CTAS,
+    abort_word, CommDesc, ErrorCode, ErrorRecord, FlagSlot, Role, ABORT_OFFSET, ERROR_RECORD_OFFSET, HOST_ABORT_POLLS,
+    STAGED_CTAS,
 };
 
 /// Polls between clock and abort checks.
-const POLLS_PER_CHECK: u32 = 64;
+pub const POLLS_PER_CHECK: u32 = 64;
+
+/// Whether the rank is aborting, at the clock check of a polling wait after `polls` polls
+/// (a multiple of [`POLLS_PER_CHECK`]): the heap's abort word `abort` (GPU memory, every
+/// check), and at the first check and every [`HOST_ABORT_POLLS`] polls the host abort word
+/// ([`host_abort_seen`]).
+///
+/// # Safety
+///
+/// `abort` is the abort word of the heap of `desc`'s own rank, and `desc` the launch's
+/// `CommDesc` (the communicator contract, `crate::comm`).
+// `is_multiple_of` here changes the emitted PTX of the polling loop (checked with `cargo xtask ptx`).
+#[allow(clippy::manual_is_multiple_of)]
+#[inline(always)]
+pub unsafe fn aborting_at(desc: u64, abort: *const u32, polls: u32) -> bool {
+    (unsafe { memory::ld_relaxed_u32(Scope::Gpu, abort) } != 0)
+        || ((polls == POLLS_PER_CHECK || polls % HOST_ABORT_POLLS == 0) && unsafe { host_abort_seen(desc) })
+}
+
+/// Reads the rank's host abort word (`CommDesc::host_abort`: host memory the CPU stores into,
+/// `Communicator::abort`; one load across PCIe); when it is up, copies it into the heap's abort
+/// word (unless that is up already), where every wait and every later launch of the rank sees
+/// it at GPU-memory cost, and returns true.
+///
+/// # Safety
+///
+/// `desc` is the launch's `CommDesc` (the communicator contract, `crate::comm`); its
+/// `host_abort` is 0 or the device address of the rank's mapped host abort word.
+#[inline(always)]
+pub unsafe fn host_abort_seen(desc: u64) -> bool {
+    let d = desc as *const CommDesc;
+    let host = unsafe { (&raw const (*d).host_abort).read_volatile() };
+    if host == 0 {
+        return false;
+    }
+    let word = unsafe { memory::ld_relaxed_u32(Scope::Sys, host as *const u32) };
+    if word == 0 {
+        return false;
+    }
+    unsafe {
+        let rank = (&raw const (*d).rank).read_volatile();
+        let heap = *(*d).heaps.as_ptr().add(rank as usize);
+        // A word raised meanwhile (a timeout, or the same abort) keeps its value.
+        let _ = memory::atom_acq_rel_cas_u32(Scope::Gpu, (heap + ABORT_OFFSET) as *mut u32, 0, word);
+    }
+    true
+}
+
+/// At the end of a launch, one thread: every [`mkernel_config::comm::HOST_ABORT_LAUNCHES`]
+/// launches (by `epoch`), [`host_abort_seen`], so that an abort reaches the rank's later
+/// launches also when none of its waits stalls long enough to read the host word.
+///
+/// # Safety
+///
+/// As [`host_abort_seen`].
+#[inline(always)]
+pub unsafe fn host_abort_at_launch_end(desc: u64, epoch: u64) {
+    if epoch.is_multiple_of(mkernel_config::comm::HOST_ABORT_LAUNCHES) {
+        let _ = unsafe { host_abort_seen(desc) };
+    }
+}
 
 /// Waits until this rank's flag `(slot, src)` of this CTA reaches `target`. Returns false
 /// (after writing the error record if it is the first to fail) on timeout or when the rank is
@@ -69,6 +130,19 @@ pub unsafe fn wait_flag_of_cta_from<const SLEEP_NS: u32>(
     let flag = c.flag_of_cta(c.rank, slot, src(c), cta);
     let abort = (c.heap(c.rank) + ABORT_OFFSET) as *const u32;
     let start = time::globaltimer_ns();
+    // The abort word's load is in flight beside the flag's first: an aborted rank's waits give
+    // up at once, also where the flag is there (a launch queued behind the abort stops at its
+    // first wait).
+    let word = unsafe { memory::ld_relaxed_u32(Scope::Gpu, abort) };
+    let seen = unsafe { memory::ld_acquire_u64(Scope::Sys, flag) };
+    if word == 0 && seen >= target {
+        return true;
+    }
+    if word != 0 {
+        let src = src(c) + (c.global_rank_now() - c.rank);
+        unsafe { report_give_up(c, slot as u32, src, target, seen, 0) };
+        return false;
+    }
     let mut polls = 0u32;
     loop {
         let seen = unsafe { memory::ld_acquire_u64(Scope::Sys, flag) };
@@ -80,7 +154,7 @@ pub unsafe fn wait_flag_of_cta_from<const SLEEP_NS: u32>(
         }
         polls += 1;
         if polls % POLLS_PER_CHECK == 0 {
-            let aborting = unsafe { memory::ld_relaxed_u32(Scope::Gpu, abort) } != 0;
+            let aborting = unsafe { aborting_at(c.desc_addr(), abort, polls) };
             let waited = time::globaltimer_ns().wrapping_sub(start);
             if aborting || waited > c.timeout_ns {
                 let src = src(c) + (c.global_rank_now() - c.rank);
@@ -217,6 +291,22 @@ pub unsafe fn abort_word_of(desc: u64) -> u32 {
     unsafe { memory::ld_relaxed_u32(Scope::Gpu, (heap + ABORT_OFFSET) as *const u32) }
 }
 
+/// As [`abort_word_of`], also reading the host abort word when the heap's is down
+/// ([`host_abort_seen`]): for the rare stall checks of the shared-memory waits.
+///
+/// # Safety
+///
+/// As [`abort_word_of`].
+#[inline(always)]
+pub unsafe fn abort_word_or_host(desc: u64) -> u32 {
+    let word = unsafe { abort_word_of(desc) };
+    if word == 0 && unsafe { host_abort_seen(desc) } {
+        unsafe { abort_word_of(desc) }
+    } else {
+        word
+    }
+}
+
 /// `index` of [`local_stall`]: record the waiting thread's warpgroup.
 pub const THIS_WARPGROUP: u32 = u32::MAX;
 
@@ -231,7 +321,11 @@ pub const THIS_WARPGROUP: u32 = u32::MAX;
 #[inline(always)]
 pub fn local_stall<const ON_ABORT: bool>(desc: u64, role: Role, code: u32, index: u32) -> impl Fn(u64) -> bool + Copy {
     move |stalled| {
-        let word = if ON_ABORT { unsafe { abort_word_of(desc) } } else { 0 };
+        let word = if ON_ABORT {
+            unsafe { abort_word_or_host(desc) }
+        } else {
+            0
+        };
         if word == 0 && stalled <= unsafe { hung_ns(desc) } {
             return false;
         }
@@ -253,7 +347,7 @@ pub fn local_stall<const ON_ABORT: bool>(desc: u64, role: Role, code: u32, index
 /// them (an inlined record cost the stagers spills).
 #[inline(always)]
 pub fn stall_or_abort(desc: u64) -> impl Fn(u64) -> bool + Copy {
-    move |stalled| unsafe { abort_word_of(desc) != 0 || stalled > hung_ns(desc) }
+    move |stalled| unsafe { abort_word_or_host(desc) != 0 || stalled > hung_ns(desc) }
 }
 
 /// Waits (bounded, [`local_stall`]) until the phase with `parity` of `bar` completed: false

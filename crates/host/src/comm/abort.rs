@@ -1,26 +1,34 @@
 //! Stopping a communicator's kernels from any thread ([`AbortHandle`]), reading back why they
 //! stopped ([`status`]), and making the communicator usable again ([`Communicator::reset`]).
 //!
-//! The abort word of every rank lies in its heap's control area (`ABORT_OFFSET`); every device
-//! wait polls its own rank's word (docs/protocol.md, "Every device wait"). An abort writes
-//! `abort_word::by_host(global rank)` into the word of this rank and of every rank whose heap
-//! this process maps: the local ranks (NVLink), and on emulated nodes every rank of the job
-//! (the wire's mappings). The writes are `cuStreamWriteValue32` on a stream of its own created
-//! `CU_STREAM_NON_BLOCKING`: they neither queue behind the kernel they stop (the legacy default
-//! stream would) nor need an SM (a memset kernel would wait for the persistent kernels' SMs).
+//! Every rank has two abort words: its **host abort word**, in a page of host memory shared by
+//! the node's processes and mapped for its GPU ([`super::host_word`]), and the abort word in its
+//! heap's control area (`ABORT_OFFSET`, GPU memory). An abort stores
+//! `abort_word::by_host(global rank)` with a plain CPU atomic into the host word of this rank and
+//! of every other local rank: no stream, no GPU queue, so it lands at once also while every
+//! engine of the GPU is busy or stalled (ranks sharing a GPU through MPS). The kernels read the
+//! host word at their polling waits' first clock check and every `HOST_ABORT_POLLS` polls, and
+//! one thread every `HOST_ABORT_LAUNCHES` launches at a launch's end; whoever sees it up copies
+//! it into the heap word, which every wait reads at every clock check and at its first poll
+//! (docs/protocol.md, "Abort and reset"). On emulated nodes, the ranks of the other nodes get
+//! the heap word written through the wire's mappings, with `cuStreamWriteValue32` on a stream of
+//! its own (`CU_STREAM_NON_BLOCKING`).
+use super::host_word::{RegisteredPage, SharedPage};
 use super::Communicator;
 use crate::error::{Error, Result};
 use cudarc::driver::{sys, CudaContext, CudaStream};
+use mkernel_bootstrap::Bootstrap;
 use mkernel_config::comm::{
     abort_word, ErrorCode, ErrorRecord, FlagSlot, Role, ABORT_OFFSET, EPOCH_COUNTERS_OFFSET, ERROR_RECORD_OFFSET,
     FLAG_SLOTS, FUSED_EPOCH_OFFSET, HEAP_ZEROED_BYTES, MAX_COMM_CTAS, MAX_LOCAL_RANKS,
 };
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// How long [`AbortHandle::abort`] waits for its writes to land before it reports
-/// [`Error::AbortUndelivered`].
+/// How long [`AbortHandle::abort`] waits for its writes into other nodes' heaps (emulated
+/// nodes) to land before it reports [`Error::AbortUndelivered`].
 pub const ABORT_DELIVERY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Aborts a communicator's running and later operations, from any thread, also while a kernel
@@ -32,16 +40,61 @@ pub struct AbortHandle {
     inner: Arc<Aborter>,
 }
 
+/// The host abort words of this node's ranks: this rank's (registered for its GPU) and the
+/// other local ranks' (mapped here). Made by [`HostWords::exchange`], collective over the local
+/// ranks.
+pub(crate) struct HostWords {
+    own: RegisteredPage,
+    peers: Vec<SharedPage>,
+}
+
+impl HostWords {
+    /// Creates this rank's page, passes its descriptor to every local rank and maps theirs
+    /// (collective: every local rank calls it at the same point of `Communicator::new`).
+    pub(crate) fn exchange(ctx: &Arc<CudaContext>, boot: &mut Bootstrap, timeout: Duration) -> Result<HostWords> {
+        let (page, fd) = SharedPage::create()?;
+        let fds = boot.exchange_fds(&[fd.as_fd()], timeout)?;
+        let local_rank = boot.info().local_rank();
+        let mut peers = Vec::with_capacity(fds.len());
+        for (peer, peer_fds) in fds.into_iter().enumerate() {
+            if peer == local_rank {
+                continue;
+            }
+            let fd = peer_fds.into_iter().next().ok_or_else(|| Error::Shape {
+                op: "communicator",
+                reason: format!("local rank {peer} sent no host abort word"),
+            })?;
+            peers.push(SharedPage::map(fd.as_fd())?);
+        }
+        Ok(HostWords {
+            own: RegisteredPage::new(ctx, page)?,
+            peers,
+        })
+    }
+
+    /// The device address of this rank's word (`CommDesc::host_abort`).
+    pub(crate) fn device_addr(&self) -> u64 {
+        self.own.device_addr()
+    }
+
+    fn own(&self) -> &AtomicU32 {
+        self.own.word()
+    }
+}
+
 pub(crate) struct Aborter {
     ctx: Arc<CudaContext>,
-    /// A `CU_STREAM_NON_BLOCKING` stream of the abort writes alone.
-    stream: Arc<CudaStream>,
-    /// Device addresses of the abort words this rank raises: its own first.
-    words: Vec<u64>,
+    host: HostWords,
+    /// A `CU_STREAM_NON_BLOCKING` stream of the writes into other nodes' heaps alone (none on
+    /// one node).
+    stream: Option<Arc<CudaStream>>,
+    /// Device addresses (as the wire maps them here) of the heap abort words of the ranks on
+    /// other nodes (emulated nodes only).
+    remote: Vec<u64>,
     /// `abort_word::by_host(global rank)`.
     value: u32,
-    /// False once the communicator is being dropped: the words' mappings are about to go away.
-    /// Held across the writes, so a drop waits for an abort in progress.
+    /// False once the communicator is being dropped: the remote words' mappings are about to
+    /// go away. Held across the writes, so a drop waits for an abort in progress.
     alive: Mutex<bool>,
     /// Resets so far (names the store keys of the next one).
     resets: AtomicU32,
@@ -50,19 +103,25 @@ pub(crate) struct Aborter {
 }
 
 impl Aborter {
-    /// `bases`: heap bases (as mapped in this process) of every rank the abort reaches, this
-    /// rank's first.
+    /// `remote_bases`: heap bases (as mapped in this process) of the ranks on other nodes the
+    /// abort reaches.
     pub(crate) fn new(
         ctx: &Arc<CudaContext>,
-        bases: &[u64],
+        host: HostWords,
+        remote_bases: &[u64],
         global_rank: u32,
         reset_timeout: Duration,
     ) -> Result<Arc<Aborter>> {
         Ok(Arc::new(Aborter {
             ctx: ctx.clone(),
+            host,
             // cudarc's new_stream creates CU_STREAM_NON_BLOCKING streams.
-            stream: ctx.new_stream()?,
-            words: bases.iter().map(|b| b + ABORT_OFFSET).collect(),
+            stream: if remote_bases.is_empty() {
+                None
+            } else {
+                Some(ctx.new_stream()?)
+            },
+            remote: remote_bases.iter().map(|b| b + ABORT_OFFSET).collect(),
             value: abort_word::by_host(global_rank),
             alive: Mutex::new(true),
             resets: AtomicU32::new(0),
@@ -77,15 +136,28 @@ impl Aborter {
         *alive = false;
     }
 
+    /// This rank's host abort word as it is now.
+    pub(crate) fn host_word(&self) -> u32 {
+        self.host.own().load(Ordering::Acquire)
+    }
+
     fn abort(&self) -> Result<()> {
         let alive = self.alive.lock().unwrap_or_else(|e| e.into_inner());
         if !*alive {
             return Ok(());
         }
-        // Any thread: the context is made current here.
+        // The node's ranks, this one first: plain stores (a first abort keeps its value).
+        for w in std::iter::once(self.host.own()).chain(self.host.peers.iter().map(SharedPage::word)) {
+            let _ = w.compare_exchange(0, self.value, Ordering::AcqRel, Ordering::Acquire);
+        }
+        let Some(stream) = &self.stream else {
+            return Ok(());
+        };
+        // Other nodes (emulated): the wire's mappings of their heaps. Any thread: the context
+        // is made current here.
         self.ctx.bind_to_thread()?;
-        let stream = self.stream.cu_stream();
-        for &w in &self.words {
+        let stream = stream.cu_stream();
+        for &w in &self.remote {
             // SAFETY: `w` is the abort word (4 bytes, aligned) of a heap mapped in this process
             // while `alive` holds (the communicator's drop waits for this lock).
             let r = unsafe {
@@ -127,20 +199,22 @@ impl AbortHandle {
         AbortHandle { inner }
     }
 
-    /// Raises the abort word of this rank and of every peer it reaches (the local ranks; on
-    /// emulated nodes every rank of the job) and returns once the writes have landed. Every
-    /// device wait of those ranks then gives up within microseconds (its CTA exits; a fused
-    /// kernel runs out its GEMM ring without computing) and writes an `Aborted` error record;
-    /// every later launch of theirs gives up at its first wait, until [`Communicator::reset`].
+    /// Raises the host abort word of this rank and of every other local rank (plain CPU
+    /// stores, landed when it returns) and, on emulated nodes, the heap abort word of every
+    /// rank of the other nodes (returns once those writes landed, else
+    /// [`Error::AbortUndelivered`] after 5 s). Every device wait of those ranks then gives up
+    /// within about `HOST_ABORT_POLLS` polls (its CTA exits; a fused kernel runs out its GEMM
+    /// ring without computing) and writes an `Aborted` error record; every later launch of
+    /// theirs gives up at its first wait, until [`Communicator::reset`].
     /// [`Communicator::check`] then returns [`Error::Aborted`] naming this rank.
     pub fn abort(&self) -> Result<()> {
         self.inner.abort()
     }
 }
 
-/// The rank's status as its heap holds it (call after the stream's work finished): the error
-/// record, else the abort word.
-pub(crate) fn status(local_base: u64, global_rank: u32) -> Result<()> {
+/// The rank's status as its heap and host abort word hold it (call after the stream's work
+/// finished): the error record, else the heap's abort word, else the host word (`host`).
+pub(crate) fn status(local_base: u64, global_rank: u32, host: u32) -> Result<()> {
     // The record and the abort word that follows it, in one read.
     let mut raw = [0u8; (ABORT_OFFSET - ERROR_RECORD_OFFSET) as usize + 4];
     // SAFETY: reads this rank's own control area into a byte buffer of its size.
@@ -148,10 +222,10 @@ pub(crate) fn status(local_base: u64, global_rank: u32) -> Result<()> {
     // SAFETY: ErrorRecord is repr(C) plain data, no larger than the bytes before the word.
     let rec: ErrorRecord = unsafe { std::ptr::read_unaligned(raw.as_ptr() as *const ErrorRecord) };
     let word = u32::from_ne_bytes(raw[raw.len() - 4..].try_into().expect("4 bytes"));
-    decode(&rec, word, global_rank)
+    decode(&rec, if word != 0 { word } else { host }, global_rank)
 }
 
-/// [`status`] from the record and the abort word as read.
+/// [`status`] from the record and the abort word as read (the heap's, else the host's).
 fn decode(rec: &ErrorRecord, word: u32, global_rank: u32) -> Result<()> {
     let by_rank = |w: u32| abort_word::host_rank(w).unwrap_or(global_rank);
     match rec.code {
@@ -241,8 +315,8 @@ impl Communicator {
     /// launch of this process interleaves), and plans made before stay valid. It waits until every rank's
     /// kernels ended (store barrier), then puts every rank's epochs in step: all per-CTA epoch
     /// counters, the fused launch epoch and every epoch flag at `e` = (the largest epoch any
-    /// rank reached) + 1, tile counters, error record and abort word at zero, LL words cleared
-    /// ([`reset_image`]); a second barrier ends it. Jobs across nodes are refused
+    /// rank reached) + 1, tile counters, error record and heap abort word at zero, LL words
+    /// cleared ([`reset_image`]), and its host abort word at zero; a second barrier ends it. Jobs across nodes are refused
     /// ([`Error::Unsupported`]): an aborted kernel may have claimed a proxy FIFO slot it never
     /// filled, which the proxy waits for forever - across nodes an aborted communicator is
     /// dead: drop it and build a new one.
@@ -258,7 +332,6 @@ impl Communicator {
         let ctx = self.device.context();
         ctx.bind_to_thread()?;
         ctx.synchronize()?;
-        self.aborter.stream.synchronize()?;
         let store = self.boot.store();
         // Nobody's kernels run any more: nothing writes into any heap.
         store.barrier(&format!("mkernel/communicator/reset/{n}/quiet"), timeout)?;
@@ -289,6 +362,8 @@ impl Communicator {
         // SAFETY: the first HEAP_ZEROED_BYTES of this rank's heap are its own and mapped; no
         // kernel of any rank runs.
         unsafe { cudarc::driver::result::memcpy_htod_sync(base, &image)? };
+        // Each rank clears its own host word (no kernel reads it, no abort is in progress).
+        self.aborter.host.own().store(0, Ordering::Release);
         store.barrier(&format!("mkernel/communicator/reset/{n}/done"), timeout)?;
         Ok(())
     }

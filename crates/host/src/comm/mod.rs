@@ -21,6 +21,7 @@
 //! - Streams and buffers of another CUDA context are refused ([`Error::ForeignContext`]).
 pub mod abort;
 pub mod heap;
+mod host_word;
 pub mod internode;
 #[cfg(feature = "rdma")]
 mod rdma;
@@ -356,6 +357,8 @@ impl Communicator {
         } else {
             None
         };
+        // The host abort words of the node's ranks (collective, like the heap's exchange).
+        let host_words = abort::HostWords::exchange(device.context(), &mut boot, cfg.bootstrap_timeout)?;
         let mut d = CommDesc {
             rank,
             world,
@@ -366,6 +369,7 @@ impl Communicator {
             fifo: node.as_ref().map_or(0, |n| n.fifo_device_ptr()),
             fifo_capacity: FIFO_CAPACITY,
             _pad: 0,
+            host_abort: host_words.device_addr(),
         };
         for (r, slot) in d.heaps.iter_mut().enumerate().take(world as usize) {
             *slot = heap.base(r).ok_or_else(|| Error::Shape {
@@ -380,26 +384,22 @@ impl Communicator {
         boot.store()
             .barrier("mkernel/communicator/zeroed", cfg.bootstrap_timeout)?;
         let desc_addr = desc.device_ptr(&stream).0;
-        // The abort reaches every local rank over NVLink; on emulated nodes, every rank of the
-        // job through the wire's mappings (own heap first either way).
-        let mut abort_bases = vec![heap.local_base()];
-        match &node {
-            Some(n) => abort_bases.extend(
-                n.heap_bases()
-                    .into_iter()
-                    .enumerate()
-                    .filter(|(g, _)| *g != info.rank())
-                    .map(|(_, b)| b),
-            ),
-            None => abort_bases.extend(
-                (0..world as usize)
-                    .filter(|r| *r != rank as usize)
-                    .filter_map(|r| heap.base(r)),
-            ),
-        }
+        // The abort reaches every local rank through its host abort word; on emulated nodes,
+        // every rank of the other nodes through the wire's mappings of their heaps.
+        let remote_bases: Vec<u64> = match &node {
+            Some(n) => n
+                .heap_bases()
+                .into_iter()
+                .enumerate()
+                .filter(|(g, _)| !info.node_ranks().contains(g))
+                .map(|(_, b)| b)
+                .collect(),
+            None => Vec::new(),
+        };
         let aborter = abort::Aborter::new(
             device.context(),
-            &abort_bases,
+            host_words,
+            &remote_bases,
             info.rank() as u32,
             cfg.bootstrap_timeout,
         )?;
@@ -840,7 +840,7 @@ impl Communicator {
         if let Some(w) = &self.wire {
             w.node.check()?;
         }
-        abort::status(self.heap.local_base(), self.global_rank())
+        abort::status(self.heap.local_base(), self.global_rank(), self.aborter.host_word())
     }
 }
 
@@ -857,6 +857,8 @@ pub(crate) fn wait_name(code: u32) -> String {
         w::STAGING => "epilogue staging (aux mbarrier)".into(),
         w::RING_TICK => "consumers' ring progress (tick count)".into(),
         w::NODE_SUMS => "other nodes' sums (aux mbarrier)".into(),
+        w::REMOTE_RING_DATA => "inter-node RingData flag (ring step)".into(),
+        w::REMOTE_RING_FREE => "inter-node RingFree flag (ring step)".into(),
         c if (w::MOE_EP..w::MOE_EP + 4).contains(&c) => {
             let names = ["Ready", "Counts", "Rows", "Out"];
             format!("MoE {} flag (epoch)", names[(c - w::MOE_EP) as usize])

@@ -16,10 +16,8 @@ use super::ep::{aborting, last_to_store, node0, on_node, post_remote_rows, wait_
 use super::grouped_gemm::Launch;
 use crate::arch::{ids, mbarrier, memory, memory::Scope, regs, smem, sync, tma, tma::TensorMap};
 use crate::comm::{proxy, CommCtx};
-use crate::gemm::producer::{fill_without_data, load_tile, load_tile_split_b};
+use crate::gemm::producer::{fill_without_data, load_tile_rows, ARows, BRows};
 use crate::gemm::ring::{Ring, RingPos};
-use crate::gemm::scheduler::Tile;
-use crate::gemm::BLayout;
 use mkernel_config::comm::fifo::EPOCH_SEQ_FUSED;
 use mkernel_config::comm::{wait_code, CommDesc, RemoteSlot, Role};
 use mkernel_config::ops::moe::{
@@ -120,9 +118,11 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_dispatch_up(
         }
     }
     sync::sync_threads();
+    // Whole tiles (no `mode::PARTIAL_ROWS`: the plan's maps have no row-granular twins).
     let launch = Launch {
         args: up,
-        swiglu: unsafe { (*up).act } == act::SWIGLU,
+        swiglu: unsafe { (*up).act } & act::MASK == act::SWIGLU,
+        partial: false,
         k_blocks: unsafe { (*up).k }.div_ceil(TILE.block_k),
     };
     let wg = ids::warpgroup_idx();
@@ -171,12 +171,11 @@ fn ready_word() -> *mut u32 {
 unsafe fn load(ring: &Ring, l: Launch) {
     let g = unsafe { l.args.read() };
     let (map_a, map_b) = (TensorMap(g.map_a as *const u8), TensorMap(g.map_b as *const u8));
-    let tile_expert = g.tile_expert as *const u32;
     let mut pos = RingPos::START;
     let give_up = mbarrier::trap_after(mbarrier::HUNG_NS);
     let mut tiles = l.tiles();
     while let Some(tile) = tiles.next() {
-        let e = unsafe { tile_expert.add((tile.m0 / TILE.block_m) as usize).read() };
+        let (e, _) = l.tile_expert(tile.m0);
         loop {
             let r = unsafe { memory::ld_acquire_u32(Scope::Cta, ready_word()) };
             if r == u32::MAX {
@@ -192,33 +191,18 @@ unsafe fn load(ring: &Ring, l: Launch) {
         // announced by releases the waiter acquired; TMA reads them through the async proxy.
         memory::fence_proxy_async();
         let b_row = e * g.b_rows + tile.n0;
-        unsafe {
-            if l.swiglu {
-                load_tile_split_b(
-                    ring,
-                    &mut pos,
-                    map_a,
-                    tile.m0,
-                    map_b,
-                    [b_row, b_row + g.n],
-                    l.k_blocks,
-                    give_up,
-                );
-            } else {
-                let t = Tile { m0: tile.m0, n0: b_row };
-                load_tile(
-                    ring,
-                    &mut pos,
-                    map_a,
-                    tile.m0,
-                    map_b,
-                    BLayout::Nk,
-                    t,
-                    l.k_blocks,
-                    give_up,
-                );
-            }
-        }
+        let b_rows = if l.swiglu {
+            BRows::Split([b_row, b_row + g.n])
+        } else {
+            BRows::Whole(b_row)
+        };
+        let a_rows = ARows {
+            map: map_a,
+            row: tile.m0,
+            boxes: 1,
+            box_rows: TILE.block_m,
+        };
+        unsafe { load_tile_rows(ring, &mut pos, a_rows, map_b, b_rows, l.k_blocks, give_up) };
     }
 }
 
