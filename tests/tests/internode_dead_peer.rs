@@ -53,13 +53,25 @@ fn dead_remote_process_is_named_by_the_tcp_proxy() {
     let err = comm.check().expect_err("the all_gather must fail");
     let dead_node = dead / comm.world();
     if g / comm.world() == dead_node {
-        // Same node as the dead rank: it waited over NVLink, so only the device timeout names it.
-        assert!(matches!(err, Error::CommTimeout { .. }), "{err}");
-    } else {
-        // Connected to the dead rank over TCP: the proxy names it.
+        // Same node as the dead rank: it waits over NVLink until the device timeout names the
+        // dead rank, unless its proxy heard first from a peer on the other node whose proxy
+        // failed on its link with the dead rank (that peer's ABORT frame names it).
         let msg = err.to_string();
         assert!(
-            matches!(err, Error::Proxy(_)) && msg.contains(&format!("peer {dead}")),
+            match &err {
+                Error::CommTimeout { .. } => true,
+                Error::Proxy(_) => msg.contains(&format!("its proxy failed on its link with rank {dead}")),
+                _ => false,
+            },
+            "{msg}"
+        );
+    } else {
+        // Connected to the dead rank over TCP: the proxy names it (or, when a peer's failed
+        // proxy told it first, that peer's ABORT names the dead rank as the broken link).
+        let msg = err.to_string();
+        assert!(
+            matches!(err, Error::Proxy(_))
+                && (msg.contains(&format!("peer {dead}")) || msg.contains(&format!("link with rank {dead}"))),
             "{msg}"
         );
         assert!(elapsed < Duration::from_secs(5), "noticed after {elapsed:?}");

@@ -1,8 +1,10 @@
-//! Ring attention across the local ranks against the single-GPU FlashAttention kernel and the f64
-//! CPU reference over the whole sequence: causal (zigzag shards) and non-causal, head dim 64 and
-//! 128, GQA, chunks that are not a multiple of the 128-row tile; the error of W ranks beside the
-//! single-GPU kernel's (W = 1); repeated launches and a CUDA-graph replay; bad input.
-//! Run: `bundle/xtask launch -n 2 --share-gpu -- bundle/tests/mkernel-tests-ring_attention --include-ignored --nocapture`.
+//! Ring attention across every rank of the job (W = global ranks; on several nodes the ring's
+//! hops between nodes go through the proxy) against the single-GPU FlashAttention kernel and the
+//! f64 CPU reference over the whole sequence: causal (zigzag shards) and non-causal, head dim 64
+//! and 128, GQA, chunks that are not a multiple of the 128-row tile; the error of W ranks beside
+//! the single-GPU kernel's (W = 1); repeated launches and a CUDA-graph replay; bad input.
+//! Run: `bundle/xtask launch -n 2 --share-gpu -- bundle/tests/mkernel-tests-ring_attention --include-ignored --nocapture`
+//! (2 emulated nodes x 2 ranks: `-n 4 --nodes 2`).
 use half::bf16;
 use mkernel::ops::attention::{flash_attention, AttentionHeads, Sequences};
 use mkernel::ops::ring_attention::{RingAttentionPlan, RingOptions};
@@ -69,7 +71,7 @@ struct Errors {
 
 fn run_case(comm: &Communicator, dev: &Device, ws: &mkernel::SymBuffer, c: &Case, seed: u64) -> Errors {
     let stream = dev.default_stream();
-    let (rank, world) = (comm.rank() as usize, comm.world() as usize);
+    let (rank, world) = (comm.global_rank() as usize, comm.global_world() as usize);
     let s_local = c.s / world;
     let total = c.batch * c.s;
     let q = random_bf16(total * c.hq * c.d, seed);
@@ -251,7 +253,8 @@ fn ring_attention_matches_the_whole_sequence() {
         ..Default::default()
     };
     let comm = Communicator::new(&dev, boot, cfg).unwrap();
-    let (rank, world) = (comm.rank() as usize, comm.world() as usize);
+    let (rank, world) = (comm.global_rank() as usize, comm.global_world() as usize);
+    let nodes = comm.nnodes();
     let stream = dev.default_stream();
     let biggest = CASES
         .iter()
@@ -276,7 +279,7 @@ fn ring_attention_matches_the_whole_sequence() {
         }
         let e = run_case(&comm, &dev, &ws, c, 100 + 10 * i as u64);
         println!(
-            "rank {rank}/{world} {c:?}: max |O err| W=1 (single-GPU kernel) {:.2e}, W={world} (ring) {:.2e}; \
+            "rank {rank}/{world} ({nodes} node(s)) {c:?}: max |O err| W=1 (single-GPU kernel) {:.2e}, W={world} (ring) {:.2e}; \
              max |LSE err| W=1 {:.2e}, W={world} {:.2e}; max |ring - single| O {:.2e}",
             e.single_o, e.ring_o, e.single_lse, e.ring_lse, e.ring_vs_single_o
         );

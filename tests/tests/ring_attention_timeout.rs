@@ -1,6 +1,7 @@
 //! A rank that never launches its ring-attention call: its ring neighbours report a timeout
 //! naming it (the left one waiting for its `RingFree` credit, the right one for its `RingData`)
-//! instead of hanging; the launch ends by itself.
+//! instead of hanging; the launch ends by itself. On 2 emulated nodes x 2 ranks the absent rank
+//! 3's right neighbour, rank 0, is on the other node: it waits for the inter-node `RingData` flag.
 //! Run: `bundle/xtask launch -n 2 --share-gpu -- bundle/tests/mkernel-tests-ring_attention_timeout --include-ignored --nocapture`.
 use half::bf16;
 use mkernel::ops::attention::AttentionHeads;
@@ -22,7 +23,7 @@ fn missing_rank_is_named_by_the_ring_timeout() {
         ..Default::default()
     };
     let comm = Communicator::new(&dev, boot, cfg).unwrap();
-    let (rank, world) = (comm.rank(), comm.world());
+    let (rank, world) = (comm.global_rank(), comm.global_world());
     let absent = world - 1;
     let stream = dev.default_stream();
     let (s_local, h, d) = (256, 2, 64);

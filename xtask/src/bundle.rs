@@ -14,9 +14,11 @@ use std::process::{Command, Stdio};
 /// `bundle/run-tests.sh`: the GPU suite (`crate::gpu_tests`) over the bundled test binaries.
 const RUN_TESTS_SH: &str = r#"#!/bin/sh
 # Runs every bundled mkernel test binary with its GPU tests on. Multi-rank binaries run under
-# `xtask launch` at 2 and 4 ranks (fused* and internode* also as 2 emulated nodes x 2), sharing the
-# GPUs through MPS when the host has fewer GPUs than ranks; the summary names each run's mode.
-# Usage: bundle/run-tests.sh [--only NAME]... [--ranks 2,4] [--timeout-s S] [-- test-binary args]
+# `xtask launch` at 2 and 4 ranks (fused* and internode* also as 2 emulated nodes x 1 and x 2), sharing
+# the GPUs through MPS when the host has fewer GPUs than ranks; the summary names each run's mode.
+# `--transport default,tcp` runs every layout of several nodes over the emulated wire and over TCP.
+# Usage: bundle/run-tests.sh [--only NAME]... [--ranks 2,4] [--transport default,tcp] [--timeout-s S]
+#        [-- test-binary args]
 cd "$(dirname "$0")" || exit 1
 export MKERNEL_GPU_TESTS=1 NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}

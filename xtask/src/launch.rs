@@ -62,6 +62,9 @@ pub struct LaunchArgs {
     /// The command to run in each process.
     #[arg(last = true, required = true)]
     pub cmd: Vec<String>,
+    /// Extra variables of every process (set by callers such as the GPU suite, not a flag).
+    #[arg(skip)]
+    pub env: Vec<(String, String)>,
 }
 
 impl LaunchArgs {
@@ -80,6 +83,7 @@ impl LaunchArgs {
             gpus: None,
             mps_percent: None,
             cmd,
+            env: vec![],
         }
     }
 }
@@ -235,6 +239,7 @@ pub fn run(args: LaunchArgs) -> Result<()> {
         if args.nodes > 1 {
             cmd.env("MKERNEL_EMULATED_NODES", args.nodes.to_string());
         }
+        cmd.envs(args.env.iter().map(|(k, v)| (k, v)));
         if args.nodes > 1 || args.nnodes.is_some_and(|n| n > 1) {
             // The proxy thread (emulated wire, TCP) moves data with CUDA calls in the rank's context.
             // A lazily loaded module (the first cuBLAS call at a new shape) synchronizes that
@@ -375,6 +380,7 @@ mod tests {
             gpus: None,
             mps_percent: None,
             cmd: vec!["true".into()],
+            env: vec![],
         }
     }
     #[test]
@@ -458,5 +464,16 @@ mod tests {
         ];
         let e = run(a).unwrap_err().to_string();
         assert!(e.contains("rank 1"), "{e}");
+    }
+    #[test]
+    fn extra_variables_reach_every_rank() {
+        let mut a = args(2, 2, None, 0);
+        a.env = vec![("MKERNEL_TRANSPORT".into(), "tcp".into())];
+        a.cmd = vec!["sh".into(), "-c".into(), "test \"$MKERNEL_TRANSPORT\" = tcp".into()];
+        run(a).unwrap();
+        let mut a = args(2, 2, None, 0);
+        a.cmd = vec!["sh".into(), "-c".into(), "test \"$MKERNEL_TRANSPORT\" = tcp".into()];
+        std::env::remove_var("MKERNEL_TRANSPORT");
+        assert!(run(a).is_err());
     }
 }

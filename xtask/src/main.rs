@@ -69,10 +69,11 @@ enum Task {
         #[arg(last = true)]
         rest: Vec<String>,
     },
-    /// Search the SM split of a fused op per shape (the benchmark's sweep) and store the best in
-    /// the tune cache the library reads (`$MKERNEL_TUNE_FILE`, else `mkernel-tune.txt`).
+    /// Search the SM split of a fused op or ring attention per shape (the benchmark's sweep) and
+    /// store the best in the tune cache the library reads (`$MKERNEL_TUNE_FILE`, else
+    /// `mkernel-tune.txt`).
     Tune {
-        /// ag-gemm | gemm-rs | gemm-ar
+        /// ag-gemm | gemm-rs | gemm-ar | ring-attention
         #[arg(long)]
         op: String,
         /// Processes (GPUs) to launch (default: every GPU nvidia-smi lists).
@@ -98,6 +99,11 @@ enum Task {
         /// Limit of each multi-rank launch.
         #[arg(long, default_value_t = 300)]
         timeout_s: u64,
+        /// Runs of several emulated nodes (internode*, fused* at 2 x 2) once per transport listed
+        /// here, with MKERNEL_TRANSPORT set to it: `default` (the variable left as is: the
+        /// emulated wire), `emulated`, `tcp` (e.g. `--transport default,tcp`).
+        #[arg(long, value_delimiter = ',')]
+        transport: Vec<String>,
         /// Arguments for every test binary.
         #[arg(last = true)]
         rest: Vec<String>,
@@ -138,6 +144,7 @@ fn main() -> Result<()> {
             only,
             ranks,
             timeout_s,
+            transport,
             rest,
         } => {
             let suite = gpu_tests::Suite {
@@ -146,14 +153,15 @@ fn main() -> Result<()> {
                 ranks,
                 timeout_s,
                 test_args: rest,
+                transports: transport,
             };
             anyhow::ensure!(gpu_tests::run(&suite)?, "GPU tests failed (summary above)");
             Ok(())
         }
         Task::Tune { op, nproc, rest } => {
             anyhow::ensure!(
-                matches!(op.as_str(), "ag-gemm" | "gemm-rs" | "gemm-ar"),
-                "tune --op must be ag-gemm, gemm-rs or gemm-ar"
+                matches!(op.as_str(), "ag-gemm" | "gemm-rs" | "gemm-ar" | "ring-attention"),
+                "tune --op must be ag-gemm, gemm-rs, gemm-ar or ring-attention"
             );
             let file = std::env::var("MKERNEL_TUNE_FILE").unwrap_or_else(|_| "mkernel-tune.txt".into());
             let file = std::path::absolute(&file)?.display().to_string();
@@ -201,6 +209,8 @@ fn test(gpu: bool) -> Result<()> {
             ranks: vec![],
             timeout_s: 300,
             test_args: vec![],
+            // The layouts of several emulated nodes over both wires a single host can run.
+            transports: vec!["default".into(), "tcp".into()],
         };
         anyhow::ensure!(gpu_tests::run(&suite)?, "multi-rank GPU tests failed (summary above)");
     }

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Appends `key -> split` to the tune cache (rank 0 only; later lines win when read).
-fn record_split(args: &Args, rank: usize, key: TuneKey, split: u32) -> Result<()> {
+pub(crate) fn record_split(args: &Args, rank: usize, key: TuneKey, split: u32) -> Result<()> {
     let (Some(path), 0) = (&args.tune_out, rank) else {
         return Ok(());
     };
@@ -92,7 +92,7 @@ fn heap_config(
 /// The sweep's choice, the same on every rank (ranks must launch the same plan: each plan has
 /// heap buffers of its own, which its peers write): the split whose slowest rank was fastest.
 /// `sweep`: (split, this rank's ms, plan) per split, in the same order on every rank.
-fn agreed_best<P>(comm: &Communicator, sweep: Vec<(u32, f64, P)>) -> Result<(u32, P)> {
+pub(crate) fn agreed_best<P>(comm: &Communicator, sweep: Vec<(u32, f64, P)>) -> Result<(u32, P)> {
     let mine: Vec<u8> = sweep.iter().flat_map(|s| s.1.to_le_bytes()).collect();
     let all = comm
         .bootstrap()

@@ -86,7 +86,8 @@ struct Args {
     /// Collectives: CTAs of our kernels (default: by size).
     #[arg(long)]
     ctas: Option<u32>,
-    /// Fused ops: append the best SM split per shape to this tune cache (`cargo xtask tune`).
+    /// Fused ops and ring attention: append the best SM split (ring attention: comm CTA count) per
+    /// shape to this tune cache (`cargo xtask tune`).
     #[arg(long)]
     tune_out: Option<std::path::PathBuf>,
     /// GEMM+RS/AR: also record one launch's per-tile timeline per shape, print its summary and

@@ -21,7 +21,7 @@ use cudarc::driver::DevicePtr;
 use half::bf16;
 use mkernel::bootstrap::Bootstrap;
 use mkernel::ops::attention::{AttentionHeads, FlashAttentionPlan, Sequences};
-use mkernel::ops::ring_attention::{RingAttentionPlan, RingOptions};
+use mkernel::ops::ring_attention::{comm_cta_candidates, tune_key, RingAttentionPlan, RingOptions};
 use mkernel::{CommConfig, Communicator, Device, ReduceDtype};
 use mkernel_tests::data::random_bf16;
 use serde_json::{json, Value};
@@ -116,6 +116,34 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
             seqlen_q: sl,
             seqlen_k: sl,
         };
+        // `cargo xtask tune --op ring-attention`: time every candidate comm CTA count alone, take
+        // the one whose slowest rank was fastest, record it and run the table with it.
+        let mut sweep = vec![];
+        let comm_ctas = match &args.tune_out {
+            Some(_) => {
+                let tiles = b * hq * sl.div_ceil(128);
+                let mut timed = vec![];
+                for c in comm_cta_candidates(dev.sm_count(), world as u32, tiles) {
+                    let opts = RingOptions { comm_ctas: Some(c) };
+                    let plan = RingAttentionPlan::new(
+                        &comm, &stream, &q, &ka, &va, &mut o, &mut lse, &ws, b, sl, heads, opts,
+                    )?;
+                    let mut f = || Ok(plan.launch(&stream)?);
+                    let t = median_ms_aligned(&stream, args.warmup, args.iters, &mut align, &mut [&mut f])?;
+                    comm.check()?;
+                    sweep.push(json!({ "comm_ctas": c, "ms": t[0] }));
+                    timed.push((c, t[0], ()));
+                }
+                if timed.is_empty() {
+                    None
+                } else {
+                    let (best, ()) = crate::fused::agreed_best(&comm, timed)?;
+                    crate::fused::record_split(args, rank, tune_key(world as u32, b, sl, &heads), best)?;
+                    Some(best)
+                }
+            }
+            None => None,
+        };
         let ring = RingAttentionPlan::new(
             &comm,
             &stream,
@@ -128,7 +156,7 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
             b,
             sl,
             heads,
-            RingOptions::default(),
+            RingOptions { comm_ctas },
         )?;
         let local_a = FlashAttentionPlan::new(&dev, &stream, &q, &ka, &va, &mut oa, &mut la, seqs, heads)?;
         let local_b = FlashAttentionPlan::new(&dev, &stream, &q, &kb, &vb, &mut ob, &mut lb, seqs, heads)?;
@@ -140,7 +168,14 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
         let (right, left) = ((rank + 1) % world, (rank + world - 1) % world);
         let mut f_ring = || Ok(ring.launch(&stream)?);
         let mut f_local = || Ok(local_a.launch(&stream)?);
-        let (stage_peer, stage_local) = (comm.peer_ptr(right as u32, &stage)?, comm.ptr(&stage)?);
+        // The copies baseline reaches the right neighbour through its heap: one node only.
+        let copies = nccl.is_none() && comm.nnodes() == 1;
+        let stage_peer = if copies {
+            comm.peer_ptr(right as u32, &stage)?
+        } else {
+            0
+        };
+        let stage_local = comm.ptr(&stage)?;
         let copy = |dst: u64, src: u64, n: usize| -> Result<()> {
             // SAFETY: device ranges of `n` bytes (heap buffers sized for the largest case).
             unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, n, stream.cu_stream())? };
@@ -173,25 +208,42 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
             }
             Ok(())
         };
-        let t = median_ms_aligned(
-            &stream,
-            args.warmup,
-            args.iters,
-            &mut align,
-            &mut [&mut f_ring, &mut f_local, &mut f_seq],
-        )?;
+        let t = if nccl.is_some() || copies {
+            median_ms_aligned(
+                &stream,
+                args.warmup,
+                args.iters,
+                &mut align,
+                &mut [&mut f_ring, &mut f_local, &mut f_seq],
+            )?
+        } else {
+            // Ranks sharing a GPU across (emulated) nodes: neither NCCL nor peer copies.
+            let mut t = median_ms_aligned(
+                &stream,
+                args.warmup,
+                args.iters,
+                &mut align,
+                &mut [&mut f_ring, &mut f_local],
+            )?;
+            t.push(f64::NAN);
+            t
+        };
         comm.check()?;
         let (ring_ms, local_ms, seq_ms) = (t[0], t[1], t[2]);
         let tflops = ring.flops() / ring_ms / 1e9;
         let eff = world as f64 * local_ms / ring_ms;
         let roles = ring.roles();
         if rank == 0 {
+            let (seq, ratio) = if nccl.is_some() {
+                (format!("{seq_ms:.3}"), format!("{:.2}", seq_ms / ring_ms))
+            } else if copies {
+                (format!("{seq_ms:.3} (copies)"), format!("{:.2}", seq_ms / ring_ms))
+            } else {
+                ("- (shared GPU across nodes: no baseline)".to_string(), "-".to_string())
+            };
             println!(
-                "| {label} | {}/{} | {ring_ms:.3} | {tflops:.1} | {local_ms:.3} | {eff:.2} | {seq_ms:.3}{} | {:.2} |",
-                roles.comm,
-                roles.compute,
-                if nccl.is_some() { "" } else { " (copies)" },
-                seq_ms / ring_ms
+                "| {label} | {}/{} | {ring_ms:.3} | {tflops:.1} | {local_ms:.3} | {eff:.2} | {seq} | {ratio} |",
+                roles.comm, roles.compute
             );
         }
         rows.push(json!({
@@ -199,7 +251,7 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
             "causal": causal, "world": world, "comm_ctas": roles.comm, "compute_ctas": roles.compute,
             "ring_ms": ring_ms, "tflops_per_gpu": tflops, "local_block_ms": local_ms,
             "overlap_efficiency": eff, "sequential_ms": seq_ms,
-            "sequential_transport": if nccl.is_some() { "nccl" } else { "copies" },
+            "sequential_transport": if nccl.is_some() { "nccl" } else if copies { "copies" } else { "none" }, "sweep": sweep,
         }));
     }
     Ok(rows)

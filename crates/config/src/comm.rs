@@ -152,9 +152,16 @@ pub enum RemoteSlot {
     FusedData = 4,
     /// GEMM+AllReduce across nodes: "my reduced rows of fused epoch e have landed in your output".
     FusedOut = 5,
+    /// Ring attention across nodes: "the K/V shard of ring step t is in your receive slot
+    /// `t % 2`"; value the step value `(e - 1) W + t + 1` (`e` the ring launch epoch, `W` the
+    /// ranks of the job), raised by the PUT that carries the shard (docs/attention.md).
+    RingData = 6,
+    /// Ring attention across nodes: "every CTA of mine finished ring step t: my receive slot
+    /// `t % 2` may be overwritten"; value the step value of t, raised by a SIGNAL.
+    RingFree = 7,
 }
 /// Number of [`RemoteSlot`]s.
-pub const REMOTE_SLOTS: u32 = 6;
+pub const REMOTE_SLOTS: u32 = 8;
 /// Byte offset of inter-node flag (`slot`, `src` global rank) in a heap.
 pub const fn remote_flag_offset(slot: RemoteSlot, src: u32) -> u64 {
     REMOTE_FLAGS_OFFSET + ((slot as u32 * MAX_RANKS + src) as u64) * 8
@@ -163,7 +170,8 @@ pub const fn remote_flag_offset(slot: RemoteSlot, src: u32) -> u64 {
 pub const FIFO_HEAD_OFFSET: u64 = REMOTE_FLAGS_OFFSET + REMOTE_SLOTS as u64 * MAX_RANKS as u64 * 8;
 
 /// Launch epoch of the fused kernels (u64): every CTA reads it at start; the last CTA to exit
-/// (counted at [`FUSED_EXITS_OFFSET`]) advances it, so all CTAs of a launch agree on it.
+/// (counted at [`FUSED_EXITS_OFFSET`]) advances it, so all CTAs of a launch agree on it. The MoE
+/// expert-parallel layer takes its launch epochs from it too (its routing kernel advances it).
 pub const FUSED_EPOCH_OFFSET: u64 = FIFO_HEAD_OFFSET + 8;
 /// CTAs of the current fused launch that have exited (u32).
 pub const FUSED_EXITS_OFFSET: u64 = FUSED_EPOCH_OFFSET + 8;
@@ -173,11 +181,16 @@ pub const FUSED_EXITS_OFFSET: u64 = FUSED_EPOCH_OFFSET + 8;
 pub const RING_EPOCH_OFFSET: u64 = FUSED_EXITS_OFFSET + 8;
 /// Warps of the current ring-attention launch that have exited (u32).
 pub const RING_EXITS_OFFSET: u64 = RING_EPOCH_OFFSET + 8;
+/// Ring attention across nodes, on a rank whose left neighbour is on another node: two u64
+/// counters (ring step parity) of the CTAs that finished a step; comm CTA 0 waits until a
+/// step's counter holds every CTA, resets it and posts the `RemoteSlot::RingFree` SIGNAL to the
+/// left neighbour.
+pub const RING_FREE_COUNT_OFFSET: u64 = RING_EXITS_OFFSET + 8;
 
 /// Bytes of the heap's control area (flags, epoch counters, error record, abort, inter-node
 /// flags, FIFO head, fused epoch and exits), rounded to 64 KiB. The LL and staging areas follow,
 /// then user buffers.
-pub const HEAP_CONTROL_BYTES: u64 = (RING_EXITS_OFFSET + 8).div_ceil(65536) * 65536;
+pub const HEAP_CONTROL_BYTES: u64 = (RING_FREE_COUNT_OFFSET + 16).div_ceil(65536) * 65536;
 
 /// The proxy command FIFO's wire format (defined in [`crate::fifo`]; this path is kept for the
 /// kernels that name `comm::fifo::EPOCH_SEQ_*`).
@@ -278,6 +291,11 @@ pub mod wait_code {
     pub const RING_TICK: u32 = 23;
     /// The consumers' wait for warp 3's "the other nodes' sums landed" (`aux(0)`).
     pub const NODE_SUMS: u32 = 24;
+    /// Ring attention across nodes: the inter-node `RingData` flag (a K/V shard landed).
+    pub const REMOTE_RING_DATA: u32 = 25;
+    /// Ring attention across nodes: the inter-node `RingFree` flag (the right neighbour's
+    /// receive slot is free).
+    pub const REMOTE_RING_FREE: u32 = 26;
     /// Expert-parallel MoE flags (`mkernel_config::ops::moe::EpFlag`): this code + the flag
     /// (4 codes).
     pub const MOE_EP: u32 = 32;
@@ -409,7 +427,7 @@ mod tests {
         assert!(ABORT_OFFSET + 8 <= HEAP_CONTROL_BYTES);
         assert!(FIFO_HEAD_OFFSET + 8 <= HEAP_CONTROL_BYTES);
         assert_eq!(
-            remote_flag_offset(RemoteSlot::FusedOut, MAX_RANKS - 1) + 8,
+            remote_flag_offset(RemoteSlot::RingFree, MAX_RANKS - 1) + 8,
             FIFO_HEAD_OFFSET
         );
         assert_eq!(ll_offset(3, MAX_LOCAL_RANKS - 1) + LL_SLOT_BYTES, STAGING_OFFSET);

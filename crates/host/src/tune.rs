@@ -1,10 +1,13 @@
-//! The SM-split cache of the fused operations.
+//! The SM-split cache of the fused operations and ring attention.
 //!
-//! `cargo xtask tune --op ag-gemm|gemm-rs|gemm-ar` runs the benchmark's split sweep and writes
-//! the best split per shape to a plain-text file, one entry per line:
+//! `cargo xtask tune --op ag-gemm|gemm-rs|gemm-ar|ring-attention` runs the benchmark's split sweep
+//! and writes the best split per shape to a plain-text file, one entry per line:
 //! `<op> <world> <m> <n> <k> <split>` (`#` starts a comment). Plans given a split of 0 look their
 //! shape up here (file: `$MKERNEL_TUNE_FILE`, else `mkernel-tune.txt` in the working directory)
-//! and fall back to the op's default ([`default_split`]).
+//! and fall back to the op's default ([`default_split`]). Ring attention's entries are keyed by
+//! `mkernel::ops::ring_attention::tune_key` (op `ring-attention-d<D>-kv<Hkv>[-causal]`, m = batch,
+//! n = rows per rank, k = query heads) and hold the comm CTA count; its plans look them up when
+//! `RingOptions::comm_ctas` is `None` and otherwise use `ring_roles`' default.
 
 use std::path::PathBuf;
 

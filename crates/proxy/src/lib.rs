@@ -44,4 +44,4 @@ pub use producer::FifoProducer;
 pub use proxy::{run_proxy, Backoff, Proxy, ProxyConfig, ProxyStats};
 pub use topology::{PeerPolicy, Route, Topology};
 pub use transport::{Op, Transport};
-pub use validate::{Checked, PeerRegions, Regions, Validator};
+pub use validate::{Checked, PeerRegions, Regions, Span, Validator};

@@ -8,9 +8,10 @@ use mkernel_bootstrap::{Bootstrap, JobKey, Store, StoreServer};
 use mkernel_proxy::emulated::CpuFabric;
 use mkernel_proxy::protocol::CommandBody;
 use mkernel_proxy::tcp::{frame, store_key, CpuStaging, Exchange, TcpConfig, TcpLinks, TcpTransport};
+use mkernel_proxy::Span;
 use mkernel_proxy::{
-    Backoff, ErrorCode, Fifo, FifoConsumer, FifoProducer, HeapFifo, Proxy, ProxyConfig, ProxyError, Regions, Topology,
-    Validator,
+    Backoff, ErrorCode, Fifo, FifoConsumer, FifoProducer, HeapFifo, PeerRegions, Proxy, ProxyConfig, ProxyError,
+    Regions, Topology, Validator,
 };
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -78,16 +79,20 @@ struct RankSide {
 }
 
 fn start_rank(topo: Topology, fabric: &Arc<CpuFabric>, links: TcpLinks) -> RankSide {
+    start_rank_in(topo, fabric, links, None)
+}
+
+/// [`start_rank`] whose transport lets peers write only inside `own` (default: all of it).
+fn start_rank_in(topo: Topology, fabric: &Arc<CpuFabric>, links: TcpLinks, own: Option<PeerRegions>) -> RankSide {
     let r = topo.rank();
     let fifo = Fifo::new(HeapFifo::new(16, r as u32).unwrap()).unwrap();
     let regions = Regions::symmetric(&topo, fabric.data_bytes(), fabric.flag_bytes());
     let consumer = FifoConsumer::new(fifo.clone(), Validator::new(regions)).unwrap();
-    let transport = TcpTransport::new(
-        links,
-        CpuStaging::new(fabric.clone(), r),
-        fabric.data_bytes(),
-        fabric.flag_bytes(),
-    )
+    let staging = CpuStaging::new(fabric.clone(), r);
+    let transport = match own {
+        Some(own) => TcpTransport::with_regions(links, staging, own),
+        None => TcpTransport::new(links, staging, fabric.data_bytes(), fabric.flag_bytes()),
+    }
     .unwrap();
     let proxy = Proxy::spawn(
         consumer,
@@ -411,6 +416,58 @@ fn killed_peer_is_named_within_the_bound() {
     two_processes("die", &store, [&[], &[]], [Some("lo"), None]);
 }
 
+/// 2 nodes x 2 ranks as threads; rank 3 dies (its sockets close without goodbye, as when its
+/// process is killed). Ranks 0 and 1 lose their link to it; their proxies then close with ABORT
+/// frames, so rank 2 (rank 3's node, linked to ranks 0 and 1 only) fails naming a peer's
+/// failed proxy and rank 3 as the link that broke first, not a peer that "died".
+#[test]
+fn a_failed_proxy_tells_its_peers_which_link_broke() {
+    let (world, local) = (4, 2);
+    let fabric = CpuFabric::new(world, 4096, 8);
+    let mut links = establish_all(world, local, &config(2, 1024), &MemStore::default());
+    drop(links.pop()); // rank 3 "dies"
+    let mut sides: Vec<RankSide> = links
+        .into_iter()
+        .enumerate()
+        .map(|(r, l)| start_rank(Topology::new(2, local, r).unwrap(), &fabric, l))
+        .collect();
+    let t0 = Instant::now();
+    let mut errors = vec![];
+    for side in &mut sides {
+        let r = side.topo.rank();
+        let proxy = side.proxy.take().unwrap();
+        while !proxy.is_finished() {
+            assert!(
+                t0.elapsed() < DEAD_PEER_BOUND,
+                "rank {r}: no error within {DEAD_PEER_BOUND:?}"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let e = proxy.join().expect_err("the proxy must fail").to_string();
+        let record = side.fifo.error_record().expect("an error record").message().to_string();
+        println!("rank {r} after {:?}: {e}", t0.elapsed());
+        errors.push((r, e, record));
+    }
+    for (r, e, record) in &errors[..2] {
+        // Its own link to rank 3 broke; or rank 2's ABORT came first, naming rank 3 as well
+        // (a chain of failing proxies keeps naming the first broken link, not the previous
+        // proxy in the chain).
+        assert!(
+            (e.contains("peer 3") && e.contains("without goodbye"))
+                || e.contains("its proxy failed on its link with rank 3"),
+            "rank {r}: {e}"
+        );
+        assert!(record.contains("3"), "rank {r}: {record}");
+    }
+    let (_, e, record) = &errors[2];
+    assert!(
+        (e.contains("peer 0") || e.contains("peer 1")) && e.contains("its proxy failed on its link with rank 3"),
+        "rank 2: {e}"
+    );
+    assert!(!e.contains("without goodbye"), "rank 2: {e}");
+    assert!(record.contains("rank 3"), "rank 2: {record}");
+}
+
 /// Two network namespaces joined by a veth pair; removed on drop (with the veth).
 struct Netns {
     names: [String; 2],
@@ -491,6 +548,11 @@ struct Victim {
 /// Rank 0 runs a real proxy; rank 1's sockets are handed to the test. A stranger connects to
 /// rank 0 during setup with a wrong secret and must be refused without ending the setup.
 fn victim() -> Victim {
+    victim_in(None)
+}
+
+/// [`victim`] whose transport takes frames only inside `own`.
+fn victim_in(own: Option<PeerRegions>) -> Victim {
     let ex = MemStore::default();
     let cfg = config(2, 4096);
     let (e0, c0) = (ex.clone(), cfg.clone());
@@ -513,8 +575,8 @@ fn victim() -> Victim {
     let bad = TcpLinks::establish(&Topology::new(2, 1, 1).unwrap(), &cfg, &ex, None, WAIT).unwrap();
     let good = h0.join().unwrap();
     assert_eq!(good.refused(), 1, "the stranger was not refused");
-    let fabric = CpuFabric::new(2, 8192, 4);
-    let side = start_rank(Topology::new(2, 1, 0).unwrap(), &fabric, good);
+    let fabric = CpuFabric::new(2, 8192, 16);
+    let side = start_rank_in(Topology::new(2, 1, 0).unwrap(), &fabric, good, own);
     Victim { side, fabric, bad }
 }
 
@@ -534,7 +596,7 @@ fn expect_refusal(mut v: Victim, send: impl FnOnce(&mut TcpLinks), reason: &str)
         v.fabric.read(0, 0, 8192).unwrap().iter().all(|&b| b == 0),
         "bytes were written"
     );
-    assert!((0..4).all(|i| v.fabric.flag(0, i * 8) == 0), "a flag was written");
+    assert!((0..16).all(|i| v.fabric.flag(0, i * 8) == 0), "a flag was written");
 }
 
 fn raw(links: &mut TcpLinks, lane: usize, bytes: &[u8]) {
@@ -595,6 +657,48 @@ fn bad_peer_messages_are_refused() {
         },
         "connection lost",
     );
+}
+
+/// Frames that the sender's validator would have refused, checked on the receiving side against
+/// a heap-like layout: data only in `[4096, 8192)`, flags only in `[64, 128)` as 2 columns (one
+/// per rank), rank 1 only in its own.
+#[test]
+fn frames_outside_the_receivers_regions_are_refused() {
+    let own = || {
+        Some(PeerRegions {
+            data: Span::new(4096, 8192),
+            flags: Span::new(64, 128),
+            flag_columns: Some(2),
+        })
+    };
+    expect_refusal(
+        victim_in(own()),
+        |l| {
+            let mut m = frame::Header::data(0, 0, 64).to_bytes().to_vec();
+            m.extend(vec![1u8; 64]);
+            raw(l, 0, &m)
+        },
+        "outside rank 0's data region [4096, 8192)",
+    );
+    expect_refusal(
+        victim_in(own()),
+        |l| raw(l, 0, &frame::Header::signal(0, 8, 1).to_bytes()),
+        "outside rank 0's flag region [64, 128)",
+    );
+    expect_refusal(
+        victim_in(own()),
+        |l| raw(l, 1, &frame::Header::signal(0, 64, 1).to_bytes()),
+        "rank 1 may only raise its own",
+    );
+    // Its own column is accepted: data, then the flag.
+    let v = victim_in(own());
+    let mut v = v;
+    let mut m = frame::Header::data(0, 4096, 64).to_bytes().to_vec();
+    m.extend(vec![7u8; 64]);
+    raw(&mut v.bad, 0, &m);
+    raw(&mut v.bad, 0, &frame::Header::signal(1, 72, 5).to_bytes());
+    assert!(v.fabric.wait_flag(0, 72, 5, WAIT), "the legal flag never arrived");
+    assert!(v.fabric.read(0, 4096, 64).unwrap().iter().all(|&b| b == 7));
 }
 
 /// A placeholder that takes the place of a dropped `TcpLinks` (its sockets are then closed).

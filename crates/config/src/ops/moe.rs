@@ -13,8 +13,14 @@
 use crate::gemm::{GemmTile, RingLayout, SMEM_ALIGN_SLACK};
 use crate::kernels::KernelSpec;
 
-/// The grouped GEMM's tile configuration (the plain GEMM's).
-pub const TILE: GemmTile = GemmTile::DEFAULT;
+/// The grouped GEMM's tile configuration: the plain GEMM's tile and ring; the producer keeps 56
+/// registers (the consumers 224, the split of `GemmTile::FUSED`): its loop over the tile-expert
+/// words and the per-box A loads of the row-granular mode does not fit 40 without spilling.
+pub const TILE: GemmTile = GemmTile {
+    producer_regs: 56,
+    consumer_regs: 224,
+    ..GemmTile::DEFAULT
+};
 /// The grouped GEMM's shared memory: its ring alone.
 #[repr(C)]
 pub struct GroupedGemmSmem {
@@ -41,13 +47,42 @@ pub const ROUTE_THREADS: u32 = 1024;
 /// Threads of the gather and combine kernels (each thread moves 16-byte pieces of a row).
 pub const ROW_THREADS: u32 = 256;
 
-/// Activation fused into the up projection's epilogue (`GroupedGemmArgs::act`).
+/// Activation fused into the up projection's epilogue (the low byte of `GroupedGemmArgs::act`;
+/// the bits above it are [`mode`] flags).
 pub mod act {
     /// `Hid = X W^T`: W has `F` rows per expert.
     pub const NONE: u32 = 0;
     /// `Hid = silu(X Wg^T) * (X Wu^T)`: W has `2F` rows per expert, rows `0..F` gate, `F..2F` up.
     pub const SWIGLU: u32 = 1;
+    /// The bits of `GroupedGemmArgs::act` that name the activation.
+    pub const MASK: u32 = 0xff;
 }
+
+/// How `mk_moe_grouped_gemm` moves a tile's rows (flags in `GroupedGemmArgs::act` above the
+/// activation byte; 0: every tile loads and stores all its `TILE.block_m` rows).
+pub mod mode {
+    /// Row-granular tiles: `map_a` and `map_c` each point to two tensor maps
+    /// [`super::PARTIAL_MAP_OFFSET`] bytes apart, the whole-tile one (box 64 x `block_m`,
+    /// 64 x 64) and one with a 64 x [`super::PARTIAL_BOX_ROWS`] box. A tile whose last rows are
+    /// padding (the tile-expert word's padding count, [`super::TILE_PAD_SHIFT`]) loads and stores
+    /// only the `PARTIAL_BOX_ROWS`-row boxes that hold its valid rows, through the second map:
+    /// an expert with 16 rows moves 16 rows of A and C, not 128. Full tiles (and full 64-row
+    /// halves) move as without the flag. Padding rows are computed on whatever the ring slot
+    /// held before and never stored.
+    pub const PARTIAL_ROWS: u32 = 1 << 8;
+}
+
+/// Rows of one A load and one C store box of a partial tile with [`mode::PARTIAL_ROWS`] (a
+/// multiple of 8, the 128-byte swizzle's period, so every box starts on a 1024-byte boundary).
+pub const PARTIAL_BOX_ROWS: u32 = 16;
+/// With [`mode::PARTIAL_ROWS`]: bytes from a whole-tile tensor map to its `PARTIAL_BOX_ROWS` twin.
+pub const PARTIAL_MAP_OFFSET: u64 = 128;
+/// A tile-expert word (`MoeRouteArgs::tile_expert`) is `expert | pad << TILE_PAD_SHIFT`, `pad`
+/// the padding rows at the end of the tile (0 for a full tile: a word without the field reads as
+/// full). Experts fit below it (`MAX_EXPERTS`).
+pub const TILE_PAD_SHIFT: u32 = 16;
+/// The expert bits of a tile-expert word.
+pub const TILE_EXPERT_MASK: u32 = (1 << TILE_PAD_SHIFT) - 1;
 
 /// The error record the routing kernel writes (device memory, 4 words; all zero: no error).
 /// The first bad pair wins `flag` (compare-and-swap 0 -> 1) and writes `pair` and `id`; every
@@ -74,7 +109,8 @@ pub struct MoeRouteArgs {
     pub counts: u64,
     /// Padded first row of every expert's group (`experts + 1`; the last is the total).
     pub offsets: u64,
-    /// Expert of every row tile (`max_tiles`; only the first `rows / ROW_ALIGN` are written).
+    /// Expert of every row tile (`max_tiles`; only the first `rows / ROW_ALIGN` are written),
+    /// with the tile's padding rows above [`TILE_PAD_SHIFT`].
     pub tile_expert: u64,
     /// One word: padded rows in use (the grouped GEMMs' M).
     pub rows: u64,
@@ -119,7 +155,7 @@ pub struct GroupedGemmArgs {
     pub map_c: u64,
     /// One word: rows of A in use (padded; written by the routing kernel).
     pub rows: u64,
-    /// Expert of every row tile.
+    /// Expert of every row tile (and its padding rows: [`TILE_PAD_SHIFT`]).
     pub tile_expert: u64,
     /// Columns of C (`F` up, `H` down).
     pub n: u32,
@@ -127,7 +163,7 @@ pub struct GroupedGemmArgs {
     pub k: u32,
     /// Rows of W per expert (`2F` SwiGLU, `F` none, `H` down).
     pub b_rows: u32,
-    /// [`act`].
+    /// [`act`] in the low byte, [`mode`] flags above it.
     pub act: u32,
 }
 
@@ -227,8 +263,11 @@ pub const MOE_COMBINE: KernelSpec = KernelSpec {
 /// Expert parallelism (docs/moe.md, "Across ranks"): most CTAs of the dispatch and the combine
 /// kernels (one rows flag and one output flag per source rank and CTA).
 pub const EP_MAX_CTAS: u32 = 256;
-/// Most ranks of an expert-parallel layer (the node's NVLink peers).
+/// Most ranks of one node in an expert-parallel layer (its flags are per local rank).
 pub const EP_MAX_RANKS: u32 = crate::comm::MAX_LOCAL_RANKS;
+/// Most ranks of an expert-parallel layer in all nodes (the proxy's remote flags are per
+/// global rank; the kernels give a thread to every rank).
+pub const EP_MAX_WORLD: u32 = crate::comm::MAX_RANKS;
 
 /// `mk_moe_ep_route`, `mk_moe_ep_dispatch` and `mk_moe_ep_combine`'s argument block (device
 /// memory). Local buffers are device addresses; `heap_*` are offsets into every rank's
@@ -266,6 +305,43 @@ pub struct MoeEpArgs {
     pub local_experts: u32,
     /// Receive capacity in rows (a multiple of [`ROW_ALIGN`]).
     pub capacity: u32,
+    /// Across nodes (ranks on other nodes, reached through the proxy; all 0 on one node):
+    /// `u32` per pair: its row in this rank's transfer rows (`heap_xfer`), where a pair whose
+    /// owner is on another node is staged for the PUT and its result lands.
+    pub xrow: u64,
+    /// [`EpSend`] per expert of the layer: this rank's rows of the expert (the PUT to its owner).
+    pub send: u64,
+    /// [`EpSend`] per (source rank, local expert), `source * local_experts + l`: the rows of
+    /// that source in this rank's down projection (the PUT back into the source's transfer rows).
+    pub ret: u64,
+    /// One `u32`: CTAs of the dispatch that finished their stores (the last one posts the PUTs
+    /// and resets it).
+    pub exits: u64,
+    /// One `u64`: the combine's relay of the remote `Out` flags (CTA 0 waits on the proxy's
+    /// flags and stores the epoch here; the other CTAs wait on this word).
+    pub relay: u64,
+    /// Heap offset of the transfer rows (`tokens x top_k` rows of `hidden` bf16).
+    pub heap_xfer: u64,
+    /// Heap offset of the arrival counters (`u64` per local expert, only grow): rows of the
+    /// expert that the node's ranks stored into this rank's receive rows, added by the fused
+    /// dispatch ([`MOE_EP_DISPATCH_UP`]) after each CTA's stores (`red.release.sys`).
+    pub heap_arrival: u64,
+    /// Fused plans only (0 otherwise): two `u64` per local expert, written by the routing
+    /// kernel: the arrival counter's value once this launch's rows from the node have landed
+    /// (the running sum of every launch's), and this launch's rows from other nodes.
+    pub target: u64,
+}
+
+/// One contiguous run of rows between two ranks on different nodes (in units of rows of
+/// `hidden` bf16): `rows` rows from row `src` of the sender's buffer to row `dst` of the
+/// receiver's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "bytemuck", derive(bytemuck::Pod, bytemuck::Zeroable))]
+#[repr(C)]
+pub struct EpSend {
+    pub src: u32,
+    pub dst: u32,
+    pub rows: u32,
 }
 
 /// The flags of an expert-parallel layer in its heap region (`u64` epochs, written by the
@@ -322,6 +398,14 @@ pub const MOE_EP_DISPATCH: KernelSpec = KernelSpec {
     min_blocks_per_sm: 1,
     dynamic_smem: 0,
 };
+/// `mk_moe_ep_dispatch_up`: the dispatch fused with the up projection (the grouped GEMM's
+/// threads, roles and shared memory; the dispatch runs before the role split).
+pub const MOE_EP_DISPATCH_UP: KernelSpec = KernelSpec {
+    name: "mk_moe_ep_dispatch_up",
+    max_threads: TILE.threads(),
+    min_blocks_per_sm: 1,
+    dynamic_smem: GROUPED_GEMM_SMEM_BYTES,
+};
 pub const MOE_EP_COMBINE: KernelSpec = KernelSpec {
     name: "mk_moe_ep_combine",
     max_threads: ROW_THREADS,
@@ -333,6 +417,9 @@ const _: () = {
     assert!(EP_SMEM_BYTES <= 48 * 1024);
     assert!(core::mem::offset_of!(EpRouteSmem, route) == 0);
     assert!(ROUTE_THREADS >= EP_MAX_RANKS);
+    assert!(ROUTE_THREADS >= EP_MAX_WORLD && ROW_THREADS >= EP_MAX_WORLD && TILE.threads() >= EP_MAX_WORLD);
+    // The fused dispatch counts rows per expert in the ring's first stage before the ring starts.
+    assert!(4 * MAX_EXPERTS <= TILE.a_stage_bytes());
 };
 
 /// Row tiles the grouped buffers may need: every expert that gets rows rounds up by less than
@@ -343,6 +430,16 @@ pub const fn max_tiles(pairs: u32, experts: u32) -> u32 {
 }
 
 const _: () = {
+    assert!(
+        MAX_EXPERTS <= TILE_EXPERT_MASK + 1,
+        "experts fit the tile-expert word's low bits"
+    );
+    assert!(
+        ROW_ALIGN < 1 << (32 - TILE_PAD_SHIFT),
+        "padding rows fit the tile-expert word"
+    );
+    assert!(PARTIAL_BOX_ROWS.is_multiple_of(8) && ROW_ALIGN.is_multiple_of(PARTIAL_BOX_ROWS));
+    assert!(GemmTile::EPILOGUE_BOX_ROWS.is_multiple_of(PARTIAL_BOX_ROWS));
     assert!(ROUTE_THREADS >= MAX_EXPERTS, "the scan gives every expert a thread");
     assert!(ROUTE_THREADS.is_multiple_of(crate::WARP_SIZE));
     assert!(ROUTE_SMEM_BYTES <= 48 * 1024);

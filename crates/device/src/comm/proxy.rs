@@ -13,7 +13,8 @@ use mkernel_config::fifo::{self, offsets as at};
 
 use mkernel_config::comm::wait_code::{
     FIFO_DONE as WAIT_FIFO_DONE, FIFO_SPACE as WAIT_FIFO_SPACE, REMOTE_DATA as WAIT_REMOTE_DATA,
-    REMOTE_READY as WAIT_REMOTE_READY,
+    REMOTE_READY as WAIT_REMOTE_READY, REMOTE_RING_DATA as WAIT_REMOTE_RING_DATA,
+    REMOTE_RING_FREE as WAIT_REMOTE_RING_FREE,
 };
 
 /// One command (the fields of `mkernel_config::fifo::CommandBody` that vary; `epoch` and
@@ -91,6 +92,16 @@ unsafe fn wait_until(
 /// bytes must not change until [`wait_done`] covers the returned sequence number.
 #[inline(always)]
 pub unsafe fn post(c: &CommCtx, cmd: Command) -> Option<u64> {
+    unsafe { post_flags(c, cmd, 0) }
+}
+
+/// As [`post`], with `extra` command flag bits (`mkernel_config::fifo::CMD_NO_FLAG`).
+///
+/// # Safety
+///
+/// As [`post`]; with `CMD_NO_FLAG`, `cmd` is a `PUT` whose `flag_offset` and `flag_value` are 0.
+#[inline(always)]
+pub unsafe fn post_flags(c: &CommCtx, cmd: Command, extra: u16) -> Option<u64> {
     let head = (c.heap(c.rank) + FIFO_HEAD_OFFSET) as *mut u64;
     let seq = unsafe { memory::atom_relaxed_add_u64(Scope::Gpu, head, 1) };
     let tail = (c.fifo + at::TAIL as u64) as *const u64;
@@ -111,7 +122,7 @@ pub unsafe fn post(c: &CommCtx, cmd: Command) -> Option<u64> {
     let field = |off: usize| slot + off as u64;
     unsafe {
         (field(at::CMD_OPCODE) as *mut u16).write_volatile(cmd.opcode);
-        (field(at::CMD_FLAGS) as *mut u16).write_volatile(fifo::cmd_flags(c.epoch_seq, 0));
+        (field(at::CMD_FLAGS) as *mut u16).write_volatile(fifo::cmd_flags(c.epoch_seq, extra));
         (field(at::CMD_DST_RANK) as *mut u32).write_volatile(cmd.dst_rank);
         (field(at::CMD_SRC_OFFSET) as *mut u64).write_volatile(cmd.src_offset);
         (field(at::CMD_DST_OFFSET) as *mut u64).write_volatile(cmd.dst_offset);
@@ -205,6 +216,53 @@ pub unsafe fn put_value(
     }
 }
 
+/// `PUT` that raises no flag (`CMD_NO_FLAG`): a [`signal`] to `dst` posted after it raises a
+/// flag once its data (and every earlier PUT's to `dst`) is visible there.
+///
+/// # Safety
+///
+/// As [`put`].
+#[inline(always)]
+pub unsafe fn put_no_flag(c: &CommCtx, dst: u32, src_off: u64, dst_off: u64, bytes: u64) -> Option<u64> {
+    unsafe {
+        post_flags(
+            c,
+            Command {
+                opcode: fifo::OP_PUT,
+                dst_rank: dst,
+                src_offset: src_off,
+                dst_offset: dst_off,
+                bytes,
+                flag_offset: 0,
+                flag_value: 0,
+            },
+            fifo::CMD_NO_FLAG,
+        )
+    }
+}
+
+/// As [`wait_remote`], with the error record's wait code `code` (an operation's own name for
+/// the flag, e.g. `wait_code::MOE_EP + ...`) instead of the generic remote ready/data codes.
+///
+/// # Safety
+///
+/// As [`wait_remote`].
+#[inline(always)]
+pub unsafe fn wait_remote_as(c: &CommCtx, slot: RemoteSlot, src: u32, code: u32) -> bool {
+    let flag = (c.heap(c.rank) + remote_flag_offset(slot, src)) as *const u64;
+    let target = c.epoch;
+    unsafe {
+        wait_until(
+            c,
+            code,
+            src,
+            target,
+            || memory::ld_acquire_u64(Scope::Sys, flag),
+            |v| v >= target,
+        )
+    }
+}
+
 /// Waits until the inter-node flag (`slot`, `src`) in this rank's heap reaches this epoch.
 ///
 /// # Safety
@@ -223,10 +281,11 @@ pub unsafe fn wait_remote(c: &CommCtx, slot: RemoteSlot, src: u32) -> bool {
 #[inline(always)]
 pub unsafe fn wait_remote_value(c: &CommCtx, slot: RemoteSlot, src: u32, target: u64) -> bool {
     let flag = (c.heap(c.rank) + remote_flag_offset(slot, src)) as *const u64;
-    let code = if slot == RemoteSlot::Ready || slot == RemoteSlot::FusedReady {
-        WAIT_REMOTE_READY
-    } else {
-        WAIT_REMOTE_DATA
+    let code = match slot {
+        RemoteSlot::Ready | RemoteSlot::FusedReady => WAIT_REMOTE_READY,
+        RemoteSlot::RingData => WAIT_REMOTE_RING_DATA,
+        RemoteSlot::RingFree => WAIT_REMOTE_RING_FREE,
+        _ => WAIT_REMOTE_DATA,
     };
     unsafe {
         wait_until(

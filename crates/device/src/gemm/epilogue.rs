@@ -103,6 +103,46 @@ pub unsafe fn store_tile_tma(ring: &Ring, map_c: TensorMap, tile: Tile, wg: u32,
 pub trait TileDestinations: Copy {
     fn count(&self) -> u32;
     fn map(&self, i: u32) -> TensorMap;
+    /// Issues the bulk store(s) of one staged 64 x 64 box to destination `i` at column `c0`,
+    /// row `c1` (one store of the whole box unless the destination says otherwise).
+    ///
+    /// # Safety
+    ///
+    /// As [`tma::store_2d`] for `self.map(i)` and the staging box at `staging`.
+    #[inline(always)]
+    unsafe fn store(&self, i: u32, c0: u32, c1: u32, staging: crate::arch::smem::SmemAddr) {
+        unsafe { tma::store_2d(self.map(i), c0, c1, staging) };
+    }
+}
+
+/// One tensor map whose box is `box_rows` rows: of each 64-row staged box only the first
+/// `rows` rows are stored, rounded up to whole boxes (nothing when `rows` is 0) - the rows of
+/// a tile that are not padding (the grouped GEMM's row-granular mode).
+#[derive(Clone, Copy)]
+pub struct RowBoxes {
+    pub map: TensorMap,
+    pub rows: u32,
+    pub box_rows: u32,
+}
+
+impl TileDestinations for RowBoxes {
+    #[inline(always)]
+    fn count(&self) -> u32 {
+        1
+    }
+    #[inline(always)]
+    fn map(&self, _: u32) -> TensorMap {
+        self.map
+    }
+    #[inline(always)]
+    unsafe fn store(&self, _: u32, c0: u32, c1: u32, staging: crate::arch::smem::SmemAddr) {
+        let mut r = 0;
+        while r < self.rows {
+            // 128-byte rows: a box of a multiple of 8 rows starts on the swizzle's 1024-byte period.
+            unsafe { tma::store_2d(self.map, c0, c1 + r, staging.add(r * 128)) };
+            r += self.box_rows;
+        }
+    }
 }
 
 impl TileDestinations for TensorMap {
@@ -245,7 +285,7 @@ pub unsafe fn store_boxes_tma_to<const BOXES: u32>(
             }
             if leader && maps.count() > 0 {
                 for m in 0..maps.count() {
-                    unsafe { tma::store_2d(maps.map(m), tile.n0 + 64 * $q, tile.m0 + wg * TILE.rows_per_consumer(), staging) };
+                    unsafe { maps.store(m, tile.n0 + 64 * $q, tile.m0 + wg * TILE.rows_per_consumer(), staging) };
                 }
                 tma::store_commit();
             }

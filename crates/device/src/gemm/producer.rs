@@ -93,27 +93,49 @@ pub unsafe fn load_tile_counted<const B_EVICT_FIRST: bool>(
     true
 }
 
-/// As [`load_tile`] with B stored N x K, the slot's B rows taken from two ranges of
-/// `block_n / 2` rows each (`b` encoded with a 64 x `block_n / 2` box): rows `b_rows[0]..` fill
-/// the slot's first half, `b_rows[1]..` its second (a grouped GEMM's SwiGLU tile: gate and up
-/// rows of the same outputs). The slot's byte count is the plain load's.
+/// A's part of a stage for [`load_tile_rows`]: `boxes` boxes of `box_rows` rows (the map's box)
+/// from row `row` of `map` on, into the first `boxes x box_rows` rows of the slot's A tile.
+#[derive(Clone, Copy)]
+pub struct ARows {
+    pub map: TensorMap,
+    pub row: u32,
+    pub boxes: u32,
+    pub box_rows: u32,
+}
+
+/// B's rows of a tile for [`load_tile_rows`] (B stored N x K).
+#[derive(Clone, Copy)]
+pub enum BRows {
+    /// `block_n` rows from this row on (`b` encoded with a 64 x `block_n` box).
+    Whole(u32),
+    /// Two ranges of `block_n / 2` rows (`b` with a 64 x `block_n / 2` box): the first fills
+    /// the slot's first half, the second its second (a grouped GEMM's SwiGLU tile: gate and up
+    /// rows of the same outputs).
+    Split([u32; 2]),
+}
+
+/// As [`load_tile`] with B stored N x K (whole or split, [`BRows`]), A loaded as `a.boxes` boxes
+/// of `a.box_rows` rows: a tile whose last rows are padding loads only the boxes that hold
+/// real rows (the slot's other A rows keep what they held; the consumers compute on them and
+/// never store those rows). The slot expects the bytes of those boxes and all of B.
 ///
 /// # Safety
 ///
-/// As [`load_tile`], with `b` encoded for B stored N x K with a 64 x `block_n / 2` box.
+/// As [`load_tile`], with `a.map` a tensor map of A with a 64 x `a.box_rows` box,
+/// `a.boxes x a.box_rows <= block_m`, `a.box_rows` a multiple of 8 and `b` encoded as `b_rows` says.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn load_tile_split_b(
+pub unsafe fn load_tile_rows(
     ring: &Ring,
     pos: &mut RingPos,
-    a: TensorMap,
-    a_row: u32,
+    a: ARows,
     b: TensorMap,
-    b_rows: [u32; 2],
+    b_rows: BRows,
     k_blocks: u32,
     give_up: impl Fn(u64) -> bool + Copy,
 ) -> bool {
     const HALF_BYTES: u32 = TILE.b_stage_bytes() / 2;
+    let a_box_bytes = a.box_rows * TILE.block_k * 2;
+    let tx = a.boxes * a_box_bytes + TILE.b_stage_bytes();
     for kb in 0..k_blocks {
         let s = pos.stage;
         let k0 = kb * TILE.block_k;
@@ -121,10 +143,24 @@ pub unsafe fn load_tile_split_b(
             if !mbarrier::wait_parity_or(ring.empty(s), pos.phase ^ 1, give_up) {
                 return false;
             }
-            mbarrier::arrive_expect_tx(ring.full(s), TILE.stage_tx_bytes());
-            tma::load_2d(ring.a(s), a, k0, a_row, ring.full(s));
-            tma::load_2d(ring.b(s), b, k0, b_rows[0], ring.full(s));
-            tma::load_2d(ring.b(s).add(HALF_BYTES), b, k0, b_rows[1], ring.full(s));
+            mbarrier::arrive_expect_tx(ring.full(s), tx);
+            for j in 0..a.boxes {
+                tma::load_2d(
+                    ring.a(s).add(j * a_box_bytes),
+                    a.map,
+                    k0,
+                    a.row + j * a.box_rows,
+                    ring.full(s),
+                );
+            }
+            let (first, second) = match b_rows {
+                BRows::Whole(r) => (r, None),
+                BRows::Split([r0, r1]) => (r0, Some(r1)),
+            };
+            tma::load_2d(ring.b(s), b, k0, first, ring.full(s));
+            if let Some(r1) = second {
+                tma::load_2d(ring.b(s).add(HALF_BYTES), b, k0, r1, ring.full(s));
+            }
         }
         pos.advance(ring.stages());
     }

@@ -18,12 +18,12 @@ use super::rdma;
 use crate::error::{Error, Result};
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
 use mkernel_bootstrap::{Bootstrap, JobDir, LocalPeers};
-use mkernel_config::comm::HEAP_CONTROL_BYTES;
 use mkernel_proxy::backend::{choose_from_env, BackendChoice, BackendKind, HostCaps};
 use mkernel_proxy::emulated::{CopyEngine, EmulatedTransport, WireModel};
 use mkernel_proxy::tcp::{DeviceStaging, Exchange, TcpConfig, TcpLinks, TcpTransport};
 use mkernel_proxy::{
-    Fifo, FifoConsumer, Proxy, ProxyConfig, RawFifo, Regions, Topology, Transport, TransportError, Validator,
+    Fifo, FifoConsumer, PeerRegions, Proxy, ProxyConfig, RawFifo, Regions, Topology, Transport, TransportError,
+    Validator,
 };
 use std::collections::VecDeque;
 use std::os::fd::BorrowedFd;
@@ -160,7 +160,11 @@ impl InterNode {
                         .map_err(transport_err)?;
                 tracing::info!(rank, addr = %links.local_addr(), why = %links.address_reason(), sockets = cfg.sockets, "tcp transport connected");
                 let engine = GpuStaging::new(ctx.clone(), heap_base, heap_bytes)?;
-                Box::new(TcpTransport::new(links, engine, heap_bytes, HEAP_CONTROL_BYTES).map_err(transport_err)?)
+                // Frames from peers may only write where their validators let them: the data
+                // region and the sender's column of the inter-node flags.
+                Box::new(
+                    TcpTransport::with_regions(links, engine, PeerRegions::heap(heap_bytes)).map_err(transport_err)?,
+                )
             }
             #[cfg(feature = "rdma")]
             BackendKind::IbverbsRc | BackendKind::EfaSrd => rdma::connect(

@@ -19,8 +19,8 @@ use crate::tensor_map::{encode_bf16_sw128, Tensor2d, TensorMap};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, PushKernelArg};
 use half::bf16;
 use mkernel_config::ops::moe::{
-    self as cfg, act, GroupedGemmArgs, MoeCombineArgs, MoeErrorRecord, MoeGatherArgs, MoeRouteArgs, MAX_EXPERTS,
-    MAX_TOP_K, ROW_ALIGN, SWIGLU_TILE_COLS, TILE,
+    self as cfg, act, mode, GroupedGemmArgs, MoeCombineArgs, MoeErrorRecord, MoeGatherArgs, MoeRouteArgs, MAX_EXPERTS,
+    MAX_TOP_K, PARTIAL_BOX_ROWS, ROW_ALIGN, SWIGLU_TILE_COLS, TILE,
 };
 use mkernel_config::{GemmTile, KernelSpec};
 use std::marker::PhantomData;
@@ -187,6 +187,30 @@ pub fn moe_grids(shape: &MoeShape, sm_count: u32, sms: Option<u32>) -> MoeGrids 
     }
 }
 
+/// The grouped GEMMs' [`mode`] flags for an MoE layer of `shape` (fixed per plan):
+/// row-granular tiles ([`mode::PARTIAL_ROWS`]: each expert's last tile loads and stores only its
+/// valid rows) when the average expert has fewer rows than one tile. There most of A's and C's
+/// rows would be padding while the kernels stream the weights; with more rows per expert the
+/// padding is a small share and the partial tiles' extra 16-row TMA boxes cost more than they
+/// save (measurements in docs/moe.md). [`MODE_VAR`] overrides the choice.
+pub fn moe_gemm_mode(shape: &MoeShape) -> u32 {
+    let forced = std::env::var(MODE_VAR).ok().and_then(|v| v.parse::<u32>().ok());
+    gemm_mode_for(shape, forced)
+}
+
+/// Environment variable that forces [`moe_gemm_mode`]: `0` whole tiles, `1` row-granular.
+pub const MODE_VAR: &str = "MKERNEL_MOE_MODE";
+
+/// [`moe_gemm_mode`] without the environment: `forced` (0 or 1) wins when given.
+fn gemm_mode_for(shape: &MoeShape, forced: Option<u32>) -> u32 {
+    match forced {
+        Some(0) => 0,
+        Some(_) => mode::PARTIAL_ROWS,
+        None if shape.pairs() < shape.experts * ROW_ALIGN as usize => mode::PARTIAL_ROWS,
+        None => 0,
+    }
+}
+
 /// An MoE expert FFN ready to launch: arguments and TMA descriptors uploaded, the grouped
 /// buffers allocated (sized for the worst routing). Borrows the expert weights for `'a`.
 /// The plan's launches share its grouped buffers: enqueue them in order (one stream, or
@@ -210,10 +234,12 @@ pub struct MoePlan<'a> {
     _weights: PhantomData<&'a ()>,
 }
 
-/// Byte offsets in the uploaded block: six tensor maps (128 bytes each), then the argument
-/// blocks (128 bytes apart).
+/// Byte offsets in the uploaded block: ten tensor maps (128 bytes each: A, its
+/// `PARTIAL_BOX_ROWS` twin, W, C and its twin of the up projection, then the same five of the
+/// down projection), then the argument blocks (128 bytes apart).
 const MAP_BYTES: usize = 128;
-const ARG_ROUTE: usize = 6 * MAP_BYTES;
+const ARG_ROUTE: usize = 10 * MAP_BYTES;
+const _: () = assert!(MAP_BYTES as u64 == mkernel_config::ops::moe::PARTIAL_MAP_OFFSET);
 const ARG_GATHER: usize = ARG_ROUTE + 128;
 const ARG_UP: usize = ARG_GATHER + 128;
 const ARG_DOWN: usize = ARG_UP + 128;
@@ -299,13 +325,20 @@ impl<'a> MoePlan<'a> {
         };
         let swiglu = shape.act == Activation::SwiGlu;
         let b_up_box = if swiglu { SWIGLU_TILE_COLS } else { t.block_n };
+        let gemm_mode = moe_gemm_mode(&shape);
+        let (box_c, part) = (GemmTile::EPILOGUE_BOX_COLS, PARTIAL_BOX_ROWS);
+        // Every A and C map with its PARTIAL_BOX_ROWS twin right after it (see `ARG_ROUTE`).
         let maps = [
             map(pxp, h, cap, t.block_k, t.block_m)?,
+            map(pxp, h, cap, t.block_k, part)?,
             map(w_up, h, e * shape.up_rows(), t.block_k, b_up_box)?,
-            map(phid, f, cap, GemmTile::EPILOGUE_BOX_COLS, GemmTile::EPILOGUE_BOX_ROWS)?,
+            map(phid, f, cap, box_c, GemmTile::EPILOGUE_BOX_ROWS)?,
+            map(phid, f, cap, box_c, part)?,
             map(phid, f, cap, t.block_k, t.block_m)?,
+            map(phid, f, cap, t.block_k, part)?,
             map(w_down, f, e * h, t.block_k, t.block_n)?,
-            map(pyp, h, cap, GemmTile::EPILOGUE_BOX_COLS, GemmTile::EPILOGUE_BOX_ROWS)?,
+            map(pyp, h, cap, box_c, GemmTile::EPILOGUE_BOX_ROWS)?,
+            map(pyp, h, cap, box_c, part)?,
         ];
         // Where the block will be: allocate first, then fill in addresses.
         let mut args = stream.alloc_zeros::<u8>(ARG_BYTES)?;
@@ -333,25 +366,25 @@ impl<'a> MoePlan<'a> {
         };
         let up = GroupedGemmArgs {
             map_a: map_at(0),
-            map_b: map_at(1),
-            map_c: map_at(2),
+            map_b: map_at(2),
+            map_c: map_at(3),
             rows,
             tile_expert,
             n: f as u32,
             k: h as u32,
             b_rows: shape.up_rows() as u32,
-            act: if swiglu { act::SWIGLU } else { act::NONE },
+            act: if swiglu { act::SWIGLU } else { act::NONE } | gemm_mode,
         };
         let down = GroupedGemmArgs {
-            map_a: map_at(3),
-            map_b: map_at(4),
-            map_c: map_at(5),
+            map_a: map_at(5),
+            map_b: map_at(7),
+            map_c: map_at(8),
             rows,
             tile_expert,
             n: h as u32,
             k: f as u32,
             b_rows: h as u32,
-            act: act::NONE,
+            act: act::NONE | gemm_mode,
         };
         let combine = MoeCombineArgs {
             slots,
@@ -588,6 +621,18 @@ mod tests {
         );
     }
     #[test]
+    fn row_granular_tiles_below_one_tile_per_expert() {
+        // T = 128, top-8 over 64 experts: 16 rows per expert on average.
+        assert_eq!(gemm_mode_for(&shape(128, 64, 8, 4096, 2048), None), mode::PARTIAL_ROWS);
+        // T = 4096: 512 rows per expert; T = 16384 over 16 experts, top-4: 4096.
+        assert_eq!(gemm_mode_for(&shape(4096, 64, 8, 4096, 2048), None), 0);
+        assert_eq!(gemm_mode_for(&shape(16384, 16, 4, 4096, 1408), None), 0);
+        // Exactly one tile per expert on average: whole tiles.
+        assert_eq!(gemm_mode_for(&shape(1024, 64, 8, 64, 64), None), 0);
+        assert_eq!(gemm_mode_for(&shape(4096, 64, 8, 64, 64), Some(1)), mode::PARTIAL_ROWS);
+        assert_eq!(gemm_mode_for(&shape(128, 64, 8, 64, 64), Some(0)), 0);
+    }
+    #[test]
     fn padded_offsets_start_groups_on_row_tiles() {
         assert_eq!(
             padded_offsets(&[300, 0, 5, 128, 129, 1]),
@@ -676,6 +721,12 @@ pub fn padded_offsets(counts: &[u32]) -> Vec<u32> {
     v.push(at);
     v
 }
+
+/// [`GroupedGemmPlan`]'s uploaded block: five tensor maps (A, its `PARTIAL_BOX_ROWS` twin, W,
+/// C, its twin), the group placement's arguments, the GEMM's.
+const GG_ARG_ROUTE: usize = 5 * MAP_BYTES;
+const GG_ARG_GEMM: usize = GG_ARG_ROUTE + 128;
+const GG_ARG_BYTES: usize = GG_ARG_GEMM + 128;
 
 /// A grouped GEMM ready to launch alone: rows per group are read from a device buffer at
 /// every launch (no host round trip), so a launch captured in a CUDA graph follows new
@@ -776,8 +827,10 @@ impl<'a> GroupedGemmPlan<'a> {
                 box_rows,
             )
         };
+        // A, its PARTIAL_BOX_ROWS twin, W, C, its twin (row-granular tiles, as in `MoePlan`).
         let maps = [
             map(a, s.k, s.capacity_rows, t.block_k, t.block_m)?,
+            map(a, s.k, s.capacity_rows, t.block_k, PARTIAL_BOX_ROWS)?,
             map(
                 w,
                 s.k,
@@ -792,8 +845,9 @@ impl<'a> GroupedGemmPlan<'a> {
                 GemmTile::EPILOGUE_BOX_COLS,
                 GemmTile::EPILOGUE_BOX_ROWS,
             )?,
+            map(c, s.n, s.capacity_rows, GemmTile::EPILOGUE_BOX_COLS, PARTIAL_BOX_ROWS)?,
         ];
-        let mut args = stream.alloc_zeros::<u8>(3 * MAP_BYTES + 256)?;
+        let mut args = stream.alloc_zeros::<u8>(GG_ARG_BYTES)?;
         let abase = args.device_ptr(stream).0;
         let route = MoeRouteArgs {
             counts: counts_out,
@@ -809,23 +863,23 @@ impl<'a> GroupedGemmPlan<'a> {
         };
         let gemm = GroupedGemmArgs {
             map_a: abase,
-            map_b: abase + MAP_BYTES as u64,
-            map_c: abase + 2 * MAP_BYTES as u64,
+            map_b: abase + 2 * MAP_BYTES as u64,
+            map_c: abase + 3 * MAP_BYTES as u64,
             rows,
             tile_expert,
             n: s.n as u32,
             k: s.k as u32,
             b_rows: s.w_rows() as u32,
-            act: if swiglu { act::SWIGLU } else { act::NONE },
+            act: if swiglu { act::SWIGLU } else { act::NONE } | mode::PARTIAL_ROWS,
         };
-        let mut block = vec![0u8; 3 * MAP_BYTES + 256];
+        let mut block = vec![0u8; GG_ARG_BYTES];
         for (i, m) in maps.iter().enumerate() {
             block[i * MAP_BYTES..(i + 1) * MAP_BYTES].copy_from_slice(crate::tensor_map::bytes(m));
         }
         let r = bytemuck::bytes_of(&route);
-        block[3 * MAP_BYTES..3 * MAP_BYTES + r.len()].copy_from_slice(r);
+        block[GG_ARG_ROUTE..GG_ARG_ROUTE + r.len()].copy_from_slice(r);
         let gb = bytemuck::bytes_of(&gemm);
-        block[3 * MAP_BYTES + 128..3 * MAP_BYTES + 128 + gb.len()].copy_from_slice(gb);
+        block[GG_ARG_GEMM..GG_ARG_GEMM + gb.len()].copy_from_slice(gb);
         stream.memcpy_htod(&block, &mut args)?;
         let cols = if swiglu { SWIGLU_TILE_COLS } else { t.block_n } as usize;
         let sms = sms.unwrap_or(device.sm_count()).clamp(1, device.sm_count());
@@ -844,7 +898,7 @@ impl<'a> GroupedGemmPlan<'a> {
     /// Enqueues the group placement (one CTA) and the grouped GEMM on `stream`.
     pub fn launch(&self, stream: &Arc<CudaStream>) -> Result<()> {
         let a = self.args.device_ptr(stream).0;
-        let (route, gemm) = (a + 3 * MAP_BYTES as u64, a + 3 * MAP_BYTES as u64 + 128);
+        let (route, gemm) = (a + GG_ARG_ROUTE as u64, a + GG_ARG_GEMM as u64);
         // SAFETY: the argument lists match `mk_moe_group_tiles(args, counts)` and
         // `mk_moe_grouped_gemm(args)`; the buffers are borrowed for 'a.
         unsafe {

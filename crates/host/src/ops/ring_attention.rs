@@ -1,9 +1,11 @@
-//! Ring attention forward across the local ranks of a [`Communicator`]: each of the W ranks holds
-//! `seqlen_local` rows of every sequence (Q, K, V shards); one persistent kernel per call passes
-//! the K/V shards around the ring (NVLink stores into the right neighbour's receive slots, two
-//! slots per rank) while the compute CTAs attend the local queries to the shard that arrived, and
-//! merges the partials in f32 through their log-sum-exp. Outputs: the local rows of O (bf16) and
-//! LSE (f32), equal to attention over the whole sequence.
+//! Ring attention forward across every rank of a [`Communicator`] (all nodes): each of the W
+//! ranks holds `seqlen_local` rows of every sequence (Q, K, V shards), rank `r` being the
+//! communicator's global rank; one persistent kernel per call passes the K/V shards around the
+//! ring in global rank order (NVLink stores into the right neighbour's receive slots inside a
+//! node, one proxy PUT per step from a node's last rank to the next node's first; two slots per
+//! rank) while the compute CTAs attend the local queries to the shard that arrived, and merges
+//! the partials in f32 through their log-sum-exp. Outputs: the local rows of O (bf16) and LSE
+//! (f32), equal to attention over the whole sequence.
 //!
 //! Layout per rank (batched only): Q and O `[batch][seqlen_local][heads_q][head_dim]`, K and V
 //! `[batch][seqlen_local][heads_kv][head_dim]`, LSE `[batch][heads_q][seqlen_local]`.
@@ -62,10 +64,50 @@ pub fn ring_roles(sm_count: u32, world: u32, tiles: usize, comm: Option<u32>) ->
     Ok(RingRoles { compute, comm })
 }
 
+/// The comm CTA counts `cargo xtask tune --op ring-attention` times for a shape: powers of two
+/// from 1 to `sm_count / 4` (at most 32) and [`ring_roles`]' default, each one that gives a
+/// valid split (at least one compute CTA, the grid within the flag area), ascending. Empty for
+/// `world == 1` (no comm CTAs).
+pub fn comm_cta_candidates(sm_count: u32, world: u32, tiles: usize) -> Vec<u32> {
+    if world < 2 {
+        return vec![];
+    }
+    let mut v: Vec<u32> = (0..6)
+        .map(|i| 1u32 << i)
+        .filter(|&c| c <= (sm_count / 4).max(1))
+        .chain([(sm_count / 16).clamp(1, 8)])
+        .filter(|&c| ring_roles(sm_count, world, tiles, Some(c)).is_ok_and(|r| r.compute > 0))
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// The tune cache key of a ring-attention shape (`mkernel::tune`): op
+/// `ring-attention-d{head_dim}-kv{heads_kv}` (`-causal` appended when causal), `world` the ranks of
+/// the ring, `m` the batch, `n` the rows per rank and sequence (`seqlen_local`), `k` `heads_q`;
+/// the value is the comm CTA count.
+pub fn tune_key(world: u32, batch: usize, seqlen_local: usize, heads: &AttentionHeads) -> crate::tune::TuneKey {
+    crate::tune::TuneKey {
+        op: format!(
+            "ring-attention-d{}-kv{}{}",
+            heads.head_dim,
+            heads.heads_kv,
+            if heads.causal { "-causal" } else { "" }
+        ),
+        world,
+        m: batch,
+        n: seqlen_local,
+        k: heads.heads_q,
+    }
+}
+
 /// Options of a ring-attention plan.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RingOptions {
-    /// Comm CTAs; `None`: [`ring_roles`]' default.
+    /// Comm CTAs; `None`: the tune cache's entry for the shape ([`tune_key`], written by `cargo
+    /// xtask tune --op ring-attention`; ignored where it does not give a valid split), else
+    /// [`ring_roles`]' default.
     pub comm_ctas: Option<u32>,
 }
 
@@ -98,7 +140,9 @@ impl<'a> RingAttentionPlan<'a> {
     }
 
     /// Plans the local rows of `o`, `lse` = attention of the local `q` over every rank's `k`, `v`.
-    /// Collective: every local rank calls it with the same shapes (checked through the store).
+    /// Collective: every rank of the job calls it with the same shapes (checked through the
+    /// store); the shard of global rank `r` is rows `r * seqlen_local ..` (non-causal) or zigzag
+    /// chunks `r` and `2W - 1 - r` (causal).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         comm: &'a Communicator,
@@ -114,16 +158,17 @@ impl<'a> RingAttentionPlan<'a> {
         heads: AttentionHeads,
         opts: RingOptions,
     ) -> Result<Self> {
-        if comm.nnodes() > 1 {
-            return Err(Error::Unsupported(
-                "ring attention across nodes (through the proxy) is not implemented; one node only".into(),
-            ));
-        }
         heads.validate()?;
         let bad = |reason: String| Err(Error::Shape { op: OP, reason });
         let device: &Device = comm.device();
-        let (w, rank) = (comm.world() as usize, comm.rank() as usize);
+        // The ring runs over every rank of the job, in global rank order.
+        let (w, rank) = (comm.global_world() as usize, comm.global_rank() as usize);
         let (hq, hkv, d) = (heads.heads_q, heads.heads_kv, heads.head_dim);
+        // A tuned split, looked up before the exchange: ranks whose caches differ fail it below.
+        let tuned = match opts.comm_ctas {
+            Some(_) => None,
+            None => crate::tune::lookup(&tune_key(w as u32, batch, seqlen_local, &heads)),
+        };
         // Every rank must agree on the shapes and the grid (the comm CTAs wait for every CTA of
         // their neighbour): exchange them and take the smallest SM count.
         let mine = [
@@ -133,7 +178,7 @@ impl<'a> RingAttentionPlan<'a> {
             hkv as u64,
             d as u64,
             heads.causal as u64,
-            opts.comm_ctas.map_or(0, |c| c as u64 + 1),
+            opts.comm_ctas.or(tuned).map_or(0, |c| c as u64 + 1),
             device.sm_count() as u64,
         ];
         let bytes: Vec<u8> = mine.iter().flat_map(|x| x.to_le_bytes()).collect();
@@ -207,7 +252,13 @@ impl<'a> RingAttentionPlan<'a> {
         };
         let m_blocks = seqlen_local.div_ceil(tile.block_m as usize);
         let tiles = batch * hq * m_blocks;
-        let roles = ring_roles(sm_count, w as u32, tiles, opts.comm_ctas)?;
+        let roles = match (opts.comm_ctas, tuned) {
+            (Some(c), _) => ring_roles(sm_count, w as u32, tiles, Some(c))?,
+            // A cached count that does not fit this grid (another GPU, a stale entry): the default.
+            (None, Some(c)) => ring_roles(sm_count, w as u32, tiles, Some(c))
+                .or_else(|_| ring_roles(sm_count, w as u32, tiles, None))?,
+            (None, None) => ring_roles(sm_count, w as u32, tiles, None)?,
+        };
         let acc = if w > 1 {
             Some((
                 stream.alloc_zeros::<f32>(rows * hq * d)?,
@@ -311,7 +362,7 @@ impl<'a> RingAttentionPlan<'a> {
         })
     }
 
-    /// Enqueues the kernel on `stream` (inside a CUDA graph capture too). Every local rank
+    /// Enqueues the kernel on `stream` (inside a CUDA graph capture too). Every rank
     /// launches the same sequence of plans; [`Communicator::check`] after the stream
     /// synchronized reports a rank that never came ([`Error::CommTimeout`]).
     pub fn launch(&self, stream: &Arc<CudaStream>) -> Result<()> {
@@ -377,5 +428,63 @@ mod tests {
         );
         assert!(ring_roles(8, 2, 10, Some(8)).is_err());
         assert!(ring_roles(8, 2, 10, Some(0)).is_err());
+    }
+
+    #[test]
+    fn tune_candidates_are_valid_splits() {
+        // A whole H100 and a quarter of one (4 ranks sharing it through MPS, 80% of 33 SMs).
+        assert_eq!(comm_cta_candidates(132, 8, 4096), [1, 2, 4, 8, 16, 32]);
+        assert_eq!(comm_cta_candidates(26, 4, 4096), [1, 2, 4]);
+        // The default is always among them, even where sm_count / 4 is below it.
+        assert!(comm_cta_candidates(66, 2, 4096).contains(&4));
+        assert_eq!(comm_cta_candidates(4, 2, 1), [1]);
+        // One rank has no comm CTAs to tune; a single SM cannot split.
+        assert!(comm_cta_candidates(132, 1, 4096).is_empty());
+        assert!(comm_cta_candidates(1, 2, 4096).is_empty());
+        for (sm, w, tiles) in [(132, 2, 10), (132, 4, 100_000), (20, 2, 7), (33, 4, 4096)] {
+            let c = comm_cta_candidates(sm, w, tiles);
+            assert!(!c.is_empty());
+            assert!(c.windows(2).all(|p| p[0] < p[1]), "{c:?}");
+            for n in c {
+                let r = ring_roles(sm, w, tiles, Some(n)).unwrap();
+                assert_eq!(r.comm, n);
+                assert!(r.compute >= 1 && r.compute + r.comm <= sm);
+            }
+        }
+    }
+
+    #[test]
+    fn tune_keys_tell_shapes_apart() {
+        let h = |hq, hkv, d, causal| AttentionHeads {
+            heads_q: hq,
+            heads_kv: hkv,
+            head_dim: d,
+            causal,
+            softmax_scale: None,
+        };
+        let a = tune_key(4, 1, 4096, &h(32, 8, 128, true));
+        assert_eq!(
+            (a.op.as_str(), a.world, a.m, a.n, a.k),
+            ("ring-attention-d128-kv8-causal", 4, 1, 4096, 32)
+        );
+        assert_eq!(
+            tune_key(4, 1, 4096, &h(32, 8, 128, false)).op,
+            "ring-attention-d128-kv8"
+        );
+        let keys = [
+            tune_key(4, 1, 4096, &h(32, 32, 128, false)),
+            tune_key(4, 1, 4096, &h(32, 32, 64, false)),
+            tune_key(4, 1, 4096, &h(32, 8, 128, false)),
+            tune_key(4, 2, 2048, &h(32, 32, 128, false)),
+            tune_key(2, 1, 4096, &h(32, 32, 128, false)),
+        ];
+        for (i, x) in keys.iter().enumerate() {
+            for y in &keys[i + 1..] {
+                assert_ne!(x, y);
+            }
+        }
+        // The cache's text format carries it (no whitespace in the op).
+        let text = crate::tune::render(&[(a.clone(), 4)]);
+        assert_eq!(crate::tune::parse(&text), [(a, 4)]);
     }
 }

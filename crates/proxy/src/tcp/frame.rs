@@ -17,23 +17,29 @@
 //!
 //! Frame header:
 //!
-//! | offset | field | type | DATA (1) | SIGNAL (2) | BYE (3) |
-//! |---:|---|---|---|---|---|
-//! | 0 | `kind` | u32 | 1 | 2 | 3 |
-//! | 4 | `reserved` | u32 | 0 | 0 | 0 |
-//! | 8 | `seq` | u64 | message number | message number | next message number |
-//! | 16 | `a` | u64 | destination offset in the data region | flag offset | 0 |
-//! | 24 | `b` | u64 | payload bytes (1..=max_payload) | flag value (nonzero) | 0 |
+//! | offset | field | type | DATA (1) | SIGNAL (2) | BYE (3) | ABORT (4) |
+//! |---:|---|---|---|---|---|---|
+//! | 0 | `kind` | u32 | 1 | 2 | 3 | 4 |
+//! | 4 | `reserved` | u32 | 0 | 0 | 0 | 0 |
+//! | 8 | `seq` | u64 | message number | message number | next message number | next message number |
+//! | 16 | `a` | u64 | destination offset in the data region | flag offset | 0 | rank whose link failed first, or [`NO_RANK`] |
+//! | 24 | `b` | u64 | payload bytes (1..=max_payload) | flag value (nonzero) | 0 | 0 |
 //!
 //! Message numbers count every DATA and SIGNAL frame from one sender to one receiver over all
 //! of its sockets, from 0; on each socket they increase. The receiver carries frames out in
 //! message-number order, so the wire keeps the order of the FIFO as the emulated wire does.
+//!
+//! BYE closes a socket after a clean stop. ABORT closes it after the sender's proxy failed (a
+//! lost peer, a bad frame or command, a host abort): the receiver then fails too, naming the
+//! sender and, in `a`, the rank whose link failed first, instead of reporting a socket that
+//! closed without goodbye (which is what a process that died leaves).
 use crate::error::TransportError;
 
 /// `Hello::magic`.
 pub const HELLO_MAGIC: [u8; 4] = *b"MKTH";
 /// Version of this wire format.
-pub const WIRE_VERSION: u32 = 1;
+/// (2: ABORT frames.)
+pub const WIRE_VERSION: u32 = 2;
 /// Bytes of a hello.
 pub const HELLO_BYTES: usize = 64;
 /// Bytes of a frame header.
@@ -47,6 +53,10 @@ pub const KIND_DATA: u32 = 1;
 pub const KIND_SIGNAL: u32 = 2;
 /// Frame kind: the sender closes this socket cleanly; nothing follows.
 pub const KIND_BYE: u32 = 3;
+/// Frame kind: the sender's proxy failed and closes this socket; nothing follows.
+pub const KIND_ABORT: u32 = 4;
+/// `a` of an ABORT whose sender did not fail on a link (a bad command, a host abort).
+pub const NO_RANK: u64 = u64::MAX;
 
 /// Why an acceptor refused a socket (`Hello::status` of its answer).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -173,6 +183,17 @@ impl Header {
         }
     }
 
+    /// An ABORT header: the sender failed, first on its link with `origin` (or [`NO_RANK`]).
+    pub fn abort(next_seq: u64, origin: u64) -> Header {
+        Header {
+            kind: KIND_ABORT,
+            reserved: 0,
+            seq: next_seq,
+            a: origin,
+            b: 0,
+        }
+    }
+
     /// The 32 bytes.
     pub fn to_bytes(&self) -> [u8; HEADER_BYTES] {
         let mut out = [0u8; HEADER_BYTES];
@@ -263,6 +284,12 @@ impl Limits {
                 }
                 Ok(())
             }
+            KIND_ABORT => {
+                if h.b != 0 {
+                    return Err("abort frame with nonzero length".into());
+                }
+                Ok(())
+            }
             k => Err(format!("unknown frame kind {k}")),
         }
     }
@@ -312,6 +339,11 @@ mod tests {
         assert!(l.check(&Header::signal(4, 4, 1), 4).is_err());
         assert!(l.check(&Header::signal(4, 0, 0), 4).is_err());
         assert!(l.check(&Header::bye(4), 4).is_ok());
+        assert!(l.check(&Header::abort(4, 3), 4).is_ok());
+        assert!(l.check(&Header::abort(4, NO_RANK), 4).is_ok());
+        let mut a = Header::abort(4, 3);
+        a.b = 1;
+        assert!(l.check(&a, 4).unwrap_err().contains("abort"));
         let mut k = Header::bye(4);
         k.kind = 9;
         assert!(l.check(&k, 0).unwrap_err().contains("kind 9"));

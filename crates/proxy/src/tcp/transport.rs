@@ -1,10 +1,11 @@
 //! The TCP [`Transport`]: staging through host buffers, several sockets per peer, and a
 //! receiver that carries frames out in message order (data, then the flag).
-use super::frame::{Header, Limits, HEADER_BYTES, KIND_BYE, KIND_DATA, KIND_SIGNAL};
+use super::frame::{Header, Limits, HEADER_BYTES, KIND_ABORT, KIND_BYE, KIND_DATA, KIND_SIGNAL, NO_RANK};
 use super::setup::TcpLinks;
 use super::staging::DeviceStaging;
 use crate::error::TransportError;
 use crate::transport::{Op, Transport};
+use crate::validate::{PeerRegions, Span};
 use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read};
 use std::net::{Shutdown, TcpStream};
@@ -17,6 +18,8 @@ const TOK_FLAG: u64 = 3 << 62;
 const TOK_KIND: u64 = 3 << 62;
 /// Frames one socket may hold received but not yet carried out, beyond its data buffers.
 const EXTRA_PENDING: usize = 64;
+/// How long closing a socket may spend finishing its frame in progress and sending BYE or ABORT.
+const CLOSE_BOUND: Duration = Duration::from_millis(200);
 
 /// A message waiting for a staging buffer (in FIFO order per peer).
 enum Backlog {
@@ -82,6 +85,8 @@ struct RxLane {
     expect: u64,
     /// The BYE's message number once received.
     bye: Option<u64>,
+    /// The rank an ABORT received here named as the link that broke first.
+    abort_origin: Option<u64>,
     closed: bool,
 }
 
@@ -123,11 +128,16 @@ pub struct TcpTransport<E: DeviceStaging> {
     done: Vec<u64>,
     tokens: Vec<u64>,
     limits: Limits,
+    /// Where peers' frames may write in this rank's memory.
+    regions: PeerRegions,
     pollfds: Vec<libc::pollfd>,
     poll_of: Vec<(usize, usize)>,
     timeout: Duration,
     /// The last `flush` emptied everything and nothing was posted since: close with BYE.
     clean: bool,
+    /// This transport returned an error: the rank whose link failed first ([`NO_RANK`] when
+    /// the error named none). Closing then sends ABORT naming it.
+    failed: Option<u64>,
     stats: TcpStats,
 }
 
@@ -137,8 +147,24 @@ fn lost(peer: usize, what: String) -> TransportError {
 
 impl<E: DeviceStaging> TcpTransport<E> {
     /// The transport over `links`, landing received data in this rank's data region of
-    /// `data_bytes` and flags in its flag array of `flag_bytes` through `engine`.
-    pub fn new(links: TcpLinks, mut engine: E, data_bytes: u64, flag_bytes: u64) -> Result<Self, TransportError> {
+    /// `data_bytes` and flags in its flag array of `flag_bytes` through `engine` (separate
+    /// arrays from offset 0, any flag word writable by any peer: the CPU fabric of the tests).
+    pub fn new(links: TcpLinks, engine: E, data_bytes: u64, flag_bytes: u64) -> Result<Self, TransportError> {
+        let regions = PeerRegions {
+            data: Span::upto(data_bytes),
+            flags: Span::upto(flag_bytes),
+            flag_columns: None,
+        };
+        Self::with_regions(links, engine, regions)
+    }
+
+    /// The transport over `links`, where peers' frames may write only inside `regions` of this
+    /// rank's memory (data into `regions.data`, flags into the sender's own words of
+    /// `regions.flags`), checked as the sender's validator checks the commands
+    /// ([`PeerRegions::check_put`], [`PeerRegions::check_flag`]): mkernel's heap passes
+    /// `PeerRegions::heap(heap_bytes)`. Offsets are `engine`'s.
+    pub fn with_regions(links: TcpLinks, mut engine: E, regions: PeerRegions) -> Result<Self, TransportError> {
+        let (data_bytes, flag_bytes) = (regions.data.end, regions.flags.end);
         let cfg = links.config.clone();
         let lanes = links.lanes;
         let nrx = links.peers.len() * lanes * cfg.rx_buffers;
@@ -195,6 +221,7 @@ impl<E: DeviceStaging> TcpTransport<E> {
                     buffers: cfg.rx_buffers,
                     expect: 0,
                     bye: None,
+                    abort_origin: None,
                     closed: false,
                 });
             }
@@ -221,10 +248,12 @@ impl<E: DeviceStaging> TcpTransport<E> {
                 flag_bytes,
                 max_payload: cfg.chunk as u64,
             },
+            regions,
             pollfds,
             poll_of,
             timeout: cfg.timeout,
             clean: false,
+            failed: None,
             stats: TcpStats::default(),
         })
     }
@@ -373,7 +402,21 @@ impl<E: DeviceStaging> TcpTransport<E> {
             let (slot, lane) = self.poll_of[i];
             let peer = &mut self.rx[slot];
             let rank = peer.rank;
-            read_lane(rank, lane, &mut peer.lanes[lane], &mut self.engine, &self.limits)?;
+            if let Err(e) = read_lane(
+                rank,
+                lane,
+                &mut peer.lanes[lane],
+                &mut self.engine,
+                &self.limits,
+                (&self.regions, self.me),
+            ) {
+                // A peer's ABORT: the root cause is the link it names, not the peer (so a chain
+                // of failing proxies keeps naming the first broken link).
+                if let Some(o) = peer.lanes[lane].abort_origin.filter(|&o| o != NO_RANK) {
+                    self.failed.get_or_insert(o);
+                }
+                return Err(e);
+            }
             if peer.lanes[lane].closed {
                 self.pollfds[i].fd = -1; // poll ignores negative descriptors
             }
@@ -443,23 +486,61 @@ impl<E: DeviceStaging> TcpTransport<E> {
                 .all(|p| p.backlog.is_empty() && p.lanes.iter().all(|l| l.queue.is_empty()))
     }
 
-    fn say_goodbye(&mut self) {
+    /// Remembers the first error this transport returns (see `failed`).
+    fn note<T>(&mut self, r: Result<T, TransportError>) -> Result<T, TransportError> {
+        if let Err(e) = &r {
+            if self.failed.is_none() {
+                self.failed = Some(match e {
+                    TransportError::Peer { peer, .. } => *peer as u64,
+                    _ => NO_RANK,
+                });
+            }
+        }
+        r
+    }
+
+    /// Closes every outgoing socket with `closing(next message number)` (BYE or ABORT), first
+    /// finishing the frame in progress on it so that the closing frame starts on a frame
+    /// boundary; bounded by [`CLOSE_BOUND`] per socket, best effort (a dead peer's socket just
+    /// fails).
+    fn close_lanes(&mut self, closing: impl Fn(u64) -> Header) {
+        let engine = &mut self.engine;
         for p in &mut self.tx {
             for lane in &mut p.lanes {
-                let bye = Header::bye(p.next_seq).to_bytes();
                 let t0 = Instant::now();
-                let mut written = 0;
-                while written < HEADER_BYTES && t0.elapsed() < Duration::from_millis(200) {
-                    match send_parts(&lane.sock, &bye, &[], written) {
-                        Ok(Some(n)) => written += n,
-                        Ok(None) => std::thread::sleep(Duration::from_micros(50)),
-                        Err(_) => break,
-                    }
+                let mut on_boundary = true;
+                if let Some(m) = lane.queue.front_mut().filter(|m| m.written > 0) {
+                    // Started, so ready: its payload is in the staging buffer.
+                    let payload: &[u8] = match m.payload {
+                        Some((b, l)) => &engine.buffer(b)[..l],
+                        None => &[],
+                    };
+                    on_boundary = send_bounded(&lane.sock, &m.hdr, payload, m.written, t0);
+                }
+                if on_boundary {
+                    send_bounded(&lane.sock, &closing(p.next_seq).to_bytes(), &[], 0, t0);
                 }
                 let _ = lane.sock.shutdown(Shutdown::Write);
             }
         }
     }
+}
+
+/// Sends `hdr ++ payload` from byte `skip` on, retrying a full socket until [`CLOSE_BOUND`]
+/// after `t0`; whether it all went out.
+fn send_bounded(sock: &TcpStream, hdr: &[u8], payload: &[u8], mut skip: usize, t0: Instant) -> bool {
+    let total = hdr.len() + payload.len();
+    while skip < total {
+        if t0.elapsed() > CLOSE_BOUND {
+            return false;
+        }
+        match send_parts(sock, hdr, payload, skip) {
+            Ok(Some(n)) => skip += n,
+            Ok(None) => std::thread::sleep(Duration::from_micros(50)),
+            Err(_) => return false,
+        }
+    }
+    true
 }
 
 /// Reads one socket as far as it goes without blocking.
@@ -469,6 +550,7 @@ fn read_lane<E: DeviceStaging>(
     lane: &mut RxLane,
     engine: &mut E,
     limits: &Limits,
+    (regions, me): (&PeerRegions, usize),
 ) -> Result<(), TransportError> {
     loop {
         if lane.closed || lane.pending.len() >= lane.buffers + EXTRA_PENDING {
@@ -489,6 +571,14 @@ fn read_lane<E: DeviceStaging>(
                     limits
                         .check(&h, lane.expect)
                         .map_err(|why| lost(rank, format!("bad message on socket {li}: {why}")))?;
+                    // The sender's validator checked its command against this rank's regions;
+                    // the same rules here, so a peer running other code cannot write outside.
+                    match h.kind {
+                        KIND_DATA => regions.check_put(me, h.a, h.b),
+                        KIND_SIGNAL => regions.check_flag(me, rank, h.a, h.b),
+                        _ => Ok(()),
+                    }
+                    .map_err(|v| lost(rank, format!("bad message on socket {li}: {}", v.reason)))?;
                     match h.kind {
                         KIND_DATA => {
                             lane.state = ReadState::Payload {
@@ -510,6 +600,18 @@ fn read_lane<E: DeviceStaging>(
                                 got: 0,
                                 bytes: [0; HEADER_BYTES],
                             };
+                        }
+                        KIND_ABORT => {
+                            lane.abort_origin = Some(h.a);
+                            let why = if h.a == NO_RANK {
+                                format!(
+                                    "its proxy failed on its own (a CUDA error, its process exiting, a bad command \
+                                     or an abort: rank {rank}'s error record says which)"
+                                )
+                            } else {
+                                format!("its proxy failed on its link with rank {}", h.a)
+                            };
+                            return Err(lost(rank, why));
                         }
                         KIND_BYE => {
                             lane.bye = Some(h.seq);
@@ -623,6 +725,24 @@ impl<E: DeviceStaging> Transport for TcpTransport<E> {
     }
 
     fn post(&mut self, dst: usize, ops: &[Op]) -> Result<(), TransportError> {
+        let r = self.post_ops(dst, ops);
+        self.note(r)
+    }
+
+    fn poll(&mut self, completed: &mut Vec<u64>) -> Result<(), TransportError> {
+        let r = self.progress();
+        completed.append(&mut self.done);
+        self.note(r)
+    }
+
+    fn flush(&mut self, completed: &mut Vec<u64>) -> Result<(), TransportError> {
+        let r = self.flush_all(completed);
+        self.note(r)
+    }
+}
+
+impl<E: DeviceStaging> TcpTransport<E> {
+    fn post_ops(&mut self, dst: usize, ops: &[Op]) -> Result<(), TransportError> {
         let slot = self
             .slot_of
             .get(dst)
@@ -673,16 +793,11 @@ impl<E: DeviceStaging> Transport for TcpTransport<E> {
         self.write()
     }
 
-    fn poll(&mut self, completed: &mut Vec<u64>) -> Result<(), TransportError> {
-        self.progress()?;
-        completed.append(&mut self.done);
-        Ok(())
-    }
-
-    fn flush(&mut self, completed: &mut Vec<u64>) -> Result<(), TransportError> {
+    fn flush_all(&mut self, completed: &mut Vec<u64>) -> Result<(), TransportError> {
         let t0 = Instant::now();
         loop {
-            self.poll(completed)?;
+            self.progress()?;
+            completed.append(&mut self.done);
             if self.idle() {
                 self.clean = true;
                 return Ok(());
@@ -709,10 +824,15 @@ impl<E: DeviceStaging> Transport for TcpTransport<E> {
 
 impl<E: DeviceStaging> Drop for TcpTransport<E> {
     fn drop(&mut self) {
-        // A clean stop tells the peers so; anything else closes the sockets without goodbye,
-        // which the peers report as a lost connection naming this rank.
+        // A clean stop says goodbye; a stop after an error (this transport's, or the proxy's:
+        // a bad command, a host abort, a stop without flush) says ABORT, so the peers fail
+        // naming this rank and the link that failed first. Only a process that dies closes its
+        // sockets with neither, which the peers report as a lost connection.
         if self.clean {
-            self.say_goodbye();
+            self.close_lanes(Header::bye);
+        } else {
+            let origin = self.failed.unwrap_or(NO_RANK);
+            self.close_lanes(|next| Header::abort(next, origin));
         }
     }
 }

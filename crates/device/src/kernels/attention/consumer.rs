@@ -406,10 +406,10 @@ unsafe fn store<const D: u32>(
     });
 }
 
-/// Local ranks of the ring (`RingArgs::desc`).
+/// Ranks of the ring: every rank of the job (`RingArgs::desc`).
 #[inline(always)]
 unsafe fn ring_world(args: *const AttentionArgs) -> u32 {
-    unsafe { (*((*(args as *const RingArgs)).desc as *const CommDesc)).world }
+    unsafe { (*((*(args as *const RingArgs)).desc as *const CommDesc)).global_world }
 }
 
 /// The mask of ring step `step`: [`Mask::None`] (non-causal), or the zigzag mask of the local
@@ -428,7 +428,8 @@ pub unsafe fn ring_mask<const UNIFORM: bool>(args: *const AttentionArgs, step: u
         return Some(Mask::None);
     }
     let d = unsafe { &*(r.desc as *const CommDesc) };
-    let (rank, world) = (uniform(d.rank), uniform(d.world));
+    // The ring is in global rank order over the whole job.
+    let (rank, world) = (uniform(d.global_rank), uniform(d.global_world));
     let src = (rank + world - step % world) % world;
     Some(Mask::Zigzag {
         chunk: uniform(r.chunk),

@@ -1,13 +1,17 @@
 //! The grouped GEMM's consumer role (warpgroups 1 and 2): the plain GEMM's mainloop on each
 //! tile, then the activation (SwiGLU: `silu(gate) * up` folds the 256 accumulator columns
-//! into 128) and the TMA-store epilogue.
+//! into 128) and the TMA-store epilogue (with `mode::PARTIAL_ROWS`, a half with padding rows
+//! stores only its valid rows, in `PARTIAL_BOX_ROWS`-row boxes; a half of only padding stores
+//! nothing).
 use super::grouped_gemm::Launch;
 use crate::arch::{regs, tma::TensorMap};
 use crate::gemm::consumer::mma_tile;
-use crate::gemm::epilogue::{drain_tma_stores, store_boxes_tma_to, store_tile_tma, swiglu_in_place};
+use crate::gemm::epilogue::{
+    drain_tma_stores, store_boxes_tma_to, store_tile_tma, store_tile_tma_to, swiglu_in_place, RowBoxes,
+};
 use crate::gemm::ring::{Ring, RingPos};
 use crate::gemm::BLayout;
-use mkernel_config::ops::moe::TILE;
+use mkernel_config::ops::moe::{PARTIAL_BOX_ROWS, PARTIAL_MAP_OFFSET, TILE};
 
 /// # Safety
 ///
@@ -18,12 +22,38 @@ use mkernel_config::ops::moe::TILE;
 pub unsafe fn run(ring: &Ring, l: Launch, wg: u32) {
     regs::setmaxnreg_inc::<{ TILE.consumer_regs }>();
     let map_c = TensorMap(unsafe { (*l.args).map_c } as *const u8);
+    let map_c_rows = TensorMap((unsafe { (*l.args).map_c } + PARTIAL_MAP_OFFSET) as *const u8);
     let mut acc = [0f32; 128];
     let mut pos = RingPos::START;
     for tile in l.tiles() {
+        // This warpgroup's valid rows of the tile (read before the mainloop hides the load).
+        let rows = if l.partial {
+            l.tile_expert(tile.m0)
+                .1
+                .saturating_sub(wg * TILE.rows_per_consumer())
+                .min(TILE.rows_per_consumer())
+        } else {
+            TILE.rows_per_consumer()
+        };
         unsafe {
             mma_tile(ring, &mut pos, &mut acc, wg, BLayout::Nk, l.k_blocks);
-            if l.swiglu {
+            if rows < TILE.rows_per_consumer() {
+                // Padding in this half: its valid rows in PARTIAL_BOX_ROWS-row boxes; a half of
+                // only padding stores nothing, so nothing is staged either.
+                if rows > 0 {
+                    let dst = RowBoxes {
+                        map: map_c_rows,
+                        rows,
+                        box_rows: PARTIAL_BOX_ROWS,
+                    };
+                    if l.swiglu {
+                        swiglu_in_place(&mut acc);
+                        store_boxes_tma_to::<2>(ring, dst, tile, wg, &mut acc, false);
+                    } else {
+                        store_tile_tma_to(ring, dst, tile, wg, &mut acc, false);
+                    }
+                }
+            } else if l.swiglu {
                 swiglu_in_place(&mut acc);
                 store_boxes_tma_to::<2>(ring, map_c, tile, wg, &mut acc, false);
             } else {

@@ -9,12 +9,17 @@
 //! With SwiGLU a tile covers 128 output columns: its 256 B rows are the 128 gate rows and the
 //! 128 up rows of those columns (two TMA boxes), and the epilogue stores
 //! `silu(gate) * up` (two 64 x 64 boxes per consumer warpgroup).
+//!
+//! With `mode::PARTIAL_ROWS` a tile moves only its valid rows (the tile-expert word's padding
+//! count), in boxes of `PARTIAL_BOX_ROWS`: A loads and C stores of an expert with few rows stop
+//! there instead of moving a whole `block_m`-row tile (docs/moe.md, "Row-granular tiles").
 use super::{consumer, producer};
 use crate::arch::{ids, smem, sync, tma, tma::TensorMap};
 use crate::gemm::ring::Ring;
 use crate::gemm::scheduler::TileScheduler;
 use mkernel_config::ops::moe::{
-    act, grouped_gemm_role, GroupedGemmArgs, GROUPED_GEMM_ROLES, RING, SWIGLU_TILE_COLS, TILE,
+    act, grouped_gemm_role, mode, GroupedGemmArgs, GROUPED_GEMM_ROLES, RING, SWIGLU_TILE_COLS, TILE, TILE_EXPERT_MASK,
+    TILE_PAD_SHIFT,
 };
 
 /// What both roles need of the launch.
@@ -22,6 +27,8 @@ use mkernel_config::ops::moe::{
 pub struct Launch {
     pub args: *const GroupedGemmArgs,
     pub swiglu: bool,
+    /// [`mode::PARTIAL_ROWS`]: loads and stores cover a tile's valid rows only.
+    pub partial: bool,
     pub k_blocks: u32,
 }
 
@@ -39,6 +46,21 @@ impl Launch {
             TILE.group_m,
             ids::block_idx(),
             ids::grid_dim(),
+        )
+    }
+
+    /// The expert of the row tile at row `m0` and its valid rows (all `block_m` of them unless
+    /// it is its expert's last tile).
+    #[inline(always)]
+    pub fn tile_expert(&self, m0: u32) -> (u32, u32) {
+        let w = unsafe {
+            ((*self.args).tile_expert as *const u32)
+                .add((m0 / TILE.block_m) as usize)
+                .read()
+        };
+        (
+            w & TILE_EXPERT_MASK,
+            TILE.block_m - (w >> TILE_PAD_SHIFT).min(TILE.block_m),
         )
     }
 }
@@ -60,9 +82,11 @@ pub unsafe extern "ptx-kernel" fn mk_moe_grouped_gemm(args: *const GroupedGemmAr
         }
     }
     sync::sync_threads();
+    let flags = unsafe { (*args).act };
     let launch = Launch {
         args,
-        swiglu: unsafe { (*args).act } == act::SWIGLU,
+        swiglu: flags & act::MASK == act::SWIGLU,
+        partial: flags & mode::PARTIAL_ROWS != 0,
         k_blocks: unsafe { (*args).k }.div_ceil(TILE.block_k),
     };
     let wg = ids::warpgroup_idx();

@@ -1,12 +1,12 @@
 //! The grouped GEMM's producer role (warpgroup 0; one thread issues): for each tile, its
-//! expert's weight rows and the tile's grouped rows, through the plain GEMM's TMA loaders.
+//! expert's weight rows and the tile's grouped rows (all `block_m`, or with `mode::PARTIAL_ROWS`
+//! for a tile with padding only the boxes that hold valid rows), through the shared GEMM's TMA
+//! loader.
 use super::grouped_gemm::Launch;
 use crate::arch::{ids, mbarrier, regs, tma::TensorMap};
-use crate::gemm::producer::{load_tile, load_tile_split_b};
+use crate::gemm::producer::{load_tile_rows, ARows, BRows};
 use crate::gemm::ring::{Ring, RingPos};
-use crate::gemm::scheduler::Tile;
-use crate::gemm::BLayout;
-use mkernel_config::ops::moe::TILE;
+use mkernel_config::ops::moe::{PARTIAL_BOX_ROWS, PARTIAL_MAP_OFFSET, TILE};
 
 /// # Safety
 ///
@@ -21,28 +21,32 @@ pub unsafe fn run(ring: &Ring, l: Launch) {
     }
     let args = unsafe { l.args.read() };
     let (a, b) = (TensorMap(args.map_a as *const u8), TensorMap(args.map_b as *const u8));
-    let tile_expert = args.tile_expert as *const u32;
+    let a_rows_map = TensorMap((args.map_a + PARTIAL_MAP_OFFSET) as *const u8);
     let mut pos = RingPos::START;
     let give_up = mbarrier::trap_after(mbarrier::HUNG_NS);
     for tile in l.tiles() {
-        let e = unsafe { tile_expert.add((tile.m0 / TILE.block_m) as usize).read() };
+        let (e, valid) = l.tile_expert(tile.m0);
         let b_row = e * args.b_rows + tile.n0;
-        unsafe {
-            if l.swiglu {
-                load_tile_split_b(
-                    ring,
-                    &mut pos,
-                    a,
-                    tile.m0,
-                    b,
-                    [b_row, b_row + args.n],
-                    l.k_blocks,
-                    give_up,
-                );
-            } else {
-                let t = Tile { m0: tile.m0, n0: b_row };
-                load_tile(ring, &mut pos, a, tile.m0, b, BLayout::Nk, t, l.k_blocks, give_up);
+        let b_rows = if l.swiglu {
+            BRows::Split([b_row, b_row + args.n])
+        } else {
+            BRows::Whole(b_row)
+        };
+        let a_rows = if l.partial && valid < TILE.block_m {
+            ARows {
+                map: a_rows_map,
+                row: tile.m0,
+                boxes: valid.div_ceil(PARTIAL_BOX_ROWS),
+                box_rows: PARTIAL_BOX_ROWS,
             }
-        }
+        } else {
+            ARows {
+                map: a,
+                row: tile.m0,
+                boxes: 1,
+                box_rows: TILE.block_m,
+            }
+        };
+        unsafe { load_tile_rows(ring, &mut pos, a_rows, b, b_rows, l.k_blocks, give_up) };
     }
 }

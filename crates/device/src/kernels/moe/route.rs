@@ -4,14 +4,15 @@
 //!    the error record instead and gets no slot;
 //! 2. scan the row tiles per expert (`ceil(count / ROW_ALIGN)`, one expert per thread: warp
 //!    scans, then a scan of the warp totals): expert `e`'s group starts at row
-//!    `ROW_ALIGN x (tiles before e)`; write counts, offsets, every tile's expert and the rows in use;
+//!    `ROW_ALIGN x (tiles before e)`; write counts, offsets, every tile's expert (the last one
+//!    with its padding rows) and the rows in use;
 //! 3. give every pair a row of its expert's group (a shared-memory cursor per expert; the
 //!    order inside a group is whatever the atomics give - every row's result is the same
 //!    wherever it sits).
 use crate::arch::{ids, memory, memory::Scope, shuffle, smem, sync};
 use mkernel_config::ops::moe::{
     MoeErrorRecord, MoeRouteArgs, MAX_EXPERTS, ROUTE_SMEM_COUNTS, ROUTE_SMEM_CURSOR, ROUTE_SMEM_WARP_TILES,
-    ROUTE_THREADS, ROW_ALIGN,
+    ROUTE_THREADS, ROW_ALIGN, TILE_PAD_SHIFT,
 };
 
 /// # Safety
@@ -77,7 +78,7 @@ pub unsafe extern "ptx-kernel" fn mk_moe_route(args: *const MoeRouteArgs, ids: *
 /// Step 2 of the routing (every thread of the CTA calls it; thread `e < experts` brings
 /// expert `e`'s row count): scans the row tiles per expert (`ceil(count / ROW_ALIGN)`; warp
 /// scans, then a scan of the warp totals), writes counts, padded offsets, the expert of every
-/// row tile and the rows in use, and sets each expert's shared-memory cursor to its first
+/// row tile (`expert | pad << TILE_PAD_SHIFT`) and the rows in use, and sets each expert's shared-memory cursor to its first
 /// row. Groups that would run past `max_tiles` are cut there (their tiles are not written and
 /// the rows in use stop at the capacity) and the error record's `flag` gets bit 1.
 ///
@@ -116,7 +117,9 @@ pub(crate) unsafe fn place_groups(a: &MoeRouteArgs, experts: u32, count: u32) {
             let te = a.tile_expert as *mut u32;
             for i in 0..tiles {
                 if first_tile + i < a.max_tiles {
-                    te.add((first_tile + i) as usize).write(tid);
+                    // The last tile carries its padding rows (the row-granular loads and stores).
+                    let pad = if i + 1 == tiles { tiles * ROW_ALIGN - count } else { 0 };
+                    te.add((first_tile + i) as usize).write(tid | pad << TILE_PAD_SHIFT);
                 }
             }
         }
