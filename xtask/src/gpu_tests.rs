@@ -24,9 +24,9 @@ const fn l(ranks: usize, nodes: usize) -> Layout {
 /// The layouts a test binary runs in; empty for single-process binaries.
 ///
 /// Multi-rank binaries are recognised by name: `collective*`, `fused*`, `abort*`, `ring_*`,
-/// `moe_ep*` (every one at 2 and 4 ranks; `fused*` and `ring_*` also as 2 nodes x 1 and 2 nodes
-/// x 2) and `internode*` (2 nodes x 1 and 2 nodes x 2). `*_order` binaries are CPU model checks
-/// and run once.
+/// `moe_ep*` (every one at 2 and 4 ranks; `fused*`, `ring_*` and `moe_ep*` also as 2 nodes x 1
+/// and 2 nodes x 2) and `internode*` (2 nodes x 1 and 2 nodes x 2). `*_order` binaries are CPU
+/// model checks and run once.
 pub fn layouts(binary: &str) -> Vec<Layout> {
     let name = binary.rsplit('/').next().unwrap_or(binary);
     let name = name.strip_prefix("mkernel-tests-").unwrap_or(name);
@@ -36,12 +36,12 @@ pub fn layouts(binary: &str) -> Vec<Layout> {
     if name.starts_with("internode") {
         return vec![l(2, 2), l(4, 2)];
     }
-    // Across nodes with one rank per node every hop goes through the proxy (the ring's, and the
-    // fused ops' inter-node traffic); with two, the hops between the nodes.
-    if name.starts_with("fused") || name.starts_with("ring_") {
+    // Across nodes with one rank per node every hop goes through the proxy (the ring's, the
+    // fused ops' and MoE's inter-node traffic); with two, the hops between the nodes.
+    if name.starts_with("fused") || name.starts_with("ring_") || name.starts_with("moe_ep") {
         return vec![l(2, 1), l(4, 1), l(2, 2), l(4, 2)];
     }
-    if ["collective", "abort", "moe_ep"].iter().any(|p| name.starts_with(p)) {
+    if ["collective", "abort"].iter().any(|p| name.starts_with(p)) {
         return vec![l(2, 1), l(4, 1)];
     }
     vec![]
@@ -198,6 +198,11 @@ mod tests {
             [l(2, 1), l(4, 1), l(2, 2), l(4, 2)]
         );
         assert_eq!(layouts("mkernel-tests-internode"), [l(2, 2), l(4, 2)]);
+        assert_eq!(layouts("mkernel-tests-moe_ep"), [l(2, 1), l(4, 1), l(2, 2), l(4, 2)]);
+        assert_eq!(
+            layouts("mkernel-tests-moe_ep_fused"),
+            [l(2, 1), l(4, 1), l(2, 2), l(4, 2)]
+        );
         assert_eq!(
             layouts("mkernel-tests-ring_attention_timeout"),
             [l(2, 1), l(4, 1), l(2, 2), l(4, 2)]

@@ -1,4 +1,5 @@
-//! MoE with expert parallelism over the ranks of one node (`xtask bench --op moe --nproc W`):
+//! MoE with expert parallelism over the ranks of a job (`xtask bench --op moe --nproc W`; across
+//! emulated nodes: `xtask launch -n W --nodes 2 [--share-gpu] -- mkernel-bench --op moe`):
 //! ours (`MoeEpPlan`: route + dispatch + grouped up (SwiGLU) + grouped down + combine) beside
 //! NCCL all-to-all + our grouped GEMMs alone + all-to-all in sequence, per rank, with the time
 //! of every stage of ours and its dispatch / combine bandwidth per GPU.
@@ -45,7 +46,7 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
     let boot = Bootstrap::from_env(Duration::from_secs(60))?;
     let info = boot.info().clone();
     let dev = Device::new(info.device())?;
-    let (rank, world) = (info.rank(), info.world_size());
+    let (rank, world, nodes) = (info.rank(), info.world_size(), info.nnodes());
     let nccl = match shared_gpu() {
         Some(n) => {
             if rank == 0 {
@@ -55,11 +56,19 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
         }
         None => Some(Nccl::new(&boot, rank, world)?),
     };
+    // `--filter` with `fused` in it: the same cases with the dispatch fused into the up
+    // projection (`MoeEpPlan::new_fused`, labels ending in `-fused`), selected by the rest of
+    // the filter.
+    let fused = args.filter.as_deref().is_some_and(|x| x.contains("fused"));
+    let base_filter = args
+        .filter
+        .as_deref()
+        .map(|x| x.replace("-fused", "").replace("fused", ""));
     let selected: Vec<_> = cases()
         .into_iter()
         .filter(|(t, e, k, h, f, r)| {
             let label = format!("T{t}-E{e}-k{k}-H{h}-F{f}-{r}");
-            args.filter.as_ref().is_none_or(|x| label.contains(x.as_str()))
+            base_filter.as_ref().is_none_or(|x| label.contains(x.as_str()))
         })
         .collect();
     // One plan per distinct shape (uniform and skewed share one): the heap holds them all.
@@ -78,7 +87,7 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
             shapes.push(shape_of(c));
         }
     }
-    let heap: u64 = shapes.iter().map(|s| s.heap_bytes(world)).sum::<u64>() + (16 << 20);
+    let heap: u64 = shapes.iter().map(|s| s.heap_bytes_nodes(world, nodes)).sum::<u64>() + (16 << 20);
     let comm = Communicator::new(
         &dev,
         boot,
@@ -91,7 +100,8 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
     let sync_buf = comm.alloc(256)?;
     if rank == 0 {
         println!(
-            "# moe expert parallel: {world} ranks, {} SMs per rank (persistent grids); median of {} runs after {} warm-up, ranks lined up by a 16-byte all_reduce before each run",
+            "# moe expert parallel: {world} ranks on {nodes} node(s){}, {} SMs per rank (persistent grids); median of {} runs after {} warm-up, ranks lined up by a 16-byte all_reduce before each run",
+            if info.emulated_nodes().is_some() { " (emulated: other nodes through the proxy's emulated wire)" } else { "" },
             dev.sm_count(),
             args.iters,
             args.warmup
@@ -99,6 +109,9 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
         println!(
             "# ours: route + dispatch + grouped up (SwiGLU) + grouped down + combine; nccl: all-to-all + grouped up + grouped down + all-to-all (rows pre-sorted on the host, counts known, no weighted sum)"
         );
+        if fused {
+            println!("# fused (-fused): the dispatch runs inside the up projection's kernel (MoeEpPlan::new_fused): the dispatch column is empty, its time is in up");
+        }
         println!(
             "# dispatch GB/s = rows this rank stores (all owners, itself included) x H x 2 B / dispatch time; combine GB/s = rows it reads back / combine time"
         );
@@ -128,10 +141,14 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
         let w_down = random_device(&stream, ld, 2 + rank as u64, 0.05)?;
         let x = random_device(&stream, t * h, 3 + rank as u64, 1.0)?;
         let mut out = stream.alloc_zeros::<bf16>(t * h)?;
-        let mut plan = MoeEpPlan::new(&comm, &stream, *shape, &w_up, &w_down)?;
+        let mut plan = if fused {
+            MoeEpPlan::new_fused(&comm, &stream, *shape, &w_up, &w_down)?
+        } else {
+            MoeEpPlan::new(&comm, &stream, *shape, &w_up, &w_down)?
+        };
         for c in selected.iter().filter(|c| shape_of(c) == *shape) {
             let kind = c.5;
-            let label = format!("T{t}-E{e}-k{k}-H{h}-F{f}-{kind}");
+            let label = format!("T{t}-E{e}-k{k}-H{h}-F{f}-{kind}{}", if fused { "-fused" } else { "" });
             let all: Vec<(Vec<i32>, Vec<f32>)> = (0..world).map(|r| routing(kind, t, e, k, 100 + r as u64)).collect();
             let (ids, wts) = &all[rank];
             let (dids, dw) = (stream.clone_htod(ids)?, stream.clone_htod(wts)?);
@@ -173,9 +190,18 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
                 .zip(ids)
                 .filter(|(&p, &id)| p != u32::MAX && id as usize / l != rank)
                 .count();
+            let local = world / nodes.max(1);
+            let to_other_nodes = g
+                .pos
+                .iter()
+                .zip(ids)
+                .filter(|(&p, &id)| p != u32::MAX && id as usize / l / local != rank / local)
+                .count();
             let bytes = (kept * h * 2) as f64;
             let (route, disp, up, down, comb, total) = (med(0), med(1), med(2), med(3), med(4), med(5));
-            let (disp_gbs, comb_gbs) = (bytes / (disp * 1e6), bytes / (comb * 1e6));
+            // Fused: the dispatch stage enqueues nothing, its stores are inside the up projection.
+            let disp_gbs = if fused { f64::NAN } else { bytes / (disp * 1e6) };
+            let comb_gbs = bytes / (comb * 1e6);
             // NCCL baseline.
             let base = match &nccl {
                 Some(n) => Some(nccl_baseline(
@@ -201,11 +227,12 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
                 nccl_us / (total * 1e3)
             );
             rows.push(json!({
-                "case": label, "rank": rank, "world": world, "tokens_per_rank": t, "experts": e, "top_k": k,
+                "case": label, "rank": rank, "world": world, "nodes": nodes,
+                "emulated_nodes": info.emulated_nodes().is_some(), "tokens_per_rank": t, "experts": e, "top_k": k,
                 "hidden": h, "ffn": f, "routing": kind,
                 "ours_us": total * 1e3, "route_us": route * 1e3, "dispatch_us": disp * 1e3, "up_us": up * 1e3,
                 "down_us": down * 1e3, "combine_us": comb * 1e3,
-                "rows_stored": kept, "rows_to_peers": to_peers,
+                "rows_stored": kept, "rows_to_peers": to_peers, "rows_to_other_nodes": to_other_nodes,
                 "dispatch_gbps": disp_gbs, "combine_gbps": comb_gbs,
                 "nccl_us": base.map(|b| b.0 * 1e3), "nccl_a2a_us": base.map(|b| b.1 * 1e3),
                 "rows_here": g.offsets[l],

@@ -170,7 +170,8 @@ pub const fn remote_flag_offset(slot: RemoteSlot, src: u32) -> u64 {
 pub const FIFO_HEAD_OFFSET: u64 = REMOTE_FLAGS_OFFSET + REMOTE_SLOTS as u64 * MAX_RANKS as u64 * 8;
 
 /// Launch epoch of the fused kernels (u64): every CTA reads it at start; the last CTA to exit
-/// (counted at [`FUSED_EXITS_OFFSET`]) advances it, so all CTAs of a launch agree on it.
+/// (counted at [`FUSED_EXITS_OFFSET`]) advances it, so all CTAs of a launch agree on it. The MoE
+/// expert-parallel layer takes its launch epochs from it too (its routing kernel advances it).
 pub const FUSED_EPOCH_OFFSET: u64 = FIFO_HEAD_OFFSET + 8;
 /// CTAs of the current fused launch that have exited (u32).
 pub const FUSED_EXITS_OFFSET: u64 = FUSED_EPOCH_OFFSET + 8;

@@ -98,6 +98,7 @@ pub const KERNELS: &[KernelSpec] = &[
     crate::ops::moe::MOE_COMBINE,
     crate::ops::moe::MOE_EP_ROUTE,
     crate::ops::moe::MOE_EP_DISPATCH,
+    crate::ops::moe::MOE_EP_DISPATCH_UP,
     crate::ops::moe::MOE_EP_COMBINE,
     crate::ops::attention::FLASH_ATTN_FWD_D64,
     crate::ops::attention::FLASH_ATTN_FWD_D128,

@@ -89,15 +89,26 @@ pub fn aborted_round(
         Mode::LaggingRank => 1,
         Mode::Queued { n, .. } => n,
     };
-    let launch_all = || {
-        for _ in 0..launches {
-            launch().unwrap();
-        }
-    };
     let key = format!("abort-test/{what}/aborted");
     let t = Duration::from_secs(60);
     store.barrier(&format!("abort-test/{what}/start"), t).unwrap();
     let start = Instant::now();
+    let launch_all = || {
+        for i in 0..launches {
+            launch().unwrap_or_else(|e| {
+                panic!(
+                    "rank {g}: {what}: launch {i} of {launches} failed {:.3} s into the round: {e}",
+                    start.elapsed().as_secs_f64()
+                )
+            });
+        }
+        if launches > 1 {
+            println!(
+                "rank {g}: {what}: {launches} launches enqueued {:.3} s into the round",
+                start.elapsed().as_secs_f64()
+            );
+        }
+    };
     if g == lagging {
         // The abort has landed (rank 0 wrote every reachable abort word before this key).
         store.get(&key, t).unwrap();
@@ -111,18 +122,24 @@ pub fn aborted_round(
             });
             launch_all();
             // The kernels run while the watchdog aborts.
-            stream
-                .synchronize()
-                .unwrap_or_else(|e| panic!("rank {g}: {what}: the launch failed instead of ending: {e}"));
+            stream.synchronize().unwrap_or_else(|e| {
+                panic!(
+                    "rank {g}: {what}: the launch failed instead of ending ({:.3} s into the round): {e}",
+                    start.elapsed().as_secs_f64()
+                )
+            });
             watchdog.join().unwrap();
         });
     } else {
         launch_all();
     }
     // Every launch ends by itself; a trap would make this a sticky launch failure.
-    stream
-        .synchronize()
-        .unwrap_or_else(|e| panic!("rank {g}: {what}: the launch failed instead of ending: {e}"));
+    stream.synchronize().unwrap_or_else(|e| {
+        panic!(
+            "rank {g}: {what}: the launch failed instead of ending ({:.3} s into the round): {e}",
+            start.elapsed().as_secs_f64()
+        )
+    });
     let elapsed = start.elapsed();
     if g != ABORTER {
         // (A queue may have run out before the abort: `check()` reports it once it landed.)

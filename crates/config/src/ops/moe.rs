@@ -263,8 +263,11 @@ pub const MOE_COMBINE: KernelSpec = KernelSpec {
 /// Expert parallelism (docs/moe.md, "Across ranks"): most CTAs of the dispatch and the combine
 /// kernels (one rows flag and one output flag per source rank and CTA).
 pub const EP_MAX_CTAS: u32 = 256;
-/// Most ranks of an expert-parallel layer (the node's NVLink peers).
+/// Most ranks of one node in an expert-parallel layer (its flags are per local rank).
 pub const EP_MAX_RANKS: u32 = crate::comm::MAX_LOCAL_RANKS;
+/// Most ranks of an expert-parallel layer in all nodes (the proxy's remote flags are per
+/// global rank; the kernels give a thread to every rank).
+pub const EP_MAX_WORLD: u32 = crate::comm::MAX_RANKS;
 
 /// `mk_moe_ep_route`, `mk_moe_ep_dispatch` and `mk_moe_ep_combine`'s argument block (device
 /// memory). Local buffers are device addresses; `heap_*` are offsets into every rank's
@@ -302,6 +305,43 @@ pub struct MoeEpArgs {
     pub local_experts: u32,
     /// Receive capacity in rows (a multiple of [`ROW_ALIGN`]).
     pub capacity: u32,
+    /// Across nodes (ranks on other nodes, reached through the proxy; all 0 on one node):
+    /// `u32` per pair: its row in this rank's transfer rows (`heap_xfer`), where a pair whose
+    /// owner is on another node is staged for the PUT and its result lands.
+    pub xrow: u64,
+    /// [`EpSend`] per expert of the layer: this rank's rows of the expert (the PUT to its owner).
+    pub send: u64,
+    /// [`EpSend`] per (source rank, local expert), `source * local_experts + l`: the rows of
+    /// that source in this rank's down projection (the PUT back into the source's transfer rows).
+    pub ret: u64,
+    /// One `u32`: CTAs of the dispatch that finished their stores (the last one posts the PUTs
+    /// and resets it).
+    pub exits: u64,
+    /// One `u64`: the combine's relay of the remote `Out` flags (CTA 0 waits on the proxy's
+    /// flags and stores the epoch here; the other CTAs wait on this word).
+    pub relay: u64,
+    /// Heap offset of the transfer rows (`tokens x top_k` rows of `hidden` bf16).
+    pub heap_xfer: u64,
+    /// Heap offset of the arrival counters (`u64` per local expert, only grow): rows of the
+    /// expert that the node's ranks stored into this rank's receive rows, added by the fused
+    /// dispatch ([`MOE_EP_DISPATCH_UP`]) after each CTA's stores (`red.release.sys`).
+    pub heap_arrival: u64,
+    /// Fused plans only (0 otherwise): two `u64` per local expert, written by the routing
+    /// kernel: the arrival counter's value once this launch's rows from the node have landed
+    /// (the running sum of every launch's), and this launch's rows from other nodes.
+    pub target: u64,
+}
+
+/// One contiguous run of rows between two ranks on different nodes (in units of rows of
+/// `hidden` bf16): `rows` rows from row `src` of the sender's buffer to row `dst` of the
+/// receiver's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "bytemuck", derive(bytemuck::Pod, bytemuck::Zeroable))]
+#[repr(C)]
+pub struct EpSend {
+    pub src: u32,
+    pub dst: u32,
+    pub rows: u32,
 }
 
 /// The flags of an expert-parallel layer in its heap region (`u64` epochs, written by the
@@ -358,6 +398,14 @@ pub const MOE_EP_DISPATCH: KernelSpec = KernelSpec {
     min_blocks_per_sm: 1,
     dynamic_smem: 0,
 };
+/// `mk_moe_ep_dispatch_up`: the dispatch fused with the up projection (the grouped GEMM's
+/// threads, roles and shared memory; the dispatch runs before the role split).
+pub const MOE_EP_DISPATCH_UP: KernelSpec = KernelSpec {
+    name: "mk_moe_ep_dispatch_up",
+    max_threads: TILE.threads(),
+    min_blocks_per_sm: 1,
+    dynamic_smem: GROUPED_GEMM_SMEM_BYTES,
+};
 pub const MOE_EP_COMBINE: KernelSpec = KernelSpec {
     name: "mk_moe_ep_combine",
     max_threads: ROW_THREADS,
@@ -369,6 +417,9 @@ const _: () = {
     assert!(EP_SMEM_BYTES <= 48 * 1024);
     assert!(core::mem::offset_of!(EpRouteSmem, route) == 0);
     assert!(ROUTE_THREADS >= EP_MAX_RANKS);
+    assert!(ROUTE_THREADS >= EP_MAX_WORLD && ROW_THREADS >= EP_MAX_WORLD && TILE.threads() >= EP_MAX_WORLD);
+    // The fused dispatch counts rows per expert in the ring's first stage before the ring starts.
+    assert!(4 * MAX_EXPERTS <= TILE.a_stage_bytes());
 };
 
 /// Row tiles the grouped buffers may need: every expert that gets rows rounds up by less than

@@ -92,6 +92,16 @@ unsafe fn wait_until(
 /// bytes must not change until [`wait_done`] covers the returned sequence number.
 #[inline(always)]
 pub unsafe fn post(c: &CommCtx, cmd: Command) -> Option<u64> {
+    unsafe { post_flags(c, cmd, 0) }
+}
+
+/// As [`post`], with `extra` command flag bits (`mkernel_config::fifo::CMD_NO_FLAG`).
+///
+/// # Safety
+///
+/// As [`post`]; with `CMD_NO_FLAG`, `cmd` is a `PUT` whose `flag_offset` and `flag_value` are 0.
+#[inline(always)]
+pub unsafe fn post_flags(c: &CommCtx, cmd: Command, extra: u16) -> Option<u64> {
     let head = (c.heap(c.rank) + FIFO_HEAD_OFFSET) as *mut u64;
     let seq = unsafe { memory::atom_relaxed_add_u64(Scope::Gpu, head, 1) };
     let tail = (c.fifo + at::TAIL as u64) as *const u64;
@@ -112,7 +122,7 @@ pub unsafe fn post(c: &CommCtx, cmd: Command) -> Option<u64> {
     let field = |off: usize| slot + off as u64;
     unsafe {
         (field(at::CMD_OPCODE) as *mut u16).write_volatile(cmd.opcode);
-        (field(at::CMD_FLAGS) as *mut u16).write_volatile(fifo::cmd_flags(c.epoch_seq, 0));
+        (field(at::CMD_FLAGS) as *mut u16).write_volatile(fifo::cmd_flags(c.epoch_seq, extra));
         (field(at::CMD_DST_RANK) as *mut u32).write_volatile(cmd.dst_rank);
         (field(at::CMD_SRC_OFFSET) as *mut u64).write_volatile(cmd.src_offset);
         (field(at::CMD_DST_OFFSET) as *mut u64).write_volatile(cmd.dst_offset);
@@ -202,6 +212,53 @@ pub unsafe fn put_value(
                 flag_offset: remote_flag_offset(slot, c.global_rank),
                 flag_value: value,
             },
+        )
+    }
+}
+
+/// `PUT` that raises no flag (`CMD_NO_FLAG`): a [`signal`] to `dst` posted after it raises a
+/// flag once its data (and every earlier PUT's to `dst`) is visible there.
+///
+/// # Safety
+///
+/// As [`put`].
+#[inline(always)]
+pub unsafe fn put_no_flag(c: &CommCtx, dst: u32, src_off: u64, dst_off: u64, bytes: u64) -> Option<u64> {
+    unsafe {
+        post_flags(
+            c,
+            Command {
+                opcode: fifo::OP_PUT,
+                dst_rank: dst,
+                src_offset: src_off,
+                dst_offset: dst_off,
+                bytes,
+                flag_offset: 0,
+                flag_value: 0,
+            },
+            fifo::CMD_NO_FLAG,
+        )
+    }
+}
+
+/// As [`wait_remote`], with the error record's wait code `code` (an operation's own name for
+/// the flag, e.g. `wait_code::MOE_EP + ...`) instead of the generic remote ready/data codes.
+///
+/// # Safety
+///
+/// As [`wait_remote`].
+#[inline(always)]
+pub unsafe fn wait_remote_as(c: &CommCtx, slot: RemoteSlot, src: u32, code: u32) -> bool {
+    let flag = (c.heap(c.rank) + remote_flag_offset(slot, src)) as *const u64;
+    let target = c.epoch;
+    unsafe {
+        wait_until(
+            c,
+            code,
+            src,
+            target,
+            || memory::ld_acquire_u64(Scope::Sys, flag),
+            |v| v >= target,
         )
     }
 }

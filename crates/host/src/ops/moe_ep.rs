@@ -1,10 +1,11 @@
-//! The MoE expert FFN with expert parallelism over the node's ranks (docs/moe.md, "Across
-//! ranks"): `E` experts split evenly over the `W` ranks of a [`Communicator`] (rank `r` owns
-//! experts `r E/W .. (r + 1) E/W`); every rank brings `T` tokens with their top-k ids (global
-//! expert ids) and weights; each pair's token row goes to the rank owning its expert (NVLink
-//! stores into the owner's receive rows in the symmetric heap), the owner runs the grouped
-//! expert FFN of the single-GPU layer on what it received, and every rank reads its pairs'
-//! results back and sums them in f32:
+//! The MoE expert FFN with expert parallelism over the ranks of a job (docs/moe.md, "Across
+//! ranks"): `E` experts split evenly over the `W` ranks of a [`Communicator`] (global rank `r`
+//! owns experts `r E/W .. (r + 1) E/W`); every rank brings `T` tokens with their top-k ids
+//! (global expert ids) and weights; each pair's token row goes to the rank owning its expert
+//! (on the node: NVLink stores into the owner's receive rows in the symmetric heap; on another
+//! node: proxy PUTs, "Across nodes"), the owner runs the grouped expert FFN of the single-GPU
+//! layer on what it received, and every rank gets its pairs' results back (NVLink loads, or
+//! the owner's PUTs) and sums them in f32:
 //!
 //! ```text
 //! out_r[t] = sum_j w_r[t, j] * FFN_{e_r(t, j)}(x_r[t])     (on every rank r)
@@ -26,7 +27,7 @@ use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, PushKernelA
 use half::bf16;
 use mkernel_config::ops::moe::{
     self as cfg, act, GroupedGemmArgs, MoeEpArgs, MoeErrorRecord, MoeRouteArgs, EP_FLAG_BYTES, EP_MAX_CTAS,
-    EP_MAX_RANKS, MAX_EXPERTS, MAX_TOP_K, ROW_ALIGN, SWIGLU_TILE_COLS, TILE,
+    EP_MAX_RANKS, EP_MAX_WORLD, MAX_EXPERTS, MAX_TOP_K, ROW_ALIGN, SWIGLU_TILE_COLS, TILE,
 };
 use mkernel_config::GemmTile;
 use std::marker::PhantomData;
@@ -83,18 +84,38 @@ impl MoeEpShape {
         let l = self.local_experts(world);
         (l * self.up_rows() * self.hidden, l * self.hidden * self.ffn)
     }
-    /// Bytes of every rank's symmetric heap the plan takes ([`Communicator::alloc`]).
+    /// Bytes of every rank's symmetric heap the plan takes ([`Communicator::alloc`]) on one node
+    /// of `world` ranks.
     pub fn heap_bytes(&self, world: usize) -> u64 {
+        self.heap_bytes_nodes(world, 1)
+    }
+    /// As [`MoeEpShape::heap_bytes`] for `world` ranks (all nodes) on `nodes` nodes: across
+    /// nodes the plan also takes the transfer rows (`T top_k x H` bf16).
+    pub fn heap_bytes_nodes(&self, world: usize, nodes: usize) -> u64 {
         let rows = (self.capacity_rows(world) * self.hidden * 2) as u64;
         let counts = (world * self.experts * 4) as u64;
-        EP_FLAG_BYTES.div_ceil(256) * 256 + counts.div_ceil(256) * 256 + 2 * rows.div_ceil(256) * 256
+        let xfer = if nodes > 1 { self.xfer_bytes() } else { 0 };
+        self.flag_bytes(world).div_ceil(256) * 256
+            + counts.div_ceil(256) * 256
+            + 2 * rows.div_ceil(256) * 256
+            + xfer.div_ceil(256) * 256
+    }
+    /// Bytes of the flag region: the flags, then the arrival counters (`u64` per local expert).
+    fn flag_bytes(&self, world: usize) -> u64 {
+        EP_FLAG_BYTES + 8 * self.local_experts(world) as u64
+    }
+    /// Bytes of the transfer rows (across nodes: the rows a rank sends to and gets back from
+    /// the other nodes, one per pair).
+    pub fn xfer_bytes(&self) -> u64 {
+        (self.pairs() * self.hidden * 2) as u64
     }
     /// Checks the sizes against the kernels' limits (those of the single-GPU layer, plus:
-    /// `E` a multiple of the world size, at most 8 ranks, receive rows below 2^31).
+    /// `E` a multiple of the world size, at most 64 ranks in all nodes, receive rows below 2^31;
+    /// [`MoeEpPlan::new`] also checks at most 8 ranks per node).
     pub fn validate(&self, world: usize) -> Result<()> {
         let bad = |reason: String| Err(Error::Shape { op: OP, reason });
-        if world == 0 || world > EP_MAX_RANKS as usize {
-            return bad(format!("{world} ranks; 1..={EP_MAX_RANKS} supported"));
+        if world == 0 || world > EP_MAX_WORLD as usize {
+            return bad(format!("{world} ranks; 1..={EP_MAX_WORLD} supported"));
         }
         if self.experts % world != 0 {
             return bad(format!(
@@ -179,6 +200,10 @@ struct HeapLayout {
     counts: u64,
     recv: u64,
     yp: u64,
+    /// The transfer rows (across nodes; 0 on one node).
+    xfer: u64,
+    /// The arrival counters (after the flags, zeroed with them).
+    arrival: u64,
     /// This rank's addresses of the receive rows and the down projection's rows.
     recv_ptr: u64,
     yp_ptr: u64,
@@ -210,11 +235,14 @@ pub struct MoeEpPlan<'a> {
     dispatch: CudaFunction,
     gemm: CudaFunction,
     combine: CudaFunction,
+    /// The fused dispatch + up projection (`Some` for a plan from [`MoeEpPlan::new_fused`]).
+    dispatch_up: Option<CudaFunction>,
     args: CudaSlice<u8>,
     /// The up projection's rows (local).
     _hid: CudaSlice<bf16>,
     /// epoch (2 words) | error record (4) | scratch record (4) | drops (2) | counts (L) |
-    /// offsets (L + 1) | rows (1) | tile_expert (max tiles) | pos (pairs).
+    /// offsets (L + 1) | rows (1) | tile_expert (max tiles) | pos (pairs) | across nodes:
+    /// xrow (pairs) | send (3 E) | ret (3 W L) | exits (1) | relay (2, 8-byte aligned).
     words: CudaSlice<u32>,
     grid: u32,
     gemm_grid: [u32; 2],
@@ -226,9 +254,11 @@ const W_DROPS: usize = 10;
 const W_COUNTS: usize = 12;
 
 impl<'a> MoeEpPlan<'a> {
-    /// Plans the layer on `comm`'s ranks with this rank's expert weights `w_up` (`L x up_rows x
-    /// H`) and `w_down` (`L x H x F`), `L = E / W` (the experts this rank owns, in order).
-    /// Takes `shape.heap_bytes(W)` of the heap on every rank. Collective (every rank calls it).
+    /// Plans the layer on `comm`'s ranks (all nodes: `W = comm.global_world()`) with this rank's
+    /// expert weights `w_up` (`L x up_rows x H`) and `w_down` (`L x H x F`), `L = E / W` (the
+    /// experts global rank `comm.global_rank()` owns, in order). Takes
+    /// `shape.heap_bytes_nodes(W, nodes)` of the heap on every rank. Collective (every rank of
+    /// every node calls it).
     pub fn new(
         comm: &'a Communicator,
         stream: &Arc<CudaStream>,
@@ -236,27 +266,63 @@ impl<'a> MoeEpPlan<'a> {
         w_up: &'a CudaSlice<bf16>,
         w_down: &'a CudaSlice<bf16>,
     ) -> Result<Self> {
-        let world = comm.world() as usize;
-        if comm.nnodes() > 1 {
-            return Err(Error::Unsupported(
-                "moe_ep across nodes (the proxy path) is not implemented; ranks of one node only".into(),
-            ));
-        }
+        Self::new_with(comm, stream, shape, w_up, w_down, false)
+    }
+
+    /// As [`MoeEpPlan::new`], with the dispatch fused into the up projection
+    /// (`mk_moe_ep_dispatch_up`, docs/moe.md "Fused dispatch"): the up projection's CTAs store
+    /// the token rows first, and each tile waits (bounded) only for its expert's rows, counted
+    /// per expert, instead of for the end of the dispatch kernel. [`MoeEpStage::Dispatch`]
+    /// then enqueues nothing and [`MoeEpStage::Up`] both.
+    pub fn new_fused(
+        comm: &'a Communicator,
+        stream: &Arc<CudaStream>,
+        shape: MoeEpShape,
+        w_up: &'a CudaSlice<bf16>,
+        w_down: &'a CudaSlice<bf16>,
+    ) -> Result<Self> {
+        Self::new_with(comm, stream, shape, w_up, w_down, true)
+    }
+
+    fn new_with(
+        comm: &'a Communicator,
+        stream: &Arc<CudaStream>,
+        shape: MoeEpShape,
+        w_up: &'a CudaSlice<bf16>,
+        w_down: &'a CudaSlice<bf16>,
+        fused: bool,
+    ) -> Result<Self> {
+        let world = comm.global_world() as usize;
+        let across = comm.nnodes() > 1;
         shape.validate(world)?;
+        if comm.world() > EP_MAX_RANKS {
+            return Err(Error::Shape {
+                op: OP,
+                reason: format!("{} ranks per node; at most {EP_MAX_RANKS}", comm.world()),
+            });
+        }
         let (lu, ld) = shape.weight_lens(world);
         crate::check::lens(OP, &[("W_up", w_up.len(), lu), ("W_down", w_down.len(), ld)])?;
         let cap = shape.capacity_rows(world);
         let row_bytes = (cap * shape.hidden * 2) as u64;
         // Four heap buffers in a row (`heap_bytes` is their sum, each rounded to 256 bytes).
-        let flag_buf = comm.alloc(EP_FLAG_BYTES)?;
+        let flag_bytes = shape.flag_bytes(world);
+        let flag_buf = comm.alloc(flag_bytes)?;
         let counts_buf = comm.alloc((world * shape.experts * 4) as u64)?;
         let recv_buf = comm.alloc(row_bytes)?;
         let yp_buf = comm.alloc(row_bytes)?;
+        let xfer = if across {
+            comm.alloc(shape.xfer_bytes())?.offset()
+        } else {
+            0
+        };
         let heap = HeapLayout {
             flags: flag_buf.offset(),
             counts: counts_buf.offset(),
             recv: recv_buf.offset(),
             yp: yp_buf.offset(),
+            xfer,
+            arrival: flag_buf.offset() + EP_FLAG_BYTES,
             recv_ptr: comm.ptr(&recv_buf)?,
             yp_ptr: comm.ptr(&yp_buf)?,
         };
@@ -265,12 +331,7 @@ impl<'a> MoeEpPlan<'a> {
         stream.synchronize()?;
         // SAFETY: the flag region of this rank's own heap, allocated above.
         unsafe {
-            cudarc::driver::result::memset_d8_async(
-                comm.ptr(&flag_buf)?,
-                0,
-                EP_FLAG_BYTES as usize,
-                stream.cu_stream(),
-            )?
+            cudarc::driver::result::memset_d8_async(comm.ptr(&flag_buf)?, 0, flag_bytes as usize, stream.cu_stream())?
         };
         stream.synchronize()?;
         comm.bootstrap().store().barrier(
@@ -280,9 +341,10 @@ impl<'a> MoeEpPlan<'a> {
         let (pu, _gu) = w_up.device_ptr(stream);
         let (pd, _gd) = w_down.device_ptr(stream);
         // SAFETY: the weights are borrowed for 'a and hold the shape's elements (checked).
-        unsafe { Self::build(comm, stream, shape, world, heap, pu, pd) }
+        unsafe { Self::build(comm, stream, shape, world, heap, pu, pd, fused) }
     }
 
+    #[allow(clippy::too_many_arguments)]
     unsafe fn build(
         comm: &'a Communicator,
         stream: &Arc<CudaStream>,
@@ -291,6 +353,7 @@ impl<'a> MoeEpPlan<'a> {
         heap: HeapLayout,
         w_up: u64,
         w_down: u64,
+        fused: bool,
     ) -> Result<Self> {
         let device: &Device = comm.device();
         let (h, f) = (shape.hidden, shape.ffn);
@@ -298,14 +361,31 @@ impl<'a> MoeEpPlan<'a> {
         let cap = shape.capacity_rows(world);
         let max_tiles = cap / ROW_ALIGN as usize;
         let hid = stream.alloc_zeros::<bf16>(cap * f)?;
-        let n_words = W_COUNTS + l + (l + 1) + 1 + max_tiles + shape.pairs();
+        let across = heap.xfer != 0;
+        let pos_at = W_COUNTS + 2 * l + 2 + max_tiles;
+        // Across nodes: xrow, send, ret, exits, relay (u64 at an even word).
+        let xrow_at = pos_at + shape.pairs();
+        let send_at = xrow_at + shape.pairs();
+        let ret_at = send_at + 3 * shape.experts;
+        let exits_at = ret_at + 3 * world * l;
+        let relay_at = (exits_at + 1).next_multiple_of(2);
+        // Fused plans: the targets (2 u64 per local expert, at an even word).
+        let target_at = (if across { relay_at + 2 } else { send_at }).next_multiple_of(2);
+        let n_words = if fused {
+            target_at + 4 * l
+        } else if across {
+            relay_at + 2
+        } else {
+            xrow_at
+        };
         let words = stream.alloc_zeros::<u32>(n_words)?;
         let base = words.device_ptr(stream).0;
         let w = |i: usize| base + 4 * i as u64;
+        let wx = |i: usize| if across { w(i) } else { 0 };
         let (counts, offsets) = (w(W_COUNTS), w(W_COUNTS + l));
         let rows = w(W_COUNTS + 2 * l + 1);
         let tile_expert = w(W_COUNTS + 2 * l + 2);
-        let pos = w(W_COUNTS + 2 * l + 2 + max_tiles);
+        let pos = w(pos_at);
         let phid = hid.device_ptr(stream).0;
         let (precv, pyp) = (heap.recv_ptr, heap.yp_ptr);
         let t = TILE;
@@ -361,6 +441,14 @@ impl<'a> MoeEpPlan<'a> {
             experts: shape.experts as u32,
             local_experts: l as u32,
             capacity: cap as u32,
+            xrow: wx(xrow_at),
+            send: wx(send_at),
+            ret: wx(ret_at),
+            exits: wx(exits_at),
+            relay: wx(relay_at),
+            heap_xfer: heap.xfer,
+            heap_arrival: heap.arrival,
+            target: if fused { w(target_at) } else { 0 },
         };
         let up = GroupedGemmArgs {
             map_a: map_at(0),
@@ -406,6 +494,11 @@ impl<'a> MoeEpPlan<'a> {
             dispatch: device.function(&cfg::MOE_EP_DISPATCH)?,
             gemm: device.function(&cfg::MOE_GROUPED_GEMM)?,
             combine: device.function(&cfg::MOE_EP_COMBINE)?,
+            dispatch_up: if fused {
+                Some(device.function(&cfg::MOE_EP_DISPATCH_UP)?)
+            } else {
+                None
+            },
             args,
             _hid: hid,
             words,
@@ -462,6 +555,7 @@ impl<'a> MoeEpPlan<'a> {
         self.comm.enqueue(OP, stream, || {
             // SAFETY: the argument lists match the kernels' (`mk_moe_ep_route(desc, args, ids)`,
             // `mk_moe_ep_dispatch(desc, args, ids, x)`, `mk_moe_grouped_gemm(args)`,
+            // `mk_moe_ep_dispatch_up(desc, args, up, ids, x)`,
             // `mk_moe_ep_combine(desc, args, ids, weights, out, f32_out)`); the buffers hold
             // the shape's elements (checked above); the heap buffers and the local ones are the plan's.
             unsafe {
@@ -473,6 +567,20 @@ impl<'a> MoeEpPlan<'a> {
                             .arg(&ep)
                             .arg(ids)
                             .launch(Device::launch_config(&cfg::MOE_EP_ROUTE, 1))?;
+                    }
+                    MoeEpStage::Dispatch if self.dispatch_up.is_some() => {}
+                    MoeEpStage::Up if self.dispatch_up.is_some() => {
+                        let f = self.dispatch_up.as_ref().expect("fused plan");
+                        // All its CTAs resident at once (at most one per SM): a tile may wait
+                        // for rows another CTA of the launch stores.
+                        stream
+                            .launch_builder(f)
+                            .arg(&desc)
+                            .arg(&ep)
+                            .arg(&up)
+                            .arg(ids)
+                            .arg(x)
+                            .launch(Device::launch_config(&cfg::MOE_EP_DISPATCH_UP, self.gemm_grid[0]))?;
                     }
                     MoeEpStage::Dispatch => {
                         stream
@@ -606,7 +714,8 @@ mod tests {
         assert!(shape(64, 8, 2, None).validate(2).is_ok());
         let e = shape(64, 6, 2, None).validate(4).unwrap_err().to_string();
         assert!(e.contains("E % W"), "{e}");
-        assert!(shape(64, 16, 2, None).validate(9).is_err());
+        assert!(shape(64, 16, 2, None).validate(16).is_ok());
+        assert!(shape(64, 128, 2, None).validate(65).is_err());
     }
     #[test]
     fn capacity_is_the_worst_case_or_rounded_up() {

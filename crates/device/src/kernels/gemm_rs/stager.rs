@@ -63,14 +63,15 @@ pub(super) unsafe fn stager_epilogue(
     *ready ^= STAGE_PARITY;
     let desc = ldesc();
     // Bounded: gives up once the rank aborts or past the hung bound (a record either way; a
-    // stager that gave up leaves its record to this wait).
-    let ok = unsafe {
-        mbarrier::wait_parity_or(
-            staging_ready(ring, wg),
-            parity,
-            local_stall::<true>(desc, Role::Compute, wait_code::STAGING, wg),
-        )
-    };
+    // stager that gave up leaves its record to this wait). A stager that stops early arrives
+    // once more (`stager_role`), so in an aborted launch this passes at once and `stop` ends
+    // the tile; where `stop` was read before the abort, the next tile's wait finds the abort
+    // word at a stall check, every [`STAGING_CHECK_TRIES`] tries.
+    let ok = crate::arch::time::poll_until::<0>(
+        STAGING_CHECK_TRIES,
+        || unsafe { mbarrier::try_wait_parity(staging_ready(ring, wg), parity) },
+        local_stall::<true>(desc, Role::Compute, wait_code::STAGING, wg),
+    );
     if named_barrier_or(wg, crate::arch::ids::WARPGROUP_THREADS, !ok || stop) {
         return false;
     }
@@ -84,6 +85,16 @@ pub(super) unsafe fn stager_epilogue(
     }
     true
 }
+
+/// Failed tests of the staging's mbarrier between a consumer warpgroup's checks of the abort
+/// word in [`stager_epilogue`] (the GEMM ring's waits check every
+/// `mbarrier::TRIES_PER_STALL_CHECK`, 16 384). A failed `mbarrier.try_wait` may suspend the
+/// thread up to a hardware time limit, so 16 384 of them take long: on an H100 shared by 2
+/// ranks through MPS, an aborted GEMM+ReduceScatter launch whose consumers waited here for a
+/// stager that had stopped without arriving took about 0.1 s (the lagging rank's round ended
+/// 0.429 s after its start, 0.305 s once the stager arrives when it stops; the abort at
+/// 0.30 s), and a queue of such launches ran for minutes (docs/protocol.md, "Abort and reset").
+pub(super) const STAGING_CHECK_TRIES: u32 = 1024;
 
 /// What a stager's staging holds for the tile ahead: nothing in flight, told to its consumers.
 pub(super) const ARRIVED: u32 = 3;
@@ -150,7 +161,8 @@ pub(super) unsafe fn stager_ready(cw: u32, tile: Tile, parity: u32) -> u32 {
 ///
 /// Every tile is announced before the wait for a later tile's counter (the deadlock-freedom
 /// rule of [`publish`], met early). Waits are bounded (error record, abort); on an abort it
-/// stops once its stores and loads are done with the staging.
+/// stops once its stores and loads are done with the staging, and arrives on the consumers'
+/// staging barrier if it had not for its next phase, so they pass it at once and stop.
 ///
 /// # Safety
 ///
@@ -313,6 +325,13 @@ pub(super) unsafe fn stager_role(idx: u32, cw: u32) {
         // A TMA load this thread issued: it lands unless memory failed (bounded by a trap: the
         // CTA must not exit while it may still write the staging).
         unsafe { mbarrier::wait_parity(staging_ready(&ring(), 1 + cw), loading) };
+    } else if loading == NONE {
+        // The phase the consumers wait for next was not arrived on: arrive now (nothing of this
+        // thread reads or fills the staging any more), so consumers that are still to reach
+        // their epilogue pass at once and stop there (`stop`, the abort word read at the
+        // tile's start), rather than stall until a check of theirs finds the abort word. After
+        // the last tile nobody waits for it.
+        unsafe { mbarrier::arrive(staging_ready(&ring(), 1 + cw)) };
     }
     let a = unsafe { &*(largs() as *const GemmRsArgs) };
     unsafe { trace::end(a.trace, idx, if cw == 0 { End::Stager0Done } else { End::Stager1Done }) };
