@@ -54,6 +54,8 @@ pub struct Suite {
     pub only: Vec<String>,
     /// Run multi-rank binaries only at these rank counts (all when empty).
     pub ranks: Vec<usize>,
+    /// Run multi-rank binaries only in layouts of these node counts (all when empty).
+    pub nodes: Vec<usize>,
     pub timeout_s: u64,
     pub test_args: Vec<String>,
     /// Inter-node transports for the layouts of several emulated nodes: each such layout runs
@@ -112,6 +114,9 @@ pub fn run(suite: &Suite) -> Result<bool> {
         }
         for lay in layouts {
             if !suite.ranks.is_empty() && !suite.ranks.contains(&lay.ranks) {
+                continue;
+            }
+            if !suite.nodes.is_empty() && !suite.nodes.contains(&lay.nodes) {
                 continue;
             }
             let nodes = if lay.nodes > 1 {

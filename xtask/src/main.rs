@@ -96,6 +96,10 @@ enum Task {
         /// Multi-rank binaries only at these rank counts (e.g. `--ranks 2,4`).
         #[arg(long, value_delimiter = ',')]
         ranks: Vec<usize>,
+        /// Multi-rank binaries only in layouts of these emulated node counts (e.g. `--nodes 2`
+        /// with `--transport tcp`: only the runs that cross nodes).
+        #[arg(long, value_delimiter = ',')]
+        nodes: Vec<usize>,
         /// Limit of each multi-rank launch.
         #[arg(long, default_value_t = 300)]
         timeout_s: u64,
@@ -143,6 +147,7 @@ fn main() -> Result<()> {
             dir,
             only,
             ranks,
+            nodes,
             timeout_s,
             transport,
             rest,
@@ -151,6 +156,7 @@ fn main() -> Result<()> {
                 binaries: gpu_tests::binaries_in(&dir)?,
                 only,
                 ranks,
+                nodes,
                 timeout_s,
                 test_args: rest,
                 transports: transport,
@@ -207,6 +213,7 @@ fn test(gpu: bool) -> Result<()> {
             binaries,
             only: vec![],
             ranks: vec![],
+            nodes: vec![],
             timeout_s: 300,
             test_args: vec![],
             // The layouts of several emulated nodes over both wires a single host can run.
