@@ -186,11 +186,30 @@ pub const RING_EXITS_OFFSET: u64 = RING_EPOCH_OFFSET + 8;
 /// step's counter holds every CTA, resets it and posts the `RemoteSlot::RingFree` SIGNAL to the
 /// left neighbour.
 pub const RING_FREE_COUNT_OFFSET: u64 = RING_EXITS_OFFSET + 8;
+/// GEMM+ReduceScatter/AllReduce's per-CTA marks (diagnostics only; nothing waits on them): u64
+/// `[2][MAX_COMM_CTAS]`, entry `b` written by thread 0 of CTA `b` when it starts a launch, exit
+/// `b` by the CTA's last warp when it leaves, each [`cta_mark`]`(epoch, SM)`. A peer that timed
+/// out reads them through its mapping (`Communicator::fused_snapshot`): which CTAs of a silent
+/// rank's launch started, on which SMs, and which are still inside.
+pub const FUSED_CTA_MARKS_OFFSET: u64 = RING_FREE_COUNT_OFFSET + 16;
+/// Bytes of [`FUSED_CTA_MARKS_OFFSET`]'s area.
+pub const FUSED_CTA_MARKS_BYTES: u64 = 2 * MAX_COMM_CTAS as u64 * 8;
+
+/// A CTA mark ([`FUSED_CTA_MARKS_OFFSET`]): the launch epoch (low 48 bits) and the SM (`%smid`,
+/// high 16 bits).
+pub const fn cta_mark(epoch: u64, sm: u32) -> u64 {
+    (epoch & ((1 << 48) - 1)) | ((sm as u64 & 0xffff) << 48)
+}
+
+/// The `(epoch, SM)` of a [`cta_mark`] (epoch 0: never written).
+pub const fn cta_mark_parts(mark: u64) -> (u64, u32) {
+    (mark & ((1 << 48) - 1), (mark >> 48) as u32)
+}
 
 /// Bytes of the heap's control area (flags, epoch counters, error record, abort, inter-node
-/// flags, FIFO head, fused epoch and exits), rounded to 64 KiB. The LL and staging areas follow,
-/// then user buffers.
-pub const HEAP_CONTROL_BYTES: u64 = (RING_FREE_COUNT_OFFSET + 16).div_ceil(65536) * 65536;
+/// flags, FIFO head, fused epoch and exits, CTA marks), rounded to 64 KiB. The LL and staging
+/// areas follow, then user buffers.
+pub const HEAP_CONTROL_BYTES: u64 = (FUSED_CTA_MARKS_OFFSET + FUSED_CTA_MARKS_BYTES).div_ceil(65536) * 65536;
 
 /// The proxy command FIFO's wire format (defined in [`crate::fifo`]; this path is kept for the
 /// kernels that name `comm::fifo::EPOCH_SEQ_*`).
@@ -426,6 +445,12 @@ mod tests {
         assert!(core::mem::size_of::<ErrorRecord>() <= 64);
         assert!(ABORT_OFFSET + 8 <= HEAP_CONTROL_BYTES);
         assert!(FIFO_HEAD_OFFSET + 8 <= HEAP_CONTROL_BYTES);
+        // The CTA marks fit the 256 KiB the control area had before them.
+        assert!(FUSED_CTA_MARKS_OFFSET >= RING_FREE_COUNT_OFFSET + 16);
+        assert_eq!(FUSED_CTA_MARKS_OFFSET % 8, 0);
+        assert_eq!(HEAP_CONTROL_BYTES, 256 << 10);
+        assert_eq!(cta_mark_parts(cta_mark(12345, 131)), (12345, 131));
+        assert_eq!(cta_mark_parts(cta_mark((1 << 48) + 7, 0x1_0002)), (7, 2));
         assert_eq!(
             remote_flag_offset(RemoteSlot::RingFree, MAX_RANKS - 1) + 8,
             FIFO_HEAD_OFFSET

@@ -68,6 +68,14 @@ pub fn warp_idx_reread() -> u32 {
 pub fn warpgroup_idx_reread() -> u32 {
     warp_idx_reread() / 4
 }
+/// The SM this thread runs on (`mov.u32 %r, %smid;`): for diagnostics only (PTX: it may change
+/// during a thread's life, e.g. after preemption).
+#[inline(always)]
+pub fn sm_id() -> u32 {
+    let r: u32;
+    unsafe { asm!("mov.u32 {0}, %smid;", out(reg32) r, options(nomem, nostack)) };
+    r
+}
 /// Thread index within its warpgroup (0..128).
 #[inline(always)]
 pub fn thread_in_warpgroup() -> u32 {

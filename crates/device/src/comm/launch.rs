@@ -7,7 +7,10 @@
 use crate::arch::{ids, memory, memory::Scope, sync};
 use crate::comm::wait::{local_stall, THIS_WARPGROUP};
 use crate::comm::CommCtx;
-use mkernel_config::comm::{wait_code, CommDesc, Role, ABORT_OFFSET, FUSED_EPOCH_OFFSET, FUSED_EXITS_OFFSET};
+use mkernel_config::comm::{
+    cta_mark, wait_code, CommDesc, Role, ABORT_OFFSET, FUSED_CTA_MARKS_OFFSET, FUSED_EPOCH_OFFSET, FUSED_EXITS_OFFSET,
+    MAX_COMM_CTAS,
+};
 
 /// This launch's epoch: one past the last finished launch's.
 ///
@@ -113,7 +116,8 @@ pub unsafe fn count_exit(c: &CommCtx, epoch: u64, exits: u32, last: impl FnOnce(
     }
 }
 
-/// As [`exit_launch_then`], counting warps per CTA first: each warp's lane 0 adds 1 to the
+/// As [`exit_launch_then`], counting warps per CTA first (and writing the CTA's exit mark,
+/// `FUSED_CTA_MARKS_OFFSET`: GEMM+ReduceScatter/AllReduce alone uses this): each warp's lane 0 adds 1 to the
 /// shared-memory `word` (zeroed before the CTA's first barrier, e.g. a `Ring::tick` word;
 /// `atom.acq_rel.cta`), and the CTA's last warp adds 1 to the
 /// launch's exit counter - one global atomic per CTA instead of one per warp, which all land at
@@ -132,6 +136,10 @@ pub unsafe fn exit_launch_by_cta_then(c: &CommCtx, epoch: u64, word: *mut u32, l
         let warps = ids::block_dim() / 32;
         if unsafe { memory::atom_acq_rel_add_u32(Scope::Cta, word, 1) } + 1 == warps {
             let local = c.heap(c.rank);
+            // The CTA's exit mark (diagnostics, `FUSED_CTA_MARKS_OFFSET`: a peer that timed out
+            // reads which CTAs are still inside the launch).
+            let mark = local + FUSED_CTA_MARKS_OFFSET + 8 * (MAX_COMM_CTAS + ids::block_idx()) as u64;
+            unsafe { memory::st_relaxed_u64(Scope::Gpu, mark as *mut u64, cta_mark(epoch, ids::sm_id())) };
             let exited =
                 unsafe { memory::atom_acq_rel_add_u32(Scope::Gpu, (local + FUSED_EXITS_OFFSET) as *mut u32, 1) };
             is_last = (exited + 1 == ids::grid_dim()) as u32;

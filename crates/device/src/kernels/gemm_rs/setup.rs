@@ -9,7 +9,9 @@ use crate::comm::launch::launch_epoch;
 use crate::comm::{proxy, CommCtx};
 use crate::gemm::ring::Ring;
 use crate::gemm::{trace, TILE};
-use mkernel_config::comm::{flag_offset, CommDesc, FlagSlot, RemoteSlot, FIFO_HEAD_OFFSET};
+use mkernel_config::comm::{
+    cta_mark, flag_offset, CommDesc, FlagSlot, RemoteSlot, FIFO_HEAD_OFFSET, FUSED_CTA_MARKS_OFFSET,
+};
 use mkernel_config::ops::gemm_rs as rs_op;
 use mkernel_config::ops::gemm_rs::GemmRsArgs;
 use mkernel_config::trace::End;
@@ -62,6 +64,8 @@ pub(super) unsafe fn run(args: *const GemmRsArgs, desc: *const CommDesc, entered
     }
     if ids::thread_idx_reread() == 0 {
         unsafe { ((smem::dynamic_smem() as u64 + rs_op::EPOCH_OFFSET as u64) as *mut u64).write_volatile(epoch) };
+        // This CTA's entry mark (diagnostics: a peer that timed out reads which CTAs started).
+        unsafe { mark_cta(ids::block_idx_reread(), epoch) };
     }
     sync::sync_threads();
     if ids::block_idx_reread() == 0 {
@@ -73,6 +77,22 @@ pub(super) unsafe fn run(args: *const GemmRsArgs, desc: *const CommDesc, entered
         unsafe { trace::end_at(a.trace, cta, End::Entry, entered) };
         unsafe { trace::end(a.trace, cta, End::Setup) };
     }
+}
+
+/// Writes mark `slot` (`0..MAX_COMM_CTAS`: CTA `b`'s entry; `MAX_COMM_CTAS + b`: its exit) of
+/// this rank's `FUSED_CTA_MARKS_OFFSET` area: the launch epoch and this thread's SM. Diagnostics
+/// only (nothing waits on it; `Communicator::fused_snapshot` reads it).
+///
+/// # Safety
+///
+/// Called once per mark and launch by one thread of the CTA the mark belongs to, after the shared copy of the
+/// descriptor was written (`setup::run`).
+#[inline(always)]
+pub(super) unsafe fn mark_cta(slot: u32, epoch: u64) {
+    let d = unsafe { &*(ldesc() as *const CommDesc) };
+    let heap = unsafe { *d.heaps.as_ptr().add(d.rank as usize) };
+    let at = heap + FUSED_CTA_MARKS_OFFSET + 8 * slot as u64;
+    unsafe { memory::st_relaxed_u64(Scope::Gpu, at as *mut u64, cta_mark(epoch, ids::sm_id())) };
 }
 
 /// CTA 0, all threads: zero the incoming `Tile1` (and `Tile2`) counters of this shape's row
