@@ -15,7 +15,7 @@
 #[path = "support/abort_round.rs"]
 mod abort_round;
 
-use abort_round::{aborted_round, assert_close, queued, values, DEVICE_TIMEOUT};
+use abort_round::{aborted_round, assert_close, check_fused, queued, values, DEVICE_TIMEOUT};
 use half::bf16;
 use mkernel::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use mkernel::ops::{GemmRsPlan, RsSplit};
@@ -72,9 +72,11 @@ fn gemm_rs_queued_back_to_back_and_aborted() {
         };
         let launch = || plan.launch(&stream);
         clear();
+        // Row tiles of a rank's chunk (the counters the snapshot of a stalled rank shows).
+        let row_tiles = (m / world / 128) as u32;
         launch().unwrap();
         stream.synchronize().unwrap();
-        comm.check().unwrap();
+        check_fused(&comm, case, row_tiles).unwrap();
         let first = read();
         if rank == 0 {
             println!(
@@ -95,7 +97,7 @@ fn gemm_rs_queued_back_to_back_and_aborted() {
                     .synchronize()
                     .unwrap_or_else(|e| panic!("rank {rank}: {case}: the queue of {LAUNCHES} launches failed: {e}"));
                 let each = t.elapsed().as_secs_f64() / LAUNCHES as f64;
-                comm.check().unwrap();
+                check_fused(&comm, case, row_tiles).unwrap();
                 let last = read();
                 let differ = first
                     .iter()

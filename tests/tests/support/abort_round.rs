@@ -47,7 +47,7 @@ pub fn queued(
         launch().unwrap();
     }
     stream.synchronize().unwrap();
-    comm.check().unwrap();
+    check_fused(comm, what, 32).unwrap();
     let one = t.elapsed().as_secs_f64() / 10.0;
     let mine = ((1.5 / one) as u32).clamp(100, 20_000);
     let all = comm
@@ -68,6 +68,30 @@ pub fn queued(
         n,
         work_ms: (n as f64 * one * 1e3) as u32,
     }
+}
+
+/// `comm.check()`, and when it reports a timeout naming a peer on this node, first prints that
+/// peer's fused-launch state and this rank's, read through this process's mappings
+/// ([`Communicator::fused_snapshot`], `row_tiles` of the chunk): a peer whose kernel stalls
+/// without a record of its own (its waits are longer, or its CTAs never started) is seen from
+/// here. Call after the stream synchronized.
+#[allow(dead_code)]
+pub fn check_fused(comm: &Communicator, what: &str, row_tiles: u32) -> mkernel::Result<()> {
+    let r = comm.check();
+    if let Err(Error::CommTimeout { peer, .. }) = &r {
+        let (g, w) = (comm.global_rank(), comm.world());
+        let mut ranks = vec![comm.rank()];
+        if peer / w == g / w && peer % w != comm.rank() {
+            ranks.insert(0, peer % w);
+        }
+        for l in ranks {
+            match comm.fused_snapshot(l, 64, row_tiles) {
+                Ok(s) => println!("rank {g}: {what}: after {}: {s}", r.as_ref().unwrap_err()),
+                Err(e) => println!("rank {g}: {what}: no snapshot of local rank {l}: {e}"),
+            }
+        }
+    }
+    r
 }
 
 /// Runs one aborted round of `launch` (see the module doc); returns what `check()` said.

@@ -20,6 +20,7 @@
 //!   [`Communicator`]'s "Launch order") and ordered on the device across streams.
 //! - Streams and buffers of another CUDA context are refused ([`Error::ForeignContext`]).
 pub mod abort;
+pub mod diag;
 pub mod heap;
 mod host_word;
 pub mod internode;
