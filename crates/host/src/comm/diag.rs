@@ -101,14 +101,11 @@ fn ranges(v: &[u32]) -> String {
 impl fmt::Display for FusedSnapshot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let running = self.epoch + 1;
-        // CTAs never marked (epoch 0) are beyond every grid this heap ran: left out.
+        // CTAs past the last one ever marked are beyond every grid this heap ran (since its
+        // creation or last reset, which zero the marks): left out.
+        let grid = self.entered.iter().rposition(|m| m.0 != 0).map_or(0, |b| b + 1);
         let cta_list = |pred: &dyn Fn(usize) -> bool| {
-            ranges(
-                &(0..self.entered.len())
-                    .filter(|&b| self.entered[b].0 != 0 && pred(b))
-                    .map(|b| b as u32)
-                    .collect::<Vec<_>>(),
-            )
+            ranges(&(0..grid).filter(|&b| pred(b)).map(|b| b as u32).collect::<Vec<_>>())
         };
         writeln!(
             f,
@@ -180,19 +177,21 @@ mod tests {
             FUSED_CTA_MARKS_OFFSET + 8 * (MAX_COMM_CTAS + 1) as u64,
             cta_mark(42, 11),
         );
+        // CTA 5 started launch 42 after a reset: CTA 4 below it, never marked, did not enter.
+        put(FUSED_CTA_MARKS_OFFSET + 8 * 5, cta_mark(42, 15));
         put(flag_offset(FlagSlot::FusedReady, 1, 0), 42);
         put(flag_offset(FlagSlot::Outbox, 1, 2), 16);
-        // (CTA 4 was never marked: beyond the grid.)
-        let s = FusedSnapshot::from_control_area(&area, 0, 2, 5, 4).unwrap();
+        // (CTA 6 was never marked: beyond the grid.)
+        let s = FusedSnapshot::from_control_area(&area, 0, 2, 7, 4).unwrap();
         assert_eq!(s.epoch, 41);
         assert_eq!(s.entered[3], (41, 13));
         assert_eq!(s.fused_ready, vec![0, 42]);
         assert_eq!(s.outbox[1], vec![0, 0, 16, 0]);
         let text = s.to_string();
-        assert!(text.contains("CTAs that entered launch 42: 0-2"), "{text}");
-        assert!(text.contains("still inside it: 0 2"), "{text}");
-        assert!(text.contains("did not enter it: 3\n"), "{text}");
-        assert!(!text.contains("4:"), "{text}");
+        assert!(text.contains("CTAs that entered launch 42: 0-2 5"), "{text}");
+        assert!(text.contains("still inside it: 0 2 5"), "{text}");
+        assert!(text.contains("did not enter it: 3-4\n"), "{text}");
+        assert!(!text.contains(" 6:"), "{text}");
         assert!(FusedSnapshot::from_control_area(&area[..8], 0, 2, 4, 4).is_err());
     }
 }
