@@ -15,7 +15,7 @@
 #[path = "support/abort_round.rs"]
 mod abort_round;
 
-use abort_round::{aborted_round, assert_close, check_fused, queued, values, DEVICE_TIMEOUT};
+use abort_round::{aborted_round, assert_close, check_fused, queued, values, watching, DEVICE_TIMEOUT};
 use half::bf16;
 use mkernel::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use mkernel::ops::{GemmRsPlan, RsSplit};
@@ -90,12 +90,14 @@ fn gemm_rs_queued_back_to_back_and_aborted() {
             "flow" => {
                 clear();
                 let t = Instant::now();
-                for i in 0..LAUNCHES {
-                    launch().unwrap_or_else(|e| panic!("rank {rank}: {case}: launch {i} of {LAUNCHES}: {e}"));
-                }
-                stream
-                    .synchronize()
-                    .unwrap_or_else(|e| panic!("rank {rank}: {case}: the queue of {LAUNCHES} launches failed: {e}"));
+                watching(&comm, case, row_tiles, || {
+                    for i in 0..LAUNCHES {
+                        launch().unwrap_or_else(|e| panic!("rank {rank}: {case}: launch {i} of {LAUNCHES}: {e}"));
+                    }
+                    stream.synchronize().unwrap_or_else(|e| {
+                        panic!("rank {rank}: {case}: the queue of {LAUNCHES} launches failed: {e}")
+                    });
+                });
                 let each = t.elapsed().as_secs_f64() / LAUNCHES as f64;
                 check_fused(&comm, case, row_tiles).unwrap();
                 let last = read();

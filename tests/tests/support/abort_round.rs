@@ -43,10 +43,12 @@ pub fn queued(
     launch: &dyn Fn() -> mkernel::Result<()>,
 ) -> Mode {
     let t = Instant::now();
-    for _ in 0..10 {
-        launch().unwrap();
-    }
-    stream.synchronize().unwrap();
+    watching(comm, what, 32, || {
+        for _ in 0..10 {
+            launch().unwrap();
+        }
+        stream.synchronize().unwrap();
+    });
     check_fused(comm, what, 32).unwrap();
     let one = t.elapsed().as_secs_f64() / 10.0;
     let mine = ((1.5 / one) as u32).clamp(100, 20_000);
@@ -92,6 +94,39 @@ pub fn check_fused(comm: &Communicator, what: &str, row_tiles: u32) -> mkernel::
         }
     }
     r
+}
+
+/// How long a watched stretch of launches ([`watching`]) may run before the watchdog prints
+/// every local rank's fused state: well past any launch queue of these tests, well before the
+/// device timeout (`DEVICE_TIMEOUT`), so the view is of the stall itself.
+pub const STALL_REPORT: Duration = Duration::from_secs(20);
+
+/// Runs `f` (launches, then `stream.synchronize()`); if it has not returned after
+/// [`STALL_REPORT`], a watchdog thread prints the fused-launch state of every local rank
+/// ([`Communicator::fused_snapshot`], `row_tiles` of the chunk), this rank first, while the
+/// launches still run: on a rank whose launch stalls without a record of its own, this is all
+/// it says before the launcher stops it.
+#[allow(dead_code)]
+pub fn watching<R>(comm: &Communicator, what: &str, row_tiles: u32, f: impl FnOnce() -> R) -> R {
+    let (done, stalled) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            if stalled.recv_timeout(STALL_REPORT) != Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+                return;
+            }
+            let g = comm.global_rank();
+            let me = comm.rank();
+            for l in std::iter::once(me).chain((0..comm.world()).filter(|&l| l != me)) {
+                match comm.fused_snapshot(l, 64, row_tiles) {
+                    Ok(snap) => println!("rank {g}: {what}: still running after {STALL_REPORT:?}: {snap}"),
+                    Err(e) => println!("rank {g}: {what}: no snapshot of local rank {l}: {e}"),
+                }
+            }
+        });
+        let r = f();
+        drop(done);
+        r
+    })
 }
 
 /// Runs one aborted round of `launch` (see the module doc); returns what `check()` said.

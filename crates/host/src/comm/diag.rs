@@ -1,9 +1,9 @@
 //! Diagnostics of a stalled fused launch: a snapshot of a local rank's GEMM+ReduceScatter /
 //! AllReduce state, read through this process's mapping of that rank's heap.
 //!
-//! Meant for the rank whose wait timed out naming a local peer that says nothing (its kernel
-//! still waits, or never got its CTAs onto SMs): after its own stream synchronized, it reads the
-//! peer's fused launch epoch and exit count, the per-CTA entry and exit marks
+//! Meant for a rank whose wait timed out naming a local peer that says nothing (its kernel
+//! still waits, or never got its CTAs onto SMs), or for a watchdog thread of a launch that does
+//! not end: it reads the rank's fused launch epoch and exit count, the per-CTA entry and exit marks
 //! (`FUSED_CTA_MARKS_OFFSET`: which of the peer's CTAs started the running launch, on which SM,
 //! and which left it), and the counters the protocol turns on (docs/protocol.md): the peer's
 //! `FusedReady` flags from every rank, its incoming `Tile1` counters and its local `Outbox`
@@ -142,19 +142,33 @@ impl fmt::Display for FusedSnapshot {
 
 impl Communicator {
     /// A snapshot of local rank `rank`'s GEMM+ReduceScatter/AllReduce state (module docs), for
-    /// a launch of up to `ctas` CTAs (CTAs never marked are left out of the summary) over `row_tiles` row tiles per rank chunk (`m / world / 128`),
-    /// read through this process's mapping of its heap. Call it only while this process's own
-    /// GPU work is finished (after `stream.synchronize()`): the copy runs on the legacy default
-    /// stream. The other rank may still run: the values are a moment's, not a consistent cut.
+    /// a launch of up to `ctas` CTAs (CTAs never marked are left out of the summary) over
+    /// `row_tiles` row tiles per rank chunk (`m / world / 128`), read through this process's
+    /// mapping of its heap. Callable from any thread, also while kernels of this process run
+    /// (a watchdog's view of a stalled launch): the copy goes through a stream of its own created
+    /// `CU_STREAM_NON_BLOCKING`, which waits for nothing else, after binding the context to the
+    /// calling thread. The values are a moment's, not a consistent cut.
     pub fn fused_snapshot(&self, rank: u32, ctas: u32, row_tiles: u32) -> Result<FusedSnapshot> {
         let base = self
             .heap
             .base(rank as usize)
             .ok_or_else(|| Error::Unsupported(format!("fused snapshot: local rank {rank} of {}", self.world)))?;
+        self.device.context().bind_to_thread()?;
         let mut area = vec![0u8; HEAP_CONTROL_BYTES as usize];
+        // (A raw stream: cudarc's `new_stream` may synchronize the context first, which would
+        // wait for the very launch under study.)
+        let stream = cudarc::driver::result::stream::create(cudarc::driver::result::stream::StreamKind::NonBlocking)?;
         // SAFETY: `base` is local rank `rank`'s heap as mapped in this context, at least
-        // `HEAP_RESERVED_BYTES` (> `HEAP_CONTROL_BYTES`) long; `area` holds that many bytes.
-        unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut area, base)? };
+        // `HEAP_RESERVED_BYTES` (> `HEAP_CONTROL_BYTES`) long; `area` holds that many bytes and
+        // outlives the copy (the stream is synchronized before `area` is read or dropped); the
+        // stream is this function's own.
+        let copied = unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(&mut area, base, stream)
+                .and_then(|()| cudarc::driver::result::stream::synchronize(stream))
+        };
+        // SAFETY: created above, used by nothing else; its work is finished (or failed).
+        let _ = unsafe { cudarc::driver::result::stream::destroy(stream) };
+        copied?;
         FusedSnapshot::from_control_area(&area, rank, self.world, ctas, row_tiles)
     }
 }
