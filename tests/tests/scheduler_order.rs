@@ -215,6 +215,30 @@ fn simulate_protocol(
     carry: Carry,
     rule: Rule,
 ) -> bool {
+    let all = vec![grid; (nodes * world) as usize];
+    simulate_grids(nodes, world, &all, &all, m, n, parts, carry, rule).0
+}
+
+/// Counters `[node][dest][src][row tile]` at the end of a [`simulate_grids`] run.
+type Counters = Vec<Vec<Vec<Vec<u32>>>>;
+
+/// [`simulate_protocol`] with a grid per rank (`grids[global rank]`: ranks sharing a GPU under
+/// MPS see different SM counts, so their grids differ), of which only CTAs
+/// `0..running[global rank]` ever run (the others never got an SM: they compute nothing, and
+/// with [`Carry::Relays`] their relays carry nothing). Returns whether every CTA finished, and
+/// the tile counters at the end.
+#[allow(clippy::too_many_arguments)]
+fn simulate_grids(
+    nodes: u32,
+    world: u32,
+    grids: &[u32],
+    running: &[u32],
+    m: u32,
+    n: u32,
+    parts: &[u32],
+    carry: Carry,
+    rule: Rule,
+) -> (bool, Counters) {
     let chunk_rows = m / world;
     let block_rows = chunk_rows / nodes;
     let row_tiles = (chunk_rows / 128) as usize;
@@ -246,13 +270,22 @@ fn simulate_protocol(
                 .collect()
         })
         .collect();
-    let carriers = if carry == Carry::Relays { grid as usize } else { 1 };
-    let mut heads = vec![vec![vec![0usize; carriers]; w]; nn];
+    let carriers = |nd: usize, r: usize| {
+        if carry == Carry::Relays {
+            grids[nd * w + r] as usize
+        } else {
+            1
+        }
+    };
+    let mut heads: Vec<Vec<Vec<usize>>> = (0..nn)
+        .map(|nd| (0..w).map(|r| vec![0usize; carriers(nd, r)]).collect())
+        .collect();
     let mut ctas: Vec<Vec<Vec<SimCta>>> = (0..nodes)
         .map(|nd| {
             (0..world)
                 .map(|r| {
                     let p = parts[(nd * world + r) as usize];
+                    let grid = grids[(nd * world + r) as usize];
                     (0..grid)
                         .map(|c| {
                             let s =
@@ -285,8 +318,13 @@ fn simulate_protocol(
         let (mut progress, mut done) = (false, true);
         for nd in 0..nn {
             for r in 0..w {
-                // Each taker carries every completed row tile at the head of its queue.
+                let (carriers, runs) = (carriers(nd, r), running[nd * w + r] as usize);
+                // Each taker carries every completed row tile at the head of its queue (a relay
+                // only if its CTA runs).
                 for k in 0..carriers {
+                    if carry == Carry::Relays && k >= runs {
+                        continue;
+                    }
                     loop {
                         let i = k + heads[nd][r][k] * carriers;
                         if carry == Carry::Direct || i >= queues[nd][r].len() {
@@ -301,7 +339,12 @@ fn simulate_protocol(
                         progress = true;
                     }
                 }
-                for c in 0..grid as usize {
+                for c in 0..ctas[nd][r].len() {
+                    if c >= runs {
+                        // Never started: its tiles stay undone.
+                        done &= ctas[nd][r][c].tiles.is_empty();
+                        continue;
+                    }
                     // Whether the next tile (an own one) still waits for its inputs.
                     let blocked = |cta: &SimCta, counters: &[Vec<Vec<Vec<u32>>>], node_sums: &[Vec<Vec<u32>>]| {
                         let Some(&(m0, _)) = cta.tiles.get(cta.next) else {
@@ -369,10 +412,10 @@ fn simulate_protocol(
             }
         }
         if done {
-            return true;
+            return (true, counters);
         }
         if !progress {
-            return false;
+            return (false, counters);
         }
     }
 }
@@ -456,5 +499,74 @@ fn other_announcement_orders_can_deadlock() {
         };
         assert!(deadlocks > 0, "no configuration deadlocked with {name}");
         println!("{name}: {deadlocks} of 48 configurations deadlock");
+    }
+}
+
+/// The shapes of `tests/tests/abort_queued_gemm_rs.rs` and `tests/tests/abort.rs` on ranks
+/// sharing one GPU through MPS: M = 2048 x world, N = 2048, one part (16 row tiles per chunk),
+/// relays carrying the partials, and per-rank grids of 80% of MPS shares that the driver reports
+/// as 32 or 33 SMs (25 or 26 CTAs), also 52/53 at 2 ranks.
+fn shared_gpu_cases() -> Vec<(u32, Vec<u32>)> {
+    vec![
+        (4, vec![25, 25, 25, 25]),
+        (4, vec![25, 26, 25, 26]),
+        (4, vec![26, 25, 25, 25]),
+        (4, vec![26, 26, 26, 25]),
+        (2, vec![52, 52]),
+        (2, vec![52, 53]),
+    ]
+}
+
+#[test]
+fn grids_that_differ_between_ranks_cannot_deadlock() {
+    for (world, grids) in shared_gpu_cases() {
+        let m = 2048 * world;
+        for parts in [1u32, 2, 4] {
+            let parts = vec![parts; world as usize];
+            for carry in CARRIES {
+                let (finished, _) = simulate_grids(1, world, &grids, &grids, m, 2048, &parts, carry, Rule::Kernel);
+                assert!(
+                    finished,
+                    "deadlock: {carry:?} world {world} grids {grids:?} parts {parts:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_rank_whose_ctas_did_not_all_start_stalls_every_peer() {
+    // The protocol needs every CTA of every rank running at once: a rank of which only CTAs
+    // 0..j started (the rest waiting for SMs, e.g. held by its peers' grids that wait for it)
+    // never fills the counters of some of its peers' rows, and every peer's own tiles then wait
+    // for it - the "Tile1 counter ... seen 0" of each peer, naming that rank - while the rank
+    // itself finishes everything that does not wait for its missing CTAs.
+    for (world, grids) in shared_gpu_cases() {
+        let m = 2048 * world;
+        let parts = vec![1; world as usize];
+        for started in [1u32, 8, 16, grids[0] - 1] {
+            let mut running = grids.clone();
+            running[0] = started;
+            let (finished, counters) =
+                simulate_grids(1, world, &grids, &running, m, 2048, &parts, Carry::Relays, Rule::Kernel);
+            assert!(
+                !finished,
+                "world {world} grids {grids:?}: rank 0 with {started} CTAs finished"
+            );
+            for d in 1..world as usize {
+                assert!(
+                    counters[0][d][0].contains(&0),
+                    "world {world} grids {grids:?}, {started} CTAs: rank {d} got every row from rank 0"
+                );
+                // Every other peer delivered all of its rows to rank 0.
+                for p in (1..world as usize).filter(|&p| p != 0) {
+                    assert!(
+                        counters[0][0][p].iter().all(|&c| c == 8),
+                        "rank {p} -> 0: {:?}",
+                        counters[0][0][p]
+                    );
+                }
+            }
+        }
     }
 }
