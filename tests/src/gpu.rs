@@ -45,3 +45,21 @@ pub fn launched_rank_or_skip(test: &str) -> Option<(Device, mkernel::bootstrap::
     let dev = Device::new(boot.info().device()).unwrap_or_else(|e| panic!("rank {}: {e}", boot.info().rank()));
     Some((dev, boot))
 }
+
+/// [`launched_rank_or_skip`], then this rank's communicator with a heap of `heap_bytes` and a
+/// device-wait timeout of `timeout` (everything else default); `None` when skipped.
+pub fn launched_comm_or_skip(
+    test: &str,
+    heap_bytes: u64,
+    timeout: std::time::Duration,
+) -> Option<(Device, mkernel::Communicator)> {
+    let (dev, boot) = launched_rank_or_skip(test)?;
+    let cfg = mkernel::CommConfig {
+        heap_bytes,
+        timeout,
+        ..Default::default()
+    };
+    let rank = boot.info().rank();
+    let comm = mkernel::Communicator::new(&dev, boot, cfg).unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+    Some((dev, comm))
+}

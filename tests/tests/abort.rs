@@ -13,8 +13,8 @@ use abort_round::{aborted_round, assert_close, queued, values, Mode, DEVICE_TIME
 use half::bf16;
 use mkernel::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use mkernel::ops::{AgGemmPlan, GemmRsPlan, RsSplit};
-use mkernel::{CommConfig, Communicator, SymBuffer};
-use mkernel_tests::gpu::launched_rank_or_skip;
+use mkernel::{Communicator, SymBuffer};
+use mkernel_tests::gpu::launched_comm_or_skip;
 use std::sync::Arc;
 
 fn ptr<T>(s: &mut CudaSlice<T>, stream: &Arc<CudaStream>) -> u64 {
@@ -45,16 +45,13 @@ fn label(m: Mode) -> &'static str {
 #[test]
 #[ignore = "needs GPU ranks (xtask launch -n 2 [--share-gpu]; cargo xtask test --gpu runs it)"]
 fn abort_stops_every_op_and_reset_makes_the_communicator_usable() {
-    let Some((dev, boot)) = launched_rank_or_skip("abort_stops_every_op_and_reset_makes_the_communicator_usable")
-    else {
+    let Some((dev, comm)) = launched_comm_or_skip(
+        "abort_stops_every_op_and_reset_makes_the_communicator_usable",
+        512 << 20,
+        DEVICE_TIMEOUT,
+    ) else {
         return;
     };
-    let cfg = CommConfig {
-        heap_bytes: 512 << 20,
-        timeout: DEVICE_TIMEOUT,
-        ..Default::default()
-    };
-    let comm = Communicator::new(&dev, boot, cfg).unwrap();
     let handle = comm.abort_handle();
     let stream = dev.default_stream();
     let (rank, world) = (comm.rank(), comm.world() as usize);

@@ -19,8 +19,7 @@ use abort_round::{aborted_round, assert_close, check_fused, queued, values, watc
 use half::bf16;
 use mkernel::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use mkernel::ops::{GemmRsPlan, RsSplit};
-use mkernel::{CommConfig, Communicator};
-use mkernel_tests::gpu::launched_rank_or_skip;
+use mkernel_tests::gpu::launched_comm_or_skip;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -35,15 +34,10 @@ fn ptr<T>(s: &mut CudaSlice<T>, stream: &Arc<CudaStream>) -> u64 {
 #[test]
 #[ignore = "needs GPU ranks (xtask launch -n 2 [--share-gpu]; cargo xtask test --gpu runs it)"]
 fn gemm_rs_queued_back_to_back_and_aborted() {
-    let Some((dev, boot)) = launched_rank_or_skip("gemm_rs_queued_back_to_back_and_aborted") else {
+    let Some((dev, comm)) = launched_comm_or_skip("gemm_rs_queued_back_to_back_and_aborted", 512 << 20, DEVICE_TIMEOUT)
+    else {
         return;
     };
-    let cfg = CommConfig {
-        heap_bytes: 512 << 20,
-        timeout: DEVICE_TIMEOUT,
-        ..Default::default()
-    };
-    let comm = Communicator::new(&dev, boot, cfg).unwrap();
     let handle = comm.abort_handle();
     let stream = dev.default_stream();
     let (rank, world) = (comm.rank(), comm.world() as usize);

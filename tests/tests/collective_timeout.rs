@@ -1,21 +1,17 @@
 //! A rank that never arrives: the others report a timeout naming it instead of hanging.
 //! Run: `bundle/xtask launch -n 2 -- bundle/tests/mkernel-tests-collective_timeout`.
-use mkernel::{CommConfig, Communicator, Error};
-use mkernel_tests::gpu::launched_rank_or_skip;
+use mkernel::Error;
+use mkernel_tests::gpu::launched_comm_or_skip;
 use std::time::{Duration, Instant};
 
 #[test]
 #[ignore = "needs GPU ranks (bundle/run-tests.sh runs it under xtask launch)"]
 fn missing_rank_is_named_by_the_timeout() {
-    let Some((dev, boot)) = launched_rank_or_skip("missing_rank_is_named_by_the_timeout") else {
+    let Some((dev, comm)) =
+        launched_comm_or_skip("missing_rank_is_named_by_the_timeout", 16 << 20, Duration::from_secs(2))
+    else {
         return;
     };
-    let cfg = CommConfig {
-        heap_bytes: 16 << 20,
-        timeout: Duration::from_secs(2),
-        ..Default::default()
-    };
-    let comm = Communicator::new(&dev, boot, cfg).unwrap();
     let (rank, world) = (comm.rank(), comm.world());
     let absent = world - 1;
     let stream = dev.default_stream();

@@ -13,9 +13,9 @@ mod moe_ep_case;
 use half::bf16;
 use mkernel::ops::moe::Activation;
 use mkernel::ops::moe_ep::MoeEpPlan;
-use mkernel::{CommConfig, Communicator, Error};
+use mkernel::Error;
 use mkernel_tests::data::random_bf16;
-use mkernel_tests::gpu::launched_rank_or_skip;
+use mkernel_tests::gpu::launched_comm_or_skip;
 use mkernel_tests::moe::uniform_routing;
 use moe_ep_case::{run_case, shape};
 use std::time::{Duration, Instant};
@@ -23,15 +23,13 @@ use std::time::{Duration, Instant};
 #[test]
 #[ignore = "needs GPU ranks (xtask launch -n 2|4 [--share-gpu] -- <this binary>)"]
 fn moe_ep_matches_cpu_reference_and_names_a_missing_rank() {
-    let Some((dev, boot)) = launched_rank_or_skip("moe_ep_matches_cpu_reference_and_names_a_missing_rank") else {
+    let Some((dev, comm)) = launched_comm_or_skip(
+        "moe_ep_matches_cpu_reference_and_names_a_missing_rank",
+        256 << 20,
+        Duration::from_secs(4),
+    ) else {
         return;
     };
-    let cfg = CommConfig {
-        heap_bytes: 256 << 20,
-        timeout: Duration::from_secs(4),
-        ..Default::default()
-    };
-    let comm = Communicator::new(&dev, boot, cfg).unwrap();
     let (rank, world) = (comm.global_rank() as usize, comm.global_world() as usize);
     let stream = dev.default_stream();
     const SW: Activation = Activation::SwiGlu;

@@ -7,23 +7,20 @@
 //! (`-n 4`, `-n 4 --nodes 2`).
 #[path = "support/moe_ep_case.rs"]
 mod moe_ep_case;
-use mkernel::{CommConfig, Communicator};
-use mkernel_tests::gpu::launched_rank_or_skip;
+use mkernel_tests::gpu::launched_comm_or_skip;
 use moe_ep_case::run_case;
 use std::time::Duration;
 
 #[test]
 #[ignore = "needs GPU ranks (xtask launch -n 2|4 [--share-gpu] [--nodes 2] -- <this binary>)"]
 fn moe_ep_fused_dispatch_matches_cpu_reference() {
-    let Some((dev, boot)) = launched_rank_or_skip("moe_ep_fused_dispatch_matches_cpu_reference") else {
+    let Some((dev, comm)) = launched_comm_or_skip(
+        "moe_ep_fused_dispatch_matches_cpu_reference",
+        256 << 20,
+        Duration::from_secs(4),
+    ) else {
         return;
     };
-    let cfg = CommConfig {
-        heap_bytes: 256 << 20,
-        timeout: Duration::from_secs(4),
-        ..Default::default()
-    };
-    let comm = Communicator::new(&dev, boot, cfg).unwrap();
     let world = comm.global_world() as usize;
     let stream = dev.default_stream();
     for (i, c) in moe_ep_case::cases(world, true).iter().enumerate() {

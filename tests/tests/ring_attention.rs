@@ -8,10 +8,10 @@
 use half::bf16;
 use mkernel::ops::attention::{flash_attention, AttentionHeads, Sequences};
 use mkernel::ops::ring_attention::{RingAttentionPlan, RingOptions};
-use mkernel::{CommConfig, Communicator, Device};
+use mkernel::{Communicator, Device};
 use mkernel_tests::attention::{attention as cpu_attention, zigzag_chunks, Seq};
 use mkernel_tests::data::random_bf16;
-use mkernel_tests::gpu::launched_rank_or_skip;
+use mkernel_tests::gpu::launched_comm_or_skip;
 use std::time::Duration;
 
 /// Tolerances of tests/tests/attention.rs: bf16 output rounding plus P rounded to bf16.
@@ -244,15 +244,13 @@ const CASES: [Case; 6] = [
 #[test]
 #[ignore = "needs GPU ranks (bundle/run-tests.sh runs ring_* binaries under xtask launch at 2 and 4 ranks)"]
 fn ring_attention_matches_the_whole_sequence() {
-    let Some((dev, boot)) = launched_rank_or_skip("ring_attention_matches_the_whole_sequence") else {
+    let Some((dev, comm)) = launched_comm_or_skip(
+        "ring_attention_matches_the_whole_sequence",
+        64 << 20,
+        Duration::from_secs(10),
+    ) else {
         return;
     };
-    let cfg = CommConfig {
-        heap_bytes: 64 << 20,
-        timeout: Duration::from_secs(10),
-        ..Default::default()
-    };
-    let comm = Communicator::new(&dev, boot, cfg).unwrap();
     let (rank, world) = (comm.global_rank() as usize, comm.global_world() as usize);
     let nodes = comm.nnodes();
     let stream = dev.default_stream();

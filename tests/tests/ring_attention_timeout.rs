@@ -6,23 +6,21 @@
 use half::bf16;
 use mkernel::ops::attention::AttentionHeads;
 use mkernel::ops::ring_attention::{RingAttentionPlan, RingOptions};
-use mkernel::{CommConfig, Communicator, Error};
+use mkernel::Error;
 use mkernel_tests::data::random_bf16;
-use mkernel_tests::gpu::launched_rank_or_skip;
+use mkernel_tests::gpu::launched_comm_or_skip;
 use std::time::{Duration, Instant};
 
 #[test]
 #[ignore = "needs GPU ranks (bundle/run-tests.sh runs ring_* binaries under xtask launch at 2 and 4 ranks)"]
 fn missing_rank_is_named_by_the_ring_timeout() {
-    let Some((dev, boot)) = launched_rank_or_skip("missing_rank_is_named_by_the_ring_timeout") else {
+    let Some((dev, comm)) = launched_comm_or_skip(
+        "missing_rank_is_named_by_the_ring_timeout",
+        16 << 20,
+        Duration::from_secs(2),
+    ) else {
         return;
     };
-    let cfg = CommConfig {
-        heap_bytes: 16 << 20,
-        timeout: Duration::from_secs(2),
-        ..Default::default()
-    };
-    let comm = Communicator::new(&dev, boot, cfg).unwrap();
     let (rank, world) = (comm.global_rank(), comm.global_world());
     let absent = world - 1;
     let stream = dev.default_stream();
