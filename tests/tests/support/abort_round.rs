@@ -116,6 +116,8 @@ pub fn watching<R>(comm: &Communicator, what: &str, row_tiles: u32, f: impl FnOn
             }
             let g = comm.global_rank();
             let me = comm.rank();
+            // First a line without CUDA calls (a snapshot's could wait on the driver).
+            println!("rank {g}: {what}: still running after {STALL_REPORT:?}; reading every local rank's state");
             for l in std::iter::once(me).chain((0..comm.world()).filter(|&l| l != me)) {
                 match comm.fused_snapshot(l, 64, row_tiles) {
                     Ok(snap) => println!("rank {g}: {what}: still running after {STALL_REPORT:?}: {snap}"),
