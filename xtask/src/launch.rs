@@ -55,8 +55,9 @@ pub struct LaunchArgs {
     /// With --share-gpu: GPUs to spread the ranks over (default: every GPU nvidia-smi lists).
     #[arg(long, requires = "share_gpu")]
     pub gpus: Option<usize>,
-    /// With --share-gpu: MPS share of each rank in percent of its GPU's SMs (default: 100 / ranks
-    /// on that GPU; persistent grids use 80% of the share, docs/testing.md "Co-residency").
+    /// With --share-gpu: MPS share of each rank in percent of its GPU's SMs (default: 50 for 2
+    /// ranks on a GPU, whose grids use 80% of it; no cap (100) for 3 or more, whose grids use
+    /// 80 / ranks - 1 percent of the GPU; docs/testing.md "Co-residency").
     #[arg(long, requires = "share_gpu", value_parser = clap::value_parser!(u32).range(1..=100))]
     pub mps_percent: Option<u32>,
     /// The command to run in each process.
@@ -386,8 +387,11 @@ mod tests {
     #[test]
     fn shared_ranks_get_their_share_and_grid_size() {
         let env = shared_rank_env(4, None, None);
-        assert!(env.contains(&("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "25".into())));
+        assert!(env.contains(&("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100".into())));
         assert!(env.contains(&("MKERNEL_SHARED_GPU", "4".into())));
+        assert!(env.contains(&("MKERNEL_PERSISTENT_SM_PERCENT", "19".into())));
+        let env = shared_rank_env(2, None, None);
+        assert!(env.contains(&("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "50".into())));
         assert!(env.contains(&("MKERNEL_PERSISTENT_SM_PERCENT", "80".into())));
         let env = shared_rank_env(2, Some(40), Some("50"));
         assert!(env.contains(&("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "40".into())));

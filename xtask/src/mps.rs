@@ -215,10 +215,21 @@ impl Drop for Mps {
     }
 }
 
-/// MPS share (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`) of each of `ranks` ranks on one GPU:
-/// an even split (`--mps-percent` overrides).
+/// MPS share (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`) of each of `ranks` ranks on one GPU
+/// (`--mps-percent` overrides): an even split for 2 ranks, no per-client cap (100) for 3 or more.
+///
+/// With 4 ranks at 25% a rank's launch sometimes started only part of its grid: of 25 CTAs, 9
+/// entered and 16 never did while the peers' grids ran (measured on one H100 through the CTA
+/// entry marks, docs/testing.md "A launch that stalls on shared GPUs"), and every peer timed out
+/// on that rank's counters. The cap seats fewer CTAs than its SM count suggests when other
+/// clients hold SMs beside the free ones. Without the cap, grids that add up to at most 80% of the
+/// SMs ([`persistent_sm_percent`]) always fit.
 pub fn default_sm_percent(ranks: usize) -> u32 {
-    (100 / ranks.max(1) as u32).max(1)
+    match ranks {
+        0 | 1 => 100,
+        2 => 50,
+        _ => 100,
+    }
 }
 
 /// Percentage of its MPS share that a rank's persistent grids use
@@ -229,12 +240,15 @@ pub fn default_sm_percent(ranks: usize) -> u32 {
 /// on one H100 (132 SMs, driver 580) with grids filling the share: 2 ranks at 50% ran every
 /// fused test; 4 ranks at 25% and 24% did not (a grid never started); 4 at 20% (26 SMs each) ran
 /// one node but not 2 emulated nodes x 2 (the wire's copies waited for the grids that waited
-/// for them). Grids of 80% of the share leave both kinds of room (docs/testing.md).
+/// for them). Grids of 80% of the share leave both kinds of room (docs/testing.md). For 3 or
+/// more ranks, which run without a per-client cap ([`default_sm_percent`]), each grid takes
+/// `80 / ranks - 1` percent of the GPU (19% = 25 CTAs of 132 SMs at 4 ranks, the measured
+/// setting): together under the residency check's 80% after rounding.
 pub fn persistent_sm_percent(ranks: usize) -> u32 {
-    if ranks > 1 {
-        80
-    } else {
-        100
+    match ranks {
+        0 | 1 => 100,
+        2 => 80,
+        n => (80 / n as u32).saturating_sub(1).max(1),
     }
 }
 
@@ -245,10 +259,14 @@ mod tests {
     fn shares_split_evenly_and_grids_leave_room() {
         assert_eq!(default_sm_percent(1), 100);
         assert_eq!(default_sm_percent(2), 50);
-        assert_eq!(default_sm_percent(4), 25);
-        assert!(default_sm_percent(1000) >= 1);
+        assert_eq!(default_sm_percent(4), 100);
         assert_eq!(persistent_sm_percent(1), 100);
-        assert_eq!(persistent_sm_percent(4), 80);
+        assert_eq!(persistent_sm_percent(2), 80);
+        assert_eq!(persistent_sm_percent(4), 19);
+        assert_eq!(persistent_sm_percent(3), 25);
+        assert!(persistent_sm_percent(1000) >= 1);
+        // 4 ranks on 132 SMs: 25 CTAs each, 100 in all, under 80% (105).
+        assert!(4 * (132 * persistent_sm_percent(4) / 100) <= 132 * 80 / 100);
     }
     #[test]
     fn missing_programs_are_not_found() {
