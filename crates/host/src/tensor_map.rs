@@ -55,6 +55,21 @@ pub fn encode_bf16_sw128(t: Tensor2d, box_cols: u32, box_rows: u32) -> Result<Te
     encode_tiled(t.ptr, [t.cols, t.rows], &[t.row_stride_bytes], [box_cols, box_rows])
 }
 
+/// [`encode_bf16_sw128`] of a packed row-major `rows x cols` bf16 tensor (rows `2 cols` bytes
+/// apart), the layout of every 2D operand the plans map.
+pub fn encode_bf16_sw128_packed(ptr: u64, cols: u64, rows: u64, box_cols: u32, box_rows: u32) -> Result<TensorMap> {
+    encode_bf16_sw128(
+        Tensor2d {
+            ptr,
+            cols,
+            rows,
+            row_stride_bytes: 2 * cols,
+        },
+        box_cols,
+        box_rows,
+    )
+}
+
 /// A bf16 tensor `[rows][heads][cols]` (cols contiguous) as a 3D TMA tensor.
 #[derive(Clone, Copy, Debug)]
 pub struct Tensor3d {

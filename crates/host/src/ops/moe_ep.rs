@@ -22,7 +22,7 @@ use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crate::gemm::{GemmOutput, OutDtype};
 use crate::runtime::Device;
-use crate::tensor_map::{encode_bf16_sw128, Tensor2d, TensorMap};
+use crate::tensor_map::{encode_bf16_sw128_packed, TensorMap};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, PushKernelArg};
 use half::bf16;
 use mkernel_config::ops::moe::{
@@ -390,16 +390,7 @@ impl<'a> MoeEpPlan<'a> {
         let (precv, pyp) = (heap.recv_ptr, heap.yp_ptr);
         let t = TILE;
         let map = |ptr: u64, cols: usize, rows: usize, box_cols: u32, box_rows: u32| -> Result<TensorMap> {
-            encode_bf16_sw128(
-                Tensor2d {
-                    ptr,
-                    cols: cols as u64,
-                    rows: rows as u64,
-                    row_stride_bytes: 2 * cols as u64,
-                },
-                box_cols,
-                box_rows,
-            )
+            encode_bf16_sw128_packed(ptr, cols as u64, rows as u64, box_cols, box_rows)
         };
         let swiglu = shape.act == Activation::SwiGlu;
         let b_up_box = if swiglu { SWIGLU_TILE_COLS } else { t.block_n };
