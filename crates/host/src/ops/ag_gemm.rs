@@ -130,14 +130,9 @@ impl<'a> AgGemmPlan<'a> {
         check::buffer_on(OP, "B", device, b)?;
         check::buffer_on(OP, "C", device, &*c)?;
         let world = (comm.world() * comm.nnodes()) as usize;
-        check::len(
-            OP,
-            "A shard",
-            a_shard.len(),
-            check::product_usize(OP, "m / world x k", &[m / world.max(1), k])?,
-        )?;
-        check::len(OP, "B", b.len(), check::product_usize(OP, "n x k", &[n, k])?)?;
-        check::len(OP, "C", c.len(), check::product_usize(OP, "m x n", &[m, n])?)?;
+        check::len_of(OP, "A shard", a_shard.len(), "m / world x k", &[m / world.max(1), k])?;
+        check::len_of(OP, "B", b.len(), "n x k", &[n, k])?;
+        check::len_of(OP, "C", c.len(), "m x n", &[m, n])?;
         let (pa, _ra) = a_shard.device_ptr(stream);
         let (pb, _rb) = b.device_ptr(stream);
         let (pc, _wc) = c.device_ptr_mut(stream);

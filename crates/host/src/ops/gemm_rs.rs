@@ -327,8 +327,7 @@ impl<'a> GemmRsPlan<'a> {
         let op = "gemm_rs";
         let world = (comm.world() * comm.nnodes()) as usize;
         check::buffer_on(op, "out", comm.device(), &*out)?;
-        let need = check::product_usize(op, "m / world x n", &[m / world.max(1), n])?;
-        check::len(op, "out", out.len(), need)?;
+        check::len_of(op, "out", out.len(), "m / world x n", &[m / world.max(1), n])?;
         let (po, _wo) = out.device_ptr_mut(stream);
         // SAFETY: `out` holds the shape's elements, is on this device and is borrowed mutably
         // for 'a; `checked_inputs` does the same for `a` and `b`.
@@ -375,18 +374,8 @@ impl<'a> GemmRsPlan<'a> {
         check::stream_on(op, device, stream)?;
         check::buffer_on(op, "A", device, a)?;
         check::buffer_on(op, "B", device, b)?;
-        check::len(
-            op,
-            "A",
-            a.len(),
-            check::product_usize(op, "m x k_local", &[m, k_local])?,
-        )?;
-        check::len(
-            op,
-            "B",
-            b.len(),
-            check::product_usize(op, "n x k_local", &[n, k_local])?,
-        )?;
+        check::len_of(op, "A", a.len(), "m x k_local", &[m, k_local])?;
+        check::len_of(op, "B", b.len(), "n x k_local", &[n, k_local])?;
         let (pa, _ra) = a.device_ptr(stream);
         let (pb, _rb) = b.device_ptr(stream);
         // SAFETY: `a` and `b` hold the shape's elements, are on this device and are borrowed
