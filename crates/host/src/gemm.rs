@@ -175,16 +175,7 @@ impl<'a> GemmPlan<'a> {
     ) -> Result<Self> {
         shape.validate()?;
         check::stream_on(OP, device, stream)?;
-        for (what, ptr) in [("A", a), ("B", b), ("C", c)] {
-            if ptr % 16 != 0 {
-                return Err(Error::Alignment {
-                    op: OP,
-                    what,
-                    ptr,
-                    align: 16,
-                });
-            }
-        }
+        check::aligned16(OP, &[("A", a), ("B", b), ("C", c)])?;
         let t = GemmTile::DEFAULT;
         let (m, n, k) = (shape.m as u64, shape.n as u64, shape.k as u64);
         let map_a = encode_bf16_sw128_packed(a, k, m, t.block_k, t.block_m)?;

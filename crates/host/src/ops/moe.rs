@@ -375,16 +375,7 @@ impl<'a> MoePlan<'a> {
         sms: Option<u32>,
     ) -> Result<Self> {
         shape.validate()?;
-        for (what, ptr) in [("W_up", w_up), ("W_down", w_down)] {
-            if ptr % 16 != 0 {
-                return Err(Error::Alignment {
-                    op: OP,
-                    what,
-                    ptr,
-                    align: 16,
-                });
-            }
-        }
+        crate::check::aligned16(OP, &[("W_up", w_up), ("W_down", w_down)])?;
         let (e, h, f) = (shape.experts, shape.hidden, shape.ffn);
         let cap = shape.capacity_rows();
         let max_tiles = shape.max_tiles();
@@ -853,16 +844,7 @@ impl<'a> GroupedGemmPlan<'a> {
         sms: Option<u32>,
     ) -> Result<Self> {
         shape.validate()?;
-        for (what, ptr) in [("A", a), ("W", w), ("C", c)] {
-            if ptr % 16 != 0 {
-                return Err(Error::Alignment {
-                    op: "grouped gemm",
-                    what,
-                    ptr,
-                    align: 16,
-                });
-            }
-        }
+        crate::check::aligned16("grouped gemm", &[("A", a), ("W", w), ("C", c)])?;
         let s = shape;
         let g = s.groups;
         let max_tiles = s.capacity_rows / ROW_ALIGN as usize;
