@@ -6,11 +6,28 @@ mod reduce_data;
 use half::bf16;
 use mkernel::{CommConfig, ReduceDtype};
 use mkernel_tests::gpu::launched_comm_or_skip;
-use mkernel_tests::reference::{compare, BF16_OUT_REL, F32_ACC, F32_OUT_REL};
+use mkernel_tests::reference::{compare, Comparison, BF16_OUT_REL, F32_ACC, F32_OUT_REL};
 use reduce_data::{decode, dtoh, htod, values};
 
 fn seed(rank: u32, case: u64, rep: u64) -> u64 {
     1_000_000 * case + 1000 * rep + rank as u64
+}
+
+/// `got` (`count` elements) against the sums over the ranks' `vals` at elements `lo..lo + count`,
+/// each within `rel` of its sum of magnitudes.
+fn compare_sum(got: &[f64], vals: &[Vec<f64>], lo: usize, count: usize, rel: f64) -> Comparison {
+    let want: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[lo + i]).sum()).collect();
+    let scale: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[lo + i].abs()).sum()).collect();
+    compare(got, &want, &scale, rel, F32_ACC)
+}
+
+/// The output tolerance of a sum in `dtype`.
+fn out_rel(dtype: ReduceDtype) -> f64 {
+    if dtype == ReduceDtype::Bf16 {
+        BF16_OUT_REL
+    } else {
+        F32_OUT_REL
+    }
 }
 
 /// Every rank's input as f64, and its bit pattern to upload.
@@ -87,14 +104,7 @@ fn collectives_match_cpu_reference() {
                     };
                     comm.check().unwrap();
                     let lo = rank as usize * count;
-                    let want: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[lo + i]).sum()).collect();
-                    let scale: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[lo + i].abs()).sum()).collect();
-                    let rel = if dtype == ReduceDtype::Bf16 {
-                        BF16_OUT_REL
-                    } else {
-                        F32_OUT_REL
-                    };
-                    let c = compare(&got, &want, &scale, rel, F32_ACC);
+                    let c = compare_sum(&got, &vals, lo, count, out_rel(dtype));
                     assert_eq!(
                         c.wrong, 0,
                         "rank {rank}: reduce_scatter {dtype:?} count {count} ctas {ctas}: {c:?}"
@@ -116,14 +126,7 @@ fn collectives_match_cpu_reference() {
                 stream.synchronize().unwrap();
                 comm.check().unwrap();
                 let got = decode(&dtoh(comm.ptr(&dst).unwrap(), count * esize), dtype);
-                let want: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[i]).sum()).collect();
-                let scale: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[i].abs()).sum()).collect();
-                let rel = if dtype == ReduceDtype::Bf16 {
-                    BF16_OUT_REL
-                } else {
-                    F32_OUT_REL
-                };
-                let c = compare(&got, &want, &scale, rel, F32_ACC);
+                let c = compare_sum(&got, &vals, 0, count, out_rel(dtype));
                 assert_eq!(
                     c.wrong, 0,
                     "rank {rank}: all_reduce {dtype:?} count {count} in_place {in_place}: {c:?}"
@@ -156,10 +159,8 @@ fn collectives_match_cpu_reference() {
         stream.synchronize().unwrap();
         comm.check().unwrap();
         let got = decode(&dtoh(comm.ptr(&small_out).unwrap(), small * 2), ReduceDtype::Bf16);
-        let want: Vec<f64> = (0..small).map(|i| vals.iter().map(|v| v[i]).sum()).collect();
-        let scale: Vec<f64> = (0..small).map(|i| vals.iter().map(|v| v[i].abs()).sum()).collect();
         assert_eq!(
-            compare(&got, &want, &scale, BF16_OUT_REL, F32_ACC).wrong,
+            compare_sum(&got, &vals, 0, small, BF16_OUT_REL).wrong,
             0,
             "rank {rank}: back-to-back all_reduce"
         );
@@ -196,9 +197,7 @@ fn collectives_match_cpu_reference() {
             gstream.synchronize().unwrap();
             comm.check().unwrap();
             let got = decode(&dtoh(comm.ptr(&big2).unwrap(), count * 2), ReduceDtype::Bf16);
-            let want: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[i]).sum()).collect();
-            let scale: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[i].abs()).sum()).collect();
-            let c = compare(&got, &want, &scale, BF16_OUT_REL, F32_ACC);
+            let c = compare_sum(&got, &vals, 0, count, BF16_OUT_REL);
             assert_eq!(c.wrong, 0, "rank {rank}: graph replay {rep}: {c:?}");
             comm.bootstrap()
                 .store()
