@@ -63,3 +63,19 @@ pub fn launched_comm_or_skip(
     let comm = mkernel::Communicator::new(&dev, boot, cfg).unwrap_or_else(|e| panic!("rank {rank}: {e}"));
     Some((dev, comm))
 }
+
+/// [`launched_rank_or_skip`] for a test of the inter-node path: `None` (after printing why) also
+/// when the job has one node; else this rank's communicator with `cfg`.
+pub fn launched_internode_comm_or_skip(
+    test: &str,
+    cfg: mkernel::CommConfig,
+) -> Option<(Device, mkernel::Communicator)> {
+    let (dev, boot) = launched_rank_or_skip(test)?;
+    if boot.info().nnodes() < 2 {
+        eprintln!("SKIPPED: launch with --nodes 2 (or more) to test the inter-node path");
+        return None;
+    }
+    let rank = boot.info().rank();
+    let comm = mkernel::Communicator::new(&dev, boot, cfg).unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+    Some((dev, comm))
+}

@@ -1,76 +1,47 @@
 //! Collectives across ranks (one process per GPU) against CPU references.
 //! Run: `bundle/xtask launch -n 2 -- bundle/tests/mkernel-tests-collectives` (and -n 4, -n 8).
+#[path = "support/reduce_data.rs"]
+mod reduce_data;
+
 use half::bf16;
-use mkernel::{CommConfig, Communicator, ReduceDtype};
-use mkernel_tests::data::{random_bf16, random_f32};
-use mkernel_tests::gpu::launched_rank_or_skip;
-use mkernel_tests::reference::{compare, BF16_OUT_REL, F32_ACC, F32_OUT_REL};
+use mkernel::{CommConfig, ReduceDtype};
+use mkernel_tests::gpu::launched_comm_or_skip;
+use mkernel_tests::reference::{compare, Comparison, BF16_OUT_REL, F32_ACC, F32_OUT_REL};
+use reduce_data::{decode, dtoh, htod, values};
 
 fn seed(rank: u32, case: u64, rep: u64) -> u64 {
     1_000_000 * case + 1000 * rep + rank as u64
 }
 
-/// Every rank's input as f64, and its bit pattern to upload.
-fn inputs(world: u32, len: usize, dtype: ReduceDtype, case: u64, rep: u64) -> (Vec<Vec<f64>>, Vec<Vec<u8>>) {
-    (0..world)
-        .map(|r| match dtype {
-            ReduceDtype::Bf16 => {
-                let v = random_bf16(len, seed(r, case, rep));
-                (
-                    v.iter().map(|x| x.to_f64()).collect(),
-                    v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
-                )
-            }
-            ReduceDtype::F32 => {
-                let v = random_f32(len, seed(r, case, rep));
-                (
-                    v.iter().map(|&x| x as f64).collect(),
-                    v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-                )
-            }
-        })
-        .unzip()
+/// `got` (`count` elements) against the sums over the ranks' `vals` at elements `lo..lo + count`,
+/// each within `rel` of its sum of magnitudes.
+fn compare_sum(got: &[f64], vals: &[Vec<f64>], lo: usize, count: usize, rel: f64) -> Comparison {
+    let want: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[lo + i]).sum()).collect();
+    let scale: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[lo + i].abs()).sum()).collect();
+    compare(got, &want, &scale, rel, F32_ACC)
 }
 
-fn decode(bytes: &[u8], dtype: ReduceDtype) -> Vec<f64> {
-    match dtype {
-        ReduceDtype::Bf16 => bytes
-            .chunks(2)
-            .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f64())
-            .collect(),
-        ReduceDtype::F32 => bytes
-            .chunks(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
-            .collect(),
+/// The output tolerance of a sum in `dtype`.
+fn out_rel(dtype: ReduceDtype) -> f64 {
+    if dtype == ReduceDtype::Bf16 {
+        BF16_OUT_REL
+    } else {
+        F32_OUT_REL
     }
 }
 
-fn htod(addr: u64, bytes: &[u8]) {
-    // SAFETY: addr is a device buffer of at least bytes.len() bytes owned by the test.
-    unsafe { mkernel::cudarc::driver::result::memcpy_htod_sync(addr, bytes) }.unwrap();
-}
-fn dtoh(addr: u64, len: usize) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    // SAFETY: addr is a device buffer of at least len bytes.
-    unsafe { mkernel::cudarc::driver::result::memcpy_dtoh_sync(&mut v, addr) }.unwrap();
-    v
+/// Every rank's input as f64, and its bit pattern to upload.
+fn inputs(world: u32, len: usize, dtype: ReduceDtype, case: u64, rep: u64) -> (Vec<Vec<f64>>, Vec<Vec<u8>>) {
+    (0..world).map(|r| values(len, dtype, seed(r, case, rep))).unzip()
 }
 
 #[test]
 #[ignore = "needs GPU ranks (bundle/run-tests.sh runs it under xtask launch)"]
 fn collectives_match_cpu_reference() {
-    let Some((dev, boot)) = launched_rank_or_skip("collectives_match_cpu_reference") else {
+    let timeout = CommConfig::default().timeout;
+    let Some((dev, comm)) = launched_comm_or_skip("collectives_match_cpu_reference", 1 << 30, timeout) else {
         return;
     };
-    let comm = Communicator::new(
-        &dev,
-        boot,
-        CommConfig {
-            heap_bytes: 1 << 30,
-            ..Default::default()
-        },
-    )
-    .unwrap();
     let (rank, world) = (comm.rank(), comm.world());
     let stream = dev.default_stream();
     let big = comm.alloc(256 << 20).unwrap();
@@ -133,14 +104,7 @@ fn collectives_match_cpu_reference() {
                     };
                     comm.check().unwrap();
                     let lo = rank as usize * count;
-                    let want: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[lo + i]).sum()).collect();
-                    let scale: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[lo + i].abs()).sum()).collect();
-                    let rel = if dtype == ReduceDtype::Bf16 {
-                        BF16_OUT_REL
-                    } else {
-                        F32_OUT_REL
-                    };
-                    let c = compare(&got, &want, &scale, rel, F32_ACC);
+                    let c = compare_sum(&got, &vals, lo, count, out_rel(dtype));
                     assert_eq!(
                         c.wrong, 0,
                         "rank {rank}: reduce_scatter {dtype:?} count {count} ctas {ctas}: {c:?}"
@@ -162,14 +126,7 @@ fn collectives_match_cpu_reference() {
                 stream.synchronize().unwrap();
                 comm.check().unwrap();
                 let got = decode(&dtoh(comm.ptr(&dst).unwrap(), count * esize), dtype);
-                let want: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[i]).sum()).collect();
-                let scale: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[i].abs()).sum()).collect();
-                let rel = if dtype == ReduceDtype::Bf16 {
-                    BF16_OUT_REL
-                } else {
-                    F32_OUT_REL
-                };
-                let c = compare(&got, &want, &scale, rel, F32_ACC);
+                let c = compare_sum(&got, &vals, 0, count, out_rel(dtype));
                 assert_eq!(
                     c.wrong, 0,
                     "rank {rank}: all_reduce {dtype:?} count {count} in_place {in_place}: {c:?}"
@@ -202,10 +159,8 @@ fn collectives_match_cpu_reference() {
         stream.synchronize().unwrap();
         comm.check().unwrap();
         let got = decode(&dtoh(comm.ptr(&small_out).unwrap(), small * 2), ReduceDtype::Bf16);
-        let want: Vec<f64> = (0..small).map(|i| vals.iter().map(|v| v[i]).sum()).collect();
-        let scale: Vec<f64> = (0..small).map(|i| vals.iter().map(|v| v[i].abs()).sum()).collect();
         assert_eq!(
-            compare(&got, &want, &scale, BF16_OUT_REL, F32_ACC).wrong,
+            compare_sum(&got, &vals, 0, small, BF16_OUT_REL).wrong,
             0,
             "rank {rank}: back-to-back all_reduce"
         );
@@ -242,9 +197,7 @@ fn collectives_match_cpu_reference() {
             gstream.synchronize().unwrap();
             comm.check().unwrap();
             let got = decode(&dtoh(comm.ptr(&big2).unwrap(), count * 2), ReduceDtype::Bf16);
-            let want: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[i]).sum()).collect();
-            let scale: Vec<f64> = (0..count).map(|i| vals.iter().map(|v| v[i].abs()).sum()).collect();
-            let c = compare(&got, &want, &scale, BF16_OUT_REL, F32_ACC);
+            let c = compare_sum(&got, &vals, 0, count, BF16_OUT_REL);
             assert_eq!(c.wrong, 0, "rank {rank}: graph replay {rep}: {c:?}");
             comm.bootstrap()
                 .store()

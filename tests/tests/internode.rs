@@ -2,75 +2,28 @@
 //! and the emulated wire between nodes, against CPU references.
 //! Run: `bundle/xtask launch -n 2 --nodes 2 -- bundle/tests/mkernel-tests-internode` (2 x 1),
 //! `-n 4 --nodes 2` (2 x 2).
-use half::bf16;
-use mkernel::{CommConfig, Communicator, ReduceDtype};
-use mkernel_tests::data::{random_bf16, random_f32};
-use mkernel_tests::gpu::launched_rank_or_skip;
-use mkernel_tests::reference::{compare, BF16_OUT_REL, F32_ACC, F32_OUT_REL};
+#[path = "support/reduce_data.rs"]
+mod reduce_data;
 
-fn htod(addr: u64, bytes: &[u8]) {
-    // SAFETY: addr is a device buffer of at least bytes.len() bytes owned by the test.
-    unsafe { mkernel::cudarc::driver::result::memcpy_htod_sync(addr, bytes) }.unwrap();
-}
-fn dtoh(addr: u64, len: usize) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    // SAFETY: addr is a device buffer of at least len bytes.
-    unsafe { mkernel::cudarc::driver::result::memcpy_dtoh_sync(&mut v, addr) }.unwrap();
-    v
-}
+use mkernel::{CommConfig, ReduceDtype};
+use mkernel_tests::gpu::launched_internode_comm_or_skip;
+use mkernel_tests::reference::{compare, BF16_OUT_REL, F32_ACC, F32_OUT_REL};
+use reduce_data::{decode, dtoh, htod, values};
 
 fn rank_data(rank: u32, len: usize, dtype: ReduceDtype, seed: u64) -> (Vec<f64>, Vec<u8>) {
-    let s = seed * 1000 + rank as u64;
-    match dtype {
-        ReduceDtype::Bf16 => {
-            let v = random_bf16(len, s);
-            (
-                v.iter().map(|x| x.to_f64()).collect(),
-                v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
-            )
-        }
-        ReduceDtype::F32 => {
-            let v = random_f32(len, s);
-            (
-                v.iter().map(|&x| x as f64).collect(),
-                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            )
-        }
-    }
-}
-
-fn decode(bytes: &[u8], dtype: ReduceDtype) -> Vec<f64> {
-    match dtype {
-        ReduceDtype::Bf16 => bytes
-            .chunks(2)
-            .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f64())
-            .collect(),
-        ReduceDtype::F32 => bytes
-            .chunks(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
-            .collect(),
-    }
+    values(len, dtype, seed * 1000 + rank as u64)
 }
 
 #[test]
 #[ignore = "needs GPU ranks (bundle/run-tests.sh runs it under xtask launch)"]
 fn internode_collectives_match_cpu_reference() {
-    let Some((dev, boot)) = launched_rank_or_skip("internode_collectives_match_cpu_reference") else {
+    let cfg = CommConfig {
+        heap_bytes: 256 << 20,
+        ..Default::default()
+    };
+    let Some((dev, comm)) = launched_internode_comm_or_skip("internode_collectives_match_cpu_reference", cfg) else {
         return;
     };
-    if boot.info().nnodes() < 2 {
-        eprintln!("SKIPPED: launch with --nodes 2 (or more) to test the inter-node path");
-        return;
-    }
-    let comm = Communicator::new(
-        &dev,
-        boot,
-        CommConfig {
-            heap_bytes: 256 << 20,
-            ..Default::default()
-        },
-    )
-    .unwrap();
     let (g, nglobal) = (comm.global_rank(), comm.world() * comm.nnodes());
     let stream = dev.default_stream();
     let out = comm.alloc(128 << 20).unwrap();

@@ -10,26 +10,21 @@ mod abort_round;
 
 use abort_round::{aborted_round, values, Mode, DEVICE_TIMEOUT};
 use mkernel::proxy::backend::BackendKind;
-use mkernel::{CommConfig, Communicator, Error};
-use mkernel_tests::gpu::launched_rank_or_skip;
+use mkernel::{CommConfig, Error};
+use mkernel_tests::gpu::launched_internode_comm_or_skip;
 
 #[test]
 #[ignore = "needs GPU ranks in 2 emulated nodes (xtask launch -n 2 --nodes 2 [--share-gpu])"]
 fn abort_stops_an_internode_all_gather() {
-    let Some((dev, boot)) = launched_rank_or_skip("abort_stops_an_internode_all_gather") else {
-        return;
-    };
-    if boot.info().nnodes() < 2 {
-        eprintln!("SKIPPED: launch with --nodes 2 to test the inter-node path");
-        return;
-    }
     let cfg = CommConfig {
         heap_bytes: 16 << 20,
         timeout: DEVICE_TIMEOUT,
         internode_scratch_bytes: 16 << 20,
         ..Default::default()
     };
-    let comm = Communicator::new(&dev, boot, cfg).unwrap();
+    let Some((dev, comm)) = launched_internode_comm_or_skip("abort_stops_an_internode_all_gather", cfg) else {
+        return;
+    };
     let kind = comm.transport().map(|c| c.kind);
     if !matches!(kind, Some(BackendKind::Emulated | BackendKind::Tcp)) {
         // The RDMA backends have no control path for aborts: `abort()` reaches this node's

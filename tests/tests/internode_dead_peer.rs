@@ -4,27 +4,23 @@
 //! --include-ignored` (or as two `--nnodes 2` launches). Other transports print SKIPPED: the
 //! emulated wire cannot see a process die (its peers time out instead: internode_timeout.rs).
 use mkernel::proxy::backend::BackendKind;
-use mkernel::{CommConfig, Communicator, Error};
-use mkernel_tests::gpu::launched_rank_or_skip;
+use mkernel::{CommConfig, Error};
+use mkernel_tests::gpu::launched_internode_comm_or_skip;
 use std::time::{Duration, Instant};
 
 #[test]
 #[ignore = "needs GPU ranks (run under xtask launch with MKERNEL_TRANSPORT=tcp)"]
 fn dead_remote_process_is_named_by_the_tcp_proxy() {
-    let Some((dev, boot)) = launched_rank_or_skip("dead_remote_process_is_named_by_the_tcp_proxy") else {
-        return;
-    };
-    if boot.info().nnodes() < 2 {
-        eprintln!("SKIPPED: launch two (emulated) nodes to test the inter-node path");
-        return;
-    }
     let cfg = CommConfig {
         heap_bytes: 16 << 20,
         timeout: Duration::from_secs(10),
         internode_scratch_bytes: 16 << 20,
         ..Default::default()
     };
-    let comm = Communicator::new(&dev, boot, cfg).unwrap();
+    let Some((dev, comm)) = launched_internode_comm_or_skip("dead_remote_process_is_named_by_the_tcp_proxy", cfg)
+    else {
+        return;
+    };
     let kind = comm.transport().map(|c| c.kind);
     if kind != Some(BackendKind::Tcp) {
         eprintln!("SKIPPED: the job uses the {kind:?} transport; set MKERNEL_TRANSPORT=tcp");

@@ -1,26 +1,21 @@
 //! A rank on another node that never arrives: the others report a timeout naming it.
 //! Run: `bundle/xtask launch -n 2 --nodes 2 -- bundle/tests/mkernel-tests-internode_timeout`.
-use mkernel::{CommConfig, Communicator, Error};
-use mkernel_tests::gpu::launched_rank_or_skip;
+use mkernel::{CommConfig, Error};
+use mkernel_tests::gpu::launched_internode_comm_or_skip;
 use std::time::{Duration, Instant};
 
 #[test]
 #[ignore = "needs GPU ranks (bundle/run-tests.sh runs it under xtask launch)"]
 fn missing_remote_rank_is_named_by_the_timeout() {
-    let Some((dev, boot)) = launched_rank_or_skip("missing_remote_rank_is_named_by_the_timeout") else {
-        return;
-    };
-    if boot.info().nnodes() < 2 {
-        eprintln!("SKIPPED: launch with --nodes 2 to test the inter-node path");
-        return;
-    }
     let cfg = CommConfig {
         heap_bytes: 16 << 20,
         timeout: Duration::from_secs(2),
         internode_scratch_bytes: 16 << 20,
         ..Default::default()
     };
-    let comm = Communicator::new(&dev, boot, cfg).unwrap();
+    let Some((dev, comm)) = launched_internode_comm_or_skip("missing_remote_rank_is_named_by_the_timeout", cfg) else {
+        return;
+    };
     let (g, nglobal) = (comm.global_rank(), comm.world() * comm.nnodes());
     let absent = nglobal - 1;
     let stream = dev.default_stream();

@@ -65,18 +65,31 @@ fn baselines(cases: &[Value], args: &Args) -> std::result::Result<(Value, Vec<Va
     Ok((head, lines))
 }
 
-pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
-    let stream = dev.default_stream();
+/// An attention case: its label, B, Hq, Hkv, S, D, causal.
+pub(crate) type Case = (String, usize, usize, usize, usize, usize, bool);
+
+/// The cases of `shapes` (B, Hq, Hkv, S, D), each without then with the causal mask, that
+/// `--filter` keeps (a substring of the label `BxHqxHkvxSxD`, `c` appended when causal).
+pub(crate) fn selected(shapes: &[(usize, usize, usize, usize, usize)], args: &Args) -> Vec<Case> {
     let mut cases = vec![];
-    for &(b, hq, hkv, s, d) in &SHAPES {
+    for &(b, hq, hkv, s, d) in shapes {
         for causal in [false, true] {
             let label = format!("{b}x{hq}x{hkv}x{s}x{d}{}", if causal { "c" } else { "" });
             if args.filter.as_ref().is_some_and(|f| !label.contains(f.as_str())) {
                 continue;
             }
-            cases.push((b, hq, hkv, s, d, causal));
+            cases.push((label, b, hq, hkv, s, d, causal));
         }
     }
+    cases
+}
+
+pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
+    let stream = dev.default_stream();
+    let cases: Vec<_> = selected(&SHAPES, args)
+        .into_iter()
+        .map(|(_, b, hq, hkv, s, d, causal)| (b, hq, hkv, s, d, causal))
+        .collect();
     println!(
         "# ours: FlashAttention forward, 128x128 tiles, 1 producer + 2 consumer warpgroups, persistent grid of {} SMs",
         dev.sm_count()

@@ -10,7 +10,7 @@ use anyhow::Result;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use half::bf16;
-use mkernel::bootstrap::Bootstrap;
+use mkernel::bootstrap::{Bootstrap, RankInfo};
 use mkernel::gemm::{BLayout, GemmPlan, GemmShape};
 use mkernel::ops::{AgGemmPlan, GemmRsPlan, RsSplit};
 use mkernel::tune::{parse, render, TuneKey};
@@ -130,12 +130,54 @@ fn write_ternary(
     Ok(())
 }
 
+/// What both fused benches start with on this rank: the job, its device, and the NCCL
+/// baseline's communicator over the same ranks.
+struct Start {
+    boot: Bootstrap,
+    info: RankInfo,
+    dev: Device,
+    rank: usize,
+    world: usize,
+    nccl: Nccl,
+}
+
+impl Start {
+    fn new() -> Result<Start> {
+        let boot = Bootstrap::from_env(Duration::from_secs(60))?;
+        let info = boot.info().clone();
+        let dev = Device::new(info.device())?;
+        let (rank, world) = (info.rank(), info.world_size());
+        let nccl = Nccl::new(&boot, rank, world)?;
+        Ok(Start {
+            boot,
+            info,
+            dev,
+            rank,
+            world,
+            nccl,
+        })
+    }
+}
+
+/// The device's default stream, a word on it (and its address) that NCCL all-reduces to line
+/// the ranks up before each timed run, and cuBLAS on the stream.
+fn bench_stream(dev: &Device) -> Result<(Arc<CudaStream>, CudaSlice<bf16>, u64, CudaBlas)> {
+    let stream = dev.default_stream();
+    let mut sync_word = stream.alloc_zeros::<bf16>(8)?;
+    let psync = sync_word.device_ptr_mut(&stream).0;
+    let blas = CudaBlas::new(stream.clone())?;
+    Ok((stream, sync_word, psync, blas))
+}
+
 pub fn run(args: &Args) -> Result<Vec<Value>> {
-    let boot = Bootstrap::from_env(Duration::from_secs(60))?;
-    let info = boot.info().clone();
-    let dev = Device::new(info.device())?;
-    let (rank, world) = (info.rank(), info.world_size());
-    let nccl = Nccl::new(&boot, rank, world)?;
+    let Start {
+        boot,
+        dev,
+        rank,
+        world,
+        nccl,
+        ..
+    } = Start::new()?;
     let shapes = selected(
         args,
         [2048usize, 4096, 8192, 16384, 32768]
@@ -149,12 +191,9 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
         boot,
         heap_config(&shapes, args.ag_splits.len(), |m, k, _| m * k * 2),
     )?;
-    let stream = dev.default_stream();
+    let (stream, _sync_word, psync, blas) = bench_stream(&dev)?;
     // Lines the ranks up before each timed run (see median_ms_aligned).
-    let mut sync_word = stream.alloc_zeros::<bf16>(8)?;
-    let psync = sync_word.device_ptr_mut(&stream).0;
     let mut align = || nccl.all_reduce(&stream, psync, psync, 1);
-    let blas = CudaBlas::new(stream.clone())?;
     if rank == 0 {
         println!("# AllGather+GEMM, {world} ranks, bf16; M K N global (A rows sharded, B: N/world x K per rank); interleaved ({} order) medians of {} runs", args.order, args.iters);
         println!(
@@ -285,11 +324,14 @@ pub fn run_ar(args: &Args) -> Result<Vec<Value>> {
 }
 
 fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
-    let boot = Bootstrap::from_env(Duration::from_secs(60))?;
-    let info = boot.info().clone();
-    let dev = Device::new(info.device())?;
-    let (rank, world) = (info.rank(), info.world_size());
-    let nccl = Nccl::new(&boot, rank, world)?;
+    let Start {
+        boot,
+        info,
+        dev,
+        rank,
+        world,
+        nccl,
+    } = Start::new()?;
     let shapes = selected(args, [2048usize, 4096, 8192, 16384, 32768].map(|m| (m, 8192, 8192)));
     // Every plan reserves its receive slots (M x N bf16 in all), an AllReduce plan also its
     // M x N output; across nodes the node-sum stage and remote receive blocks (< 2 M x N).
@@ -325,12 +367,9 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
             |m, _, n| m * n * 2 * (2 + all_reduce as usize + across),
         ),
     )?;
-    let stream = dev.default_stream();
+    let (stream, _sync_word, psync, blas) = bench_stream(&dev)?;
     // Lines the ranks up before each timed run (see median_ms_aligned).
-    let mut sync_word = stream.alloc_zeros::<bf16>(8)?;
-    let psync = sync_word.device_ptr_mut(&stream).0;
     let mut align = || nccl.all_reduce(&stream, psync, psync, 1);
-    let blas = CudaBlas::new(stream.clone())?;
     if rank == 0 {
         let what = if all_reduce {
             "GEMM+AllReduce (every rank gets C)"

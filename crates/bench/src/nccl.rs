@@ -95,27 +95,25 @@ impl Nccl {
         )
     }
     pub fn reduce_scatter(&self, stream: &CudaStream, src: u64, dst: u64, count_per_rank: usize) -> Result<()> {
-        // SAFETY: device buffers of the given sizes.
-        ok(
-            unsafe {
-                sys::ncclReduceScatter(
-                    src as _,
-                    dst as _,
-                    count_per_rank,
-                    sys::ncclDataType_t::ncclBfloat16,
-                    sys::ncclRedOp_t::ncclSum,
-                    self.comm,
-                    stream.cu_stream() as _,
-                )
-            },
+        self.bf16_sum(
+            sys::ncclReduceScatter,
             "reduce_scatter",
+            stream,
+            src,
+            dst,
+            count_per_rank,
         )
     }
     pub fn all_reduce(&self, stream: &CudaStream, src: u64, dst: u64, count: usize) -> Result<()> {
+        self.bf16_sum(sys::ncclAllReduce, "all_reduce", stream, src, dst, count)
+    }
+    /// A bf16 sum collective `f` (`count` elements: per rank for ReduceScatter, in all for
+    /// AllReduce).
+    fn bf16_sum(&self, f: Bf16Sum, what: &str, stream: &CudaStream, src: u64, dst: u64, count: usize) -> Result<()> {
         // SAFETY: device buffers of the given sizes.
         ok(
             unsafe {
-                sys::ncclAllReduce(
+                f(
                     src as _,
                     dst as _,
                     count,
@@ -125,10 +123,21 @@ impl Nccl {
                     stream.cu_stream() as _,
                 )
             },
-            "all_reduce",
+            what,
         )
     }
 }
+
+/// The signature `ncclAllReduce` and `ncclReduceScatter` share.
+type Bf16Sum = unsafe fn(
+    *const std::ffi::c_void,
+    *mut std::ffi::c_void,
+    usize,
+    sys::ncclDataType_t,
+    sys::ncclRedOp_t,
+    sys::ncclComm_t,
+    sys::cudaStream_t,
+) -> sys::ncclResult_t;
 
 impl Drop for Nccl {
     fn drop(&mut self) {

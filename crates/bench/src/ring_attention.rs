@@ -46,16 +46,7 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
     } else {
         None
     };
-    let mut cases = vec![];
-    for &(b, hq, hkv, s, d) in &SHAPES {
-        for causal in [false, true] {
-            let label = format!("{b}x{hq}x{hkv}x{s}x{d}{}", if causal { "c" } else { "" });
-            if args.filter.as_ref().is_some_and(|f| !label.contains(f.as_str())) {
-                continue;
-            }
-            cases.push((label, b, hq, hkv, s, d, causal));
-        }
-    }
+    let cases = crate::attention::selected(&SHAPES, args);
     let ws_bytes = cases
         .iter()
         .map(|&(_, b, _, hkv, s, d, _)| 4 * (b * (s / world) * hkv * d * 2) as u64)

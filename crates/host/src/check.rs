@@ -79,6 +79,12 @@ pub(crate) fn len(op: &'static str, what: &'static str, have: usize, need: usize
     Ok(())
 }
 
+/// A buffer of `have` elements holds at least the product of `dims` (named `dims_what` in the
+/// overflow error).
+pub(crate) fn len_of(op: &'static str, what: &'static str, have: usize, dims_what: &str, dims: &[usize]) -> Result<()> {
+    len(op, what, have, product_usize(op, dims_what, dims)?)
+}
+
 /// `stream` belongs to `device`'s CUDA context.
 pub(crate) fn stream_on(op: &'static str, device: &Device, stream: &CudaStream) -> Result<()> {
     if stream.context().cu_ctx() != device.context().cu_ctx() {

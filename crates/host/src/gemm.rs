@@ -10,7 +10,7 @@
 use crate::check;
 use crate::error::{Error, Result};
 use crate::runtime::Device;
-use crate::tensor_map::{encode_bf16_sw128, Tensor2d};
+use crate::tensor_map::encode_bf16_sw128_packed;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
 use mkernel_config::{kernels, GemmTile, KernelSpec};
@@ -175,54 +175,18 @@ impl<'a> GemmPlan<'a> {
     ) -> Result<Self> {
         shape.validate()?;
         check::stream_on(OP, device, stream)?;
-        for (what, ptr) in [("A", a), ("B", b), ("C", c)] {
-            if ptr % 16 != 0 {
-                return Err(Error::Alignment {
-                    op: OP,
-                    what,
-                    ptr,
-                    align: 16,
-                });
-            }
-        }
+        check::aligned16(OP, &[("A", a), ("B", b), ("C", c)])?;
         let t = GemmTile::DEFAULT;
         let (m, n, k) = (shape.m as u64, shape.n as u64, shape.k as u64);
-        let map_a = encode_bf16_sw128(
-            Tensor2d {
-                ptr: a,
-                cols: k,
-                rows: m,
-                row_stride_bytes: 2 * k,
-            },
-            t.block_k,
-            t.block_m,
-        )?;
+        let map_a = encode_bf16_sw128_packed(a, k, m, t.block_k, t.block_m)?;
         let (spec, map_b) = match shape.b_layout {
             BLayout::NxK => (
                 &kernels::GEMM_BF16_NK,
-                encode_bf16_sw128(
-                    Tensor2d {
-                        ptr: b,
-                        cols: k,
-                        rows: n,
-                        row_stride_bytes: 2 * k,
-                    },
-                    t.block_k,
-                    t.block_n,
-                )?,
+                encode_bf16_sw128_packed(b, k, n, t.block_k, t.block_n)?,
             ),
             BLayout::KxN => (
                 &kernels::GEMM_BF16_KN,
-                encode_bf16_sw128(
-                    Tensor2d {
-                        ptr: b,
-                        cols: n,
-                        rows: k,
-                        row_stride_bytes: 2 * n,
-                    },
-                    64,
-                    t.block_k,
-                )?,
+                encode_bf16_sw128_packed(b, n, k, 64, t.block_k)?,
             ),
         };
         // bf16 C with 16-byte rows is written by TMA from shared memory; otherwise direct stores.
@@ -232,16 +196,7 @@ impl<'a> GemmPlan<'a> {
         words[16..32].copy_from_slice(&map_b.opaque);
         if tma_store {
             let box_rows = GemmTile::EPILOGUE_BOX_ROWS;
-            let map_c = encode_bf16_sw128(
-                Tensor2d {
-                    ptr: c,
-                    cols: n,
-                    rows: m,
-                    row_stride_bytes: 2 * n,
-                },
-                GemmTile::EPILOGUE_BOX_COLS,
-                box_rows,
-            )?;
+            let map_c = encode_bf16_sw128_packed(c, n, m, GemmTile::EPILOGUE_BOX_COLS, box_rows)?;
             words[32..].copy_from_slice(&map_c.opaque);
         }
         let maps = stream.clone_htod(&words)?;

@@ -32,27 +32,33 @@ pub fn encode_bf16_sw128(t: Tensor2d, box_cols: u32, box_rows: u32) -> Result<Te
         op: "tensor map",
         reason,
     };
-    if t.ptr % 16 != 0 {
-        return Err(Error::Alignment {
-            op: "tensor map",
-            what: "tensor",
-            ptr: t.ptr,
-            align: 16,
-        });
-    }
+    crate::check::aligned16("tensor map", &[("tensor", t.ptr)])?;
     if t.row_stride_bytes % 16 != 0 {
         return Err(bad(format!(
             "row stride {} bytes is not a multiple of 16 (row length must be a multiple of 8 bf16)",
             t.row_stride_bytes
         )));
     }
-    if box_cols * 2 != 128 || box_rows == 0 || box_rows > 256 {
-        return Err(bad(format!("box {box_rows}x{box_cols} does not fit 128-byte swizzle")));
-    }
+    sw128_box(box_cols, box_rows)?;
     if t.cols == 0 || t.rows == 0 || t.cols >= 1 << 32 || t.rows >= 1 << 32 {
         return Err(bad(format!("{}x{} tensor is empty or too large", t.rows, t.cols)));
     }
     encode_tiled(t.ptr, [t.cols, t.rows], &[t.row_stride_bytes], [box_cols, box_rows])
+}
+
+/// [`encode_bf16_sw128`] of a packed row-major `rows x cols` bf16 tensor (rows `2 cols` bytes
+/// apart), the layout of every 2D operand the plans map.
+pub fn encode_bf16_sw128_packed(ptr: u64, cols: u64, rows: u64, box_cols: u32, box_rows: u32) -> Result<TensorMap> {
+    encode_bf16_sw128(
+        Tensor2d {
+            ptr,
+            cols,
+            rows,
+            row_stride_bytes: 2 * cols,
+        },
+        box_cols,
+        box_rows,
+    )
 }
 
 /// A bf16 tensor `[rows][heads][cols]` (cols contiguous) as a 3D TMA tensor.
@@ -74,23 +80,14 @@ pub fn encode_bf16_sw128_3d(t: Tensor3d, box_cols: u32, box_rows: u32) -> Result
         op: "tensor map",
         reason,
     };
-    if t.ptr % 16 != 0 {
-        return Err(Error::Alignment {
-            op: "tensor map",
-            what: "tensor",
-            ptr: t.ptr,
-            align: 16,
-        });
-    }
+    crate::check::aligned16("tensor map", &[("tensor", t.ptr)])?;
     if (t.cols * 2) % 16 != 0 {
         return Err(bad(format!(
             "head row of {} bf16 is not a multiple of 16 bytes",
             t.cols
         )));
     }
-    if box_cols * 2 != 128 || box_rows == 0 || box_rows > 256 {
-        return Err(bad(format!("box {box_rows}x{box_cols} does not fit 128-byte swizzle")));
-    }
+    sw128_box(box_cols, box_rows)?;
     if t.cols == 0 || t.heads == 0 || t.rows == 0 || t.rows >= 1 << 31 || t.heads >= 1 << 16 {
         return Err(bad(format!(
             "{}x{}x{} tensor is empty or too large",
@@ -103,6 +100,17 @@ pub fn encode_bf16_sw128_3d(t: Tensor3d, box_cols: u32, box_rows: u32) -> Result
         &[t.cols * 2, t.heads * t.cols * 2],
         [box_cols, 1, box_rows],
     )
+}
+
+/// A box of `box_rows x box_cols` bf16 fits 128-byte swizzle: 128-byte rows, 1 to 256 of them.
+fn sw128_box(box_cols: u32, box_rows: u32) -> Result<()> {
+    if box_cols * 2 != 128 || box_rows == 0 || box_rows > 256 {
+        return Err(Error::Shape {
+            op: "tensor map",
+            reason: format!("box {box_rows}x{box_cols} does not fit 128-byte swizzle"),
+        });
+    }
+    Ok(())
 }
 
 /// `cuTensorMapEncodeTiled` for a bf16 tensor of rank `R` (dimension 0 contiguous): 128-byte

@@ -134,6 +134,16 @@ pub enum TransportError {
     Unsupported(String),
 }
 
+impl TransportError {
+    /// [`TransportError::Peer`] for a peer the backend has no connection to.
+    pub fn not_connected(peer: usize) -> Self {
+        TransportError::Peer {
+            peer,
+            detail: "not connected".into(),
+        }
+    }
+}
+
 /// Errors of the FIFO and the proxy thread; what `Proxy::join` returns.
 #[derive(Debug, Error)]
 pub enum ProxyError {

@@ -3,8 +3,8 @@
 //! in a process of its own: a timed-out communicator stays aborted).
 use half::bf16;
 use mkernel::ops::{AgGemmPlan, GemmRsPlan, RsSplit};
-use mkernel::{CommConfig, Communicator, Error};
-use mkernel_tests::gpu::launched_rank_or_skip;
+use mkernel::Error;
+use mkernel_tests::gpu::launched_comm_or_skip;
 use std::time::{Duration, Instant};
 
 /// Which fused kernel the absent rank skips (each test binary uses one).
@@ -17,15 +17,9 @@ pub enum Op {
 }
 
 pub fn missing_rank_ends_the_launch_with_a_timeout(test: &str, op: Op) {
-    let Some((dev, boot)) = launched_rank_or_skip(test) else {
+    let Some((dev, comm)) = launched_comm_or_skip(test, 160 << 20, Duration::from_secs(2)) else {
         return;
     };
-    let cfg = CommConfig {
-        heap_bytes: 160 << 20,
-        timeout: Duration::from_secs(2),
-        ..Default::default()
-    };
-    let comm = Communicator::new(&dev, boot, cfg).unwrap();
     let (rank, world) = (comm.global_rank(), comm.world() * comm.nnodes());
     let absent = world - 1;
     let stream = dev.default_stream();

@@ -401,11 +401,7 @@ impl GpuStaging {
         })
     }
     fn bind(&mut self) -> Result<(), TransportError> {
-        if !self.bound {
-            self.ctx.bind_to_thread().map_err(cuda)?;
-            self.bound = true;
-        }
-        Ok(())
+        bind_once(&self.ctx, &mut self.bound)
     }
     /// Records an event on the outgoing (`out`) or incoming stream for `token`.
     fn track(&mut self, out: bool, token: u64) -> Result<(), TransportError> {
@@ -554,11 +550,7 @@ impl GpuCopyEngine {
         })
     }
     fn bind(&mut self) -> Result<(), TransportError> {
-        if !self.bound {
-            self.ctx.bind_to_thread().map_err(cuda)?;
-            self.bound = true;
-        }
-        Ok(())
+        bind_once(&self.ctx, &mut self.bound)
     }
     fn base(&self, rank: usize) -> Result<u64, TransportError> {
         self.bases
@@ -576,6 +568,15 @@ impl GpuCopyEngine {
 
 fn cuda(e: cudarc::driver::DriverError) -> TransportError {
     TransportError::Copy(e.to_string())
+}
+
+/// Binds `ctx` to the calling thread (the proxy's) on the first call; `bound` remembers it.
+fn bind_once(ctx: &CudaContext, bound: &mut bool) -> Result<(), TransportError> {
+    if !*bound {
+        ctx.bind_to_thread().map_err(cuda)?;
+        *bound = true;
+    }
+    Ok(())
 }
 
 impl CopyEngine for GpuCopyEngine {

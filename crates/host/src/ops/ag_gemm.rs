@@ -9,7 +9,7 @@ use crate::check;
 use crate::comm::{Communicator, SymBuffer};
 use crate::error::{Error, Result};
 use crate::runtime::Device;
-use crate::tensor_map::{encode_bf16_sw128, Tensor2d};
+use crate::tensor_map::encode_bf16_sw128_packed;
 use crate::tune;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
@@ -130,14 +130,9 @@ impl<'a> AgGemmPlan<'a> {
         check::buffer_on(OP, "B", device, b)?;
         check::buffer_on(OP, "C", device, &*c)?;
         let world = (comm.world() * comm.nnodes()) as usize;
-        check::len(
-            OP,
-            "A shard",
-            a_shard.len(),
-            check::product_usize(OP, "m / world x k", &[m / world.max(1), k])?,
-        )?;
-        check::len(OP, "B", b.len(), check::product_usize(OP, "n x k", &[n, k])?)?;
-        check::len(OP, "C", c.len(), check::product_usize(OP, "m x n", &[m, n])?)?;
+        check::len_of(OP, "A shard", a_shard.len(), "m / world x k", &[m / world.max(1), k])?;
+        check::len_of(OP, "B", b.len(), "n x k", &[n, k])?;
+        check::len_of(OP, "C", c.len(), "m x n", &[m, n])?;
         let (pa, _ra) = a_shard.device_ptr(stream);
         let (pb, _rb) = b.device_ptr(stream);
         let (pc, _wc) = c.device_ptr_mut(stream);
@@ -190,46 +185,10 @@ impl<'a> AgGemmPlan<'a> {
         let t = GemmTile::DEFAULT;
         let gathered = comm.alloc(policy.gathered_bytes)?;
         let (m64, n64, k64) = (m as u64, n as u64, k as u64);
-        let map_a = encode_bf16_sw128(
-            Tensor2d {
-                ptr: comm.ptr(&gathered)?,
-                cols: k64,
-                rows: m64,
-                row_stride_bytes: 2 * k64,
-            },
-            t.block_k,
-            t.block_m,
-        )?;
-        let map_a_local = encode_bf16_sw128(
-            Tensor2d {
-                ptr: a_shard,
-                cols: k64,
-                rows: (m / world) as u64,
-                row_stride_bytes: 2 * k64,
-            },
-            t.block_k,
-            t.block_m,
-        )?;
-        let map_b = encode_bf16_sw128(
-            Tensor2d {
-                ptr: b,
-                cols: k64,
-                rows: n64,
-                row_stride_bytes: 2 * k64,
-            },
-            t.block_k,
-            t.block_n,
-        )?;
-        let map_c = encode_bf16_sw128(
-            Tensor2d {
-                ptr: c,
-                cols: n64,
-                rows: m64,
-                row_stride_bytes: 2 * n64,
-            },
-            GemmTile::EPILOGUE_BOX_COLS,
-            GemmTile::EPILOGUE_BOX_ROWS,
-        )?;
+        let map_a = encode_bf16_sw128_packed(comm.ptr(&gathered)?, k64, m64, t.block_k, t.block_m)?;
+        let map_a_local = encode_bf16_sw128_packed(a_shard, k64, (m / world) as u64, t.block_k, t.block_m)?;
+        let map_b = encode_bf16_sw128_packed(b, k64, n64, t.block_k, t.block_n)?;
+        let map_c = encode_bf16_sw128_packed(c, n64, m64, GemmTile::EPILOGUE_BOX_COLS, GemmTile::EPILOGUE_BOX_ROWS)?;
         let mut words = [0u64; 64];
         words[..16].copy_from_slice(&map_a.opaque);
         words[16..32].copy_from_slice(&map_b.opaque);

@@ -17,8 +17,8 @@
 //! one kernel launch (CUDA-graph capturable).
 use crate::error::{Error, Result};
 use crate::runtime::Device;
-use crate::tensor_map::{encode_bf16_sw128_3d, Tensor3d};
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
+use crate::tensor_map::{encode_bf16_sw128_3d, Tensor3d, TensorMap};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg, SyncOnDrop};
 use half::bf16;
 use mkernel_config::ops::attention::{AttentionArgs, AttentionTile, BOX_COLS, FLASH_ATTN_FWD_D128, FLASH_ATTN_FWD_D64};
 use mkernel_config::KernelSpec;
@@ -163,8 +163,52 @@ pub struct FlashAttentionPlan<'a> {
 }
 
 /// Words of the uploaded block: three tensor maps, then [`AttentionArgs`].
-const MAP_WORDS: usize = 16;
+pub(super) const MAP_WORDS: usize = 16;
 const ARGS_WORDS: usize = std::mem::size_of::<AttentionArgs>() / 8;
+
+/// The TMA map of a packed `[rows][heads][head_dim]` bf16 tensor, in boxes of `box_rows` rows of
+/// one head.
+pub(super) fn head_map(ptr: u64, head_dim: usize, heads: usize, rows: usize, box_rows: u32) -> Result<TensorMap> {
+    encode_bf16_sw128_3d(
+        Tensor3d {
+            ptr,
+            cols: head_dim as u64,
+            heads: heads as u64,
+            rows: rows as u64,
+        },
+        BOX_COLS,
+        box_rows,
+    )
+}
+
+/// The words of an attention plan's device block: the tensor maps, `MAP_WORDS` each, then the
+/// argument block.
+pub(super) fn block_words(maps: &[TensorMap], args: &[u64]) -> Vec<u64> {
+    let mut words = vec![0u64; maps.len() * MAP_WORDS + args.len()];
+    for (i, m) in maps.iter().enumerate() {
+        words[i * MAP_WORDS..(i + 1) * MAP_WORDS].copy_from_slice(&m.opaque);
+    }
+    words[maps.len() * MAP_WORDS..].copy_from_slice(args);
+    words
+}
+
+/// The address of a plan's uploaded block (`block`, at `block_addr`) for a launch on `stream`,
+/// with the guard to hold until the launch is enqueued. Outside a capture the block is read
+/// through cudarc's tracking (a free of the plan waits for the launch). During one, a wait on
+/// the upload's event (recorded outside the capture) would be an isolation error; the plans
+/// synchronize after the upload, so it finished before any capture.
+pub(super) fn launch_block_addr<'s>(
+    stream: &'s Arc<CudaStream>,
+    block: &'s CudaSlice<u64>,
+    block_addr: u64,
+) -> Result<(u64, Option<SyncOnDrop<'s>>)> {
+    use cudarc::driver::sys::CUstreamCaptureStatus;
+    if stream.capture_status()? != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+        return Ok((block_addr, None));
+    }
+    let (p, r) = block.device_ptr(stream);
+    Ok((p, Some(r)))
+}
 
 impl<'a> FlashAttentionPlan<'a> {
     /// Plans `o = attention(q, k, v)` and `lse` on `stream`.
@@ -257,18 +301,7 @@ impl<'a> FlashAttentionPlan<'a> {
             64 => (&FLASH_ATTN_FWD_D64, AttentionTile::D64),
             _ => (&FLASH_ATTN_FWD_D128, AttentionTile::D128),
         };
-        let map = |ptr: u64, heads: usize, rows: usize, box_rows: u32| {
-            encode_bf16_sw128_3d(
-                Tensor3d {
-                    ptr,
-                    cols: d as u64,
-                    heads: heads as u64,
-                    rows: rows as u64,
-                },
-                BOX_COLS,
-                box_rows,
-            )
-        };
+        let map = |ptr: u64, heads: usize, rows: usize, box_rows: u32| head_map(ptr, d, heads, rows, box_rows);
         let maps = [
             map(pq, hq, info.total_q, tile.block_m)?,
             map(pk, hkv, info.total_k, tile.block_n)?,
@@ -300,11 +333,7 @@ impl<'a> FlashAttentionPlan<'a> {
             scale_log2: heads.scale() * std::f32::consts::LOG2_E,
             _pad: 0,
         };
-        let mut words = vec![0u64; 3 * MAP_WORDS + ARGS_WORDS];
-        for (i, m) in maps.iter().enumerate() {
-            words[i * MAP_WORDS..(i + 1) * MAP_WORDS].copy_from_slice(&m.opaque);
-        }
-        words[3 * MAP_WORDS..].copy_from_slice(&bytemuck::cast::<_, [u64; ARGS_WORDS]>(args));
+        let words = block_words(&maps, &bytemuck::cast::<_, [u64; ARGS_WORDS]>(args));
         stream.memcpy_htod(&words, &mut block)?;
         // Launches may be captured on other streams: the upload must be complete.
         stream.synchronize()?;
@@ -323,17 +352,7 @@ impl<'a> FlashAttentionPlan<'a> {
 
     /// Enqueues the kernel on `stream`; inside a CUDA graph capture too.
     pub fn launch(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        use cudarc::driver::sys::CUstreamCaptureStatus;
-        let capturing = stream.capture_status()? != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        // Outside a capture the block is read through cudarc's tracking (a free of the plan
-        // waits for the launch). During one, a wait on the upload's event (recorded outside the
-        // capture) would be an isolation error; the upload finished when the plan was made.
-        let (base, _r) = if capturing {
-            (self.block_addr, None)
-        } else {
-            let (p, r) = self.block.device_ptr(stream);
-            (p, Some(r))
-        };
+        let (base, _r) = launch_block_addr(stream, &self.block, self.block_addr)?;
         let args = base + 8 * (3 * MAP_WORDS) as u64;
         let mut b = stream.launch_builder(&self.func);
         b.arg(&args);

@@ -10,7 +10,7 @@ use crate::check;
 use crate::comm::{Communicator, SymBuffer};
 use crate::error::{Error, Result};
 use crate::runtime::Device;
-use crate::tensor_map::{encode_bf16_sw128, Tensor2d};
+use crate::tensor_map::encode_bf16_sw128_packed;
 use crate::tune;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
@@ -327,8 +327,7 @@ impl<'a> GemmRsPlan<'a> {
         let op = "gemm_rs";
         let world = (comm.world() * comm.nnodes()) as usize;
         check::buffer_on(op, "out", comm.device(), &*out)?;
-        let need = check::product_usize(op, "m / world x n", &[m / world.max(1), n])?;
-        check::len(op, "out", out.len(), need)?;
+        check::len_of(op, "out", out.len(), "m / world x n", &[m / world.max(1), n])?;
         let (po, _wo) = out.device_ptr_mut(stream);
         // SAFETY: `out` holds the shape's elements, is on this device and is borrowed mutably
         // for 'a; `checked_inputs` does the same for `a` and `b`.
@@ -375,18 +374,8 @@ impl<'a> GemmRsPlan<'a> {
         check::stream_on(op, device, stream)?;
         check::buffer_on(op, "A", device, a)?;
         check::buffer_on(op, "B", device, b)?;
-        check::len(
-            op,
-            "A",
-            a.len(),
-            check::product_usize(op, "m x k_local", &[m, k_local])?,
-        )?;
-        check::len(
-            op,
-            "B",
-            b.len(),
-            check::product_usize(op, "n x k_local", &[n, k_local])?,
-        )?;
+        check::len_of(op, "A", a.len(), "m x k_local", &[m, k_local])?;
+        check::len_of(op, "B", b.len(), "n x k_local", &[n, k_local])?;
         let (pa, _ra) = a.device_ptr(stream);
         let (pb, _rb) = b.device_ptr(stream);
         // SAFETY: `a` and `b` hold the shape's elements, are on this device and are borrowed
@@ -450,55 +439,18 @@ impl<'a> GemmRsPlan<'a> {
         let stage = alloc(pol.stage_bytes)?;
         let xrecv = alloc(pol.xrecv_bytes)?;
         let (rank, global_rank) = (comm.rank() as u64, comm.global_rank() as u64);
-        let map_a = encode_bf16_sw128(
-            Tensor2d {
-                ptr: a,
-                cols: k64,
-                rows: m as u64,
-                row_stride_bytes: 2 * k64,
-            },
-            t.block_k,
-            t.block_m,
-        )?;
-        let map_b = encode_bf16_sw128(
-            Tensor2d {
-                ptr: b,
-                cols: k64,
-                rows: n64,
-                row_stride_bytes: 2 * k64,
-            },
-            t.block_k,
-            t.block_n,
-        )?;
+        let map_a = encode_bf16_sw128_packed(a, k64, m as u64, t.block_k, t.block_m)?;
+        let map_b = encode_bf16_sw128_packed(b, k64, n64, t.block_k, t.block_n)?;
         // Tensor maps: A, B, the outbox (with comm CTAs) or this rank's slot in every local
         // rank's receive buffer (without), where the reduced chunk goes (AllReduce: into every
         // local rank's output), the stage, the first peer's slot of our receive buffer (its
         // partials, TMA-loaded by own tiles). Each is 128 bytes in one table.
         let box_map = |ptr: u64, rows: u64| {
-            encode_bf16_sw128(
-                Tensor2d {
-                    ptr,
-                    cols: n64,
-                    rows,
-                    row_stride_bytes: 2 * n64,
-                },
-                GemmTile::EPILOGUE_BOX_COLS,
-                GemmTile::EPILOGUE_BOX_ROWS,
-            )
+            encode_bf16_sw128_packed(ptr, n64, rows, GemmTile::EPILOGUE_BOX_COLS, GemmTile::EPILOGUE_BOX_ROWS)
         };
         // Where a stager stores (the peers' receive buffers, the outputs): its pieces' height.
-        let store_map = |ptr: u64, rows: u64| {
-            encode_bf16_sw128(
-                Tensor2d {
-                    ptr,
-                    cols: n64,
-                    rows,
-                    row_stride_bytes: 2 * n64,
-                },
-                GemmTile::EPILOGUE_BOX_COLS,
-                pol.store_rows,
-            )
-        };
+        let store_map =
+            |ptr: u64, rows: u64| encode_bf16_sw128_packed(ptr, n64, rows, GemmTile::EPILOGUE_BOX_COLS, pol.store_rows);
         let outs: Vec<u64> = match (out, ar_out) {
             (Some(o), _) => vec![o],
             (None, Some(ar)) => (0..world)

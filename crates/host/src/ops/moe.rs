@@ -15,7 +15,7 @@
 use crate::error::{Error, Result};
 use crate::gemm::{GemmOutput, OutDtype};
 use crate::runtime::Device;
-use crate::tensor_map::{encode_bf16_sw128, Tensor2d, TensorMap};
+use crate::tensor_map::{encode_bf16_sw128_packed, TensorMap};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, PushKernelArg};
 use half::bf16;
 use mkernel_config::ops::moe::{
@@ -35,6 +35,31 @@ pub enum Activation {
     SwiGlu,
     /// `x W_up^T`: `W_up[e]` holds `F` rows.
     None,
+}
+
+impl Activation {
+    /// Rows of `W_up` per expert for the FFN width `ffn`: `2 ffn` with SwiGLU, `ffn` without.
+    pub(super) fn up_rows(self, ffn: usize) -> usize {
+        match self {
+            Activation::SwiGlu => 2 * ffn,
+            Activation::None => ffn,
+        }
+    }
+    /// Output columns of one up-projection tile, and the box of its `W_up` map (a SwiGLU tile
+    /// loads gate and up rows for each of its columns).
+    pub(super) fn up_tile_cols(self) -> u32 {
+        match self {
+            Activation::SwiGlu => SWIGLU_TILE_COLS,
+            Activation::None => TILE.block_n,
+        }
+    }
+    /// The activation bits of `GroupedGemmArgs::act`.
+    pub(super) fn flag(self) -> u32 {
+        match self {
+            Activation::SwiGlu => act::SWIGLU,
+            Activation::None => act::NONE,
+        }
+    }
 }
 
 /// Sizes of one MoE expert FFN.
@@ -92,10 +117,7 @@ impl MoeShape {
     }
     /// Rows of `W_up` per expert: `2F` with SwiGLU, `F` without.
     pub fn up_rows(&self) -> usize {
-        match self.act {
-            Activation::SwiGlu => 2 * self.ffn,
-            Activation::None => self.ffn,
-        }
+        self.act.up_rows(self.ffn)
     }
     /// Row tiles the grouped buffers hold (the worst case over all routings).
     pub fn max_tiles(&self) -> usize {
@@ -176,13 +198,12 @@ pub struct MoeGrids {
 /// grouped GEMMs' CTAs). Fixed per plan, whatever the routing, so launches can be captured.
 pub fn moe_grids(shape: &MoeShape, sm_count: u32, sms: Option<u32>) -> MoeGrids {
     let sms = sms.unwrap_or(sm_count).clamp(1, sm_count.max(1)) as usize;
-    let up_cols = match shape.act {
-        Activation::SwiGlu => SWIGLU_TILE_COLS,
-        Activation::None => TILE.block_n,
-    } as usize;
-    let grid = |n: usize, cols: usize| (shape.max_tiles() * n.div_ceil(cols)).clamp(1, sms) as u32;
+    let grid = |n: usize, cols: u32| grouped_gemm_grid(shape.max_tiles(), n, cols, sms);
     MoeGrids {
-        gemm: [grid(shape.ffn, up_cols), grid(shape.hidden, TILE.block_n as usize)],
+        gemm: [
+            grid(shape.ffn, shape.act.up_tile_cols()),
+            grid(shape.hidden, TILE.block_n),
+        ],
         rows: shape.tokens.clamp(1, 8 * sm_count.max(1) as usize) as u32,
     }
 }
@@ -208,6 +229,80 @@ fn gemm_mode_for(shape: &MoeShape, forced: Option<u32>) -> u32 {
         Some(_) => mode::PARTIAL_ROWS,
         None if shape.pairs() < shape.experts * ROW_ALIGN as usize => mode::PARTIAL_ROWS,
         None => 0,
+    }
+}
+
+/// CTAs of a grouped GEMM over `max_tiles` row tiles and `n` columns in tiles of `cols`: one
+/// per tile, at least 1, at most `sms` (persistent CTAs loop over the tiles).
+pub(super) fn grouped_gemm_grid(max_tiles: usize, n: usize, cols: u32, sms: usize) -> u32 {
+    (max_tiles * n.div_ceil(cols as usize)).clamp(1, sms) as u32
+}
+
+/// The TMA map of a packed `rows x cols` bf16 operand of the grouped GEMMs.
+pub(super) fn grouped_map(ptr: u64, cols: usize, rows: usize, box_cols: u32, box_rows: u32) -> Result<TensorMap> {
+    encode_bf16_sw128_packed(ptr, cols as u64, rows as u64, box_cols, box_rows)
+}
+
+/// A plan's uploaded block of `len` bytes: the tensor maps `MAP_BYTES` apart from offset 0,
+/// then each `(offset, bytes)` argument block.
+pub(super) fn arg_block(len: usize, maps: &[TensorMap], blocks: &[(usize, &[u8])]) -> Vec<u8> {
+    let mut block = vec![0u8; len];
+    for (i, m) in maps.iter().enumerate() {
+        block[i * MAP_BYTES..(i + 1) * MAP_BYTES].copy_from_slice(crate::tensor_map::bytes(m));
+    }
+    for &(at, b) in blocks {
+        block[at..at + b.len()].copy_from_slice(b);
+    }
+    block
+}
+
+/// Checks a layer launch's buffer lengths: `x` and `out` `T x H`, `ids` and `weights` one per
+/// (token, expert) pair.
+pub(super) fn check_layer_lens(
+    op: &'static str,
+    tokens_x_hidden: usize,
+    pairs: usize,
+    [x, ids, weights, out]: [usize; 4],
+) -> Result<()> {
+    crate::check::exact_lens(
+        op,
+        &[
+            ("x", x, tokens_x_hidden),
+            ("ids", ids, pairs),
+            ("weights", weights, pairs),
+            ("out", out, tokens_x_hidden),
+        ],
+    )
+}
+
+/// Reads the 4-word error record at word `at` of `words` (synchronizes `stream`); when it is
+/// set, clears it on the device and returns it.
+pub(super) fn take_record(stream: &Arc<CudaStream>, words: &mut CudaSlice<u32>, at: usize) -> Result<Option<[u32; 4]>> {
+    let mut rec = [0u32; 4];
+    stream.memcpy_dtoh(&words.slice(at..at + 4), &mut rec)?;
+    stream.synchronize()?;
+    if rec[0] == 0 {
+        return Ok(None);
+    }
+    stream.memset_zeros(&mut words.slice_mut(at..at + 4))?;
+    Ok(Some(rec))
+}
+
+/// The error of a set routing error record ([`MoeErrorRecord`] words) for a layer of
+/// `experts` experts, `top_k` per token.
+pub(super) fn expert_id_error(rec: [u32; 4], top_k: usize, experts: usize) -> Error {
+    let r = MoeErrorRecord {
+        flag: rec[0],
+        pair: rec[1],
+        id: rec[2] as i32,
+        bad: rec[3],
+    };
+    Error::MoeExpertId {
+        token: r.pair as usize / top_k,
+        k: r.pair as usize % top_k,
+        id: r.id,
+        experts,
+        bad: r.bad as usize,
     }
 }
 
@@ -237,7 +332,7 @@ pub struct MoePlan<'a> {
 /// Byte offsets in the uploaded block: ten tensor maps (128 bytes each: A, its
 /// `PARTIAL_BOX_ROWS` twin, W, C and its twin of the up projection, then the same five of the
 /// down projection), then the argument blocks (128 bytes apart).
-const MAP_BYTES: usize = 128;
+pub(super) const MAP_BYTES: usize = 128;
 const ARG_ROUTE: usize = 10 * MAP_BYTES;
 const _: () = assert!(MAP_BYTES as u64 == mkernel_config::ops::moe::PARTIAL_MAP_OFFSET);
 const ARG_GATHER: usize = ARG_ROUTE + 128;
@@ -280,16 +375,7 @@ impl<'a> MoePlan<'a> {
         sms: Option<u32>,
     ) -> Result<Self> {
         shape.validate()?;
-        for (what, ptr) in [("W_up", w_up), ("W_down", w_down)] {
-            if ptr % 16 != 0 {
-                return Err(Error::Alignment {
-                    op: OP,
-                    what,
-                    ptr,
-                    align: 16,
-                });
-            }
-        }
+        crate::check::aligned16(OP, &[("W_up", w_up), ("W_down", w_down)])?;
         let (e, h, f) = (shape.experts, shape.hidden, shape.ffn);
         let cap = shape.capacity_rows();
         let max_tiles = shape.max_tiles();
@@ -311,20 +397,8 @@ impl<'a> MoePlan<'a> {
         );
 
         let t = TILE;
-        let map = |ptr: u64, cols: usize, rows: usize, box_cols: u32, box_rows: u32| -> Result<TensorMap> {
-            encode_bf16_sw128(
-                Tensor2d {
-                    ptr,
-                    cols: cols as u64,
-                    rows: rows as u64,
-                    row_stride_bytes: 2 * cols as u64,
-                },
-                box_cols,
-                box_rows,
-            )
-        };
-        let swiglu = shape.act == Activation::SwiGlu;
-        let b_up_box = if swiglu { SWIGLU_TILE_COLS } else { t.block_n };
+        let map = grouped_map;
+        let b_up_box = shape.act.up_tile_cols();
         let gemm_mode = moe_gemm_mode(&shape);
         let (box_c, part) = (GemmTile::EPILOGUE_BOX_COLS, PARTIAL_BOX_ROWS);
         // Every A and C map with its PARTIAL_BOX_ROWS twin right after it (see `ARG_ROUTE`).
@@ -373,7 +447,7 @@ impl<'a> MoePlan<'a> {
             n: f as u32,
             k: h as u32,
             b_rows: shape.up_rows() as u32,
-            act: if swiglu { act::SWIGLU } else { act::NONE } | gemm_mode,
+            act: shape.act.flag() | gemm_mode,
         };
         let down = GroupedGemmArgs {
             map_a: map_at(5),
@@ -394,16 +468,17 @@ impl<'a> MoePlan<'a> {
             hidden: h as u32,
             _pad: 0,
         };
-        let mut block = vec![0u8; ARG_BYTES];
-        for (i, m) in maps.iter().enumerate() {
-            block[i * MAP_BYTES..i * MAP_BYTES + 128].copy_from_slice(crate::tensor_map::bytes(m));
-        }
-        let put = |block: &mut Vec<u8>, at: usize, b: &[u8]| block[at..at + b.len()].copy_from_slice(b);
-        put(&mut block, ARG_ROUTE, bytemuck::bytes_of(&route));
-        put(&mut block, ARG_GATHER, bytemuck::bytes_of(&gather));
-        put(&mut block, ARG_UP, bytemuck::bytes_of(&up));
-        put(&mut block, ARG_DOWN, bytemuck::bytes_of(&down));
-        put(&mut block, ARG_COMBINE, bytemuck::bytes_of(&combine));
+        let block = arg_block(
+            ARG_BYTES,
+            &maps,
+            &[
+                (ARG_ROUTE, bytemuck::bytes_of(&route)),
+                (ARG_GATHER, bytemuck::bytes_of(&gather)),
+                (ARG_UP, bytemuck::bytes_of(&up)),
+                (ARG_DOWN, bytemuck::bytes_of(&down)),
+                (ARG_COMBINE, bytemuck::bytes_of(&combine)),
+            ],
+        );
         stream.memcpy_htod(&block, &mut args)?;
 
         let grids = moe_grids(&shape, device.sm_count(), sms);
@@ -453,14 +528,11 @@ impl<'a> MoePlan<'a> {
         out: &mut CudaSlice<O>,
     ) -> Result<()> {
         let s = &self.shape;
-        crate::check::exact_lens(
+        check_layer_lens(
             OP,
-            &[
-                ("x", x.len(), s.tokens * s.hidden),
-                ("ids", ids.len(), s.pairs()),
-                ("weights", weights.len(), s.pairs()),
-                ("out", out.len(), s.tokens * s.hidden),
-            ],
+            s.tokens * s.hidden,
+            s.pairs(),
+            [x.len(), ids.len(), weights.len(), out.len()],
         )?;
         let a = self.args.device_ptr(stream).0;
         let f32_out = (O::DTYPE == OutDtype::F32) as u32;
@@ -517,29 +589,10 @@ impl<'a> MoePlan<'a> {
     /// the first out-of-range expert id seen since the last call, and how many pairs had one.
     pub fn take_error(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         let e = self.shape.experts;
-        let at = 2 * e + 2;
-        let mut rec = [0u32; 4];
-        let view = self.words.slice(at..at + 4);
-        stream.memcpy_dtoh(&view, &mut rec)?;
-        stream.synchronize()?;
-        if rec[0] == 0 {
-            return Ok(());
+        match take_record(stream, &mut self.words, 2 * e + 2)? {
+            None => Ok(()),
+            Some(rec) => Err(expert_id_error(rec, self.shape.top_k, e)),
         }
-        let mut view = self.words.slice_mut(at..at + 4);
-        stream.memset_zeros(&mut view)?;
-        let r = MoeErrorRecord {
-            flag: rec[0],
-            pair: rec[1],
-            id: rec[2] as i32,
-            bad: rec[3],
-        };
-        Err(Error::MoeExpertId {
-            token: r.pair as usize / self.shape.top_k,
-            k: r.pair as usize % self.shape.top_k,
-            id: r.id,
-            experts: e,
-            bad: r.bad as usize,
-        })
     }
 
     /// Copies the routing and the grouped buffers of the last launch back (synchronizes).
@@ -673,10 +726,7 @@ pub struct GroupedGemmShape {
 impl GroupedGemmShape {
     /// Rows of W per group.
     pub fn w_rows(&self) -> usize {
-        match self.act {
-            Activation::SwiGlu => 2 * self.n,
-            Activation::None => self.n,
-        }
+        self.act.up_rows(self.n)
     }
     /// Checks the sizes against the kernels' limits.
     pub fn validate(&self) -> Result<()> {
@@ -794,16 +844,7 @@ impl<'a> GroupedGemmPlan<'a> {
         sms: Option<u32>,
     ) -> Result<Self> {
         shape.validate()?;
-        for (what, ptr) in [("A", a), ("W", w), ("C", c)] {
-            if ptr % 16 != 0 {
-                return Err(Error::Alignment {
-                    op: "grouped gemm",
-                    what,
-                    ptr,
-                    align: 16,
-                });
-            }
-        }
+        crate::check::aligned16("grouped gemm", &[("A", a), ("W", w), ("C", c)])?;
         let s = shape;
         let g = s.groups;
         let max_tiles = s.capacity_rows / ROW_ALIGN as usize;
@@ -814,30 +855,12 @@ impl<'a> GroupedGemmPlan<'a> {
         let error = rows + 4;
         let tile_expert = error + 16;
         let t = TILE;
-        let swiglu = s.act == Activation::SwiGlu;
-        let map = |ptr: u64, cols: usize, rows: usize, box_cols: u32, box_rows: u32| -> Result<TensorMap> {
-            encode_bf16_sw128(
-                Tensor2d {
-                    ptr,
-                    cols: cols as u64,
-                    rows: rows as u64,
-                    row_stride_bytes: 2 * cols as u64,
-                },
-                box_cols,
-                box_rows,
-            )
-        };
+        let map = grouped_map;
         // A, its PARTIAL_BOX_ROWS twin, W, C, its twin (row-granular tiles, as in `MoePlan`).
         let maps = [
             map(a, s.k, s.capacity_rows, t.block_k, t.block_m)?,
             map(a, s.k, s.capacity_rows, t.block_k, PARTIAL_BOX_ROWS)?,
-            map(
-                w,
-                s.k,
-                g * s.w_rows(),
-                t.block_k,
-                if swiglu { SWIGLU_TILE_COLS } else { t.block_n },
-            )?,
+            map(w, s.k, g * s.w_rows(), t.block_k, s.act.up_tile_cols())?,
             map(
                 c,
                 s.n,
@@ -870,18 +893,17 @@ impl<'a> GroupedGemmPlan<'a> {
             n: s.n as u32,
             k: s.k as u32,
             b_rows: s.w_rows() as u32,
-            act: if swiglu { act::SWIGLU } else { act::NONE } | mode::PARTIAL_ROWS,
+            act: s.act.flag() | mode::PARTIAL_ROWS,
         };
-        let mut block = vec![0u8; GG_ARG_BYTES];
-        for (i, m) in maps.iter().enumerate() {
-            block[i * MAP_BYTES..(i + 1) * MAP_BYTES].copy_from_slice(crate::tensor_map::bytes(m));
-        }
-        let r = bytemuck::bytes_of(&route);
-        block[GG_ARG_ROUTE..GG_ARG_ROUTE + r.len()].copy_from_slice(r);
-        let gb = bytemuck::bytes_of(&gemm);
-        block[GG_ARG_GEMM..GG_ARG_GEMM + gb.len()].copy_from_slice(gb);
+        let block = arg_block(
+            GG_ARG_BYTES,
+            &maps,
+            &[
+                (GG_ARG_ROUTE, bytemuck::bytes_of(&route)),
+                (GG_ARG_GEMM, bytemuck::bytes_of(&gemm)),
+            ],
+        );
         stream.memcpy_htod(&block, &mut args)?;
-        let cols = if swiglu { SWIGLU_TILE_COLS } else { t.block_n } as usize;
         let sms = sms.unwrap_or(device.sm_count()).clamp(1, device.sm_count());
         Ok(GroupedGemmPlan {
             shape,
@@ -890,7 +912,7 @@ impl<'a> GroupedGemmPlan<'a> {
             args,
             words,
             counts_in: counts,
-            grid: (max_tiles * s.n.div_ceil(cols)).min(sms as usize).max(1) as u32,
+            grid: grouped_gemm_grid(max_tiles, s.n, s.act.up_tile_cols(), sms as usize),
             _buffers: PhantomData,
         })
     }
@@ -925,14 +947,9 @@ impl<'a> GroupedGemmPlan<'a> {
     /// Reads and clears the error record (synchronizes): an error when the padded groups of a
     /// launch exceeded `capacity_rows` (the rows past it were not computed).
     pub fn take_error(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
-        let at = 2 * self.shape.groups + 2;
-        let mut rec = [0u32; 4];
-        stream.memcpy_dtoh(&self.words.slice(at..at + 4), &mut rec)?;
-        stream.synchronize()?;
-        if rec[0] == 0 {
+        if take_record(stream, &mut self.words, 2 * self.shape.groups + 2)?.is_none() {
             return Ok(());
         }
-        stream.memset_zeros(&mut self.words.slice_mut(at..at + 4))?;
         Err(Error::Shape {
             op: "grouped gemm",
             reason: format!(

@@ -17,17 +17,18 @@
 //! Receive capacity: the worst case by default, or rows given by the caller; pairs past an
 //! owner's capacity are dropped (they add nothing to the output) and counted
 //! ([`MoeEpPlan::drops`]).
-use super::moe::Activation;
+use super::moe::{
+    arg_block, check_layer_lens, expert_id_error, grouped_gemm_grid, grouped_map, take_record, Activation, MAP_BYTES,
+};
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crate::gemm::{GemmOutput, OutDtype};
 use crate::runtime::Device;
-use crate::tensor_map::{encode_bf16_sw128, Tensor2d, TensorMap};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, PushKernelArg};
 use half::bf16;
 use mkernel_config::ops::moe::{
-    self as cfg, act, GroupedGemmArgs, MoeEpArgs, MoeErrorRecord, MoeRouteArgs, EP_FLAG_BYTES, EP_MAX_CTAS,
-    EP_MAX_RANKS, EP_MAX_WORLD, MAX_EXPERTS, MAX_TOP_K, ROW_ALIGN, SWIGLU_TILE_COLS, TILE,
+    self as cfg, act, GroupedGemmArgs, MoeEpArgs, MoeRouteArgs, EP_FLAG_BYTES, EP_MAX_CTAS, EP_MAX_RANKS, EP_MAX_WORLD,
+    MAX_EXPERTS, MAX_TOP_K, ROW_ALIGN, TILE,
 };
 use mkernel_config::GemmTile;
 use std::marker::PhantomData;
@@ -62,10 +63,7 @@ impl MoeEpShape {
     }
     /// Rows of `W_up` per expert.
     pub fn up_rows(&self) -> usize {
-        match self.act {
-            Activation::SwiGlu => 2 * self.ffn,
-            Activation::None => self.ffn,
-        }
+        self.act.up_rows(self.ffn)
     }
     /// Receive rows per rank: the caller's capacity rounded up to 128, or the worst case
     /// (`W T k` rows to one rank, every local expert's group padded).
@@ -210,7 +208,6 @@ struct HeapLayout {
 }
 
 /// Byte offsets in the uploaded block: six tensor maps, then the argument blocks.
-const MAP_BYTES: usize = 128;
 const ARG_EP: usize = 6 * MAP_BYTES;
 const ARG_UP: usize = ARG_EP + 256;
 const ARG_DOWN: usize = ARG_UP + 128;
@@ -389,20 +386,8 @@ impl<'a> MoeEpPlan<'a> {
         let phid = hid.device_ptr(stream).0;
         let (precv, pyp) = (heap.recv_ptr, heap.yp_ptr);
         let t = TILE;
-        let map = |ptr: u64, cols: usize, rows: usize, box_cols: u32, box_rows: u32| -> Result<TensorMap> {
-            encode_bf16_sw128(
-                Tensor2d {
-                    ptr,
-                    cols: cols as u64,
-                    rows: rows as u64,
-                    row_stride_bytes: 2 * cols as u64,
-                },
-                box_cols,
-                box_rows,
-            )
-        };
-        let swiglu = shape.act == Activation::SwiGlu;
-        let b_up_box = if swiglu { SWIGLU_TILE_COLS } else { t.block_n };
+        let map = grouped_map;
+        let b_up_box = shape.act.up_tile_cols();
         let maps = [
             map(precv, h, cap, t.block_k, t.block_m)?,
             map(w_up, h, l * shape.up_rows(), t.block_k, b_up_box)?,
@@ -459,7 +444,7 @@ impl<'a> MoeEpPlan<'a> {
             n: f as u32,
             k: h as u32,
             b_rows: shape.up_rows() as u32,
-            act: if swiglu { act::SWIGLU } else { act::NONE },
+            act: shape.act.flag(),
         };
         let down = GroupedGemmArgs {
             map_a: map_at(3),
@@ -472,20 +457,20 @@ impl<'a> MoeEpPlan<'a> {
             b_rows: h as u32,
             act: act::NONE,
         };
-        let mut block = vec![0u8; ARG_BYTES];
-        for (i, m) in maps.iter().enumerate() {
-            block[i * MAP_BYTES..(i + 1) * MAP_BYTES].copy_from_slice(crate::tensor_map::bytes(m));
-        }
-        let put = |block: &mut Vec<u8>, at: usize, b: &[u8]| block[at..at + b.len()].copy_from_slice(b);
         assert!(std::mem::size_of::<MoeEpArgs>() <= ARG_UP - ARG_EP);
-        put(&mut block, ARG_EP, bytemuck::bytes_of(&ep));
-        put(&mut block, ARG_UP, bytemuck::bytes_of(&up));
-        put(&mut block, ARG_DOWN, bytemuck::bytes_of(&down));
+        let block = arg_block(
+            ARG_BYTES,
+            &maps,
+            &[
+                (ARG_EP, bytemuck::bytes_of(&ep)),
+                (ARG_UP, bytemuck::bytes_of(&up)),
+                (ARG_DOWN, bytemuck::bytes_of(&down)),
+            ],
+        );
         stream.memcpy_htod(&block, &mut args)?;
         stream.synchronize()?;
         let sms = device.sm_count().max(1) as usize;
-        let up_cols = if swiglu { SWIGLU_TILE_COLS } else { t.block_n } as usize;
-        let gemm_grid = |n: usize, cols: usize| (max_tiles * n.div_ceil(cols)).clamp(1, sms) as u32;
+        let gemm_grid = |n: usize, cols: u32| grouped_gemm_grid(max_tiles, n, cols, sms);
         Ok(MoeEpPlan {
             comm,
             shape,
@@ -503,7 +488,7 @@ impl<'a> MoeEpPlan<'a> {
             _hid: hid,
             words,
             grid: moe_ep_grid(shape.tokens, device.sm_count()),
-            gemm_grid: [gemm_grid(f, up_cols), gemm_grid(h, t.block_n as usize)],
+            gemm_grid: [gemm_grid(f, shape.act.up_tile_cols()), gemm_grid(h, t.block_n)],
             _weights: PhantomData,
         })
     }
@@ -537,14 +522,11 @@ impl<'a> MoeEpPlan<'a> {
         out: &mut CudaSlice<O>,
     ) -> Result<()> {
         let s = &self.shape;
-        crate::check::exact_lens(
+        check_layer_lens(
             OP,
-            &[
-                ("x", x.len(), s.tokens * s.hidden),
-                ("ids", ids.len(), s.pairs()),
-                ("weights", weights.len(), s.pairs()),
-                ("out", out.len(), s.tokens * s.hidden),
-            ],
+            s.tokens * s.hidden,
+            s.pairs(),
+            [x.len(), ids.len(), weights.len(), out.len()],
         )?;
         let a = self.args.device_ptr(stream).0;
         let (ep, up, down) = (a + ARG_EP as u64, a + ARG_UP as u64, a + ARG_DOWN as u64);
@@ -626,26 +608,10 @@ impl<'a> MoeEpPlan<'a> {
     pub fn check(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         stream.synchronize()?;
         self.comm.check()?;
-        let mut rec = [0u32; 4];
-        stream.memcpy_dtoh(&self.words.slice(W_ERROR..W_ERROR + 4), &mut rec)?;
-        stream.synchronize()?;
-        if rec[0] == 0 {
-            return Ok(());
+        match take_record(stream, &mut self.words, W_ERROR)? {
+            None => Ok(()),
+            Some(rec) => Err(expert_id_error(rec, self.shape.top_k, self.shape.experts)),
         }
-        stream.memset_zeros(&mut self.words.slice_mut(W_ERROR..W_ERROR + 4))?;
-        let r = MoeErrorRecord {
-            flag: rec[0],
-            pair: rec[1],
-            id: rec[2] as i32,
-            bad: rec[3],
-        };
-        Err(Error::MoeExpertId {
-            token: r.pair as usize / self.shape.top_k,
-            k: r.pair as usize % self.shape.top_k,
-            id: r.id,
-            experts: self.shape.experts,
-            bad: r.bad as usize,
-        })
     }
 
     /// Rows the last launch dropped for want of receive capacity (synchronizes `stream`).

@@ -18,17 +18,14 @@
 //! Memory per rank: the workspace (two receive slots of K and V, [`RingAttentionPlan::workspace_bytes`],
 //! in the symmetric heap) and, for W > 1, an f32 running O and LSE owned by the plan.
 //! docs/attention.md ("Ring attention") has the protocol.
-use super::attention::AttentionHeads;
+use super::attention::{block_words, head_map, launch_block_addr, AttentionHeads, MAP_WORDS};
 use crate::comm::{Communicator, SymBuffer};
 use crate::error::{Error, Result};
 use crate::runtime::Device;
-use crate::tensor_map::{encode_bf16_sw128_3d, Tensor3d};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
 use mkernel_config::comm::MAX_COMM_CTAS;
-use mkernel_config::ops::attention::{
-    AttentionArgs, AttentionTile, RingArgs, BOX_COLS, RING_ATTN_FWD_D128, RING_ATTN_FWD_D64,
-};
+use mkernel_config::ops::attention::{AttentionArgs, AttentionTile, RingArgs, RING_ATTN_FWD_D128, RING_ATTN_FWD_D64};
 use mkernel_config::KernelSpec;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -112,7 +109,6 @@ pub struct RingOptions {
 }
 
 /// Words of the uploaded block: seven tensor maps (Q, K, V, K/V of both slots), then [`RingArgs`].
-const MAP_WORDS: usize = 16;
 const MAPS: usize = 7;
 const ARGS_WORDS: usize = std::mem::size_of::<RingArgs>() / 8;
 
@@ -272,18 +268,7 @@ impl<'a> RingAttentionPlan<'a> {
         let (pv, _r3) = v.device_ptr(stream);
         let (po, _r4) = o.device_ptr_mut(stream);
         let (pl, _r5) = lse.device_ptr_mut(stream);
-        let map = |ptr: u64, heads: usize, box_rows: u32| {
-            encode_bf16_sw128_3d(
-                Tensor3d {
-                    ptr,
-                    cols: d as u64,
-                    heads: heads as u64,
-                    rows: rows as u64,
-                },
-                BOX_COLS,
-                box_rows,
-            )
-        };
+        let map = |ptr: u64, heads: usize, box_rows: u32| head_map(ptr, d, heads, rows, box_rows);
         let slot = comm.ptr(workspace)?;
         let maps = [
             map(pq, hq, tile.block_m)?,
@@ -335,11 +320,7 @@ impl<'a> RingAttentionPlan<'a> {
             chunk: (seqlen_local / 2) as u32,
             _pad: 0,
         };
-        let mut words = vec![0u64; MAPS * MAP_WORDS + ARGS_WORDS];
-        for (i, m) in maps.iter().enumerate() {
-            words[i * MAP_WORDS..(i + 1) * MAP_WORDS].copy_from_slice(&m.opaque);
-        }
-        words[MAPS * MAP_WORDS..].copy_from_slice(&bytemuck::cast::<_, [u64; ARGS_WORDS]>(args));
+        let words = block_words(&maps, &bytemuck::cast::<_, [u64; ARGS_WORDS]>(args));
         stream.memcpy_htod(&words, &mut block)?;
         stream.synchronize()?;
         let pairs = if heads.causal {
@@ -366,14 +347,7 @@ impl<'a> RingAttentionPlan<'a> {
     /// launches the same sequence of plans; [`Communicator::check`] after the stream
     /// synchronized reports a rank that never came ([`Error::CommTimeout`]).
     pub fn launch(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        use cudarc::driver::sys::CUstreamCaptureStatus;
-        let capturing = stream.capture_status()? != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        let (base, _r) = if capturing {
-            (self.block_addr, None)
-        } else {
-            let (p, r) = self.block.device_ptr(stream);
-            (p, Some(r))
-        };
+        let (base, _r) = launch_block_addr(stream, &self.block, self.block_addr)?;
         let args = base + 8 * (MAPS * MAP_WORDS) as u64;
         // Under the communicator's launch lock, ordered behind its previous launch.
         self.comm.enqueue(OP, stream, || {

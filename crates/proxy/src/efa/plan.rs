@@ -3,7 +3,7 @@
 use super::imm::{Imm, SignalRecord};
 use crate::error::TransportError;
 use crate::ibverbs::blob::RemoteMem;
-use crate::ibverbs::plan::LocalMem;
+use crate::ibverbs::plan::{check_put, LocalMem};
 use crate::transport::Op;
 use std::collections::HashMap;
 
@@ -126,14 +126,7 @@ impl SrdPlanner {
                     dst_offset,
                     bytes,
                 } => {
-                    if src_offset.checked_add(bytes).is_none_or(|e| e > local.len)
-                        || dst_offset.checked_add(bytes).is_none_or(|e| e > data.len)
-                    {
-                        return Err(TransportError::Config(format!(
-                            "put [{src_offset}, +{bytes}) -> [{dst_offset}, +{bytes}) outside {} / {} bytes",
-                            local.len, data.len
-                        )));
-                    }
+                    check_put(local, data, src_offset, dst_offset, bytes)?;
                     if bytes == 0 {
                         instant.push(seq);
                     }

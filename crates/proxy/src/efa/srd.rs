@@ -546,10 +546,7 @@ impl SrdTransport {
             .peers
             .get(dst)
             .and_then(Option::as_ref)
-            .ok_or_else(|| TransportError::Peer {
-                peer: dst,
-                detail: "not connected".into(),
-            })?;
+            .ok_or_else(|| TransportError::not_connected(dst))?;
         let (&qpx, remote) = self
             .qpx
             .get(lane)
@@ -632,10 +629,7 @@ impl Transport for SrdTransport {
             .get(dst)
             .and_then(Option::as_ref)
             .map(|p| p.data)
-            .ok_or_else(|| TransportError::Peer {
-                peer: dst,
-                detail: "not connected".into(),
-            })?;
+            .ok_or_else(|| TransportError::not_connected(dst))?;
         let (wrs, instant) = self.planner.plan(dst, ops, self.local, data)?;
         self.done.extend(instant);
         for wr in &wrs {

@@ -28,6 +28,26 @@ pub struct LocalMem {
     pub lkey: u32,
 }
 
+/// A put of `bytes` from `src_offset` of `local` to `dst_offset` of `data` stays inside both
+/// regions (a [`TransportError::Config`] naming both ranges otherwise).
+pub(crate) fn check_put(
+    local: LocalMem,
+    data: RemoteMem,
+    src_offset: u64,
+    dst_offset: u64,
+    bytes: u64,
+) -> Result<(), TransportError> {
+    let src_ok = src_offset.checked_add(bytes).is_some_and(|e| e <= local.len);
+    let dst_ok = dst_offset.checked_add(bytes).is_some_and(|e| e <= data.len);
+    if !src_ok || !dst_ok {
+        return Err(TransportError::Config(format!(
+            "put [{src_offset}, +{bytes}) -> [{dst_offset}, +{bytes}) outside {} / {} bytes",
+            local.len, data.len
+        )));
+    }
+    Ok(())
+}
+
 /// What a work request carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Payload {
@@ -257,14 +277,7 @@ impl PeerPlanner {
                         dst_offset,
                         bytes,
                     } => {
-                        let src_ok = src_offset.checked_add(bytes).is_some_and(|e| e <= local.len);
-                        let dst_ok = dst_offset.checked_add(bytes).is_some_and(|e| e <= data.len);
-                        if !src_ok || !dst_ok {
-                            return Err(TransportError::Config(format!(
-                                "put [{src_offset}, +{bytes}) -> [{dst_offset}, +{bytes}) outside {} / {} bytes",
-                                local.len, data.len
-                            )));
-                        }
+                        check_put(local, data, src_offset, dst_offset, bytes)?;
                         if bytes == 0 {
                             plan.instant.push(seq);
                         }

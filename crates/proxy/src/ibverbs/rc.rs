@@ -478,16 +478,10 @@ impl Transport for RcTransport {
             .get(dst)
             .copied()
             .flatten()
-            .ok_or_else(|| TransportError::Peer {
-                peer: dst,
-                detail: "not connected".into(),
-            })?;
+            .ok_or_else(|| TransportError::not_connected(dst))?;
         let local = self.local;
         let c = &mut self.ep.conns[slot];
-        let (data, flags) = c.remote.ok_or_else(|| TransportError::Peer {
-            peer: dst,
-            detail: "not connected".into(),
-        })?;
+        let (data, flags) = c.remote.ok_or_else(|| TransportError::not_connected(dst))?;
         let plan = c.planner.plan(ops, local, data, flags)?;
         self.done.extend(plan.instant);
         self.last_post = Instant::now();
