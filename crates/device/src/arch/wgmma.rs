@@ -50,6 +50,50 @@ macro_rules! acc_asm {
     };
 }
 
+/// One `wgmma.mma_async.sync.aligned.<shape>.f32.bf16.bf16` on the `N` f32 accumulator registers of `acc`, with
+/// the scale-d predicate `p` (false: `D = A * B`) and scale-a = scale-b = 1. Forms: `ss` (A and B shared-memory
+/// descriptors, `p` = `accumulate`, tnsp-a 0), `ss_first` (as `ss` with `p` false; `acc` is written only), `rs`
+/// (A four bf16x2 registers, B a descriptor, `p` = `accumulate`); tnsp-b is the const `TRANS_B` in each.
+macro_rules! mma_bf16 {
+    (ss $n:tt, $shape:literal, $acc:ident, $desc_a:ident, $desc_b:ident, $accumulate:ident, $trans_b:ident) => {
+        mma_bf16!(@asm $n, inout $acc, $shape, "{scale_d}", "{desc_a}, {desc_b}, p, 1, 1, 0, {trans_b};",
+            desc_a = in(reg64) $desc_a,
+            desc_b = in(reg64) $desc_b,
+            scale_d = in(reg32) $accumulate as u32,
+            trans_b = const $trans_b,
+        )
+    };
+    (ss_first $n:tt, $shape:literal, $acc:ident, $desc_a:ident, $desc_b:ident, $trans_b:ident) => {
+        mma_bf16!(@asm $n, out $acc, $shape, "0", "{desc_a}, {desc_b}, p, 1, 1, 0, {trans_b};",
+            desc_a = in(reg64) $desc_a,
+            desc_b = in(reg64) $desc_b,
+            trans_b = const $trans_b,
+        )
+    };
+    (rs $n:tt, $shape:literal, $acc:ident, $a:ident, $desc_b:ident, $accumulate:ident, $trans_b:ident) => {
+        mma_bf16!(@asm $n, inout $acc, $shape, "{scale_d}", "{{{a0}, {a1}, {a2}, {a3}}}, {desc_b}, p, 1, 1, {trans_b};",
+            a0 = in(reg32) $a[0],
+            a1 = in(reg32) $a[1],
+            a2 = in(reg32) $a[2],
+            a3 = in(reg32) $a[3],
+            desc_b = in(reg64) $desc_b,
+            scale_d = in(reg32) $accumulate as u32,
+            trans_b = const $trans_b,
+        )
+    };
+    (@asm $n:tt, $dir:ident $acc:ident, $shape:literal, $scale_d:literal, $ab:literal, $($operand:tt)*) => {
+        acc_asm!(
+            $n, $dir $acc,
+            ["{{", ".reg .pred p;", concat!("setp.ne.b32 p, ", $scale_d, ", 0;")],
+            concat!("wgmma.mma_async.sync.aligned.", $shape, ".f32.bf16.bf16 {{"), ", ",
+            concat!("}}, ", $ab),
+            ["}}"],
+            $($operand)*
+            options(nostack)
+        )
+    };
+}
+
 /// Swizzle mode of a shared-memory operand (bits 62..64 of the descriptor).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u64)]
@@ -108,18 +152,7 @@ pub unsafe fn mma_m64n256k16_bf16<const TRANS_B: u32>(
     accumulate: bool,
 ) {
     unsafe {
-        acc_asm!(
-            128, inout acc,
-            ["{{", ".reg .pred p;", "setp.ne.b32 p, {scale_d}, 0;"],
-            "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {{", ", ",
-            "}}, {desc_a}, {desc_b}, p, 1, 1, 0, {trans_b};",
-            ["}}"],
-            desc_a = in(reg64) desc_a,
-            desc_b = in(reg64) desc_b,
-            scale_d = in(reg32) accumulate as u32,
-            trans_b = const TRANS_B,
-            options(nostack)
-        );
+        mma_bf16!(ss 128, "m64n256k16", acc, desc_a, desc_b, accumulate, TRANS_B);
     }
 }
 
@@ -133,18 +166,7 @@ pub unsafe fn mma_m64n256k16_bf16<const TRANS_B: u32>(
 #[inline(always)]
 pub unsafe fn mma_m64n128k16_bf16<const TRANS_B: u32>(acc: &mut [f32; 64], desc_a: u64, desc_b: u64, accumulate: bool) {
     unsafe {
-        acc_asm!(
-            64, inout acc,
-            ["{{", ".reg .pred p;", "setp.ne.b32 p, {scale_d}, 0;"],
-            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {{", ", ",
-            "}}, {desc_a}, {desc_b}, p, 1, 1, 0, {trans_b};",
-            ["}}"],
-            desc_a = in(reg64) desc_a,
-            desc_b = in(reg64) desc_b,
-            scale_d = in(reg32) accumulate as u32,
-            trans_b = const TRANS_B,
-            options(nostack)
-        );
+        mma_bf16!(ss 64, "m64n128k16", acc, desc_a, desc_b, accumulate, TRANS_B);
     }
 }
 /// `D (+)= A * B` for a 64x128 f32 tile, k = 16, A (bf16x2) from registers, B from shared memory:
@@ -166,21 +188,7 @@ pub unsafe fn mma_m64n128k16_bf16_rs<const TRANS_B: u32>(
     accumulate: bool,
 ) {
     unsafe {
-        acc_asm!(
-            64, inout acc,
-            ["{{", ".reg .pred p;", "setp.ne.b32 p, {scale_d}, 0;"],
-            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {{", ", ",
-            "}}, {{{a0}, {a1}, {a2}, {a3}}}, {desc_b}, p, 1, 1, {trans_b};",
-            ["}}"],
-            a0 = in(reg32) a[0],
-            a1 = in(reg32) a[1],
-            a2 = in(reg32) a[2],
-            a3 = in(reg32) a[3],
-            desc_b = in(reg64) desc_b,
-            scale_d = in(reg32) accumulate as u32,
-            trans_b = const TRANS_B,
-            options(nostack)
-        );
+        mma_bf16!(rs 64, "m64n128k16", acc, a, desc_b, accumulate, TRANS_B);
     }
 }
 /// As [`mma_m64n128k16_bf16_rs`] for a 64x64 f32 tile:
@@ -197,21 +205,7 @@ pub unsafe fn mma_m64n64k16_bf16_rs<const TRANS_B: u32>(
     accumulate: bool,
 ) {
     unsafe {
-        acc_asm!(
-            32, inout acc,
-            ["{{", ".reg .pred p;", "setp.ne.b32 p, {scale_d}, 0;"],
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{", ", ",
-            "}}, {{{a0}, {a1}, {a2}, {a3}}}, {desc_b}, p, 1, 1, {trans_b};",
-            ["}}"],
-            a0 = in(reg32) a[0],
-            a1 = in(reg32) a[1],
-            a2 = in(reg32) a[2],
-            a3 = in(reg32) a[3],
-            desc_b = in(reg64) desc_b,
-            scale_d = in(reg32) accumulate as u32,
-            trans_b = const TRANS_B,
-            options(nostack)
-        );
+        mma_bf16!(rs 32, "m64n64k16", acc, a, desc_b, accumulate, TRANS_B);
     }
 }
 /// Pins the 64 registers of `acc` at this point of the program: an empty `asm!` that
@@ -244,16 +238,6 @@ pub fn fence_operands_32(acc: &mut [f32; 32]) {
 #[inline(always)]
 pub unsafe fn mma_m64n128k16_bf16_first<const TRANS_B: u32>(acc: &mut [f32; 64], desc_a: u64, desc_b: u64) {
     unsafe {
-        acc_asm!(
-            64, out acc,
-            ["{{", ".reg .pred p;", "setp.ne.b32 p, 0, 0;"],
-            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {{", ", ",
-            "}}, {desc_a}, {desc_b}, p, 1, 1, 0, {trans_b};",
-            ["}}"],
-            desc_a = in(reg64) desc_a,
-            desc_b = in(reg64) desc_b,
-            trans_b = const TRANS_B,
-            options(nostack)
-        );
+        mma_bf16!(ss_first 64, "m64n128k16", acc, desc_a, desc_b, TRANS_B);
     }
 }
