@@ -249,18 +249,7 @@ pub unsafe fn put_no_flag(c: &CommCtx, dst: u32, src_off: u64, dst_off: u64, byt
 /// As [`wait_remote`].
 #[inline(always)]
 pub unsafe fn wait_remote_as(c: &CommCtx, slot: RemoteSlot, src: u32, code: u32) -> bool {
-    let flag = (c.heap(c.rank) + remote_flag_offset(slot, src)) as *const u64;
-    let target = c.epoch;
-    unsafe {
-        wait_until(
-            c,
-            code,
-            src,
-            target,
-            || memory::ld_acquire_u64(Scope::Sys, flag),
-            |v| v >= target,
-        )
-    }
+    unsafe { wait_remote_flag(c, slot, src, code, c.epoch) }
 }
 
 /// Waits until the inter-node flag (`slot`, `src`) in this rank's heap reaches this epoch.
@@ -280,13 +269,24 @@ pub unsafe fn wait_remote(c: &CommCtx, slot: RemoteSlot, src: u32) -> bool {
 /// As [`wait_remote`].
 #[inline(always)]
 pub unsafe fn wait_remote_value(c: &CommCtx, slot: RemoteSlot, src: u32, target: u64) -> bool {
-    let flag = (c.heap(c.rank) + remote_flag_offset(slot, src)) as *const u64;
     let code = match slot {
         RemoteSlot::Ready | RemoteSlot::FusedReady => WAIT_REMOTE_READY,
         RemoteSlot::RingData => WAIT_REMOTE_RING_DATA,
         RemoteSlot::RingFree => WAIT_REMOTE_RING_FREE,
         _ => WAIT_REMOTE_DATA,
     };
+    unsafe { wait_remote_flag(c, slot, src, code, target) }
+}
+
+/// Waits until the inter-node flag (`slot`, `src`) in this rank's heap reaches `target`, reporting a timeout under
+/// the error record's wait code `code`.
+///
+/// # Safety
+///
+/// As [`wait_remote`].
+#[inline(always)]
+unsafe fn wait_remote_flag(c: &CommCtx, slot: RemoteSlot, src: u32, code: u32, target: u64) -> bool {
+    let flag = (c.heap(c.rank) + remote_flag_offset(slot, src)) as *const u64;
     unsafe {
         wait_until(
             c,
