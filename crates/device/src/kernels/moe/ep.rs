@@ -21,8 +21,8 @@
 //!
 //! Every wait is bounded (`CommDesc::timeout_ns`) and leaves the rank's error record naming
 //! the rank, the role, the flag and the peer; a kernel that finds the rank aborting moves no data.
-use super::route::place_groups;
-use crate::arch::{convert::pack_bf16x2, ids, memory, memory::Scope, shuffle, smem, sync, time};
+use super::route::{cta_exclusive_sum, place_groups};
+use crate::arch::{convert::pack_bf16x2, ids, memory, memory::Scope, smem, sync, time};
 use crate::comm::wait::report_give_up;
 use crate::comm::{proxy, CommCtx};
 use mkernel_config::comm::fifo::EPOCH_SEQ_FUSED;
@@ -157,19 +157,7 @@ unsafe fn signal_remotes(c: &CommCtx, slot: RemoteSlot) -> bool {
 fn block_exclusive_sum(v: u32, warp_tiles: impl Fn(u32) -> smem::SmemAddr) -> u32 {
     let (warp, lane) = (ids::thread_idx() / 32, ids::lane_id());
     sync::sync_threads();
-    let inclusive = shuffle::warp_inclusive_sum_u32(v);
-    if lane == 31 {
-        unsafe { smem::st_shared_u32(warp_tiles(warp), inclusive) };
-    }
-    sync::sync_threads();
-    if warp == 0 {
-        let w = unsafe { smem::ld_shared_u32(warp_tiles(lane)) };
-        let excl = shuffle::warp_inclusive_sum_u32(w) - w;
-        unsafe { smem::st_shared_u32(warp_tiles(lane), excl) };
-    }
-    sync::sync_threads();
-    let base = unsafe { smem::ld_shared_u32(warp_tiles(warp)) };
-    base + inclusive - v
+    cta_exclusive_sum!(v, warp_tiles, warp, lane)
 }
 
 /// Rows of a run of `n` rows starting at receive row `row0` that fit below `capacity`.
@@ -404,18 +392,7 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_route(desc: *const CommDesc, args: *
     }
     let tiles = total.div_ceil(ROW_ALIGN);
     let (warp, lane) = (tid / 32, ids::lane_id());
-    let inclusive = shuffle::warp_inclusive_sum_u32(tiles);
-    if lane == 31 {
-        unsafe { smem::st_shared_u32(warp_tiles(warp), inclusive) };
-    }
-    sync::sync_threads();
-    if warp == 0 {
-        let w = unsafe { smem::ld_shared_u32(warp_tiles(lane)) };
-        let excl = shuffle::warp_inclusive_sum_u32(w) - w;
-        unsafe { smem::st_shared_u32(warp_tiles(lane), excl) };
-    }
-    sync::sync_threads();
-    let excl = unsafe { smem::ld_shared_u32(warp_tiles(warp)) } + inclusive - tiles;
+    let excl = cta_exclusive_sum!(tiles, warp_tiles, warp, lane);
     if tid < MAX_EXPERTS {
         unsafe {
             smem::st_shared_u32(scan(tid), excl);
