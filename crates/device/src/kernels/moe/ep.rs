@@ -160,6 +160,21 @@ fn block_exclusive_sum(v: u32, warp_tiles: impl Fn(u32) -> smem::SmemAddr) -> u3
     cta_exclusive_sum!(v, warp_tiles, warp, lane)
 }
 
+/// The context of a launch that follows this layer's routing launch: the epoch that launch stored at `a.epoch`, and
+/// the epoch sequence of the fused launches (their proxy commands and remote flags).
+///
+/// # Safety
+///
+/// As [`CommCtx::with_epoch`] for `desc` and `cta`; `a` meets the argument-block contract (`crate::kernels::moe`), after
+/// this layer's routing launch.
+#[inline(always)]
+pub(crate) unsafe fn layer_ctx(desc: *const CommDesc, a: &MoeEpArgs, cta: u32, role: Role) -> CommCtx {
+    let epoch = unsafe { (a.epoch as *const u64).read_volatile() };
+    let mut c = unsafe { CommCtx::with_epoch(desc, cta, role, epoch) };
+    c.epoch_seq = EPOCH_SEQ_FUSED;
+    c
+}
+
 /// Rows of a run of `n` rows starting at receive row `row0` that fit below `capacity`.
 #[inline(always)]
 fn kept_rows(row0: u32, n: u32, capacity: u32) -> u32 {
@@ -533,9 +548,7 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_dispatch(
 ) {
     let a = unsafe { args.read() };
     let b = ids::block_idx();
-    let epoch = unsafe { (a.epoch as *const u64).read_volatile() };
-    let mut c = unsafe { CommCtx::with_epoch(desc, b, Role::IntraComm, epoch) };
-    c.epoch_seq = EPOCH_SEQ_FUSED;
+    let c = unsafe { layer_ctx(desc, &a, b, Role::IntraComm) };
     if unsafe { aborting(&c) } {
         return;
     }
@@ -610,9 +623,7 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_combine(
 ) {
     let a = unsafe { args.read() };
     let b = ids::block_idx();
-    let epoch = unsafe { (a.epoch as *const u64).read_volatile() };
-    let mut c = unsafe { CommCtx::with_epoch(desc, b, Role::IntraComm, epoch) };
-    c.epoch_seq = EPOCH_SEQ_FUSED;
+    let c = unsafe { layer_ctx(desc, &a, b, Role::IntraComm) };
     if unsafe { aborting(&c) } {
         return;
     }
@@ -664,7 +675,7 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_combine(
                 return;
             }
             if ids::thread_idx() == 0 {
-                unsafe { memory::st_release_u64(Scope::Gpu, relay, epoch) };
+                unsafe { memory::st_release_u64(Scope::Gpu, relay, c.epoch) };
             }
         } else {
             let failed = ids::thread_idx() == 0
@@ -672,7 +683,7 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_combine(
                     wait_word(
                         &c,
                         relay,
-                        epoch,
+                        c.epoch,
                         EpFlag::Out,
                         c.global_rank,
                         c.timeout_ns.saturating_mul(2),
