@@ -21,8 +21,9 @@
 //!
 //! Every wait is bounded (`CommDesc::timeout_ns`) and leaves the rank's error record naming
 //! the rank, the role, the flag and the peer; a kernel that finds the rank aborting moves no data.
+use super::combine::store_sums;
 use super::route::{cta_exclusive_sum, place_groups};
-use crate::arch::{convert::pack_bf16x2, ids, memory, memory::Scope, smem, sync, time};
+use crate::arch::{ids, memory, memory::Scope, smem, sync, time};
 use crate::comm::wait::report_give_up;
 use crate::comm::{proxy, CommCtx};
 use mkernel_config::comm::fifo::EPOCH_SEQ_FUSED;
@@ -720,24 +721,7 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_combine(
                     }
                 }
             }
-            let at = t as u64 * a.hidden as u64 + 8 * q as u64;
-            if f32_out != 0 {
-                let p = out as u64 + 4 * at;
-                let lo = [acc[0].to_bits(), acc[1].to_bits(), acc[2].to_bits(), acc[3].to_bits()];
-                let hi = [acc[4].to_bits(), acc[5].to_bits(), acc[6].to_bits(), acc[7].to_bits()];
-                unsafe {
-                    memory::st_v4(p as *mut u8, lo);
-                    memory::st_v4((p + 16) as *mut u8, hi);
-                }
-            } else {
-                let v = [
-                    pack_bf16x2(acc[0], acc[1]),
-                    pack_bf16x2(acc[2], acc[3]),
-                    pack_bf16x2(acc[4], acc[5]),
-                    pack_bf16x2(acc[6], acc[7]),
-                ];
-                unsafe { memory::st_v4((out as u64 + 2 * at) as *mut u8, v) };
-            }
+            store_sums!(out, t as u64 * a.hidden as u64 + 8 * q as u64, acc, f32_out);
             q += ROW_THREADS;
         }
         t += ids::grid_dim();
