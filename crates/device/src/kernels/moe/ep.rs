@@ -176,6 +176,18 @@ pub(crate) unsafe fn layer_ctx(desc: *const CommDesc, a: &MoeEpArgs, cta: u32, r
     c
 }
 
+/// The row layout the dispatch and the combine share: 16-byte pieces per token row, bytes per row (bf16), local
+/// experts per rank (at least 1) and the receive row of every (token, choice) pair (`a.pos`).
+#[inline(always)]
+fn row_layout(a: &MoeEpArgs) -> (u32, u64, u32, *const u32) {
+    (
+        a.hidden / 8,
+        a.hidden as u64 * 2,
+        a.local_experts.max(1),
+        a.pos as *const u32,
+    )
+}
+
 /// Rows of a run of `n` rows starting at receive row `row0` that fit below `capacity`.
 #[inline(always)]
 fn kept_rows(row0: u32, n: u32, capacity: u32) -> u32 {
@@ -553,10 +565,7 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_dispatch(
     if unsafe { aborting(&c) } {
         return;
     }
-    let pieces = a.hidden / 8;
-    let row_bytes = a.hidden as u64 * 2;
-    let le = a.local_experts.max(1);
-    let pos = a.pos as *const u32;
+    let (pieces, row_bytes, le, pos) = row_layout(&a);
     let xrow = a.xrow as *const u32;
     let node0 = node0(&c);
     let mut t = b;
@@ -628,10 +637,7 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_combine(
     if unsafe { aborting(&c) } {
         return;
     }
-    let pieces = a.hidden / 8;
-    let row_bytes = a.hidden as u64 * 2;
-    let le = a.local_experts.max(1);
-    let pos = a.pos as *const u32;
+    let (pieces, row_bytes, le, pos) = row_layout(&a);
     let across = c.global_world > c.world;
     // Across nodes, CTA 0 first sends the results back: one PUT per (source on another node,
     // local expert) from my down projection's rows into the source's transfer rows, then a
