@@ -10,6 +10,90 @@
 use super::smem::SmemAddr;
 use core::arch::asm;
 
+/// One `asm!` over the accumulator registers `acc[0..N]`, `N` = 32, 64 or 128, the operand list every wgmma and
+/// operand fence below shares. The accumulators are operands `0..N`, in order, each `$dir(reg32) $acc[i]` with a
+/// constant index (see the module docs). The template is the `$pre` lines, then the line
+/// `$head {0}$sep{1}$sep ... {N-1}$tail`, then the `$post` lines; the operands that follow the accumulators
+/// are named, so that `$tail` refers to them independently of `N`.
+macro_rules! acc_asm {
+    ($n:tt, $($rest:tt)*) => {
+        acc_asm!(@take $n [
+            [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15
+             16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31]
+            [32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47
+             48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63]
+            [64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79
+             80 81 82 83 84 85 86 87 88 89 90 91 92 93 94 95]
+            [96 97 98 99 100 101 102 103 104 105 106 107 108 109 110 111
+             112 113 114 115 116 117 118 119 120 121 122 123 124 125 126 127]
+        ] $($rest)*)
+    };
+    (@take 32 [[$($a:tt)*] $($more:tt)*] $($rest:tt)*) => {
+        acc_asm!(@regs [$($a)*] $($rest)*)
+    };
+    (@take 64 [[$($a:tt)*] [$($b:tt)*] $($more:tt)*] $($rest:tt)*) => {
+        acc_asm!(@regs [$($a)* $($b)*] $($rest)*)
+    };
+    (@take 128 [[$($a:tt)*] [$($b:tt)*] [$($c:tt)*] [$($d:tt)*]] $($rest:tt)*) => {
+        acc_asm!(@regs [$($a)* $($b)* $($c)* $($d)*] $($rest)*)
+    };
+    (@regs [$i0:tt $($i:tt)*] $dir:ident $acc:ident, [$($pre:expr),*], $head:expr, $sep:expr, $tail:expr,
+        [$($post:expr),*], $($operand:tt)*) => {
+        asm!(
+            $($pre,)*
+            concat!($head, "{", $i0, "}", $($sep, "{", $i, "}",)* $tail),
+            $($post,)*
+            $dir(reg32) $acc[$i0],
+            $($dir(reg32) $acc[$i],)*
+            $($operand)*
+        )
+    };
+}
+
+/// One `wgmma.mma_async.sync.aligned.<shape>.f32.bf16.bf16` on the `N` f32 accumulator registers of `acc`, with
+/// the scale-d predicate `p` (false: `D = A * B`) and scale-a = scale-b = 1. Forms: `ss` (A and B shared-memory
+/// descriptors, `p` = `accumulate`, tnsp-a 0), `ss_first` (as `ss` with `p` false; `acc` is written only), `rs`
+/// (A four bf16x2 registers, B a descriptor, `p` = `accumulate`); tnsp-b is the const `TRANS_B` in each.
+macro_rules! mma_bf16 {
+    (ss $n:tt, $shape:literal, $acc:ident, $desc_a:ident, $desc_b:ident, $accumulate:ident, $trans_b:ident) => {
+        mma_bf16!(@asm $n, inout $acc, $shape, "{scale_d}", "{desc_a}, {desc_b}, p, 1, 1, 0, {trans_b};",
+            desc_a = in(reg64) $desc_a,
+            desc_b = in(reg64) $desc_b,
+            scale_d = in(reg32) $accumulate as u32,
+            trans_b = const $trans_b,
+        )
+    };
+    (ss_first $n:tt, $shape:literal, $acc:ident, $desc_a:ident, $desc_b:ident, $trans_b:ident) => {
+        mma_bf16!(@asm $n, out $acc, $shape, "0", "{desc_a}, {desc_b}, p, 1, 1, 0, {trans_b};",
+            desc_a = in(reg64) $desc_a,
+            desc_b = in(reg64) $desc_b,
+            trans_b = const $trans_b,
+        )
+    };
+    (rs $n:tt, $shape:literal, $acc:ident, $a:ident, $desc_b:ident, $accumulate:ident, $trans_b:ident) => {
+        mma_bf16!(@asm $n, inout $acc, $shape, "{scale_d}", "{{{a0}, {a1}, {a2}, {a3}}}, {desc_b}, p, 1, 1, {trans_b};",
+            a0 = in(reg32) $a[0],
+            a1 = in(reg32) $a[1],
+            a2 = in(reg32) $a[2],
+            a3 = in(reg32) $a[3],
+            desc_b = in(reg64) $desc_b,
+            scale_d = in(reg32) $accumulate as u32,
+            trans_b = const $trans_b,
+        )
+    };
+    (@asm $n:tt, $dir:ident $acc:ident, $shape:literal, $scale_d:literal, $ab:literal, $($operand:tt)*) => {
+        acc_asm!(
+            $n, $dir $acc,
+            ["{{", ".reg .pred p;", concat!("setp.ne.b32 p, ", $scale_d, ", 0;")],
+            concat!("wgmma.mma_async.sync.aligned.", $shape, ".f32.bf16.bf16 {{"), ", ",
+            concat!("}}, ", $ab),
+            ["}}"],
+            $($operand)*
+            options(nostack)
+        )
+    };
+}
+
 /// Swizzle mode of a shared-memory operand (bits 62..64 of the descriptor).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u64)]
@@ -68,146 +152,7 @@ pub unsafe fn mma_m64n256k16_bf16<const TRANS_B: u32>(
     accumulate: bool,
 ) {
     unsafe {
-        asm!(
-            "{{",
-            ".reg .pred p;",
-            "setp.ne.b32 p, {130}, 0;",
-            "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15}, {16}, {17}, {18}, {19}, {20}, {21}, {22}, {23}, {24}, {25}, {26}, {27}, {28}, {29}, {30}, {31}, {32}, {33}, {34}, {35}, {36}, {37}, {38}, {39}, {40}, {41}, {42}, {43}, {44}, {45}, {46}, {47}, {48}, {49}, {50}, {51}, {52}, {53}, {54}, {55}, {56}, {57}, {58}, {59}, {60}, {61}, {62}, {63}, {64}, {65}, {66}, {67}, {68}, {69}, {70}, {71}, {72}, {73}, {74}, {75}, {76}, {77}, {78}, {79}, {80}, {81}, {82}, {83}, {84}, {85}, {86}, {87}, {88}, {89}, {90}, {91}, {92}, {93}, {94}, {95}, {96}, {97}, {98}, {99}, {100}, {101}, {102}, {103}, {104}, {105}, {106}, {107}, {108}, {109}, {110}, {111}, {112}, {113}, {114}, {115}, {116}, {117}, {118}, {119}, {120}, {121}, {122}, {123}, {124}, {125}, {126}, {127}}}, {128}, {129}, p, 1, 1, 0, {131};",
-            "}}",
-            inout(reg32) acc[0],
-            inout(reg32) acc[1],
-            inout(reg32) acc[2],
-            inout(reg32) acc[3],
-            inout(reg32) acc[4],
-            inout(reg32) acc[5],
-            inout(reg32) acc[6],
-            inout(reg32) acc[7],
-            inout(reg32) acc[8],
-            inout(reg32) acc[9],
-            inout(reg32) acc[10],
-            inout(reg32) acc[11],
-            inout(reg32) acc[12],
-            inout(reg32) acc[13],
-            inout(reg32) acc[14],
-            inout(reg32) acc[15],
-            inout(reg32) acc[16],
-            inout(reg32) acc[17],
-            inout(reg32) acc[18],
-            inout(reg32) acc[19],
-            inout(reg32) acc[20],
-            inout(reg32) acc[21],
-            inout(reg32) acc[22],
-            inout(reg32) acc[23],
-            inout(reg32) acc[24],
-            inout(reg32) acc[25],
-            inout(reg32) acc[26],
-            inout(reg32) acc[27],
-            inout(reg32) acc[28],
-            inout(reg32) acc[29],
-            inout(reg32) acc[30],
-            inout(reg32) acc[31],
-            inout(reg32) acc[32],
-            inout(reg32) acc[33],
-            inout(reg32) acc[34],
-            inout(reg32) acc[35],
-            inout(reg32) acc[36],
-            inout(reg32) acc[37],
-            inout(reg32) acc[38],
-            inout(reg32) acc[39],
-            inout(reg32) acc[40],
-            inout(reg32) acc[41],
-            inout(reg32) acc[42],
-            inout(reg32) acc[43],
-            inout(reg32) acc[44],
-            inout(reg32) acc[45],
-            inout(reg32) acc[46],
-            inout(reg32) acc[47],
-            inout(reg32) acc[48],
-            inout(reg32) acc[49],
-            inout(reg32) acc[50],
-            inout(reg32) acc[51],
-            inout(reg32) acc[52],
-            inout(reg32) acc[53],
-            inout(reg32) acc[54],
-            inout(reg32) acc[55],
-            inout(reg32) acc[56],
-            inout(reg32) acc[57],
-            inout(reg32) acc[58],
-            inout(reg32) acc[59],
-            inout(reg32) acc[60],
-            inout(reg32) acc[61],
-            inout(reg32) acc[62],
-            inout(reg32) acc[63],
-            inout(reg32) acc[64],
-            inout(reg32) acc[65],
-            inout(reg32) acc[66],
-            inout(reg32) acc[67],
-            inout(reg32) acc[68],
-            inout(reg32) acc[69],
-            inout(reg32) acc[70],
-            inout(reg32) acc[71],
-            inout(reg32) acc[72],
-            inout(reg32) acc[73],
-            inout(reg32) acc[74],
-            inout(reg32) acc[75],
-            inout(reg32) acc[76],
-            inout(reg32) acc[77],
-            inout(reg32) acc[78],
-            inout(reg32) acc[79],
-            inout(reg32) acc[80],
-            inout(reg32) acc[81],
-            inout(reg32) acc[82],
-            inout(reg32) acc[83],
-            inout(reg32) acc[84],
-            inout(reg32) acc[85],
-            inout(reg32) acc[86],
-            inout(reg32) acc[87],
-            inout(reg32) acc[88],
-            inout(reg32) acc[89],
-            inout(reg32) acc[90],
-            inout(reg32) acc[91],
-            inout(reg32) acc[92],
-            inout(reg32) acc[93],
-            inout(reg32) acc[94],
-            inout(reg32) acc[95],
-            inout(reg32) acc[96],
-            inout(reg32) acc[97],
-            inout(reg32) acc[98],
-            inout(reg32) acc[99],
-            inout(reg32) acc[100],
-            inout(reg32) acc[101],
-            inout(reg32) acc[102],
-            inout(reg32) acc[103],
-            inout(reg32) acc[104],
-            inout(reg32) acc[105],
-            inout(reg32) acc[106],
-            inout(reg32) acc[107],
-            inout(reg32) acc[108],
-            inout(reg32) acc[109],
-            inout(reg32) acc[110],
-            inout(reg32) acc[111],
-            inout(reg32) acc[112],
-            inout(reg32) acc[113],
-            inout(reg32) acc[114],
-            inout(reg32) acc[115],
-            inout(reg32) acc[116],
-            inout(reg32) acc[117],
-            inout(reg32) acc[118],
-            inout(reg32) acc[119],
-            inout(reg32) acc[120],
-            inout(reg32) acc[121],
-            inout(reg32) acc[122],
-            inout(reg32) acc[123],
-            inout(reg32) acc[124],
-            inout(reg32) acc[125],
-            inout(reg32) acc[126],
-            inout(reg32) acc[127],
-            in(reg64) desc_a,
-            in(reg64) desc_b,
-            in(reg32) accumulate as u32,
-            const TRANS_B,
-            options(nostack)
-        );
+        mma_bf16!(ss 128, "m64n256k16", acc, desc_a, desc_b, accumulate, TRANS_B);
     }
 }
 
@@ -221,82 +166,7 @@ pub unsafe fn mma_m64n256k16_bf16<const TRANS_B: u32>(
 #[inline(always)]
 pub unsafe fn mma_m64n128k16_bf16<const TRANS_B: u32>(acc: &mut [f32; 64], desc_a: u64, desc_b: u64, accumulate: bool) {
     unsafe {
-        asm!(
-            "{{",
-            ".reg .pred p;",
-            "setp.ne.b32 p, {66}, 0;",
-            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15}, {16}, {17}, {18}, {19}, {20}, {21}, {22}, {23}, {24}, {25}, {26}, {27}, {28}, {29}, {30}, {31}, {32}, {33}, {34}, {35}, {36}, {37}, {38}, {39}, {40}, {41}, {42}, {43}, {44}, {45}, {46}, {47}, {48}, {49}, {50}, {51}, {52}, {53}, {54}, {55}, {56}, {57}, {58}, {59}, {60}, {61}, {62}, {63}}}, {64}, {65}, p, 1, 1, 0, {67};",
-            "}}",
-            inout(reg32) acc[0],
-            inout(reg32) acc[1],
-            inout(reg32) acc[2],
-            inout(reg32) acc[3],
-            inout(reg32) acc[4],
-            inout(reg32) acc[5],
-            inout(reg32) acc[6],
-            inout(reg32) acc[7],
-            inout(reg32) acc[8],
-            inout(reg32) acc[9],
-            inout(reg32) acc[10],
-            inout(reg32) acc[11],
-            inout(reg32) acc[12],
-            inout(reg32) acc[13],
-            inout(reg32) acc[14],
-            inout(reg32) acc[15],
-            inout(reg32) acc[16],
-            inout(reg32) acc[17],
-            inout(reg32) acc[18],
-            inout(reg32) acc[19],
-            inout(reg32) acc[20],
-            inout(reg32) acc[21],
-            inout(reg32) acc[22],
-            inout(reg32) acc[23],
-            inout(reg32) acc[24],
-            inout(reg32) acc[25],
-            inout(reg32) acc[26],
-            inout(reg32) acc[27],
-            inout(reg32) acc[28],
-            inout(reg32) acc[29],
-            inout(reg32) acc[30],
-            inout(reg32) acc[31],
-            inout(reg32) acc[32],
-            inout(reg32) acc[33],
-            inout(reg32) acc[34],
-            inout(reg32) acc[35],
-            inout(reg32) acc[36],
-            inout(reg32) acc[37],
-            inout(reg32) acc[38],
-            inout(reg32) acc[39],
-            inout(reg32) acc[40],
-            inout(reg32) acc[41],
-            inout(reg32) acc[42],
-            inout(reg32) acc[43],
-            inout(reg32) acc[44],
-            inout(reg32) acc[45],
-            inout(reg32) acc[46],
-            inout(reg32) acc[47],
-            inout(reg32) acc[48],
-            inout(reg32) acc[49],
-            inout(reg32) acc[50],
-            inout(reg32) acc[51],
-            inout(reg32) acc[52],
-            inout(reg32) acc[53],
-            inout(reg32) acc[54],
-            inout(reg32) acc[55],
-            inout(reg32) acc[56],
-            inout(reg32) acc[57],
-            inout(reg32) acc[58],
-            inout(reg32) acc[59],
-            inout(reg32) acc[60],
-            inout(reg32) acc[61],
-            inout(reg32) acc[62],
-            inout(reg32) acc[63],
-            in(reg64) desc_a,
-            in(reg64) desc_b,
-            in(reg32) accumulate as u32,
-            const TRANS_B,
-            options(nostack)
-        );
+        mma_bf16!(ss 64, "m64n128k16", acc, desc_a, desc_b, accumulate, TRANS_B);
     }
 }
 /// `D (+)= A * B` for a 64x128 f32 tile, k = 16, A (bf16x2) from registers, B from shared memory:
@@ -318,85 +188,7 @@ pub unsafe fn mma_m64n128k16_bf16_rs<const TRANS_B: u32>(
     accumulate: bool,
 ) {
     unsafe {
-        asm!(
-            "{{",
-            ".reg .pred p;",
-            "setp.ne.b32 p, {69}, 0;",
-            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15}, {16}, {17}, {18}, {19}, {20}, {21}, {22}, {23}, {24}, {25}, {26}, {27}, {28}, {29}, {30}, {31}, {32}, {33}, {34}, {35}, {36}, {37}, {38}, {39}, {40}, {41}, {42}, {43}, {44}, {45}, {46}, {47}, {48}, {49}, {50}, {51}, {52}, {53}, {54}, {55}, {56}, {57}, {58}, {59}, {60}, {61}, {62}, {63}}}, {{{64}, {65}, {66}, {67}}}, {68}, p, 1, 1, {70};",
-            "}}",
-            inout(reg32) acc[0],
-            inout(reg32) acc[1],
-            inout(reg32) acc[2],
-            inout(reg32) acc[3],
-            inout(reg32) acc[4],
-            inout(reg32) acc[5],
-            inout(reg32) acc[6],
-            inout(reg32) acc[7],
-            inout(reg32) acc[8],
-            inout(reg32) acc[9],
-            inout(reg32) acc[10],
-            inout(reg32) acc[11],
-            inout(reg32) acc[12],
-            inout(reg32) acc[13],
-            inout(reg32) acc[14],
-            inout(reg32) acc[15],
-            inout(reg32) acc[16],
-            inout(reg32) acc[17],
-            inout(reg32) acc[18],
-            inout(reg32) acc[19],
-            inout(reg32) acc[20],
-            inout(reg32) acc[21],
-            inout(reg32) acc[22],
-            inout(reg32) acc[23],
-            inout(reg32) acc[24],
-            inout(reg32) acc[25],
-            inout(reg32) acc[26],
-            inout(reg32) acc[27],
-            inout(reg32) acc[28],
-            inout(reg32) acc[29],
-            inout(reg32) acc[30],
-            inout(reg32) acc[31],
-            inout(reg32) acc[32],
-            inout(reg32) acc[33],
-            inout(reg32) acc[34],
-            inout(reg32) acc[35],
-            inout(reg32) acc[36],
-            inout(reg32) acc[37],
-            inout(reg32) acc[38],
-            inout(reg32) acc[39],
-            inout(reg32) acc[40],
-            inout(reg32) acc[41],
-            inout(reg32) acc[42],
-            inout(reg32) acc[43],
-            inout(reg32) acc[44],
-            inout(reg32) acc[45],
-            inout(reg32) acc[46],
-            inout(reg32) acc[47],
-            inout(reg32) acc[48],
-            inout(reg32) acc[49],
-            inout(reg32) acc[50],
-            inout(reg32) acc[51],
-            inout(reg32) acc[52],
-            inout(reg32) acc[53],
-            inout(reg32) acc[54],
-            inout(reg32) acc[55],
-            inout(reg32) acc[56],
-            inout(reg32) acc[57],
-            inout(reg32) acc[58],
-            inout(reg32) acc[59],
-            inout(reg32) acc[60],
-            inout(reg32) acc[61],
-            inout(reg32) acc[62],
-            inout(reg32) acc[63],
-            in(reg32) a[0],
-            in(reg32) a[1],
-            in(reg32) a[2],
-            in(reg32) a[3],
-            in(reg64) desc_b,
-            in(reg32) accumulate as u32,
-            const TRANS_B,
-            options(nostack)
-        );
+        mma_bf16!(rs 64, "m64n128k16", acc, a, desc_b, accumulate, TRANS_B);
     }
 }
 /// As [`mma_m64n128k16_bf16_rs`] for a 64x64 f32 tile:
@@ -413,53 +205,7 @@ pub unsafe fn mma_m64n64k16_bf16_rs<const TRANS_B: u32>(
     accumulate: bool,
 ) {
     unsafe {
-        asm!(
-            "{{",
-            ".reg .pred p;",
-            "setp.ne.b32 p, {37}, 0;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15}, {16}, {17}, {18}, {19}, {20}, {21}, {22}, {23}, {24}, {25}, {26}, {27}, {28}, {29}, {30}, {31}}}, {{{32}, {33}, {34}, {35}}}, {36}, p, 1, 1, {38};",
-            "}}",
-            inout(reg32) acc[0],
-            inout(reg32) acc[1],
-            inout(reg32) acc[2],
-            inout(reg32) acc[3],
-            inout(reg32) acc[4],
-            inout(reg32) acc[5],
-            inout(reg32) acc[6],
-            inout(reg32) acc[7],
-            inout(reg32) acc[8],
-            inout(reg32) acc[9],
-            inout(reg32) acc[10],
-            inout(reg32) acc[11],
-            inout(reg32) acc[12],
-            inout(reg32) acc[13],
-            inout(reg32) acc[14],
-            inout(reg32) acc[15],
-            inout(reg32) acc[16],
-            inout(reg32) acc[17],
-            inout(reg32) acc[18],
-            inout(reg32) acc[19],
-            inout(reg32) acc[20],
-            inout(reg32) acc[21],
-            inout(reg32) acc[22],
-            inout(reg32) acc[23],
-            inout(reg32) acc[24],
-            inout(reg32) acc[25],
-            inout(reg32) acc[26],
-            inout(reg32) acc[27],
-            inout(reg32) acc[28],
-            inout(reg32) acc[29],
-            inout(reg32) acc[30],
-            inout(reg32) acc[31],
-            in(reg32) a[0],
-            in(reg32) a[1],
-            in(reg32) a[2],
-            in(reg32) a[3],
-            in(reg64) desc_b,
-            in(reg32) accumulate as u32,
-            const TRANS_B,
-            options(nostack)
-        );
+        mma_bf16!(rs 32, "m64n64k16", acc, a, desc_b, accumulate, TRANS_B);
     }
 }
 /// Pins the 64 registers of `acc` at this point of the program: an empty `asm!` that
@@ -469,74 +215,7 @@ pub unsafe fn mma_m64n64k16_bf16_rs<const TRANS_B: u32>(
 #[inline(always)]
 pub fn fence_operands_64(acc: &mut [f32; 64]) {
     unsafe {
-        asm!(
-            "// {0} {1} {2} {3} {4} {5} {6} {7} {8} {9} {10} {11} {12} {13} {14} {15} {16} {17} {18} {19} {20} {21} {22} {23} {24} {25} {26} {27} {28} {29} {30} {31} {32} {33} {34} {35} {36} {37} {38} {39} {40} {41} {42} {43} {44} {45} {46} {47} {48} {49} {50} {51} {52} {53} {54} {55} {56} {57} {58} {59} {60} {61} {62} {63}",
-            inout(reg32) acc[0],
-            inout(reg32) acc[1],
-            inout(reg32) acc[2],
-            inout(reg32) acc[3],
-            inout(reg32) acc[4],
-            inout(reg32) acc[5],
-            inout(reg32) acc[6],
-            inout(reg32) acc[7],
-            inout(reg32) acc[8],
-            inout(reg32) acc[9],
-            inout(reg32) acc[10],
-            inout(reg32) acc[11],
-            inout(reg32) acc[12],
-            inout(reg32) acc[13],
-            inout(reg32) acc[14],
-            inout(reg32) acc[15],
-            inout(reg32) acc[16],
-            inout(reg32) acc[17],
-            inout(reg32) acc[18],
-            inout(reg32) acc[19],
-            inout(reg32) acc[20],
-            inout(reg32) acc[21],
-            inout(reg32) acc[22],
-            inout(reg32) acc[23],
-            inout(reg32) acc[24],
-            inout(reg32) acc[25],
-            inout(reg32) acc[26],
-            inout(reg32) acc[27],
-            inout(reg32) acc[28],
-            inout(reg32) acc[29],
-            inout(reg32) acc[30],
-            inout(reg32) acc[31],
-            inout(reg32) acc[32],
-            inout(reg32) acc[33],
-            inout(reg32) acc[34],
-            inout(reg32) acc[35],
-            inout(reg32) acc[36],
-            inout(reg32) acc[37],
-            inout(reg32) acc[38],
-            inout(reg32) acc[39],
-            inout(reg32) acc[40],
-            inout(reg32) acc[41],
-            inout(reg32) acc[42],
-            inout(reg32) acc[43],
-            inout(reg32) acc[44],
-            inout(reg32) acc[45],
-            inout(reg32) acc[46],
-            inout(reg32) acc[47],
-            inout(reg32) acc[48],
-            inout(reg32) acc[49],
-            inout(reg32) acc[50],
-            inout(reg32) acc[51],
-            inout(reg32) acc[52],
-            inout(reg32) acc[53],
-            inout(reg32) acc[54],
-            inout(reg32) acc[55],
-            inout(reg32) acc[56],
-            inout(reg32) acc[57],
-            inout(reg32) acc[58],
-            inout(reg32) acc[59],
-            inout(reg32) acc[60],
-            inout(reg32) acc[61],
-            inout(reg32) acc[62],
-            inout(reg32) acc[63],
-            options(nostack, nomem)
-        );
+        acc_asm!(64, inout acc, [], "// ", " ", "", [], options(nostack, nomem));
     }
 }
 /// Pins the 32 registers of `acc` at this point of the program: an empty `asm!` that
@@ -546,42 +225,7 @@ pub fn fence_operands_64(acc: &mut [f32; 64]) {
 #[inline(always)]
 pub fn fence_operands_32(acc: &mut [f32; 32]) {
     unsafe {
-        asm!(
-            "// {0} {1} {2} {3} {4} {5} {6} {7} {8} {9} {10} {11} {12} {13} {14} {15} {16} {17} {18} {19} {20} {21} {22} {23} {24} {25} {26} {27} {28} {29} {30} {31}",
-            inout(reg32) acc[0],
-            inout(reg32) acc[1],
-            inout(reg32) acc[2],
-            inout(reg32) acc[3],
-            inout(reg32) acc[4],
-            inout(reg32) acc[5],
-            inout(reg32) acc[6],
-            inout(reg32) acc[7],
-            inout(reg32) acc[8],
-            inout(reg32) acc[9],
-            inout(reg32) acc[10],
-            inout(reg32) acc[11],
-            inout(reg32) acc[12],
-            inout(reg32) acc[13],
-            inout(reg32) acc[14],
-            inout(reg32) acc[15],
-            inout(reg32) acc[16],
-            inout(reg32) acc[17],
-            inout(reg32) acc[18],
-            inout(reg32) acc[19],
-            inout(reg32) acc[20],
-            inout(reg32) acc[21],
-            inout(reg32) acc[22],
-            inout(reg32) acc[23],
-            inout(reg32) acc[24],
-            inout(reg32) acc[25],
-            inout(reg32) acc[26],
-            inout(reg32) acc[27],
-            inout(reg32) acc[28],
-            inout(reg32) acc[29],
-            inout(reg32) acc[30],
-            inout(reg32) acc[31],
-            options(nostack, nomem)
-        );
+        acc_asm!(32, inout acc, [], "// ", " ", "", [], options(nostack, nomem));
     }
 }
 
@@ -594,80 +238,6 @@ pub fn fence_operands_32(acc: &mut [f32; 32]) {
 #[inline(always)]
 pub unsafe fn mma_m64n128k16_bf16_first<const TRANS_B: u32>(acc: &mut [f32; 64], desc_a: u64, desc_b: u64) {
     unsafe {
-        asm!(
-            "{{",
-            ".reg .pred p;",
-            "setp.ne.b32 p, 0, 0;",
-            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15}, {16}, {17}, {18}, {19}, {20}, {21}, {22}, {23}, {24}, {25}, {26}, {27}, {28}, {29}, {30}, {31}, {32}, {33}, {34}, {35}, {36}, {37}, {38}, {39}, {40}, {41}, {42}, {43}, {44}, {45}, {46}, {47}, {48}, {49}, {50}, {51}, {52}, {53}, {54}, {55}, {56}, {57}, {58}, {59}, {60}, {61}, {62}, {63}}}, {64}, {65}, p, 1, 1, 0, {66};",
-            "}}",
-            out(reg32) acc[0],
-            out(reg32) acc[1],
-            out(reg32) acc[2],
-            out(reg32) acc[3],
-            out(reg32) acc[4],
-            out(reg32) acc[5],
-            out(reg32) acc[6],
-            out(reg32) acc[7],
-            out(reg32) acc[8],
-            out(reg32) acc[9],
-            out(reg32) acc[10],
-            out(reg32) acc[11],
-            out(reg32) acc[12],
-            out(reg32) acc[13],
-            out(reg32) acc[14],
-            out(reg32) acc[15],
-            out(reg32) acc[16],
-            out(reg32) acc[17],
-            out(reg32) acc[18],
-            out(reg32) acc[19],
-            out(reg32) acc[20],
-            out(reg32) acc[21],
-            out(reg32) acc[22],
-            out(reg32) acc[23],
-            out(reg32) acc[24],
-            out(reg32) acc[25],
-            out(reg32) acc[26],
-            out(reg32) acc[27],
-            out(reg32) acc[28],
-            out(reg32) acc[29],
-            out(reg32) acc[30],
-            out(reg32) acc[31],
-            out(reg32) acc[32],
-            out(reg32) acc[33],
-            out(reg32) acc[34],
-            out(reg32) acc[35],
-            out(reg32) acc[36],
-            out(reg32) acc[37],
-            out(reg32) acc[38],
-            out(reg32) acc[39],
-            out(reg32) acc[40],
-            out(reg32) acc[41],
-            out(reg32) acc[42],
-            out(reg32) acc[43],
-            out(reg32) acc[44],
-            out(reg32) acc[45],
-            out(reg32) acc[46],
-            out(reg32) acc[47],
-            out(reg32) acc[48],
-            out(reg32) acc[49],
-            out(reg32) acc[50],
-            out(reg32) acc[51],
-            out(reg32) acc[52],
-            out(reg32) acc[53],
-            out(reg32) acc[54],
-            out(reg32) acc[55],
-            out(reg32) acc[56],
-            out(reg32) acc[57],
-            out(reg32) acc[58],
-            out(reg32) acc[59],
-            out(reg32) acc[60],
-            out(reg32) acc[61],
-            out(reg32) acc[62],
-            out(reg32) acc[63],
-            in(reg64) desc_a,
-            in(reg64) desc_b,
-            const TRANS_B,
-            options(nostack)
-        );
+        mma_bf16!(ss_first 64, "m64n128k16", acc, desc_a, desc_b, TRANS_B);
     }
 }

@@ -160,6 +160,21 @@ pub unsafe fn signal(c: &CommCtx, dst: u32, slot: RemoteSlot) -> Option<u64> {
     }
 }
 
+/// The `PUT` command of `bytes` from offset `src_off` of this rank's heap to offset `dst_off` of `dst`'s heap that
+/// raises the flag at offset `flag_offset` of `dst`'s heap to `flag_value` (none with `CMD_NO_FLAG`).
+#[inline(always)]
+fn put_command(dst: u32, src_off: u64, dst_off: u64, bytes: u64, flag_offset: u64, flag_value: u64) -> Command {
+    Command {
+        opcode: fifo::OP_PUT,
+        dst_rank: dst,
+        src_offset: src_off,
+        dst_offset: dst_off,
+        bytes,
+        flag_offset,
+        flag_value,
+    }
+}
+
 /// `PUT`: `bytes` from offset `src_off` of this rank's heap to offset `dst_off` of `dst`'s heap,
 /// then raise this rank's `Data` flag at `dst` to this epoch.
 ///
@@ -172,15 +187,14 @@ pub unsafe fn put(c: &CommCtx, dst: u32, src_off: u64, dst_off: u64, bytes: u64)
     unsafe {
         post(
             c,
-            Command {
-                opcode: fifo::OP_PUT,
-                dst_rank: dst,
-                src_offset: src_off,
-                dst_offset: dst_off,
+            put_command(
+                dst,
+                src_off,
+                dst_off,
                 bytes,
-                flag_offset: remote_flag_offset(RemoteSlot::Data, c.global_rank),
-                flag_value: c.epoch,
-            },
+                remote_flag_offset(RemoteSlot::Data, c.global_rank),
+                c.epoch,
+            ),
         )
     }
 }
@@ -203,15 +217,14 @@ pub unsafe fn put_value(
     unsafe {
         post(
             c,
-            Command {
-                opcode: fifo::OP_PUT,
-                dst_rank: dst,
-                src_offset: src_off,
-                dst_offset: dst_off,
+            put_command(
+                dst,
+                src_off,
+                dst_off,
                 bytes,
-                flag_offset: remote_flag_offset(slot, c.global_rank),
-                flag_value: value,
-            },
+                remote_flag_offset(slot, c.global_rank),
+                value,
+            ),
         )
     }
 }
@@ -224,21 +237,7 @@ pub unsafe fn put_value(
 /// As [`put`].
 #[inline(always)]
 pub unsafe fn put_no_flag(c: &CommCtx, dst: u32, src_off: u64, dst_off: u64, bytes: u64) -> Option<u64> {
-    unsafe {
-        post_flags(
-            c,
-            Command {
-                opcode: fifo::OP_PUT,
-                dst_rank: dst,
-                src_offset: src_off,
-                dst_offset: dst_off,
-                bytes,
-                flag_offset: 0,
-                flag_value: 0,
-            },
-            fifo::CMD_NO_FLAG,
-        )
-    }
+    unsafe { post_flags(c, put_command(dst, src_off, dst_off, bytes, 0, 0), fifo::CMD_NO_FLAG) }
 }
 
 /// As [`wait_remote`], with the error record's wait code `code` (an operation's own name for
@@ -249,18 +248,7 @@ pub unsafe fn put_no_flag(c: &CommCtx, dst: u32, src_off: u64, dst_off: u64, byt
 /// As [`wait_remote`].
 #[inline(always)]
 pub unsafe fn wait_remote_as(c: &CommCtx, slot: RemoteSlot, src: u32, code: u32) -> bool {
-    let flag = (c.heap(c.rank) + remote_flag_offset(slot, src)) as *const u64;
-    let target = c.epoch;
-    unsafe {
-        wait_until(
-            c,
-            code,
-            src,
-            target,
-            || memory::ld_acquire_u64(Scope::Sys, flag),
-            |v| v >= target,
-        )
-    }
+    unsafe { wait_remote_flag(c, slot, src, code, c.epoch) }
 }
 
 /// Waits until the inter-node flag (`slot`, `src`) in this rank's heap reaches this epoch.
@@ -280,13 +268,24 @@ pub unsafe fn wait_remote(c: &CommCtx, slot: RemoteSlot, src: u32) -> bool {
 /// As [`wait_remote`].
 #[inline(always)]
 pub unsafe fn wait_remote_value(c: &CommCtx, slot: RemoteSlot, src: u32, target: u64) -> bool {
-    let flag = (c.heap(c.rank) + remote_flag_offset(slot, src)) as *const u64;
     let code = match slot {
         RemoteSlot::Ready | RemoteSlot::FusedReady => WAIT_REMOTE_READY,
         RemoteSlot::RingData => WAIT_REMOTE_RING_DATA,
         RemoteSlot::RingFree => WAIT_REMOTE_RING_FREE,
         _ => WAIT_REMOTE_DATA,
     };
+    unsafe { wait_remote_flag(c, slot, src, code, target) }
+}
+
+/// Waits until the inter-node flag (`slot`, `src`) in this rank's heap reaches `target`, reporting a timeout under
+/// the error record's wait code `code`.
+///
+/// # Safety
+///
+/// As [`wait_remote`].
+#[inline(always)]
+unsafe fn wait_remote_flag(c: &CommCtx, slot: RemoteSlot, src: u32, code: u32, target: u64) -> bool {
+    let flag = (c.heap(c.rank) + remote_flag_offset(slot, src)) as *const u64;
     unsafe {
         wait_until(
             c,

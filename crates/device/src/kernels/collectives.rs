@@ -41,6 +41,17 @@ fn staged_slice(n: u64) -> (u64, u64) {
     }
 }
 
+/// This CTA's part of `bytes / 16` 16-byte units per peer: [`staged_slice`] on the LL and staged paths
+/// (`bytes <= SMALL_MSG_MAX`), [`slice`] on the direct path.
+#[inline(always)]
+fn path_slice(bytes: u64) -> (u64, u64) {
+    if bytes <= SMALL_MSG_MAX {
+        staged_slice(bytes / 16)
+    } else {
+        slice(bytes / 16)
+    }
+}
+
 /// CTAs beyond `STAGED_CTAS` on the LL and staged paths: nothing to move, keep the epoch.
 ///
 /// # Safety
@@ -121,6 +132,55 @@ unsafe fn ll_path(c: &CommCtx, send: impl FnOnce(), recv: impl FnOnce() -> bool)
         signal_all_peers(c, FlagSlot::Done);
         c.finish();
     }
+}
+
+/// LL send side: this CTA's 8-byte units `lo..hi`, from `src(p)` (the address of unit `lo` of what goes to peer `p`),
+/// into every peer `p`'s LL slot for this rank.
+///
+/// # Safety
+///
+/// As [`ll::send`] for each peer: called by every thread of the CTA inside [`ll_path`]'s `send`; `src(p)` is readable
+/// for `hi - lo` units.
+#[inline(always)]
+unsafe fn ll_send_to_peers(c: &CommCtx, lo: u64, hi: u64, src: impl Fn(u32) -> *const u8) {
+    for k in 1..c.world {
+        let p = (c.rank + k) % c.world;
+        unsafe { ll::send(c, (c.ll_slot(p, c.rank) + lo * 16) as *mut u8, src(p), hi - lo) };
+    }
+}
+
+/// Staged send side: this CTA's 16-byte units `lo..hi`, from `src(p)` (the address of unit `lo` of what goes to peer
+/// `p`), into every peer `p`'s staging slot for this rank.
+///
+/// # Safety
+///
+/// As [`copy`] for each peer: called by every thread of the CTA inside [`staged`]'s `send`; `src(p)` is readable for
+/// `hi - lo` units.
+#[inline(always)]
+unsafe fn stage_to_peers(c: &CommCtx, lo: u64, hi: u64, src: impl Fn(u32) -> *const u8) {
+    for k in 1..c.world {
+        let p = (c.rank + k) % c.world;
+        unsafe { copy((c.staging(p, c.rank) + lo * 16) as *mut u8, src(p), hi - lo) };
+    }
+}
+
+/// The reduction sources of the staged path's consume side, in rank order: `$own` (this rank's unit `lo`, evaluated
+/// only for this rank) for this rank, every peer's staging slot for this rank at unit `$lo` for the others. A macro,
+/// not a function: as an `#[inline(always)]` fn it changed the PTX of `mk_allreduce` and `mk_reduce_scatter`.
+macro_rules! staged_srcs {
+    ($c:expr, $own:expr, $lo:expr) => {{
+        let mut srcs = [0u64; 8];
+        for r in 0..8 {
+            if r < $c.world {
+                srcs[r as usize] = if r == $c.rank {
+                    $own
+                } else {
+                    $c.staging($c.rank, r) + $lo * 16
+                };
+            }
+        }
+        srcs
+    }};
 }
 
 /// Adds one 8-byte unit (4 bf16 or 2 f32) into `acc`.
@@ -218,11 +278,7 @@ unsafe fn staged(c: &CommCtx, send: impl FnOnce(), consume: impl FnOnce()) {
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_allgather(desc: *const CommDesc, src: *const u8, dst_off: u64, bytes: u64) {
     let c = unsafe { CommCtx::new(desc, ids::block_idx(), Role::IntraComm) };
-    let (lo, hi) = if bytes <= SMALL_MSG_MAX {
-        staged_slice(bytes / 16)
-    } else {
-        slice(bytes / 16)
-    };
+    let (lo, hi) = path_slice(bytes);
     let mine = unsafe { src.add((lo * 16) as usize) };
     let out = |r: u32| (c.heap(c.rank) + dst_off + r as u64 * bytes + lo * 16) as *mut u8;
     unsafe {
@@ -232,17 +288,7 @@ pub unsafe extern "ptx-kernel" fn mk_allgather(desc: *const CommDesc, src: *cons
             ll_path(
                 &c,
                 #[inline(always)]
-                || {
-                    for k in 1..c.world {
-                        let p = (c.rank + k) % c.world;
-                        ll::send(
-                            &c,
-                            (c.ll_slot(p, c.rank) + lo8 * 16) as *mut u8,
-                            src.add((lo8 * 8) as usize),
-                            hi8 - lo8,
-                        );
-                    }
-                },
+                || ll_send_to_peers(&c, lo8, hi8, |_| src.add((lo8 * 8) as usize)),
                 #[inline(always)]
                 || {
                     let nt = ids::block_dim() as u64;
@@ -269,10 +315,7 @@ pub unsafe extern "ptx-kernel" fn mk_allgather(desc: *const CommDesc, src: *cons
                 &c,
                 #[inline(always)]
                 || {
-                    for k in 1..c.world {
-                        let p = (c.rank + k) % c.world;
-                        copy((c.staging(p, c.rank) + lo * 16) as *mut u8, mine, hi - lo);
-                    }
+                    stage_to_peers(&c, lo, hi, |_| mine);
                     copy(out(c.rank), mine, hi - lo);
                 },
                 #[inline(always)]
@@ -323,11 +366,7 @@ pub unsafe extern "ptx-kernel" fn mk_reduce_scatter(
     let c = unsafe { CommCtx::new(desc, ids::block_idx(), Role::IntraComm) };
     let dt = dtype(dtype_code);
     let chunk = count * esize(dt);
-    let (lo, hi) = if chunk <= SMALL_MSG_MAX {
-        staged_slice(chunk / 16)
-    } else {
-        slice(chunk / 16)
-    };
+    let (lo, hi) = path_slice(chunk);
     let input = |r: u32, chunk_of: u32| c.heap(r) + src_off + chunk_of as u64 * chunk + lo * 16;
     let mut dsts = [0u64; 8];
     dsts[0] = dst as u64 + lo * 16;
@@ -338,17 +377,7 @@ pub unsafe extern "ptx-kernel" fn mk_reduce_scatter(
             ll_path(
                 &c,
                 #[inline(always)]
-                || {
-                    for k in 1..c.world {
-                        let p = (c.rank + k) % c.world;
-                        ll::send(
-                            &c,
-                            (c.ll_slot(p, c.rank) + lo8 * 16) as *mut u8,
-                            (chunk_of(p) + lo8 * 8) as *const u8,
-                            hi8 - lo8,
-                        );
-                    }
-                },
+                || ll_send_to_peers(&c, lo8, hi8, |p| (chunk_of(p) + lo8 * 8) as *const u8),
                 #[inline(always)]
                 || ll_reduce(&c, chunk_of(c.rank), dst as u64, lo8, hi8, dt),
             )
@@ -356,30 +385,18 @@ pub unsafe extern "ptx-kernel" fn mk_reduce_scatter(
             staged(
                 &c,
                 #[inline(always)]
-                || {
-                    // My contribution to peer p's chunk goes to p's staging slot for me.
-                    for k in 1..c.world {
-                        let p = (c.rank + k) % c.world;
-                        copy(
-                            (c.staging(p, c.rank) + lo * 16) as *mut u8,
-                            input(c.rank, p) as *const u8,
-                            hi - lo,
-                        );
-                    }
-                },
+                // My contribution to peer p's chunk goes to p's staging slot for me.
+                || stage_to_peers(&c, lo, hi, |p| input(c.rank, p) as *const u8),
                 #[inline(always)]
                 || {
-                    let mut srcs = [0u64; 8];
-                    for r in 0..8 {
-                        if r < c.world {
-                            srcs[r as usize] = if r == c.rank {
-                                input(c.rank, c.rank)
-                            } else {
-                                c.staging(c.rank, r) + lo * 16
-                            };
-                        }
-                    }
-                    reduce(dsts, 1, srcs, c.world, hi - lo, dt);
+                    reduce(
+                        dsts,
+                        1,
+                        staged_srcs!(c, input(c.rank, c.rank), lo),
+                        c.world,
+                        hi - lo,
+                        dt,
+                    )
                 },
             )
         } else {
@@ -432,17 +449,7 @@ pub unsafe extern "ptx-kernel" fn mk_allreduce(
             ll_path(
                 &c,
                 #[inline(always)]
-                || {
-                    for k in 1..c.world {
-                        let p = (c.rank + k) % c.world;
-                        ll::send(
-                            &c,
-                            (c.ll_slot(p, c.rank) + lo8 * 16) as *mut u8,
-                            (mine + lo8 * 8) as *const u8,
-                            hi8 - lo8,
-                        );
-                    }
-                },
+                || ll_send_to_peers(&c, lo8, hi8, |_| (mine + lo8 * 8) as *const u8),
                 #[inline(always)]
                 || ll_reduce(&c, mine, out, lo8, hi8, dt),
             )
@@ -452,24 +459,10 @@ pub unsafe extern "ptx-kernel" fn mk_allreduce(
             staged(
                 &c,
                 #[inline(always)]
-                || {
-                    for k in 1..c.world {
-                        let p = (c.rank + k) % c.world;
-                        copy((c.staging(p, c.rank) + lo * 16) as *mut u8, mine as *const u8, hi - lo);
-                    }
-                },
+                || stage_to_peers(&c, lo, hi, |_| mine as *const u8),
                 #[inline(always)]
                 || {
-                    let mut srcs = [0u64; 8];
-                    for r in 0..8 {
-                        if r < c.world {
-                            srcs[r as usize] = if r == c.rank {
-                                mine
-                            } else {
-                                c.staging(c.rank, r) + lo * 16
-                            };
-                        }
-                    }
+                    let srcs = staged_srcs!(c, mine, lo);
                     let mut dsts = [0u64; 8];
                     dsts[0] = c.heap(c.rank) + dst_off + lo * 16;
                     reduce(dsts, 1, srcs, c.world, hi - lo, dt);

@@ -18,6 +18,32 @@ use mkernel_config::ops::{gemm as gemm_op, gemm_rs};
 use mkernel_config::trace::{tile_kind, End, Mark};
 use mkernel_config::GemmTile;
 
+/// Declares the GEMM entry points: `$params` are the kernel parameters every one of them takes (see the module doc
+/// and [`mk_gemm_bf16_nk`]'s `# Safety`), also the fields of `GemmArgs`; each entry `$name($extra) |$args| $body`
+/// appends its `$extra` parameters and runs `$body` with `$args: GemmArgs` holding the common ones.
+macro_rules! gemm_kernels {
+    ($params:tt $($(#[$attr:meta])* $name:ident $extra:tt |$args:ident| $body:block)*) => {
+        gemm_kernels!(@args $params);
+        $(gemm_kernels!(@kernel $params $(#[$attr])* $name $extra $args $body);)*
+    };
+    (@args ($($p:ident: $t:ty),*)) => {
+        /// The parameters every GEMM entry point takes, as it received them.
+        #[derive(Clone, Copy)]
+        struct GemmArgs {
+            $($p: $t),*
+        }
+    };
+    (@kernel ($($p:ident: $t:ty),*)
+        $(#[$attr:meta])* $name:ident ($($extra:ident: $ty:ty),*) $args:ident $body:block) => {
+        $(#[$attr])*
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name($($p: $t,)* $($extra: $ty),*) {
+            let $args = GemmArgs { $($p),* };
+            unsafe { $body }
+        }
+    };
+}
+
 /// The kernel body on the ring `ring_layout` (same block shape as [`TILE`]); `PR`/`CR` are its
 /// producer/consumer register counts.
 ///
@@ -27,21 +53,23 @@ use mkernel_config::GemmTile;
 /// shared memory was sized for and `PR`/`CR` register counts that fit `GemmTile::threads()` threads at one CTA per SM;
 /// `trace` is 0 or a trace buffer for the grid.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn gemm_on<const PR: u32, const CR: u32>(
     ring_layout: RingLayout,
-    map_a: *const u8,
-    map_b: *const u8,
-    map_c: *const u8,
-    c: *mut u8,
-    m: u32,
-    n: u32,
-    k: u32,
-    ldc: u32,
-    f32_out: u32,
+    args: GemmArgs,
     b_layout: BLayout,
     trace: u64,
 ) {
+    let GemmArgs {
+        map_a,
+        map_b,
+        map_c,
+        c,
+        m,
+        n,
+        k,
+        ldc,
+        f32_out,
+    } = args;
     let ring = Ring::new(smem::dynamic_smem_addr(), ring_layout);
     let (a, b) = (TensorMap(map_a), TensorMap(map_b));
     if ids::thread_idx() == 0 {
@@ -139,122 +167,42 @@ unsafe fn gemm_on<const PR: u32, const CR: u32>(
     }
 }
 
-/// # Safety
-///
-/// As [`mk_gemm_bf16_nk`], with `b_layout` the layout `map_b` encodes.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm(
-    map_a: *const u8,
-    map_b: *const u8,
-    map_c: *const u8,
-    c: *mut u8,
-    m: u32,
-    n: u32,
-    k: u32,
-    ldc: u32,
-    f32_out: u32,
-    b_layout: BLayout,
-) {
-    unsafe {
-        gemm_on::<{ TILE.producer_regs }, { TILE.consumer_regs }>(
-            gemm_op::RING,
-            map_a,
-            map_b,
-            map_c,
-            c,
-            m,
-            n,
-            k,
-            ldc,
-            f32_out,
-            b_layout,
-            0,
-        )
+gemm_kernels! {
+    (map_a: *const u8, map_b: *const u8, map_c: *const u8, c: *mut u8, m: u32, n: u32, k: u32, ldc: u32, f32_out: u32)
+
+    /// B stored N x K (K contiguous).
+    ///
+    /// # Safety
+    ///
+    /// The launch contract (`crate::kernels`) with the launch and tensor maps of this module's doc: `map_a`/`map_b`
+    /// encode the bf16 A (`m x k`) and B (`n x k`) tensors; `map_c` is null or encodes a bf16 C (`m x n`) with a
+    /// 64 x 64 box; with `map_c` null, `c` is the address of `m x n` writable elements (f32 if `f32_out != 0`, else
+    /// bf16) with row stride `ldc >= n`, aligned to twice the element size.
+    mk_gemm_bf16_nk() |args| {
+        gemm_on::<{ TILE.producer_regs }, { TILE.consumer_regs }>(gemm_op::RING, args, BLayout::Nk, 0)
     }
-}
 
-/// B stored N x K (K contiguous).
-///
-/// # Safety
-///
-/// The launch contract (`crate::kernels`) with the launch and tensor maps of this module's doc: `map_a`/`map_b` encode
-/// the bf16 A (`m x k`) and B (`n x k`) tensors; `map_c` is null or encodes a bf16 C (`m x n`) with a 64 x 64 box; with
-/// `map_c` null, `c` is the address of `m x n` writable elements (f32 if `f32_out != 0`, else bf16) with row stride
-/// `ldc >= n`, aligned to twice the element size.
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_nk(
-    map_a: *const u8,
-    map_b: *const u8,
-    map_c: *const u8,
-    c: *mut u8,
-    m: u32,
-    n: u32,
-    k: u32,
-    ldc: u32,
-    f32_out: u32,
-) {
-    unsafe { gemm(map_a, map_b, map_c, c, m, n, k, ldc, f32_out, BLayout::Nk) }
-}
+    /// B stored K x N (N contiguous).
+    ///
+    /// # Safety
+    ///
+    /// As [`mk_gemm_bf16_nk`], with `map_b` encoding B stored `k x n` with a 64 x 64 box.
+    mk_gemm_bf16_kn() |args| {
+        gemm_on::<{ TILE.producer_regs }, { TILE.consumer_regs }>(gemm_op::RING, args, BLayout::Kn, 0)
+    }
 
-/// B stored K x N (N contiguous).
-///
-/// # Safety
-///
-/// As [`mk_gemm_bf16_nk`], with `map_b` encoding B stored `k x n` with a 64 x 64 box.
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_kn(
-    map_a: *const u8,
-    map_b: *const u8,
-    map_c: *const u8,
-    c: *mut u8,
-    m: u32,
-    n: u32,
-    k: u32,
-    ldc: u32,
-    f32_out: u32,
-) {
-    unsafe { gemm(map_a, map_b, map_c, c, m, n, k, ldc, f32_out, BLayout::Kn) }
-}
-
-/// Diagnostic: [`mk_gemm_bf16_nk`] on GEMM+ReduceScatter's ring (`ops::gemm_rs::TILE`: 3 stages,
-/// whole-tile staging, the fused register split), to measure what that ring costs the mainloop
-/// with no communication (`mkernel-bench --op gemm`); with `trace` (0: none) it records the
-/// fused kernels' per-tile timeline ([`mkernel_config::trace`]) for comparison.
-///
-/// # Safety
-///
-/// As [`mk_gemm_bf16_nk`], launched with the dynamic shared memory of
-/// `mkernel_config::ops::gemm::GEMM_BF16_NK_FUSED_RING`; `trace` is 0 or the address of a trace buffer
-/// (`mkernel_config::trace`) for the launch's grid.
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_nk_fused_ring(
-    map_a: *const u8,
-    map_b: *const u8,
-    map_c: *const u8,
-    c: *mut u8,
-    m: u32,
-    n: u32,
-    k: u32,
-    ldc: u32,
-    f32_out: u32,
-    trace: u64,
-) {
-    const R: GemmTile = gemm_rs::TILE;
-    unsafe {
-        gemm_on::<{ R.producer_regs }, { R.consumer_regs }>(
-            gemm_rs::RING,
-            map_a,
-            map_b,
-            map_c,
-            c,
-            m,
-            n,
-            k,
-            ldc,
-            f32_out,
-            BLayout::Nk,
-            trace,
-        )
+    /// Diagnostic: [`mk_gemm_bf16_nk`] on GEMM+ReduceScatter's ring (`ops::gemm_rs::TILE`: 3 stages,
+    /// whole-tile staging, the fused register split), to measure what that ring costs the mainloop
+    /// with no communication (`mkernel-bench --op gemm`); with `trace` (0: none) it records the
+    /// fused kernels' per-tile timeline ([`mkernel_config::trace`]) for comparison.
+    ///
+    /// # Safety
+    ///
+    /// As [`mk_gemm_bf16_nk`], launched with the dynamic shared memory of
+    /// `mkernel_config::ops::gemm::GEMM_BF16_NK_FUSED_RING`; `trace` is 0 or the address of a trace buffer
+    /// (`mkernel_config::trace`) for the launch's grid.
+    mk_gemm_bf16_nk_fused_ring(trace: u64) |args| {
+        const R: GemmTile = gemm_rs::TILE;
+        gemm_on::<{ R.producer_regs }, { R.consumer_regs }>(gemm_rs::RING, args, BLayout::Nk, trace)
     }
 }

@@ -2,8 +2,35 @@
 //! sum on every run), stored as bf16 or f32. CTA `b` of `g` takes tokens `b, b + g, ...`;
 //! each thread 8 columns at a time, the `top_k` rows' loads issued four at a time before
 //! they are added.
-use crate::arch::{convert::pack_bf16x2, ids, memory};
+use crate::arch::{ids, memory};
 use mkernel_config::ops::moe::{MoeCombineArgs, ROW_THREADS};
+
+/// Stores the 8 sums `$acc` (`[f32; 8]`) as elements `$at..$at + 8` of `$out` (a device address, 16-byte aligned
+/// there): f32 if `$f32_out != 0`, else bf16 (round to nearest even). A macro, not a function: as an
+/// `#[inline(always)]` fn it changed the PTX of `mk_moe_combine`.
+macro_rules! store_sums {
+    ($out:expr, $at:expr, $acc:expr, $f32_out:expr) => {{
+        let (at, acc) = ($at, &$acc);
+        if $f32_out != 0 {
+            let p = $out as u64 + 4 * at;
+            let lo = [acc[0].to_bits(), acc[1].to_bits(), acc[2].to_bits(), acc[3].to_bits()];
+            let hi = [acc[4].to_bits(), acc[5].to_bits(), acc[6].to_bits(), acc[7].to_bits()];
+            unsafe {
+                $crate::arch::memory::st_v4(p as *mut u8, lo);
+                $crate::arch::memory::st_v4((p + 16) as *mut u8, hi);
+            }
+        } else {
+            let v = [
+                $crate::arch::convert::pack_bf16x2(acc[0], acc[1]),
+                $crate::arch::convert::pack_bf16x2(acc[2], acc[3]),
+                $crate::arch::convert::pack_bf16x2(acc[4], acc[5]),
+                $crate::arch::convert::pack_bf16x2(acc[6], acc[7]),
+            ];
+            unsafe { $crate::arch::memory::st_v4(($out as u64 + 2 * at) as *mut u8, v) };
+        }
+    }};
+}
+pub(crate) use store_sums;
 
 /// # Safety
 ///
@@ -51,24 +78,7 @@ pub unsafe extern "ptx-kernel" fn mk_moe_combine(
                 }
                 j += 4;
             }
-            let at = t as u64 * a.hidden as u64 + 8 * c as u64;
-            if f32_out != 0 {
-                let p = out as u64 + 4 * at;
-                let lo = [acc[0].to_bits(), acc[1].to_bits(), acc[2].to_bits(), acc[3].to_bits()];
-                let hi = [acc[4].to_bits(), acc[5].to_bits(), acc[6].to_bits(), acc[7].to_bits()];
-                unsafe {
-                    memory::st_v4(p as *mut u8, lo);
-                    memory::st_v4((p + 16) as *mut u8, hi);
-                }
-            } else {
-                let v = [
-                    pack_bf16x2(acc[0], acc[1]),
-                    pack_bf16x2(acc[2], acc[3]),
-                    pack_bf16x2(acc[4], acc[5]),
-                    pack_bf16x2(acc[6], acc[7]),
-                ];
-                unsafe { memory::st_v4((out as u64 + 2 * at) as *mut u8, v) };
-            }
+            store_sums!(out, t as u64 * a.hidden as u64 + 8 * c as u64, acc, f32_out);
             c += ROW_THREADS;
         }
         t += ids::grid_dim();

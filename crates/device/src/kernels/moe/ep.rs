@@ -21,8 +21,9 @@
 //!
 //! Every wait is bounded (`CommDesc::timeout_ns`) and leaves the rank's error record naming
 //! the rank, the role, the flag and the peer; a kernel that finds the rank aborting moves no data.
-use super::route::place_groups;
-use crate::arch::{convert::pack_bf16x2, ids, memory, memory::Scope, shuffle, smem, sync, time};
+use super::combine::store_sums;
+use super::route::{cta_exclusive_sum, place_groups};
+use crate::arch::{ids, memory, memory::Scope, smem, sync, time};
 use crate::comm::wait::report_give_up;
 use crate::comm::{proxy, CommCtx};
 use mkernel_config::comm::fifo::EPOCH_SEQ_FUSED;
@@ -157,19 +158,34 @@ unsafe fn signal_remotes(c: &CommCtx, slot: RemoteSlot) -> bool {
 fn block_exclusive_sum(v: u32, warp_tiles: impl Fn(u32) -> smem::SmemAddr) -> u32 {
     let (warp, lane) = (ids::thread_idx() / 32, ids::lane_id());
     sync::sync_threads();
-    let inclusive = shuffle::warp_inclusive_sum_u32(v);
-    if lane == 31 {
-        unsafe { smem::st_shared_u32(warp_tiles(warp), inclusive) };
-    }
-    sync::sync_threads();
-    if warp == 0 {
-        let w = unsafe { smem::ld_shared_u32(warp_tiles(lane)) };
-        let excl = shuffle::warp_inclusive_sum_u32(w) - w;
-        unsafe { smem::st_shared_u32(warp_tiles(lane), excl) };
-    }
-    sync::sync_threads();
-    let base = unsafe { smem::ld_shared_u32(warp_tiles(warp)) };
-    base + inclusive - v
+    cta_exclusive_sum!(v, warp_tiles, warp, lane)
+}
+
+/// The context of a launch that follows this layer's routing launch: the epoch that launch stored at `a.epoch`, and
+/// the epoch sequence of the fused launches (their proxy commands and remote flags).
+///
+/// # Safety
+///
+/// As [`CommCtx::with_epoch`] for `desc` and `cta`; `a` meets the argument-block contract (`crate::kernels::moe`), after
+/// this layer's routing launch.
+#[inline(always)]
+pub(crate) unsafe fn layer_ctx(desc: *const CommDesc, a: &MoeEpArgs, cta: u32, role: Role) -> CommCtx {
+    let epoch = unsafe { (a.epoch as *const u64).read_volatile() };
+    let mut c = unsafe { CommCtx::with_epoch(desc, cta, role, epoch) };
+    c.epoch_seq = EPOCH_SEQ_FUSED;
+    c
+}
+
+/// The row layout the dispatch and the combine share: 16-byte pieces per token row, bytes per row (bf16), local
+/// experts per rank (at least 1) and the receive row of every (token, choice) pair (`a.pos`).
+#[inline(always)]
+fn row_layout(a: &MoeEpArgs) -> (u32, u64, u32, *const u32) {
+    (
+        a.hidden / 8,
+        a.hidden as u64 * 2,
+        a.local_experts.max(1),
+        a.pos as *const u32,
+    )
 }
 
 /// Rows of a run of `n` rows starting at receive row `row0` that fit below `capacity`.
@@ -404,18 +420,7 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_route(desc: *const CommDesc, args: *
     }
     let tiles = total.div_ceil(ROW_ALIGN);
     let (warp, lane) = (tid / 32, ids::lane_id());
-    let inclusive = shuffle::warp_inclusive_sum_u32(tiles);
-    if lane == 31 {
-        unsafe { smem::st_shared_u32(warp_tiles(warp), inclusive) };
-    }
-    sync::sync_threads();
-    if warp == 0 {
-        let w = unsafe { smem::ld_shared_u32(warp_tiles(lane)) };
-        let excl = shuffle::warp_inclusive_sum_u32(w) - w;
-        unsafe { smem::st_shared_u32(warp_tiles(lane), excl) };
-    }
-    sync::sync_threads();
-    let excl = unsafe { smem::ld_shared_u32(warp_tiles(warp)) } + inclusive - tiles;
+    let excl = cta_exclusive_sum!(tiles, warp_tiles, warp, lane);
     if tid < MAX_EXPERTS {
         unsafe {
             smem::st_shared_u32(scan(tid), excl);
@@ -556,16 +561,11 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_dispatch(
 ) {
     let a = unsafe { args.read() };
     let b = ids::block_idx();
-    let epoch = unsafe { (a.epoch as *const u64).read_volatile() };
-    let mut c = unsafe { CommCtx::with_epoch(desc, b, Role::IntraComm, epoch) };
-    c.epoch_seq = EPOCH_SEQ_FUSED;
+    let c = unsafe { layer_ctx(desc, &a, b, Role::IntraComm) };
     if unsafe { aborting(&c) } {
         return;
     }
-    let pieces = a.hidden / 8;
-    let row_bytes = a.hidden as u64 * 2;
-    let le = a.local_experts.max(1);
-    let pos = a.pos as *const u32;
+    let (pieces, row_bytes, le, pos) = row_layout(&a);
     let xrow = a.xrow as *const u32;
     let node0 = node0(&c);
     let mut t = b;
@@ -633,16 +633,11 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_combine(
 ) {
     let a = unsafe { args.read() };
     let b = ids::block_idx();
-    let epoch = unsafe { (a.epoch as *const u64).read_volatile() };
-    let mut c = unsafe { CommCtx::with_epoch(desc, b, Role::IntraComm, epoch) };
-    c.epoch_seq = EPOCH_SEQ_FUSED;
+    let c = unsafe { layer_ctx(desc, &a, b, Role::IntraComm) };
     if unsafe { aborting(&c) } {
         return;
     }
-    let pieces = a.hidden / 8;
-    let row_bytes = a.hidden as u64 * 2;
-    let le = a.local_experts.max(1);
-    let pos = a.pos as *const u32;
+    let (pieces, row_bytes, le, pos) = row_layout(&a);
     let across = c.global_world > c.world;
     // Across nodes, CTA 0 first sends the results back: one PUT per (source on another node,
     // local expert) from my down projection's rows into the source's transfer rows, then a
@@ -687,7 +682,7 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_combine(
                 return;
             }
             if ids::thread_idx() == 0 {
-                unsafe { memory::st_release_u64(Scope::Gpu, relay, epoch) };
+                unsafe { memory::st_release_u64(Scope::Gpu, relay, c.epoch) };
             }
         } else {
             let failed = ids::thread_idx() == 0
@@ -695,7 +690,7 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_combine(
                     wait_word(
                         &c,
                         relay,
-                        epoch,
+                        c.epoch,
                         EpFlag::Out,
                         c.global_rank,
                         c.timeout_ns.saturating_mul(2),
@@ -732,24 +727,7 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_combine(
                     }
                 }
             }
-            let at = t as u64 * a.hidden as u64 + 8 * q as u64;
-            if f32_out != 0 {
-                let p = out as u64 + 4 * at;
-                let lo = [acc[0].to_bits(), acc[1].to_bits(), acc[2].to_bits(), acc[3].to_bits()];
-                let hi = [acc[4].to_bits(), acc[5].to_bits(), acc[6].to_bits(), acc[7].to_bits()];
-                unsafe {
-                    memory::st_v4(p as *mut u8, lo);
-                    memory::st_v4((p + 16) as *mut u8, hi);
-                }
-            } else {
-                let v = [
-                    pack_bf16x2(acc[0], acc[1]),
-                    pack_bf16x2(acc[2], acc[3]),
-                    pack_bf16x2(acc[4], acc[5]),
-                    pack_bf16x2(acc[6], acc[7]),
-                ];
-                unsafe { memory::st_v4((out as u64 + 2 * at) as *mut u8, v) };
-            }
+            store_sums!(out, t as u64 * a.hidden as u64 + 8 * q as u64, acc, f32_out);
             q += ROW_THREADS;
         }
         t += ids::grid_dim();

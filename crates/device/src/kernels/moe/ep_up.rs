@@ -12,13 +12,12 @@
 //! Every CTA of the grid is resident at once (one CTA per SM, at most the SMs), and the
 //! dispatch before the role split waits for nothing, so no tile waits for a CTA that cannot run.
 use super::consumer;
-use super::ep::{aborting, last_to_store, node0, on_node, post_remote_rows, wait_word};
+use super::ep::{aborting, last_to_store, layer_ctx, node0, on_node, post_remote_rows, wait_word};
 use super::grouped_gemm::Launch;
 use crate::arch::{ids, mbarrier, memory, memory::Scope, regs, smem, sync, tma, tma::TensorMap};
-use crate::comm::{proxy, CommCtx};
+use crate::comm::proxy;
 use crate::gemm::producer::{fill_without_data, load_tile_rows, ARows, BRows};
 use crate::gemm::ring::{Ring, RingPos};
-use mkernel_config::comm::fifo::EPOCH_SEQ_FUSED;
 use mkernel_config::comm::{wait_code, CommDesc, RemoteSlot, Role};
 use mkernel_config::ops::moe::{
     act, grouped_gemm_role, EpFlag, GroupedGemmArgs, MoeEpArgs, GROUPED_GEMM_ROLES, RING, TILE,
@@ -41,9 +40,7 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_dispatch_up(
     let b = ids::block_idx();
     let tid = ids::thread_idx();
     let threads = ids::block_dim();
-    let epoch = unsafe { (a.epoch as *const u64).read_volatile() };
-    let mut c = unsafe { CommCtx::with_epoch(desc, b, Role::IntraComm, epoch) };
-    c.epoch_seq = EPOCH_SEQ_FUSED;
+    let c = unsafe { layer_ctx(desc, &a, b, Role::IntraComm) };
     let stopped = sync::sync_threads_or(unsafe { aborting(&c) });
     // Rows stored per expert of the layer by this CTA: the ring's first stage, before the ring
     // starts (the routing kernel's `MAX_EXPERTS` words fit; checked in the config).
@@ -216,9 +213,7 @@ unsafe fn load(ring: &Ring, l: Launch) {
 #[inline(always)]
 unsafe fn wait_experts(args: *const MoeEpArgs, desc: *const CommDesc) {
     let a = unsafe { args.read() };
-    let epoch = unsafe { (a.epoch as *const u64).read_volatile() };
-    let mut c = unsafe { CommCtx::with_epoch(desc, ids::block_idx(), Role::Compute, epoch) };
-    c.epoch_seq = EPOCH_SEQ_FUSED;
+    let mut c = unsafe { layer_ctx(desc, &a, ids::block_idx(), Role::Compute) };
     // The consumers' ring waits trap after `HUNG_NS`: give up well before, so that they run
     // through the tiles without data instead.
     c.timeout_ns = c.timeout_ns.min(mbarrier::HUNG_NS / 2);

@@ -9,7 +9,7 @@
 //! 3. give every pair a row of its expert's group (a shared-memory cursor per expert; the
 //!    order inside a group is whatever the atomics give - every row's result is the same
 //!    wherever it sits).
-use crate::arch::{ids, memory, memory::Scope, shuffle, smem, sync};
+use crate::arch::{ids, memory, memory::Scope, smem, sync};
 use mkernel_config::ops::moe::{
     MoeErrorRecord, MoeRouteArgs, MAX_EXPERTS, ROUTE_SMEM_COUNTS, ROUTE_SMEM_CURSOR, ROUTE_SMEM_WARP_TILES,
     ROUTE_THREADS, ROW_ALIGN, TILE_PAD_SHIFT,
@@ -75,6 +75,28 @@ pub unsafe extern "ptx-kernel" fn mk_moe_route(args: *const MoeRouteArgs, ids: *
     }
 }
 
+/// Exclusive prefix sum of `$v` over the CTA's threads (thread order; warp scans, then a scan of the warp totals),
+/// through the shared words at `$warp_tiles(w)` (32 words, free at the call); `$warp`, `$lane` are this thread's warp
+/// and lane. Every thread runs it; it ends in a CTA barrier after the words' last write. A macro, not a function: as
+/// an `#[inline(always)]` fn it changed the PTX of the routing kernels.
+macro_rules! cta_exclusive_sum {
+    ($v:expr, $warp_tiles:expr, $warp:expr, $lane:expr) => {{
+        let inclusive = $crate::arch::shuffle::warp_inclusive_sum_u32($v);
+        if $lane == 31 {
+            unsafe { $crate::arch::smem::st_shared_u32($warp_tiles($warp), inclusive) };
+        }
+        $crate::arch::sync::sync_threads();
+        if $warp == 0 {
+            let w = unsafe { $crate::arch::smem::ld_shared_u32($warp_tiles($lane)) };
+            let excl = $crate::arch::shuffle::warp_inclusive_sum_u32(w) - w;
+            unsafe { $crate::arch::smem::st_shared_u32($warp_tiles($lane), excl) };
+        }
+        $crate::arch::sync::sync_threads();
+        (unsafe { $crate::arch::smem::ld_shared_u32($warp_tiles($warp)) }) + inclusive - $v
+    }};
+}
+pub(crate) use cta_exclusive_sum;
+
 /// Step 2 of the routing (every thread of the CTA calls it; thread `e < experts` brings
 /// expert `e`'s row count): scans the row tiles per expert (`ceil(count / ROW_ALIGN)`; warp
 /// scans, then a scan of the warp totals), writes counts, padded offsets, the expert of every
@@ -95,18 +117,7 @@ pub(crate) unsafe fn place_groups(a: &MoeRouteArgs, experts: u32, count: u32) {
     let tid = ids::thread_idx();
     let (warp, lane) = (tid / 32, ids::lane_id());
     let tiles = count.div_ceil(ROW_ALIGN);
-    let inclusive = shuffle::warp_inclusive_sum_u32(tiles);
-    if lane == 31 {
-        unsafe { smem::st_shared_u32(warp_tiles(warp), inclusive) };
-    }
-    sync::sync_threads();
-    if warp == 0 {
-        let w = unsafe { smem::ld_shared_u32(warp_tiles(lane)) };
-        let before = shuffle::warp_inclusive_sum_u32(w) - w;
-        unsafe { smem::st_shared_u32(warp_tiles(lane), before) };
-    }
-    sync::sync_threads();
-    let first_tile = unsafe { smem::ld_shared_u32(warp_tiles(warp)) } + inclusive - tiles;
+    let first_tile = cta_exclusive_sum!(tiles, warp_tiles, warp, lane);
     if tid < experts {
         unsafe {
             (a.counts as *mut u32).add(tid as usize).write(count);
