@@ -350,7 +350,7 @@ pub(super) unsafe fn stager_role(idx: u32, cw: u32) {
 /// map (a peer's receive buffer or an output; box `EPILOGUE_BOX_COLS` x `STAGER_STORE_ROWS`) and `p` below the stager's
 /// piece count (`EPILOGUE_BOX_ROWS / STAGER_STORE_ROWS * epilogue_buffers`); the staging is not rewritten before the
 /// store has read it.
-// `PER_BOX` is 1 with today's `STAGER_STORE_ROWS` (`p % PER_BOX` is then 0); the split is kept for other values.
+// `PER_BOX` is 1 with the current `STAGER_STORE_ROWS` (`p % PER_BOX` is then 0); the split is kept for other values.
 #[allow(clippy::modulo_one)]
 #[inline(always)]
 pub(super) unsafe fn stager_store(map: u64, local: Tile, cw: u32, p: u32) {
