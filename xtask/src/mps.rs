@@ -221,9 +221,10 @@ impl Drop for Mps {
 /// With 4 ranks at 25% a rank's launch sometimes started only part of its grid: of 25 CTAs, 9
 /// entered and 16 never did while the peers' grids ran (measured on one H100 through the CTA
 /// entry marks, docs/testing.md "A launch that stalls on shared GPUs"), and every peer timed out
-/// on that rank's counters. The cap seats fewer CTAs than its SM count suggests when other
-/// clients hold SMs beside the free ones. Without the cap, grids that add up to at most 80% of the
-/// SMs ([`persistent_sm_percent`]) always fit.
+/// on that rank's counters. Why a capped client gets fewer SMs than its share while SMs are free
+/// is not documented by NVIDIA (a cap counted in whole TPCs would explain it; not measured).
+/// Without the cap, grids that add up to at most 80% of the SMs ([`persistent_sm_percent`]) fit,
+/// and the failing case passed that way.
 pub fn default_sm_percent(ranks: usize) -> u32 {
     match ranks {
         0 | 1 => 100,
