@@ -1,13 +1,14 @@
 //! MoE expert FFN on one GPU against the CPU reference (tests/src/moe.rs): uniform, skewed,
 //! one hot expert, empty experts, top-1 and top-8, token counts that are not multiples of the
 //! tile, no activation, f32 output, a CUDA graph replayed with new routing, and out-of-range
-//! expert ids (an error, no stray write).
+//! expert ids (an error, no stray write); each with the combine after the down projection
+//! (`MoeCombine::Ordered`) and in its epilogue (`MoeCombine::Epilogue`).
 // A NaN must fail the tolerance checks, so they are written as negated `<=` comparisons.
 #![allow(clippy::neg_cmp_op_on_partial_ord)]
 use half::bf16;
 use mkernel::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use mkernel::cudarc::driver::{CudaSlice, CudaStream};
-use mkernel::ops::moe::{padded_offsets, Activation, GroupedGemmPlan, GroupedGemmShape, MoePlan, MoeShape};
+use mkernel::ops::moe::{padded_offsets, Activation, GroupedGemmPlan, GroupedGemmShape, MoeCombine, MoePlan, MoeShape};
 use mkernel::{Device, Error};
 use mkernel_tests::data::random_bf16;
 use mkernel_tests::gpu::device_or_skip;
@@ -157,17 +158,36 @@ fn check(
     )
 }
 
-/// Plans, launches once on `ids`, checks everything; the output in bf16 (or f32).
-fn run_case(dev: &Device, label: &str, s: MoeShape, ids: &[i32], wts: &[f32], seed: u64, f32_out: bool) -> String {
+/// Both combines, each test runs with each.
+const COMBINES: [MoeCombine; 2] = [MoeCombine::Ordered, MoeCombine::Epilogue];
+
+/// Plans (with `combine`), launches once on `ids`, checks everything; the output in bf16 (or f32).
+#[allow(clippy::too_many_arguments)]
+fn run_case(
+    dev: &Device,
+    label: &str,
+    s: MoeShape,
+    ids: &[i32],
+    wts: &[f32],
+    seed: u64,
+    f32_out: bool,
+    combine: MoeCombine,
+) -> String {
     let stream = dev.default_stream();
     let w = weights(&stream, s, seed);
     let x = random_bf16(s.tokens * s.hidden, seed + 7);
     let dx = stream.clone_htod(&x).unwrap();
     let dids = stream.clone_htod(ids).unwrap();
     let dw = stream.clone_htod(wts).unwrap();
-    let mut plan = MoePlan::new(dev, &stream, s, &w.d_up, &w.d_down, None).unwrap();
+    let mut plan = MoePlan::new(dev, &stream, s, &w.d_up, &w.d_down, None)
+        .unwrap()
+        .with_combine(&stream, combine)
+        .unwrap();
+    let label = format!("{label}, {combine:?} combine");
+    let label = label.as_str();
     let got: Vec<f64> = if f32_out {
-        let mut out = stream.alloc_zeros::<f32>(s.tokens * s.hidden).unwrap();
+        // Garbage in the output first: the epilogue combine must zero it itself.
+        let mut out = stream.clone_htod(&vec![f32::NAN; s.tokens * s.hidden]).unwrap();
         plan.launch(&stream, &dx, &dids, &dw, &mut out).unwrap();
         stream.clone_dtoh(&out).unwrap().iter().map(|&v| v as f64).collect()
     } else {
@@ -240,7 +260,12 @@ fn moe_matches_cpu_reference() {
         ),
     ];
     for (i, (label, s, (ids, wts), f32_out)) in cases.into_iter().enumerate() {
-        println!("{}", run_case(&dev, label, s, &ids, &wts, 100 + 10 * i as u64, f32_out));
+        for c in COMBINES {
+            println!(
+                "{}",
+                run_case(&dev, label, s, &ids, &wts, 100 + 10 * i as u64, f32_out, c)
+            );
+        }
     }
 }
 
@@ -264,25 +289,35 @@ fn moe_graph_replays_with_new_routing() {
     let mut dids = stream.clone_htod(&ids_a).unwrap();
     let mut dw = stream.clone_htod(&w_a).unwrap();
     let mut out = stream.alloc_zeros::<bf16>(s.tokens * s.hidden).unwrap();
-    let mut plan = MoePlan::new(&dev, &stream, s, &w.d_up, &w.d_down, None).unwrap();
-    stream
-        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-        .unwrap();
-    plan.launch(&stream, &dx, &dids, &dw, &mut out).unwrap();
-    let graph = stream
-        .end_capture(CUgraphInstantiate_flags(0))
-        .unwrap()
-        .expect("captured graph");
-    for (label, ids, wts) in [("graph, routing A", &ids_a, &w_a), ("graph, routing B", &ids_b, &w_b)] {
-        stream.memcpy_htod(ids, &mut dids).unwrap();
-        stream.memcpy_htod(wts, &mut dw).unwrap();
-        graph.launch().unwrap();
+    for combine in COMBINES {
+        let mut plan = MoePlan::new(&dev, &stream, s, &w.d_up, &w.d_down, None)
+            .unwrap()
+            .with_combine(&stream, combine)
+            .unwrap();
         stream.synchronize().unwrap();
-        let got: Vec<f64> = stream.clone_dtoh(&out).unwrap().iter().map(|v| v.to_f64()).collect();
-        plan.take_error(&stream).unwrap();
-        println!("{}", check(label, &plan, &stream, &w, &x, ids, wts, &got, BF16_OUT_REL));
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .unwrap();
+        plan.launch(&stream, &dx, &dids, &dw, &mut out).unwrap();
+        let graph = stream
+            .end_capture(CUgraphInstantiate_flags(0))
+            .unwrap()
+            .expect("captured graph");
+        for (label, ids, wts) in [("graph, routing A", &ids_a, &w_a), ("graph, routing B", &ids_b, &w_b)] {
+            stream.memcpy_htod(ids, &mut dids).unwrap();
+            stream.memcpy_htod(wts, &mut dw).unwrap();
+            graph.launch().unwrap();
+            stream.synchronize().unwrap();
+            let got: Vec<f64> = stream.clone_dtoh(&out).unwrap().iter().map(|v| v.to_f64()).collect();
+            plan.take_error(&stream).unwrap();
+            let label = format!("{label}, {combine:?} combine");
+            println!(
+                "{}",
+                check(&label, &plan, &stream, &w, &x, ids, wts, &got, BF16_OUT_REL)
+            );
+        }
+        drop(graph);
     }
-    drop(graph);
     // SAFETY: restores the default for the other tests.
     unsafe { ctx.enable_event_tracking() };
 }
@@ -306,24 +341,28 @@ fn moe_out_of_range_expert_is_an_error() {
     let dw = stream.clone_htod(&wts).unwrap();
     let mut out = stream.alloc_zeros::<bf16>(s.tokens * s.hidden).unwrap();
     let mut plan = MoePlan::new(&dev, &stream, s, &w.d_up, &w.d_down, None).unwrap();
-    plan.launch(&stream, &dx, &dids, &dw, &mut out).unwrap();
-    let err = plan.take_error(&stream).unwrap_err();
-    println!("moe bad ids: {err}");
-    match err {
-        Error::MoeExpertId { experts, bad, id, .. } => {
-            assert_eq!(experts, 8);
-            assert_eq!(bad, 3);
-            assert!([8, -1, i32::MAX].contains(&id));
+    for combine in COMBINES {
+        plan = plan.with_combine(&stream, combine).unwrap();
+        plan.launch(&stream, &dx, &dids, &dw, &mut out).unwrap();
+        let err = plan.take_error(&stream).unwrap_err();
+        println!("moe bad ids, {combine:?} combine: {err}");
+        match err {
+            Error::MoeExpertId { experts, bad, id, .. } => {
+                assert_eq!(experts, 8);
+                assert_eq!(bad, 3);
+                assert!([8, -1, i32::MAX].contains(&id));
+            }
+            other => panic!("expected MoeExpertId, got {other}"),
         }
-        other => panic!("expected MoeExpertId, got {other}"),
+        // The bad pairs add nothing; every other pair is right; the record was cleared.
+        let got: Vec<f64> = stream.clone_dtoh(&out).unwrap().iter().map(|v| v.to_f64()).collect();
+        let label = format!("bad ids, {combine:?} combine");
+        println!(
+            "{}",
+            check(&label, &plan, &stream, &w, &x, &ids, &wts, &got, BF16_OUT_REL)
+        );
+        plan.take_error(&stream).unwrap();
     }
-    // The bad pairs add nothing; every other pair is right; the record was cleared.
-    let got: Vec<f64> = stream.clone_dtoh(&out).unwrap().iter().map(|v| v.to_f64()).collect();
-    println!(
-        "{}",
-        check("bad ids", &plan, &stream, &w, &x, &ids, &wts, &got, BF16_OUT_REL)
-    );
-    plan.take_error(&stream).unwrap();
     // Wrong lengths are rejected before any launch.
     let short = stream.clone_htod(&ids[..10]).unwrap();
     let e = plan

@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::bf16;
-use mkernel::ops::moe::{Activation, MoePlan, MoeShape};
+use mkernel::ops::moe::{moe_combine, Activation, MoeCombine, MoePlan, MoeShape, MoeStage};
 use mkernel::Device;
 use mkernel_tests::data::random_bf16;
 use mkernel_tests::moe::{skewed_routing, uniform_routing};
@@ -190,7 +190,13 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
         let dids = stream.clone_htod(&ids)?;
         let dw = stream.clone_htod(&wts)?;
         let mut out = stream.alloc_zeros::<bf16>(s.tokens * s.hidden)?;
-        let mut plan = MoePlan::new(dev, &stream, *s, &w_up, &w_down, None).context("MoePlan")?;
+        // Both combines (ordered: `mk_moe_combine`; epilogue: in the down projection), timed
+        // side by side; "ours" is the one `moe_combine` picks for the shape.
+        let plan = MoePlan::new(dev, &stream, *s, &w_up, &w_down, None).context("MoePlan")?;
+        let plan_o = plan.with_combine(&stream, MoeCombine::Ordered)?;
+        let plan_e =
+            MoePlan::new(dev, &stream, *s, &w_up, &w_down, None)?.with_combine(&stream, MoeCombine::Epilogue)?;
+        let default = moe_combine(s);
         // cuBLAS loop buffers: rows grouped without padding.
         let mut counts = vec![0usize; s.experts];
         for &i in &ids {
@@ -201,8 +207,10 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
         let mut hg = stream.alloc_zeros::<bf16>(m * s.up_rows())?;
         let hin = random_device(&stream, m * s.ffn, 6, 1.0)?;
         let mut yg = stream.alloc_zeros::<bf16>(m * s.hidden)?;
-        let (ms_ours, ms_blas) = {
-            let mut ours = || Ok(plan.launch(&stream, &x, &dids, &dw, &mut out)?);
+        let (ms_o, ms_e, ms_blas) = {
+            let mut out_e = stream.alloc_zeros::<bf16>(s.tokens * s.hidden)?;
+            let mut ours_o = || Ok(plan_o.launch(&stream, &x, &dids, &dw, &mut out)?);
+            let mut ours_e = || Ok(plan_e.launch(&stream, &x, &dids, &dw, &mut out_e)?);
             let mut theirs = || -> Result<()> {
                 let mut row = 0;
                 for (e, &c) in counts.iter().enumerate() {
@@ -232,15 +240,23 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
                 }
                 Ok(())
             };
-            let t = median_ms_interleaved(&stream, args.warmup, args.iters, &mut [&mut ours, &mut theirs])?;
-            (t[0], t[1])
+            let t = median_ms_interleaved(
+                &stream,
+                args.warmup,
+                args.iters,
+                &mut [&mut ours_o, &mut ours_e, &mut theirs],
+            )?;
+            (t[0], t[1], t[2])
         };
+        let ms_ours = if default == MoeCombine::Epilogue { ms_e } else { ms_o };
         // Diagnostic: each stage alone (on the state the full launches left).
         let stages = {
-            use mkernel::ops::moe::MoeStage;
             let mut fs: Vec<Box<dyn FnMut() -> Result<()>>> = vec![];
-            for st in MoeStage::ALL {
-                let (plan, stream, x, dids, dw) = (&plan, &stream, &x, &dids, &dw);
+            for (plan, st) in [&plan_o, &plan_e]
+                .into_iter()
+                .flat_map(|p| MoeStage::ALL.map(|st| (p, st)))
+            {
+                let (stream, x, dids, dw) = (&stream, &x, &dids, &dw);
                 let out = std::cell::RefCell::new(stream.alloc_zeros::<bf16>(s.tokens * s.hidden)?);
                 fs.push(Box::new(move || {
                     Ok(plan.launch_stage(st, stream, x, dids, dw, &mut *out.borrow_mut())?)
@@ -249,15 +265,23 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
             let mut refs: Vec<&mut dyn FnMut() -> Result<()>> = fs.iter_mut().map(|f| &mut **f as _).collect();
             median_ms_interleaved(&stream, args.warmup, args.iters, &mut refs)?
         };
+        let us = |v: &[f64]| {
+            v.iter()
+                .map(|x| format!("{:.1}", x * 1e3))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        };
         println!(
-            "#   stages alone (us): route {:.1}, gather {:.1}, up {:.1}, down {:.1}, combine {:.1}",
-            stages[0] * 1e3,
-            stages[1] * 1e3,
-            stages[2] * 1e3,
-            stages[3] * 1e3,
-            stages[4] * 1e3
+            "#   stages alone (us), route / gather / up / down / combine: ordered {}; epilogue {} (down: zeroing + down with the combine; combine: f32 -> bf16); whole layer: ordered {:.1}, epilogue {:.1}",
+            us(&stages[..5]),
+            us(&stages[5..]),
+            ms_o * 1e3,
+            ms_e * 1e3
         );
-        plan.take_error(&stream)?;
+        let (mut plan_o, mut plan_e) = (plan_o, plan_e);
+        plan_o.take_error(&stream)?;
+        plan_e.take_error(&stream)?;
+        let plan = &plan_o;
         let tf = |ms: f64| s.flops() / (ms * 1e-3) / 1e12;
         let (torch_layer, torch_gemm) = (torch.map(|t| t.0), torch.map(|t| t.1));
         let fmt = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{:.1}", x * 1e3));
@@ -277,11 +301,25 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
             vs_torch.map_or("-".into(), |r| format!("{r:.3}")),
             ms_blas / ms_ours
         );
+        if let Some(tg) = torch_gemm {
+            println!(
+                "#   / torch grouped_mm: ours (layer, {default:?} combine) {:.3}, ordered {:.3}, epilogue {:.3}, our up + down GEMMs alone {:.3}",
+                tg / ms_ours,
+                tg / ms_o,
+                tg / ms_e,
+                tg / (stages[2] + stages[3])
+            );
+        }
         let hot = counts.iter().max().copied().unwrap_or(0);
         rows.push(
             json!({ "label": label, "tokens": s.tokens, "experts": s.experts, "top_k": s.top_k,
             "hidden": s.hidden, "ffn": s.ffn, "routing": routing, "hottest_expert_rows": hot,
-            "ours_ms": ms_ours, "ours_tflops": tf(ms_ours),
+            "ours_ms": ms_ours, "ours_tflops": tf(ms_ours), "ours_combine": format!("{default:?}"),
+            "ours_ordered_ms": ms_o, "ours_epilogue_ms": ms_e,
+            "stages_ordered_ms": &stages[..5], "stages_epilogue_ms": &stages[5..],
+            "ours_gemms_ms": stages[2] + stages[3],
+            "ours_gemms_over_torch_grouped_mm": torch_gemm.map(|t| t / (stages[2] + stages[3])),
+            "ours_over_torch_grouped_mm": torch_gemm.map(|t| t / ms_ours),
             "cublas_loop_gemms_ms": ms_blas, "cublas_loop_gemms_tflops": tf(ms_blas),
             "torch_layer_ms": torch_layer, "torch_layer_tflops": torch_layer.map(tf),
             "torch_grouped_mm_only_ms": torch_gemm, "torch_grouped_mm_only_tflops": torch_gemm.map(tf),

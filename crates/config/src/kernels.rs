@@ -96,6 +96,8 @@ pub const KERNELS: &[KernelSpec] = &[
     crate::ops::moe::MOE_GATHER,
     crate::ops::moe::MOE_GROUPED_GEMM,
     crate::ops::moe::MOE_COMBINE,
+    crate::ops::moe::MOE_GROUPED_GEMM_COMBINE,
+    crate::ops::moe::MOE_TO_BF16,
     crate::ops::moe::MOE_EP_ROUTE,
     crate::ops::moe::MOE_EP_DISPATCH,
     crate::ops::moe::MOE_EP_DISPATCH_UP,

@@ -70,6 +70,12 @@ pub mod mode {
     /// halves) move as without the flag. Padding rows are computed on whatever the ring slot
     /// held before and never stored.
     pub const PARTIAL_ROWS: u32 = 1 << 8;
+    /// The combine in the epilogue (the down projection of `mk_moe_grouped_gemm_combine`):
+    /// C is not stored; every row's accumulators, times its pair's router weight, are added
+    /// (`red.global.add.f32`) into its token's f32 output row, which the launch sequence
+    /// zeroed before. The top-k sum is f32 but its order is whatever the tiles' order gives:
+    /// not bitwise reproducible (the separate `mk_moe_combine` is).
+    pub const COMBINE: u32 = 1 << 9;
 }
 
 /// Rows of one A load and one C store box of a partial tile with [`mode::PARTIAL_ROWS`] (a
@@ -118,6 +124,9 @@ pub struct MoeRouteArgs {
     pub slots: u64,
     /// The [`MoeErrorRecord`].
     pub error: u64,
+    /// Pair of every grouped row (`max_tiles x ROW_ALIGN` u32: `t * top_k + j`, `u32::MAX` for
+    /// a padding row), for the down projection's combine ([`mode::COMBINE`]); 0: not written.
+    pub row_pair: u64,
     /// `tokens * top_k`.
     pub pairs: u32,
     pub experts: u32,
@@ -165,6 +174,11 @@ pub struct GroupedGemmArgs {
     pub b_rows: u32,
     /// [`act`] in the low byte, [`mode`] flags above it.
     pub act: u32,
+    /// With [`mode::COMBINE`]: the pair of every grouped row (`MoeRouteArgs::row_pair`).
+    pub row_pair: u64,
+    /// With [`mode::COMBINE`]: experts per token (a row's pair `p` is token `p / top_k`).
+    pub top_k: u32,
+    pub _pad: u32,
 }
 
 /// `mk_moe_combine`'s argument block: `out[t] = sum_j w[t * top_k + j] * Yp[slots[..]]`
@@ -258,6 +272,16 @@ pub const MOE_COMBINE: KernelSpec = KernelSpec {
     max_threads: ROW_THREADS,
     min_blocks_per_sm: 1,
     dynamic_smem: 0,
+};
+/// The down projection with the combine in its epilogue ([`mode::COMBINE`]).
+pub const MOE_GROUPED_GEMM_COMBINE: KernelSpec = KernelSpec {
+    name: "mk_moe_grouped_gemm_combine",
+    ..MOE_GROUPED_GEMM
+};
+/// f32 sums of the fused combine to a bf16 output (`mk_moe_to_bf16`).
+pub const MOE_TO_BF16: KernelSpec = KernelSpec {
+    name: "mk_moe_to_bf16",
+    ..MOE_COMBINE
 };
 
 /// Expert parallelism (docs/moe.md, "Across ranks"): most CTAs of the dispatch and the combine

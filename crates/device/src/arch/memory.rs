@@ -432,3 +432,18 @@ pub unsafe fn ld_cg_v4(p: *const u8) -> [u32; 4] {
 pub unsafe fn prefetch_l2(p: *const u8) {
     unsafe { asm!("prefetch.global.L2 [{0}];", in(reg64) p, options(nostack, readonly)) };
 }
+
+/// Adds four f32 to four consecutive f32 of global memory (one L2 reduction of 16 bytes, no
+/// value returned): `red.relaxed.gpu.global.add.v4.f32 [p], {a, b, c, d};` (sm_90).
+///
+/// # Safety
+///
+/// `p` is a 16-byte aligned address of 16 bytes of writable global memory (local or peer-mapped); concurrent
+/// accesses to them are other reductions, or readers ordered after every reduction by a later release or the end of
+/// the kernel.
+#[inline(always)]
+pub unsafe fn red_add_v4_f32(p: *mut f32, v: [f32; 4]) {
+    unsafe {
+        asm!("red.relaxed.gpu.global.add.v4.f32 [{0}], {{{1}, {2}, {3}, {4}}};", in(reg64) p, in(reg32) v[0].to_bits(), in(reg32) v[1].to_bits(), in(reg32) v[2].to_bits(), in(reg32) v[3].to_bits(), options(nostack))
+    };
+}

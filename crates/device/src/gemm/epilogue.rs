@@ -495,6 +495,47 @@ unsafe fn store_pair<const CHECKED: bool>(out: &Output, row: u32, col: u32, x: f
     }
 }
 
+/// Rows of warpgroup `wg`'s tile held by this thread (the wgmma accumulator layout): `r` and
+/// `r + 8`, counted from the tile's first row.
+#[inline(always)]
+pub fn thread_rows(wg: u32) -> [u32; 2] {
+    let t = ids::thread_in_warpgroup();
+    let r = wg * TILE.rows_per_consumer() + (t / 32) * 16 + (t % 32) / 4;
+    [r, r + 8]
+}
+
+/// Adds a warpgroup's 64 x 256 accumulators, each row times its weight, into f32 rows in global
+/// memory with 16-byte reductions (`red.global.add.v4.f32`; no staging, no return values).
+/// `dst[i]` is the address of the destination element of column `tile.n0` for this thread's row
+/// [`thread_rows`]`[i]` (0: the row is skipped), `w[i]` its weight; columns at or past `cols`
+/// (counted from `tile.n0`, a multiple of 4) are skipped. In the accumulator layout the four
+/// threads of a quad hold two columns each of an 8-column block, in rows `r` and `r + 8`; one
+/// `shfl.bfly` exchange per column pair gives the even thread four columns of row `r` and the odd
+/// thread four of row `r + 8`, so every reduction moves 16 bytes.
+///
+/// # Safety
+///
+/// Called by all 128 threads of the warpgroup (it shuffles within each warp); every nonzero `dst[i]` is a 16-byte
+/// aligned address with `cols` writable f32 after it, accessed concurrently only by reductions until the kernel ends.
+#[inline(always)]
+pub unsafe fn red_rows_f32(acc: &[f32; 128], dst: [u64; 2], w: [f32; 2], cols: u32) {
+    let q = ids::thread_in_warpgroup() % 4;
+    let odd = q & 1 == 1;
+    let (to, c0) = (if odd { dst[1] } else { dst[0] }, 2 * (q & !1));
+    unroll_32!(j => {
+        let (a0, a1) = (acc[4 * j] * w[0], acc[4 * j + 1] * w[0]);
+        let (b0, b1) = (acc[4 * j + 2] * w[1], acc[4 * j + 3] * w[1]);
+        let (s0, s1) = if odd { (a0, a1) } else { (b0, b1) };
+        let r0 = f32::from_bits(crate::arch::shuffle::shfl_xor(s0.to_bits(), 1));
+        let r1 = f32::from_bits(crate::arch::shuffle::shfl_xor(s1.to_bits(), 1));
+        let v = if odd { [r0, r1, b0, b1] } else { [a0, a1, r0, r1] };
+        let col = 8 * j as u32 + c0;
+        if to != 0 && col < cols {
+            unsafe { memory::red_add_v4_f32((to + 4 * col as u64) as *mut f32, v) };
+        }
+    });
+}
+
 /// SwiGLU over a tile whose 256 accumulator columns are 128 gate columns then the 128 up
 /// columns of the same outputs: columns `0..128` become `silu(gate) * up` (f32). In the wgmma
 /// layout a thread holds the same position of every n8 block, so gate value `i` and its up

@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::gemm::{GemmOutput, OutDtype};
 use crate::runtime::Device;
 use crate::tensor_map::{encode_bf16_sw128_packed, TensorMap};
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
 use mkernel_config::ops::moe::{
     self as cfg, act, mode, GroupedGemmArgs, MoeCombineArgs, MoeErrorRecord, MoeGatherArgs, MoeRouteArgs, MAX_EXPERTS,
@@ -167,6 +167,38 @@ impl MoeStage {
     ];
 }
 
+/// Where [`MoePlan`] takes the top-k weighted sum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoeCombine {
+    /// `mk_moe_combine` after the down projection, which stores its grouped rows (bf16):
+    /// `out[t]` sums `j` in order, so the layer is bitwise reproducible.
+    Ordered,
+    /// In the down projection's epilogue (`mk_moe_grouped_gemm_combine`): each grouped row's
+    /// f32 accumulators, times its router weight, are added (`red.global.add.v4.f32`) into its
+    /// token's f32 output row, zeroed first; a bf16 output goes through an f32 buffer of the
+    /// plan (`T x H`) and `mk_moe_to_bf16`. No grouped down-projection rows are stored or
+    /// read back, and the rows are not rounded to bf16 before the sum; the order of the
+    /// top-k additions varies between runs (not bitwise reproducible).
+    Epilogue,
+}
+
+/// Environment variable that forces [`MoePlan`]'s combine: `ordered` or `epilogue`.
+pub const COMBINE_VAR: &str = "MKERNEL_MOE_COMBINE";
+
+/// The combine [`MoePlan::new`] picks for `shape` ([`COMBINE_VAR`] overrides it).
+pub fn moe_combine(shape: &MoeShape) -> MoeCombine {
+    match std::env::var(COMBINE_VAR).as_deref() {
+        Ok("ordered") => MoeCombine::Ordered,
+        Ok("epilogue") => MoeCombine::Epilogue,
+        _ => combine_for(shape),
+    }
+}
+
+/// [`moe_combine`] without the environment.
+fn combine_for(_shape: &MoeShape) -> MoeCombine {
+    MoeCombine::Ordered
+}
+
 /// What the grouped buffers held after a launch ([`MoePlan::inspect`]; diagnostics and tests).
 #[derive(Clone, Debug)]
 pub struct MoeGrouped {
@@ -178,7 +210,7 @@ pub struct MoeGrouped {
     pub slots: Vec<u32>,
     /// Up projection after the activation, `capacity_rows x F` (rows in use only are defined).
     pub hidden_act: Vec<bf16>,
-    /// Down projection, `capacity_rows x H`.
+    /// Down projection, `capacity_rows x H` (with [`MoeCombine::Epilogue`] not written: zeros).
     pub down: Vec<bf16>,
 }
 
@@ -316,13 +348,21 @@ pub struct MoePlan<'a> {
     gather: CudaFunction,
     gemm: CudaFunction,
     combine: CudaFunction,
+    gemm_combine: CudaFunction,
+    to_bf16: CudaFunction,
+    combine_mode: MoeCombine,
+    /// With [`MoeCombine::Epilogue`]: the f32 sums of a bf16 output (`T x H`).
+    sums: Option<CudaSlice<f32>>,
+    /// The down projection's argument block as uploaded (its `act` says the combine).
+    down: GroupedGemmArgs,
     /// Tensor maps and argument blocks (see `ARG_*`).
     args: CudaSlice<u8>,
     /// The grouped token rows (kept alive for the kernels; read by the up projection).
     _xp: CudaSlice<bf16>,
     hid: CudaSlice<bf16>,
     yp: CudaSlice<bf16>,
-    /// counts (E) | offsets (E + 1) | rows (1) | error record (4) | tile_expert | slots.
+    /// counts (E) | offsets (E + 1) | rows (1) | error record (4) | tile_expert | slots |
+    /// row_pair (capacity rows).
     words: CudaSlice<u32>,
     gemm_grid: [u32; 2],
     row_grid: u32,
@@ -382,7 +422,7 @@ impl<'a> MoePlan<'a> {
         let xp = stream.alloc_zeros::<bf16>(cap * h)?;
         let hid = stream.alloc_zeros::<bf16>(cap * f)?;
         let yp = stream.alloc_zeros::<bf16>(cap * h)?;
-        let n_words = e + (e + 1) + 1 + 4 + max_tiles + shape.pairs();
+        let n_words = e + (e + 1) + 1 + 4 + max_tiles + shape.pairs() + cap;
         let words = stream.alloc_zeros::<u32>(n_words)?;
         let base = words.device_ptr(stream).0;
         let (counts, offsets) = (base, base + 4 * e as u64);
@@ -390,6 +430,7 @@ impl<'a> MoePlan<'a> {
         let error = rows + 4;
         let tile_expert = error + 16;
         let slots = tile_expert + 4 * max_tiles as u64;
+        let row_pair = slots + 4 * shape.pairs() as u64;
         let (pxp, phid, pyp) = (
             xp.device_ptr(stream).0,
             hid.device_ptr(stream).0,
@@ -425,6 +466,7 @@ impl<'a> MoePlan<'a> {
             rows,
             slots,
             error,
+            row_pair,
             pairs: shape.pairs() as u32,
             experts: e as u32,
             max_tiles: max_tiles as u32,
@@ -448,7 +490,11 @@ impl<'a> MoePlan<'a> {
             k: h as u32,
             b_rows: shape.up_rows() as u32,
             act: shape.act.flag() | gemm_mode,
+            row_pair: 0,
+            top_k: 0,
+            _pad: 0,
         };
+        let combine_mode = moe_combine(&shape);
         let down = GroupedGemmArgs {
             map_a: map_at(5),
             map_b: map_at(7),
@@ -458,7 +504,15 @@ impl<'a> MoePlan<'a> {
             n: h as u32,
             k: f as u32,
             b_rows: h as u32,
-            act: act::NONE | gemm_mode,
+            act: act::NONE
+                | gemm_mode
+                | match combine_mode {
+                    MoeCombine::Ordered => 0,
+                    MoeCombine::Epilogue => mode::COMBINE,
+                },
+            row_pair,
+            top_k: shape.top_k as u32,
+            _pad: 0,
         };
         let combine = MoeCombineArgs {
             slots,
@@ -482,12 +536,21 @@ impl<'a> MoePlan<'a> {
         stream.memcpy_htod(&block, &mut args)?;
 
         let grids = moe_grids(&shape, device.sm_count(), sms);
+        let sums = match combine_mode {
+            MoeCombine::Ordered => None,
+            MoeCombine::Epilogue => Some(stream.alloc_zeros::<f32>(shape.tokens * h)?),
+        };
         Ok(MoePlan {
             shape,
             route: device.function(&cfg::MOE_ROUTE)?,
             gather: device.function(&cfg::MOE_GATHER)?,
             gemm: device.function(&cfg::MOE_GROUPED_GEMM)?,
             combine: device.function(&cfg::MOE_COMBINE)?,
+            gemm_combine: device.function(&cfg::MOE_GROUPED_GEMM_COMBINE)?,
+            to_bf16: device.function(&cfg::MOE_TO_BF16)?,
+            combine_mode,
+            sums,
+            down,
             args,
             _xp: xp,
             hid,
@@ -517,7 +580,9 @@ impl<'a> MoePlan<'a> {
 
     /// Enqueues one stage of [`MoePlan::launch`] (diagnostics: each stage reads what the
     /// earlier ones left in the plan's buffers, so a stage can be timed alone once the
-    /// earlier ones ran).
+    /// earlier ones ran). With [`MoeCombine::Epilogue`], `Down` zeroes the f32 sums (`out`, or
+    /// the plan's buffer for a bf16 `out`) and runs the down projection with the combine, and
+    /// `Combine` converts the plan's sums to a bf16 `out` (nothing for an f32 `out`).
     pub fn launch_stage<O: GemmOutput>(
         &self,
         stage: MoeStage,
@@ -558,6 +623,31 @@ impl<'a> MoePlan<'a> {
                         .arg(x)
                         .launch(Device::launch_config(&cfg::MOE_GATHER, self.row_grid))?;
                 }
+                MoeStage::Down if self.combine_mode == MoeCombine::Epilogue => {
+                    let target = self.sums_target(stream, out);
+                    let bytes = s.tokens * s.hidden * 4;
+                    cudarc::driver::result::memset_d8_async(target, 0, bytes, stream.cu_stream())?;
+                    let at = a + ARG_DOWN as u64;
+                    stream
+                        .launch_builder(&self.gemm_combine)
+                        .arg(&at)
+                        .arg(weights)
+                        .arg(&target)
+                        .launch(Device::launch_config(&cfg::MOE_GROUPED_GEMM_COMBINE, self.gemm_grid[1]))?;
+                }
+                MoeStage::Combine if self.combine_mode == MoeCombine::Epilogue => {
+                    if let Some(sums) = &self.sums {
+                        if f32_out == 0 {
+                            let n = (s.tokens * s.hidden) as u64;
+                            stream
+                                .launch_builder(&self.to_bf16)
+                                .arg(sums)
+                                .arg(out)
+                                .arg(&n)
+                                .launch(Device::launch_config(&cfg::MOE_TO_BF16, self.row_grid))?;
+                        }
+                    }
+                }
                 MoeStage::Up | MoeStage::Down => {
                     let (arg, grid) = if stage == MoeStage::Up {
                         (ARG_UP, self.gemm_grid[0])
@@ -583,6 +673,43 @@ impl<'a> MoePlan<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Where the fused combine adds: `out` itself when it is f32, else the plan's f32 sums.
+    fn sums_target<O: GemmOutput>(&self, stream: &Arc<CudaStream>, out: &mut CudaSlice<O>) -> u64 {
+        match (&self.sums, O::DTYPE) {
+            (Some(sums), OutDtype::Bf16) => sums.device_ptr(stream).0,
+            _ => out.device_ptr_mut(stream).0,
+        }
+    }
+
+    /// Where this plan takes the top-k weighted sum.
+    pub fn combine(&self) -> MoeCombine {
+        self.combine_mode
+    }
+
+    /// The plan with its combine set to `combine` (instead of [`moe_combine`]'s choice):
+    /// uploads the down projection's argument block on `stream` and allocates (or frees) the
+    /// f32 sums of [`MoeCombine::Epilogue`].
+    pub fn with_combine(mut self, stream: &Arc<CudaStream>, combine: MoeCombine) -> Result<Self> {
+        self.down.act = (self.down.act & !mode::COMBINE)
+            | match combine {
+                MoeCombine::Ordered => 0,
+                MoeCombine::Epilogue => mode::COMBINE,
+            };
+        let mut at = self
+            .args
+            .slice_mut(ARG_DOWN..ARG_DOWN + std::mem::size_of::<GroupedGemmArgs>());
+        stream.memcpy_htod(bytemuck::bytes_of(&self.down), &mut at)?;
+        self.sums = match combine {
+            MoeCombine::Ordered => None,
+            MoeCombine::Epilogue => match self.sums.take() {
+                Some(s) => Some(s),
+                None => Some(stream.alloc_zeros::<f32>(self.shape.tokens * self.shape.hidden)?),
+            },
+        };
+        self.combine_mode = combine;
+        Ok(self)
     }
 
     /// Reads and clears the routing error record (synchronizes `stream`): an error naming
@@ -883,6 +1010,7 @@ impl<'a> GroupedGemmPlan<'a> {
             experts: g as u32,
             max_tiles: max_tiles as u32,
             _pad: 0,
+            row_pair: 0,
         };
         let gemm = GroupedGemmArgs {
             map_a: abase,
@@ -894,6 +1022,9 @@ impl<'a> GroupedGemmPlan<'a> {
             k: s.k as u32,
             b_rows: s.w_rows() as u32,
             act: s.act.flag() | mode::PARTIAL_ROWS,
+            row_pair: 0,
+            top_k: 0,
+            _pad: 0,
         };
         let block = arg_block(
             GG_ARG_BYTES,

@@ -411,6 +411,7 @@ impl<'a> MoeEpPlan<'a> {
                 experts: l as u32,
                 max_tiles: max_tiles as u32,
                 _pad: 0,
+                row_pair: 0,
             },
             epoch: w(0),
             pos,
@@ -445,6 +446,9 @@ impl<'a> MoeEpPlan<'a> {
             k: h as u32,
             b_rows: shape.up_rows() as u32,
             act: shape.act.flag(),
+            row_pair: 0,
+            top_k: 0,
+            _pad: 0,
         };
         let down = GroupedGemmArgs {
             map_a: map_at(3),
@@ -456,6 +460,9 @@ impl<'a> MoeEpPlan<'a> {
             k: f as u32,
             b_rows: h as u32,
             act: act::NONE,
+            row_pair: 0,
+            top_k: 0,
+            _pad: 0,
         };
         assert!(std::mem::size_of::<MoeEpArgs>() <= ARG_UP - ARG_EP);
         let block = arg_block(

@@ -84,3 +84,32 @@ pub unsafe extern "ptx-kernel" fn mk_moe_combine(
         t += ids::grid_dim();
     }
 }
+
+/// `mk_moe_to_bf16`: `out[i] = bf16(sums[i])` for `n` elements (a multiple of 8): the f32 sums
+/// of the combine in the down projection's epilogue to a bf16 output (round to nearest even).
+/// Thread `i` of the grid takes 8 elements at `8 i, 8 (i + threads), ...`.
+///
+/// # Safety
+///
+/// `sums` is a 16-byte aligned device address of `n` readable f32 and `out` of `n` writable bf16 (16-byte aligned),
+/// neither written by others while this kernel runs; `n` is a multiple of 8.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn mk_moe_to_bf16(sums: *const f32, out: *mut u8, n: u64) {
+    let stride = ids::grid_dim() as u64 * ROW_THREADS as u64;
+    let mut i = ids::block_idx() as u64 * ROW_THREADS as u64 + ids::thread_idx() as u64;
+    while 8 * i < n {
+        let (lo, hi) = unsafe {
+            (
+                memory::ld_v4(sums.add(8 * i as usize) as *const u8),
+                memory::ld_v4(sums.add(8 * i as usize + 4) as *const u8),
+            )
+        };
+        let mut acc = [0f32; 8];
+        for q in 0..4 {
+            acc[q] = f32::from_bits(lo[q]);
+            acc[q + 4] = f32::from_bits(hi[q]);
+        }
+        store_sums!(out, 8 * i, acc, 0u32);
+        i += stride;
+    }
+}

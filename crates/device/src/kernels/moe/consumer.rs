@@ -7,7 +7,8 @@ use super::grouped_gemm::Launch;
 use crate::arch::{regs, tma::TensorMap};
 use crate::gemm::consumer::mma_tile;
 use crate::gemm::epilogue::{
-    drain_tma_stores, store_boxes_tma_to, store_tile_tma, store_tile_tma_to, swiglu_in_place, RowBoxes,
+    drain_tma_stores, red_rows_f32, store_boxes_tma_to, store_tile_tma, store_tile_tma_to, swiglu_in_place,
+    thread_rows, RowBoxes,
 };
 use crate::gemm::ring::{Ring, RingPos};
 use crate::gemm::BLayout;
@@ -25,6 +26,10 @@ pub unsafe fn run(ring: &Ring, l: Launch, wg: u32) {
     let map_c_rows = TensorMap((unsafe { (*l.args).map_c } + PARTIAL_MAP_OFFSET) as *const u8);
     let mut acc = [0f32; 128];
     let mut pos = RingPos::START;
+    if let Some(c) = l.combine {
+        unsafe { run_combine(ring, l, c, wg) };
+        return;
+    }
     for tile in l.tiles() {
         // This warpgroup's valid rows of the tile (read before the mainloop hides the load).
         let rows = if l.partial {
@@ -62,4 +67,36 @@ pub unsafe fn run(ring: &Ring, l: Launch, wg: u32) {
         }
     }
     drain_tma_stores();
+}
+
+/// The consumer loop of `mk_moe_grouped_gemm_combine`: each tile's rows, times their pairs'
+/// weights, added into their tokens' f32 output rows ([`red_rows_f32`]); padding rows
+/// (`row_pair` `u32::MAX`) are skipped. The row words and weights are read before the
+/// mainloop, which hides their latency.
+///
+/// # Safety
+///
+/// As [`run`], launched through `mk_moe_grouped_gemm_combine` (its `c` and `row_pair` contracts).
+#[inline(always)]
+unsafe fn run_combine(ring: &Ring, l: Launch, c: super::grouped_gemm::Combine, wg: u32) {
+    let (row_pair, top_k, n) = unsafe { ((*l.args).row_pair as *const u32, (*l.args).top_k, (*l.args).n) };
+    let mut acc = [0f32; 128];
+    let mut pos = RingPos::START;
+    for tile in l.tiles() {
+        let row = |r: u32| {
+            let p = unsafe { row_pair.add((tile.m0 + r) as usize).read() };
+            if p == u32::MAX {
+                (0, 0.0)
+            } else {
+                let at = c.out as u64 + 4 * ((p / top_k) as u64 * n as u64 + tile.n0 as u64);
+                (at, unsafe { c.weights.add(p as usize).read() })
+            }
+        };
+        let [r0, r1] = thread_rows(wg);
+        let ((d0, w0), (d1, w1)) = (row(r0), row(r1));
+        unsafe {
+            mma_tile(ring, &mut pos, &mut acc, wg, BLayout::Nk, l.k_blocks);
+            red_rows_f32(&acc, [d0, d1], [w0, w1], n - tile.n0);
+        }
+    }
 }

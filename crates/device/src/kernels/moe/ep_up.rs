@@ -121,6 +121,7 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_dispatch_up(
         swiglu: unsafe { (*up).act } & act::MASK == act::SWIGLU,
         partial: false,
         k_blocks: unsafe { (*up).k }.div_ceil(TILE.block_k),
+        combine: None,
     };
     let wg = ids::warpgroup_idx();
     match GROUPED_GEMM_ROLES[grouped_gemm_role(wg)].first_warpgroup {

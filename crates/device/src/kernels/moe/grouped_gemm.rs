@@ -30,6 +30,16 @@ pub struct Launch {
     /// [`mode::PARTIAL_ROWS`]: loads and stores cover a tile's valid rows only.
     pub partial: bool,
     pub k_blocks: u32,
+    /// [`mode::COMBINE`] (`mk_moe_grouped_gemm_combine`): where the epilogue adds its rows.
+    pub combine: Option<Combine>,
+}
+
+/// The combine in the epilogue: row `i` of the grouped C, pair `p = row_pair[i]`, is added
+/// times `weights[p]` into f32 row `p / top_k` of `out` (`n` columns).
+#[derive(Clone, Copy)]
+pub struct Combine {
+    pub weights: *const f32,
+    pub out: *mut f32,
 }
 
 impl Launch {
@@ -72,6 +82,34 @@ impl Launch {
 /// at most the capacity the maps encode and every `tile_expert` of those rows `< experts`.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_moe_grouped_gemm(args: *const GroupedGemmArgs) {
+    unsafe { run(args, None) }
+}
+
+/// The down projection with the combine in its epilogue ([`mode::COMBINE`]): instead of storing
+/// C, every grouped row's accumulators times its router weight are added into its token's f32
+/// row of `out`.
+///
+/// # Safety
+///
+/// As [`mk_moe_grouped_gemm`], and `row_pair` of the block was written by `mk_moe_route` for these rows (a pair below
+/// `tokens * top_k`, or `u32::MAX`); `weights` is the device address of `tokens * top_k` `f32`s and `out` a 16-byte
+/// aligned device address of `tokens x n` f32 that nothing but this kernel's reductions accesses while it runs.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn mk_moe_grouped_gemm_combine(
+    args: *const GroupedGemmArgs,
+    weights: *const f32,
+    out: *mut f32,
+) {
+    unsafe { run(args, Some(Combine { weights, out })) }
+}
+
+/// Both entry points: ring set-up, then the warpgroup's role.
+///
+/// # Safety
+///
+/// As the entry point that calls it.
+#[inline(always)]
+unsafe fn run(args: *const GroupedGemmArgs, combine: Option<Combine>) {
     let ring = Ring::new(smem::dynamic_smem_addr(), RING);
     if ids::thread_idx() == 0 {
         unsafe {
@@ -88,6 +126,7 @@ pub unsafe extern "ptx-kernel" fn mk_moe_grouped_gemm(args: *const GroupedGemmAr
         swiglu: flags & act::MASK == act::SWIGLU,
         partial: flags & mode::PARTIAL_ROWS != 0,
         k_blocks: unsafe { (*args).k }.div_ceil(TILE.block_k),
+        combine,
     };
     let wg = ids::warpgroup_idx();
     match GROUPED_GEMM_ROLES[grouped_gemm_role(wg)].first_warpgroup {

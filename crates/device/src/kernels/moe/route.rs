@@ -8,7 +8,8 @@
 //!    with its padding rows) and the rows in use;
 //! 3. give every pair a row of its expert's group (a shared-memory cursor per expert; the
 //!    order inside a group is whatever the atomics give - every row's result is the same
-//!    wherever it sits).
+//!    wherever it sits), and with `row_pair` set, every row its pair (padding rows
+//!    `u32::MAX`, written in step 2) for the combine in the down projection's epilogue.
 use crate::arch::{ids, memory, memory::Scope, smem, sync};
 use mkernel_config::ops::moe::{
     MoeErrorRecord, MoeRouteArgs, MAX_EXPERTS, ROUTE_SMEM_COUNTS, ROUTE_SMEM_CURSOR, ROUTE_SMEM_WARP_TILES,
@@ -71,6 +72,9 @@ pub unsafe extern "ptx-kernel" fn mk_moe_route(args: *const MoeRouteArgs, ids: *
             u32::MAX
         };
         unsafe { (a.slots as *mut u32).add(p as usize).write(slot) };
+        if a.row_pair != 0 && slot < a.max_tiles * ROW_ALIGN {
+            unsafe { (a.row_pair as *mut u32).add(slot as usize).write(p) };
+        }
         p += ROUTE_THREADS;
     }
 }
@@ -131,6 +135,15 @@ pub(crate) unsafe fn place_groups(a: &MoeRouteArgs, experts: u32, count: u32) {
                     // The last tile carries its padding rows (the row-granular loads and stores).
                     let pad = if i + 1 == tiles { tiles * ROW_ALIGN - count } else { 0 };
                     te.add((first_tile + i) as usize).write(tid | pad << TILE_PAD_SHIFT);
+                }
+            }
+            if a.row_pair != 0 {
+                // The padding rows have no pair (the fused combine skips them).
+                let end = ((first_tile + tiles).min(a.max_tiles) * ROW_ALIGN) as usize;
+                let mut r = (first_tile * ROW_ALIGN + count) as usize;
+                while r < end {
+                    (a.row_pair as *mut u32).add(r).write(u32::MAX);
+                    r += 1;
                 }
             }
         }
