@@ -1,7 +1,8 @@
 //! The NCCL baseline through cudarc's raw bindings (bf16 reductions need `ncclBfloat16`, which
-//! cudarc's safe layer does not expose). NVLink SHARP stays off: NCCL_NVLS_ENABLE=0.
+//! cudarc's safe layer does not expose). NVLink SHARP stays off: NCCL_NVLS_ENABLE=0 (set by
+//! `xtask launch` for every rank, and by [`Nccl::new`] where a rank was started without it).
 use anyhow::{bail, Result};
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaStream, DevicePtr};
 use cudarc::nccl::sys;
 use mkernel::bootstrap::Bootstrap;
 use std::time::Duration;
@@ -21,6 +22,11 @@ fn ok(r: sys::ncclResult_t, what: &str) -> Result<()> {
 impl Nccl {
     /// Rank 0 makes the unique id, the store carries it to the others.
     pub fn new(boot: &Bootstrap, rank: usize, world: usize) -> Result<Nccl> {
+        // NCCL reads it at its first call (this one): a rank started by something other than
+        // `xtask launch` (torchrun, a shell loop) gets NVLink SHARP off too. An explicit value wins.
+        if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
+            std::env::set_var("NCCL_NVLS_ENABLE", "0");
+        }
         // SAFETY: plain C struct.
         let mut id: sys::ncclUniqueId = unsafe { std::mem::zeroed() };
         if rank == 0 {
@@ -77,6 +83,24 @@ impl Nccl {
             }
             ok(sys::ncclGroupEnd(), "group end")
         }
+    }
+    /// One 16-byte exchange with each of `peers` (itself allowed), then a synchronize: NCCL
+    /// connects a peer's point-to-point channels at the first send/recv to it (allocations, handle
+    /// exchanges, its kernels' first launch). Called before any of our kernels runs, so that this
+    /// happens while nothing of ours waits for a peer (or, across emulated nodes, for the proxy's
+    /// CUDA calls in this context), not inside a timed baseline.
+    pub fn connect_p2p(&self, stream: &std::sync::Arc<CudaStream>, peers: &[usize]) -> Result<()> {
+        let buf = stream.alloc_zeros::<u8>(32 * peers.len().max(1))?;
+        let p = buf.device_ptr(stream).0;
+        let sends: Vec<_> = peers
+            .iter()
+            .enumerate()
+            .map(|(i, &r)| (r, p + 32 * i as u64, 16))
+            .collect();
+        let recvs: Vec<_> = sends.iter().map(|&(r, a, n)| (r, a + 16, n)).collect();
+        self.send_recv(stream, &sends, &recvs)?;
+        stream.synchronize()?;
+        Ok(())
     }
     pub fn all_gather(&self, stream: &CudaStream, src: u64, dst: u64, bytes_per_rank: usize) -> Result<()> {
         // SAFETY: device buffers of the given sizes.
