@@ -65,6 +65,10 @@ enum Task {
         /// correctness smoke run, marked `"shared_gpu": true`, not an NVLink timing.
         #[arg(long)]
         share_gpu: bool,
+        /// Multi-rank benchmarks: stop every rank after this many seconds and name the ones still
+        /// running (NCCL's waits have no bound of their own).
+        #[arg(long)]
+        timeout_s: Option<u64>,
         /// Extra arguments for mkernel-bench (e.g. `-- --iters 50 --b-layout kn`).
         #[arg(last = true)]
         rest: Vec<String>,
@@ -139,8 +143,9 @@ fn main() -> Result<()> {
             op,
             nproc,
             share_gpu,
+            timeout_s,
             rest,
-        } => bench(&op, nproc, share_gpu, &rest),
+        } => bench(&op, nproc, share_gpu, timeout_s, &rest),
         Task::Launch(args) => launch::run(args),
         Task::Sanitize { dir, tools } => sanitize::run(&dir, &tools),
         Task::GpuTests {
@@ -173,7 +178,7 @@ fn main() -> Result<()> {
             let file = std::path::absolute(&file)?.display().to_string();
             let mut rest = rest;
             rest.extend(["--tune-out".to_string(), file]);
-            bench(&op, nproc, false, &rest)
+            bench(&op, nproc, false, None, &rest)
         }
     }
 }
@@ -227,7 +232,7 @@ fn test(gpu: bool) -> Result<()> {
     Ok(())
 }
 
-fn bench(op: &str, nproc: Option<usize>, share_gpu: bool, rest: &[String]) -> Result<()> {
+fn bench(op: &str, nproc: Option<usize>, share_gpu: bool, timeout_s: Option<u64>, rest: &[String]) -> Result<()> {
     // Inside a bundle, the benchmark binary sits next to this executable.
     let here = std::env::current_exe()?;
     let sibling = here.with_file_name("mkernel-bench");
@@ -260,6 +265,7 @@ fn bench(op: &str, nproc: Option<usize>, share_gpu: bool, rest: &[String]) -> Re
         };
         std::env::set_var("LD_LIBRARY_PATH", util::cuda_lib_path());
         let mut launch_args = launch::LaunchArgs::single_host(n, argv);
+        launch_args.timeout_s = timeout_s;
         let gpus = util::gpu_count().unwrap_or(0);
         if share_gpu || n > gpus {
             if !share_gpu {
