@@ -113,7 +113,8 @@ pub fn up_row(x: &[bf16], w_up: &[bf16], d: Dims, t: usize, e: usize, acc: f64) 
 /// The layer's output from the grouped activations the GPU computed (`hid`, `capacity x F`,
 /// row `slots[p]` for pair `p`; `u32::MAX`: pair not routed): (value, tolerance) per element
 /// of `T x H`. Tolerance: the output's rounding (`out_rel`), each down-projection value's
-/// bf16 rounding and f32 accumulation, weighted.
+/// bf16 rounding (when `down_rounded`: the grouped rows are stored as bf16 before the sum)
+/// and f32 accumulation, weighted.
 #[allow(clippy::too_many_arguments)]
 pub fn output(
     hid: &[bf16],
@@ -124,7 +125,9 @@ pub fn output(
     d: Dims,
     out_rel: f64,
     acc: f64,
+    down_rounded: bool,
 ) -> Vec<(f64, f64)> {
+    let round = if down_rounded { 1.0 / 256.0 } else { 0.0 };
     let (h, f, k) = (d.hidden, d.ffn, d.top_k);
     let mut out = vec![(0.0, 0.0); d.tokens * h];
     out.par_chunks_mut(h).enumerate().for_each(|(t, row)| {
@@ -151,7 +154,7 @@ pub fn output(
                     a += x.abs();
                 }
                 sum[c] += wj * v;
-                tol[c] += wj.abs() * (v.abs() / 256.0 + acc * a) + 1e-6 * (wj * v).abs();
+                tol[c] += wj.abs() * (v.abs() * round + acc * a) + 1e-6 * (wj * v).abs();
             }
         }
         for c in 0..h {
