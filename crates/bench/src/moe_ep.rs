@@ -62,6 +62,12 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
             }
             None
         }
+        None if args.no_nccl => {
+            if rank == 0 {
+                println!("# NCCL baseline skipped: --no-nccl");
+            }
+            None
+        }
         None => Some(Nccl::new(&boot, rank, world)?),
     };
     // `--filter` with `fused` in it: the same cases with the dispatch fused into the up

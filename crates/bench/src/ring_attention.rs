@@ -40,8 +40,8 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
     let info = boot.info().clone();
     let dev = Device::new(info.device())?;
     let (rank, world) = (info.rank(), info.world_size());
-    // NCCL refuses ranks that share a GPU.
-    let nccl = if crate::report::shared_gpu().is_none() {
+    // NCCL refuses ranks that share a GPU; `--no-nccl` leaves it out (the copies baseline runs).
+    let nccl = if crate::report::shared_gpu().is_none() && !args.no_nccl {
         Some(Nccl::new(&boot, rank, world)?)
     } else {
         None
