@@ -613,6 +613,9 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_dispatch(
     }
 }
 
+/// Pairs whose rows `mk_moe_ep_combine` loads at once (a batch of a token's `top_k`).
+const BATCH: u32 = 4;
+
 /// `mk_moe_ep_combine(desc, args, ids, weights, out, f32_out)`: `Out` of this CTA to every
 /// peer and from every peer, then `out[t] = sum_j w[t, j] Y_owner[pos(t, j)]` (f32, `j` in
 /// order; pairs without a row add nothing), stored as bf16 or f32.
@@ -708,24 +711,39 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_combine(
         let pair0 = t * a.top_k;
         let mut q = ids::thread_idx();
         while q < pieces {
+            // BATCH pairs' loads issued before any is added (NVLink loads take microseconds:
+            // one at a time, a thread would wait out every round trip); the adds stay in `j`
+            // order, so the sum is the same as one pair at a time.
             let mut acc = [0f32; 8];
-            for j in 0..a.top_k {
-                let p = (pair0 + j) as usize;
-                let row = unsafe { pos.add(p).read() };
-                if row != u32::MAX {
-                    let owner = unsafe { ids.add(p).read() } as u32 / le;
-                    let w = unsafe { weights.add(p).read() };
-                    let at = if on_node(&c, owner) {
-                        c.heap(owner - node0) + a.heap_yp + row as u64 * row_bytes
+            let mut j = 0;
+            while j < a.top_k {
+                let mut v = [[0u32; 4]; BATCH as usize];
+                let mut w = [0f32; BATCH as usize];
+                for i in 0..BATCH {
+                    let p = (pair0 + j + i) as usize;
+                    let row = if j + i < a.top_k {
+                        unsafe { pos.add(p).read() }
                     } else {
-                        c.heap(c.rank) + a.heap_xfer + unsafe { xrow.add(p).read() } as u64 * row_bytes
-                    } + 16 * q as u64;
-                    let v = unsafe { memory::ld_cg_v4(at as *const u8) };
-                    for i in 0..4 {
-                        acc[2 * i] += w * f32::from_bits(v[i] << 16);
-                        acc[2 * i + 1] += w * f32::from_bits(v[i] & 0xffff_0000);
+                        u32::MAX
+                    };
+                    if row != u32::MAX {
+                        let owner = unsafe { ids.add(p).read() } as u32 / le;
+                        w[i as usize] = unsafe { weights.add(p).read() };
+                        let at = if on_node(&c, owner) {
+                            c.heap(owner - node0) + a.heap_yp + row as u64 * row_bytes
+                        } else {
+                            c.heap(c.rank) + a.heap_xfer + unsafe { xrow.add(p).read() } as u64 * row_bytes
+                        } + 16 * q as u64;
+                        v[i as usize] = unsafe { memory::ld_cg_v4(at as *const u8) };
                     }
                 }
+                for i in 0..BATCH as usize {
+                    for h in 0..4 {
+                        acc[2 * h] += w[i] * f32::from_bits(v[i][h] << 16);
+                        acc[2 * h + 1] += w[i] * f32::from_bits(v[i][h] & 0xffff_0000);
+                    }
+                }
+                j += BATCH;
             }
             store_sums!(out, t as u64 * a.hidden as u64 + 8 * q as u64, acc, f32_out);
             q += ROW_THREADS;
