@@ -15,6 +15,8 @@
 
 mod patch;
 
+/// The PTX ISA feature `llc` gets unless the target features name one.
+const MIN_PTX_ISA: &str = "+ptx81";
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
@@ -127,12 +129,17 @@ fn link(a: &Args) -> Result<(), String> {
         .arg(&optimized))?;
     let mut llc = Command::new(bin.join("llc"));
     llc.arg(format!("--mcpu={}", a.cpu));
-    let feats: Vec<&str> = a
+    let mut feats: Vec<&str> = a
         .features
         .iter()
         .flat_map(|f| f.split(','))
         .filter(|f| !f.is_empty())
         .collect();
+    // The kernels need PTX ISA 8.1 (`red.global.add.v4.f32`); LLVM's default for sm_90a is
+    // 8.0. Set here rather than as a rustc target feature, which rustc warns is unstable.
+    if !feats.iter().any(|f| f.starts_with("+ptx")) {
+        feats.push(MIN_PTX_ISA);
+    }
     if !feats.is_empty() {
         llc.arg(format!("--mattr={}", feats.join(",")));
     }
