@@ -63,3 +63,12 @@ pub fn warp_sum_f32(v: f32) -> f32 {
     }
     x
 }
+/// Bit `i` set where lane `i`'s `pred` is true: `vote.sync.ballot.b32 d, pred, 0xffffffff;`
+#[inline(always)]
+pub fn ballot(pred: bool) -> u32 {
+    let r: u32;
+    unsafe {
+        asm!("{{ .reg .pred p; setp.ne.u32 p, {1}, 0; vote.sync.ballot.b32 {0}, p, 0xffffffff; }}", out(reg32) r, in(reg32) pred as u32, options(nostack, nomem))
+    };
+    r
+}

@@ -1,20 +1,21 @@
 //! `mk_moe_ep_dispatch_up`: the expert-parallel dispatch fused with the up projection
-//! (docs/moe.md, "Fused dispatch"). Every CTA of the up projection's persistent grid first
-//! stores its share of this rank's token rows into their owners' receive rows (NVLink) or its
-//! transfer rows (other nodes), counting per expert the rows it stored; after a CTA barrier it
-//! adds those counts to the owners' arrival counters (`red.release.sys`, one per expert with
-//! rows). Then the grouped GEMM runs ([`super::consumer`] unchanged, the producer below): before
-//! the first load of a tile of local expert `l` the producer waits (bounded) until `l`'s arrival
-//! counter reaches the launch's target and, if rows of `l` come from other nodes, for every
-//! remote rank's `FusedData`. An expert's tiles start as soon as its rows have landed, not when
-//! the whole dispatch has ended.
+//! (docs/moe.md, "Fused dispatch"). Rows for ranks on other nodes are stored first, by every
+//! thread, into the transfer rows (the last CTA to finish PUTs them). Then the grouped GEMM
+//! runs ([`super::consumer`] unchanged, the producer below), and while it runs, warps 2 and 3
+//! of the producer warpgroup store this CTA's tokens' rows for the node's ranks into their
+//! owners' receive rows, one pass per local expert index, adding each pass's rows to the
+//! owners' arrival counters (`red.release.sys`). Before the first load of a tile of local
+//! expert `l` the producer waits (bounded) until `l`'s arrival counter reaches the launch's
+//! target and, if rows of `l` come from other nodes, for every remote rank's `FusedData`. Every
+//! source sends every owner's expert 0 first, so an owner's first tiles start after about
+//! `1 / L` of the dispatch, and the rest of the dispatch overlaps its GEMM.
 //!
 //! Every CTA of the grid is resident at once (one CTA per SM, at most the SMs), and the
-//! dispatch before the role split waits for nothing, so no tile waits for a CTA that cannot run.
+//! dispatch warps wait for nothing, so no tile waits for a CTA that cannot run.
 use super::consumer;
 use super::ep::{aborting, last_to_store, layer_ctx, node0, on_node, post_remote_rows, wait_word};
 use super::grouped_gemm::Launch;
-use crate::arch::{ids, mbarrier, memory, memory::Scope, regs, smem, sync, tma, tma::TensorMap};
+use crate::arch::{ids, mbarrier, memory, memory::Scope, regs, shuffle, smem, sync, tma, tma::TensorMap};
 use crate::comm::proxy;
 use crate::gemm::producer::{fill_without_data, load_tile_rows, ARows, BRows};
 use crate::gemm::ring::{Ring, RingPos};
@@ -42,21 +43,14 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_dispatch_up(
     let threads = ids::block_dim();
     let c = unsafe { layer_ctx(desc, &a, b, Role::IntraComm) };
     let stopped = sync::sync_threads_or(unsafe { aborting(&c) });
-    // Rows stored per expert of the layer by this CTA: the ring's first stage, before the ring
-    // starts (the routing kernel's `MAX_EXPERTS` words fit; checked in the config).
-    let count = |e: u32| smem::dynamic_smem_addr().add(4 * e);
-    let mut e = tid;
-    while e < a.experts {
-        unsafe { smem::st_shared_u32(count(e), 0) };
-        e += threads;
-    }
-    sync::sync_threads();
-    if !stopped {
+    // Rows for other nodes first, by every thread (into the transfer rows; the last CTA to
+    // finish PUTs them): the proxy's copies then overlap the whole up projection. Rows for
+    // the node are stored by the dispatch warps during the GEMM ([`dispatch_node`]).
+    if !stopped && c.global_world > c.world {
         let pieces = a.hidden / 8;
         let row_bytes = a.hidden as u64 * 2;
         let le = a.local_experts.max(1);
         let (pos, xrow) = (a.pos as *const u32, a.xrow as *const u32);
-        let node0 = node0(&c);
         let mut t = b;
         while t < a.tokens {
             let src = x as u64 + t as u64 * row_bytes;
@@ -66,18 +60,10 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_dispatch_up(
                 for j in 0..a.top_k {
                     let p = (t * a.top_k + j) as usize;
                     let row = unsafe { pos.add(p).read() };
-                    if row != u32::MAX {
-                        let e = unsafe { ids.add(p).read() } as u32;
-                        let owner = e / le;
-                        let dst = if on_node(&c, owner) {
-                            c.heap(owner - node0) + a.heap_recv + row as u64 * row_bytes
-                        } else {
-                            c.heap(c.rank) + a.heap_xfer + unsafe { xrow.add(p).read() } as u64 * row_bytes
-                        };
+                    let owner = unsafe { ids.add(p).read() } as u32 / le;
+                    if row != u32::MAX && !on_node(&c, owner) {
+                        let dst = c.heap(c.rank) + a.heap_xfer + unsafe { xrow.add(p).read() } as u64 * row_bytes;
                         unsafe { memory::st_v4((dst + 16 * q as u64) as *mut u8, v) };
-                        if q == 0 {
-                            unsafe { smem::atom_add_shared_u32(count(e), 1) };
-                        }
                     }
                 }
                 q += threads;
@@ -85,25 +71,10 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_dispatch_up(
             t += ids::grid_dim();
         }
         sync::sync_threads();
-        // Arrivals at the node's owners: released after the CTA barrier that follows the rows.
-        let mut e = tid;
-        while e < a.experts {
-            let n = unsafe { smem::ld_shared_u32(count(e)) };
-            let owner = e / le;
-            if n > 0 && on_node(&c, owner) {
-                let at = c.heap(owner - node0) + a.heap_arrival + 8 * (e - owner * le) as u64;
-                unsafe { memory::red_release_add_u64(Scope::Sys, at as *mut u64, n as u64) };
-            }
-            e += threads;
-        }
-        // Across nodes: the last CTA to finish its stores PUTs the runs to the other nodes.
-        if c.global_world > c.world && unsafe { last_to_store(&a) } {
+        if unsafe { last_to_store(&a) } {
             let _ = unsafe { post_remote_rows(&c, &a) };
         }
     }
-    // The counters were generic stores into the ring's first stage, which TMA fills next.
-    memory::fence_proxy_async_shared();
-    sync::sync_threads();
 
     let ring = Ring::new(smem::dynamic_smem_addr(), RING);
     if tid == 0 {
@@ -125,7 +96,7 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_dispatch_up(
     };
     let wg = ids::warpgroup_idx();
     match GROUPED_GEMM_ROLES[grouped_gemm_role(wg)].first_warpgroup {
-        0 => unsafe { produce(&ring, launch, args, desc) },
+        0 => unsafe { produce(&ring, launch, args, desc, ids, x, stopped) },
         _ => unsafe { consumer::run(&ring, launch, wg - 1) },
     }
 }
@@ -143,12 +114,104 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_dispatch_up(
 ///
 /// As `super::producer::run`, with `args` and `desc` this launch's (see [`mk_moe_ep_dispatch_up`]).
 #[inline(always)]
-unsafe fn produce(ring: &Ring, l: Launch, args: *const MoeEpArgs, desc: *const CommDesc) {
+unsafe fn produce(
+    ring: &Ring,
+    l: Launch,
+    args: *const MoeEpArgs,
+    desc: *const CommDesc,
+    ids: *const i32,
+    x: *const u8,
+    stopped: bool,
+) {
     regs::setmaxnreg_dec::<{ TILE.producer_regs }>();
     match ids::thread_idx() {
         0 => unsafe { load(ring, l) },
         32 => unsafe { wait_experts(args, desc) },
+        64..128 if !stopped => unsafe { dispatch_node(args, desc, ids, x) },
         _ => {}
+    }
+}
+
+/// Warps 2 and 3 of the producer warpgroup, while the GEMM runs: this CTA's tokens' rows for
+/// the node's ranks, one pass per local expert index `l` (every owner's expert `l` in pass
+/// `l`, on every source rank), so the owners' first experts are complete early and their
+/// tiles start while later passes are still in flight. Warp `w` takes the CTA's tokens
+/// `b + w g, b + (w + 2) g, ...`; a row is copied by the whole warp (16-byte pieces, two
+/// loads in flight per lane: four spilled in the producer's 56 registers). Lane `o` counts the rows the warp stored for the node's rank
+/// `o` in this pass; after the pass (`bar.warp.sync`, which orders the lanes' stores) it adds
+/// them to that rank's arrival counter of expert `l` (`red.release.sys`).
+///
+/// # Safety
+///
+/// As [`produce`]: called by the 64 threads `64..128` of the producer warpgroup, with this launch's `args` and `desc`,
+/// `ids` and `x` as [`mk_moe_ep_dispatch_up`] got them.
+#[inline(always)]
+unsafe fn dispatch_node(args: *const MoeEpArgs, desc: *const CommDesc, ids: *const i32, x: *const u8) {
+    let a = unsafe { args.read() };
+    let b = ids::block_idx();
+    let g = ids::grid_dim();
+    let c = unsafe { layer_ctx(desc, &a, b, Role::IntraComm) };
+    let (warp, lane) = (ids::warp_idx() - 2, ids::lane_id());
+    let pieces = a.hidden / 8;
+    let row_bytes = a.hidden as u64 * 2;
+    let le = a.local_experts.max(1);
+    let pos = a.pos as *const u32;
+    let node0 = node0(&c);
+    for l in 0..le {
+        let mut count = 0u32;
+        let mut t = b + warp * g;
+        while t < a.tokens {
+            // Lane j < top_k looks at pair j of token t: the address of its receive row (0: no
+            // row for the node in this pass) and its owner among the node's ranks.
+            let (mut dst, mut local) = (0u64, 0u32);
+            if lane < a.top_k {
+                let p = (t * a.top_k + lane) as usize;
+                let e = unsafe { ids.add(p).read() } as u32;
+                let owner = e / le;
+                if e % le == l && on_node(&c, owner) {
+                    let row = unsafe { pos.add(p).read() };
+                    if row != u32::MAX {
+                        local = owner - node0;
+                        dst = c.heap(local) + a.heap_recv + row as u64 * row_bytes;
+                    }
+                }
+            }
+            let mut hits = shuffle::ballot(dst != 0);
+            let src = x as u64 + t as u64 * row_bytes;
+            while hits != 0 {
+                let j = hits.trailing_zeros();
+                hits &= hits - 1;
+                let local_j = shuffle::shfl_idx(local, j);
+                let dst =
+                    (shuffle::shfl_idx(dst as u32, j) as u64) | (shuffle::shfl_idx((dst >> 32) as u32, j) as u64) << 32;
+                let mut q = lane;
+                while q < pieces {
+                    let mut v = [[0u32; 4]; 2];
+                    for (u, vu) in v.iter_mut().enumerate() {
+                        let qu = q + 32 * u as u32;
+                        if qu < pieces {
+                            *vu = unsafe { memory::ld_v4((src + 16 * qu as u64) as *const u8) };
+                        }
+                    }
+                    for (u, vu) in v.iter().enumerate() {
+                        let qu = q + 32 * u as u32;
+                        if qu < pieces {
+                            unsafe { memory::st_v4((dst + 16 * qu as u64) as *mut u8, *vu) };
+                        }
+                    }
+                    q += 2 * 32;
+                }
+                if lane == local_j {
+                    count += 1;
+                }
+            }
+            t += 2 * g;
+        }
+        sync::sync_warp();
+        if lane < c.world && count > 0 {
+            let at = c.heap(lane) + a.heap_arrival + 8 * l as u64;
+            unsafe { memory::red_release_add_u64(Scope::Sys, at as *mut u64, count as u64) };
+        }
     }
 }
 
