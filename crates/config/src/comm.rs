@@ -315,9 +315,6 @@ pub mod wait_code {
     /// Ring attention across nodes: the inter-node `RingFree` flag (the right neighbour's
     /// receive slot is free).
     pub const REMOTE_RING_FREE: u32 = 26;
-    /// The expert-parallel down projection's push warps: a local expert's tile counter (its
-    /// tiles' bulk stores completed).
-    pub const MOE_DOWN_TILES: u32 = 27;
     /// Expert-parallel MoE flags (`mkernel_config::ops::moe::EpFlag`): this code + the flag
     /// (4 codes).
     pub const MOE_EP: u32 = 32;

@@ -102,7 +102,6 @@ pub const KERNELS: &[KernelSpec] = &[
     crate::ops::moe::MOE_EP_DISPATCH,
     crate::ops::moe::MOE_EP_DISPATCH_UP,
     crate::ops::moe::MOE_EP_COMBINE,
-    crate::ops::moe::MOE_EP_DOWN,
     crate::ops::attention::FLASH_ATTN_FWD_D64,
     crate::ops::attention::FLASH_ATTN_FWD_D128,
     crate::ops::attention::RING_ATTN_FWD_D64,

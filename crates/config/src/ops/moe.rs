@@ -354,19 +354,6 @@ pub struct MoeEpArgs {
     /// kernel: the arrival counter's value once this launch's rows from the node have landed
     /// (the running sum of every launch's), and this launch's rows from other nodes.
     pub target: u64,
-    /// Heap offset of the returned rows (`tokens x top_k` rows of `hidden` bf16, row `p` the
-    /// down projection of pair `p`): the owners on this node push them there during their
-    /// down projection (`mk_moe_ep_down`); the combine reads them locally.
-    pub heap_ret: u64,
-    /// Heap offset of the receive rows' sources (16 bytes per receive row: the launch epoch,
-    /// then `rank << 32 | pair` with `rank` the source's rank on the node), written by the
-    /// dispatch with each row from the node; a row whose epoch is not this launch's came from
-    /// another node (or is padding) and is not pushed.
-    pub heap_src: u64,
-    /// Device address of the down projection's tile counters (a `u64` per local expert,
-    /// zeroed before each launch's down projection): every consumer warpgroup adds 1 per tile
-    /// once the tile's bulk stores have completed.
-    pub done: u64,
 }
 
 /// One contiguous run of rows between two ranks on different nodes (in units of rows of
@@ -422,20 +409,6 @@ pub const EP_SMEM_SCAN: u32 = core::mem::offset_of!(EpRouteSmem, scan) as u32;
 pub const EP_SMEM_BASE: u32 = core::mem::offset_of!(EpRouteSmem, base) as u32;
 pub const EP_SMEM_TOTAL: u32 = core::mem::offset_of!(EpRouteSmem, total) as u32;
 pub const EP_SMEM_BYTES: u32 = core::mem::size_of::<EpRouteSmem>() as u32;
-
-/// The expert-parallel down projection (`mk_moe_ep_down`): the grouped GEMM, whose producer
-/// warpgroup's warps 2 and 3 push each local expert's finished rows to their sources on the
-/// node.
-pub const MOE_EP_DOWN: KernelSpec = KernelSpec {
-    name: "mk_moe_ep_down",
-    ..MOE_GROUPED_GEMM
-};
-
-/// Registers of the producer warpgroup of `mk_moe_ep_dispatch_up` and `mk_moe_ep_down`
-/// (`setmaxnreg`): besides the TMA loads, its warps 2 and 3 copy rows during the GEMM, which
-/// spilled at the grouped GEMM's 56. With the consumers' 224 this fills the register file.
-pub const EP_PRODUCER_REGS: u32 = 64;
-const _: () = assert!(EP_PRODUCER_REGS * 4 * crate::WARP_SIZE + 2 * 4 * crate::WARP_SIZE * TILE.consumer_regs <= 65536);
 
 pub const MOE_EP_ROUTE: KernelSpec = KernelSpec {
     name: "mk_moe_ep_route",

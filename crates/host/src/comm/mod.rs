@@ -871,7 +871,6 @@ pub(crate) fn wait_name(code: u32) -> String {
         w::NODE_SUMS => "other nodes' sums (aux mbarrier)".into(),
         w::REMOTE_RING_DATA => "inter-node RingData flag (ring step)".into(),
         w::REMOTE_RING_FREE => "inter-node RingFree flag (ring step)".into(),
-        w::MOE_DOWN_TILES => "MoE down-projection tile counter (tiles of the expert stored)".into(),
         c if (w::MOE_EP..w::MOE_EP + 4).contains(&c) => {
             let names = ["Ready", "Counts", "Rows", "Out"];
             format!("MoE {} flag (epoch)", names[(c - w::MOE_EP) as usize])

@@ -97,17 +97,6 @@ impl MoeEpShape {
             + counts.div_ceil(256) * 256
             + 2 * rows.div_ceil(256) * 256
             + xfer.div_ceil(256) * 256
-            + self.ret_bytes().div_ceil(256) * 256
-            + self.src_bytes(world).div_ceil(256) * 256
-    }
-    /// Bytes of the returned rows (one per pair: its down projection, pushed by an owner on
-    /// the node).
-    fn ret_bytes(&self) -> u64 {
-        (self.pairs() * self.hidden * 2) as u64
-    }
-    /// Bytes of the receive rows' sources (16 per receive row).
-    fn src_bytes(&self, world: usize) -> u64 {
-        16 * self.capacity_rows(world) as u64
     }
     /// Bytes of the flag region: the flags, then the arrival counters (`u64` per local expert).
     fn flag_bytes(&self, world: usize) -> u64 {
@@ -211,9 +200,6 @@ struct HeapLayout {
     yp: u64,
     /// The transfer rows (across nodes; 0 on one node).
     xfer: u64,
-    /// The returned rows and the receive rows' sources.
-    ret: u64,
-    src: u64,
     /// The arrival counters (after the flags, zeroed with them).
     arrival: u64,
     /// This rank's addresses of the receive rows and the down projection's rows.
@@ -246,10 +232,6 @@ pub struct MoeEpPlan<'a> {
     dispatch: CudaFunction,
     gemm: CudaFunction,
     combine: CudaFunction,
-    /// The down projection that pushes rows back (`mk_moe_ep_down`).
-    down: CudaFunction,
-    /// Its tile counters (a `u64` per local expert, zeroed before each launch's down projection).
-    done: CudaSlice<u64>,
     /// The fused dispatch + up projection (`Some` for a plan from [`MoeEpPlan::new_fused`]).
     dispatch_up: Option<CudaFunction>,
     args: CudaSlice<u8>,
@@ -331,16 +313,12 @@ impl<'a> MoeEpPlan<'a> {
         } else {
             0
         };
-        let ret = comm.alloc(shape.ret_bytes())?.offset();
-        let src = comm.alloc(shape.src_bytes(world))?.offset();
         let heap = HeapLayout {
             flags: flag_buf.offset(),
             counts: counts_buf.offset(),
             recv: recv_buf.offset(),
             yp: yp_buf.offset(),
             xfer,
-            ret,
-            src,
             arrival: flag_buf.offset() + EP_FLAG_BYTES,
             recv_ptr: comm.ptr(&recv_buf)?,
             yp_ptr: comm.ptr(&yp_buf)?,
@@ -380,7 +358,6 @@ impl<'a> MoeEpPlan<'a> {
         let cap = shape.capacity_rows(world);
         let max_tiles = cap / ROW_ALIGN as usize;
         let hid = stream.alloc_zeros::<bf16>(cap * f)?;
-        let done = stream.alloc_zeros::<u64>(l.max(1))?;
         let across = heap.xfer != 0;
         let pos_at = W_COUNTS + 2 * l + 2 + max_tiles;
         // Across nodes: xrow, send, ret, exits, relay (u64 at an even word).
@@ -458,9 +435,6 @@ impl<'a> MoeEpPlan<'a> {
             heap_xfer: heap.xfer,
             heap_arrival: heap.arrival,
             target: if fused { w(target_at) } else { 0 },
-            heap_ret: heap.ret,
-            heap_src: heap.src,
-            done: done.device_ptr(stream).0,
         };
         let up = GroupedGemmArgs {
             map_a: map_at(0),
@@ -512,8 +486,6 @@ impl<'a> MoeEpPlan<'a> {
             dispatch: device.function(&cfg::MOE_EP_DISPATCH)?,
             gemm: device.function(&cfg::MOE_GROUPED_GEMM)?,
             combine: device.function(&cfg::MOE_EP_COMBINE)?,
-            down: device.function(&cfg::MOE_EP_DOWN)?,
-            done,
             dispatch_up: if fused {
                 Some(device.function(&cfg::MOE_EP_DISPATCH_UP)?)
             } else {
@@ -615,16 +587,10 @@ impl<'a> MoeEpPlan<'a> {
                             .launch(Device::launch_config(&cfg::MOE_GROUPED_GEMM, self.gemm_grid[0]))?;
                     }
                     MoeEpStage::Down => {
-                        let done = self.done.device_ptr(stream).0;
-                        cudarc::driver::result::memset_d8_async(done, 0, 8 * self.done.len(), stream.cu_stream())?;
-                        // All its CTAs resident at once (at most one per SM): a CTA's push warps
-                        // wait for tiles of other CTAs.
                         stream
-                            .launch_builder(&self.down)
-                            .arg(&desc)
-                            .arg(&ep)
+                            .launch_builder(&self.gemm)
                             .arg(&down)
-                            .launch(Device::launch_config(&cfg::MOE_EP_DOWN, self.gemm_grid[1]))?;
+                            .launch(Device::launch_config(&cfg::MOE_GROUPED_GEMM, self.gemm_grid[1]))?;
                     }
                     MoeEpStage::Combine => {
                         stream

@@ -30,9 +30,6 @@ pub unsafe fn run(ring: &Ring, l: Launch, wg: u32) {
         unsafe { run_combine(ring, l, c, wg) };
         return;
     }
-    // With `l.done`: the expert of the last tile whose stores are not counted yet (counted
-    // once the next tile's mainloop is done, when its bulk stores have long completed).
-    let mut pending = u32::MAX;
     for tile in l.tiles() {
         // This warpgroup's valid rows of the tile (read before the mainloop hides the load).
         let rows = if l.partial {
@@ -45,9 +42,6 @@ pub unsafe fn run(ring: &Ring, l: Launch, wg: u32) {
         };
         unsafe {
             mma_tile(ring, &mut pos, &mut acc, wg, BLayout::Nk, l.k_blocks);
-            if l.done != 0 && pending != u32::MAX {
-                count_stored(l.done, pending);
-            }
             if rows < TILE.rows_per_consumer() {
                 // Padding in this half: its valid rows in PARTIAL_BOX_ROWS-row boxes; a half of
                 // only padding stores nothing, so nothing is staged either.
@@ -71,38 +65,8 @@ pub unsafe fn run(ring: &Ring, l: Launch, wg: u32) {
                 store_tile_tma(ring, map_c, tile, wg, &mut acc);
             }
         }
-        if l.done != 0 {
-            pending = l.tile_expert(tile.m0).0;
-        }
     }
     drain_tma_stores();
-    if l.done != 0 && pending != u32::MAX {
-        unsafe { count_stored(l.done, pending) };
-    }
-}
-
-/// Adds 1 to expert `e`'s tile counter at `done` once this warpgroup's bulk stores issued so
-/// far have completed (`cp.async.bulk.wait_group 0` by the thread that issued them, then
-/// `fence.proxy.async` and `red.release.gpu`: a thread that acquires the counter reads the
-/// tiles' rows with generic loads).
-///
-/// # Safety
-///
-/// Called by every thread of a consumer warpgroup (its thread 0, which issued the warpgroup's bulk stores, does the
-/// work); `done` is the address of a `u64` per expert, `e` one of them.
-#[inline(always)]
-unsafe fn count_stored(done: u64, e: u32) {
-    if crate::arch::ids::thread_in_warpgroup() == 0 {
-        crate::arch::tma::store_wait::<0>();
-        crate::arch::memory::fence_proxy_async();
-        unsafe {
-            crate::arch::memory::red_release_add_u64(
-                crate::arch::memory::Scope::Gpu,
-                (done + 8 * e as u64) as *mut u64,
-                1,
-            )
-        };
-    }
 }
 
 /// The consumer loop of `mk_moe_grouped_gemm_combine`: each tile's rows, times their pairs'

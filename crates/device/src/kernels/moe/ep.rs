@@ -72,11 +72,11 @@ unsafe fn signal(c: &CommCtx, a: &MoeEpArgs, dst: u32, kind: EpFlag, cta: u32) {
 unsafe fn wait(c: &CommCtx, a: &MoeEpArgs, kind: EpFlag, src: u32, cta: u32) -> bool {
     let f = (c.heap(c.rank) + a.heap_flags + ep_flag(kind, src, cta)) as *const u64;
     let peer = src + (c.global_rank_now() - c.rank_now());
-    unsafe { wait_word(c, f, c.epoch, wait_code::MOE_EP + kind as u32, peer, c.timeout_ns) }
+    unsafe { wait_word(c, f, c.epoch, kind, peer, c.timeout_ns) }
 }
 
 /// Waits until the word `f` (this GPU's memory) reaches `target`, for at most `timeout_ns`;
-/// false (after leaving the error record if first, naming wait `code` and global rank `peer`)
+/// false (after leaving the error record if first, naming flag `kind` of global rank `peer`)
 /// on timeout or when the rank aborts.
 ///
 /// # Safety
@@ -85,7 +85,14 @@ unsafe fn wait(c: &CommCtx, a: &MoeEpArgs, kind: EpFlag, src: u32, cta: u32) -> 
 // `is_multiple_of` here changes the emitted PTX of the polling loop (checked with `cargo xtask ptx`).
 #[allow(clippy::manual_is_multiple_of)]
 #[inline(always)]
-pub(super) unsafe fn wait_word(c: &CommCtx, f: *const u64, target: u64, code: u32, peer: u32, timeout_ns: u64) -> bool {
+pub(super) unsafe fn wait_word(
+    c: &CommCtx,
+    f: *const u64,
+    target: u64,
+    kind: EpFlag,
+    peer: u32,
+    timeout_ns: u64,
+) -> bool {
     let start = time::globaltimer_ns();
     let mut polls = 0u32;
     loop {
@@ -98,7 +105,7 @@ pub(super) unsafe fn wait_word(c: &CommCtx, f: *const u64, target: u64, code: u3
             let waited = time::globaltimer_ns().wrapping_sub(start);
             if unsafe { aborting(c) } || waited > timeout_ns {
                 // Timeout, or the rank aborts: the record says which (docs/protocol.md).
-                unsafe { report_give_up(c, code, peer, target, seen, waited) };
+                unsafe { report_give_up(c, wait_code::MOE_EP + kind as u32, peer, target, seen, waited) };
                 return false;
             }
         }
@@ -179,21 +186,6 @@ fn row_layout(a: &MoeEpArgs) -> (u32, u64, u32, *const u32) {
         a.local_experts.max(1),
         a.pos as *const u32,
     )
-}
-
-/// Records at `owner` (a rank of the node) that its receive row `row` holds this rank's pair
-/// `pair` in this launch (`MoeEpArgs::heap_src`: `[epoch, rank << 32 | pair]`), for the push
-/// of the row's result (`mk_moe_ep_down`). Ordered before the flag or counter that publishes
-/// the row, as the row's data is.
-///
-/// # Safety
-///
-/// As the dispatch's row stores: `c` and `a` this launch's, `owner < c.world`, `row` below the receive capacity.
-#[inline(always)]
-pub(super) unsafe fn store_source(c: &CommCtx, a: &MoeEpArgs, owner: u32, row: u32, pair: u32) {
-    let at = c.heap(owner) + a.heap_src + 16 * row as u64;
-    let v = [c.epoch as u32, (c.epoch >> 32) as u32, pair, c.rank];
-    unsafe { memory::st_v4(at as *mut u8, v) };
 }
 
 /// Rows of a run of `n` rows starting at receive row `row0` that fit below `capacity`.
@@ -590,9 +582,6 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_dispatch(
                     // On the node: into the owner's receive row; else into my transfer row
                     // (the PUT below carries it).
                     let dst = if on_node(&c, owner) {
-                        if q == 0 {
-                            unsafe { store_source(&c, &a, owner - node0, row, p as u32) };
-                        }
                         c.heap(owner - node0) + a.heap_recv + row as u64 * row_bytes
                     } else {
                         c.heap(c.rank) + a.heap_xfer + unsafe { xrow.add(p).read() } as u64 * row_bytes
@@ -705,7 +694,7 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_combine(
                         &c,
                         relay,
                         c.epoch,
-                        wait_code::MOE_EP + EpFlag::Out as u32,
+                        EpFlag::Out,
                         c.global_rank,
                         c.timeout_ns.saturating_mul(2),
                     )
@@ -716,6 +705,7 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_combine(
         }
     }
     let xrow = a.xrow as *const u32;
+    let node0 = node0(&c);
     let mut t = b;
     while t < a.tokens {
         let pair0 = t * a.top_k;
@@ -740,8 +730,7 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_combine(
                         let owner = unsafe { ids.add(p).read() } as u32 / le;
                         w[i as usize] = unsafe { weights.add(p).read() };
                         let at = if on_node(&c, owner) {
-                            // Pushed here by the owner's down projection (`mk_moe_ep_down`).
-                            c.heap(c.rank) + a.heap_ret + p as u64 * row_bytes
+                            c.heap(owner - node0) + a.heap_yp + row as u64 * row_bytes
                         } else {
                             c.heap(c.rank) + a.heap_xfer + unsafe { xrow.add(p).read() } as u64 * row_bytes
                         } + 16 * q as u64;

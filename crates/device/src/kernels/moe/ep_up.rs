@@ -13,7 +13,7 @@
 //! Every CTA of the grid is resident at once (one CTA per SM, at most the SMs), and the
 //! dispatch warps wait for nothing, so no tile waits for a CTA that cannot run.
 use super::consumer;
-use super::ep::{aborting, last_to_store, layer_ctx, node0, on_node, post_remote_rows, store_source, wait_word};
+use super::ep::{aborting, last_to_store, layer_ctx, node0, on_node, post_remote_rows, wait_word};
 use super::grouped_gemm::Launch;
 use crate::arch::{ids, mbarrier, memory, memory::Scope, regs, shuffle, smem, sync, tma, tma::TensorMap};
 use crate::comm::proxy;
@@ -21,7 +21,7 @@ use crate::gemm::producer::{fill_without_data, load_tile_rows, ARows, BRows};
 use crate::gemm::ring::{Ring, RingPos};
 use mkernel_config::comm::{wait_code, CommDesc, RemoteSlot, Role};
 use mkernel_config::ops::moe::{
-    act, grouped_gemm_role, EpFlag, GroupedGemmArgs, MoeEpArgs, EP_PRODUCER_REGS, GROUPED_GEMM_ROLES, RING, TILE,
+    act, grouped_gemm_role, EpFlag, GroupedGemmArgs, MoeEpArgs, GROUPED_GEMM_ROLES, RING, TILE,
 };
 
 /// # Safety
@@ -93,7 +93,6 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_dispatch_up(
         partial: false,
         k_blocks: unsafe { (*up).k }.div_ceil(TILE.block_k),
         combine: None,
-        done: 0,
     };
     let wg = ids::warpgroup_idx();
     match GROUPED_GEMM_ROLES[grouped_gemm_role(wg)].first_warpgroup {
@@ -124,7 +123,7 @@ unsafe fn produce(
     x: *const u8,
     stopped: bool,
 ) {
-    regs::setmaxnreg_dec::<{ EP_PRODUCER_REGS }>();
+    regs::setmaxnreg_dec::<{ TILE.producer_regs }>();
     match ids::thread_idx() {
         0 => unsafe { load(ring, l) },
         32 => unsafe { wait_experts(args, desc) },
@@ -174,7 +173,6 @@ unsafe fn dispatch_node(args: *const MoeEpArgs, desc: *const CommDesc, ids: *con
                     if row != u32::MAX {
                         local = owner - node0;
                         dst = c.heap(local) + a.heap_recv + row as u64 * row_bytes;
-                        unsafe { store_source(&c, &a, local, row, p as u32) };
                     }
                 }
             }
@@ -289,16 +287,7 @@ unsafe fn wait_experts(args: *const MoeEpArgs, desc: *const CommDesc) {
     for e in 0..a.local_experts {
         let want = unsafe { target.add(2 * e as usize).read() };
         let counter = (arrival + 8 * e as u64) as *const u64;
-        let mut arrived = unsafe {
-            wait_word(
-                &c,
-                counter,
-                want,
-                wait_code::MOE_EP + EpFlag::Rows as u32,
-                c.global_rank,
-                c.timeout_ns,
-            )
-        };
+        let mut arrived = unsafe { wait_word(&c, counter, want, EpFlag::Rows, c.global_rank, c.timeout_ns) };
         if arrived && !remote_ready && unsafe { target.add(2 * e as usize + 1).read() } > 0 {
             let mut s = 0;
             while arrived && s < c.global_world {

@@ -32,9 +32,6 @@ pub struct Launch {
     pub k_blocks: u32,
     /// [`mode::COMBINE`] (`mk_moe_grouped_gemm_combine`): where the epilogue adds its rows.
     pub combine: Option<Combine>,
-    /// Nonzero (`mk_moe_ep_down`): a `u64` tile counter per expert at this address; each
-    /// consumer warpgroup adds 1 for a tile once the tile's bulk stores have completed.
-    pub done: u64,
 }
 
 /// The combine in the epilogue: row `i` of the grouped C, pair `p = row_pair[i]`, is added
@@ -130,7 +127,6 @@ unsafe fn run(args: *const GroupedGemmArgs, combine: Option<Combine>) {
         partial: flags & mode::PARTIAL_ROWS != 0,
         k_blocks: unsafe { (*args).k }.div_ceil(TILE.block_k),
         combine,
-        done: 0,
     };
     let wg = ids::warpgroup_idx();
     match GROUPED_GEMM_ROLES[grouped_gemm_role(wg)].first_warpgroup {

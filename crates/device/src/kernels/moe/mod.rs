@@ -16,7 +16,6 @@
 pub mod combine;
 pub mod consumer;
 pub mod ep;
-pub mod ep_down;
 pub mod ep_up;
 pub mod gather;
 pub mod grouped_gemm;

@@ -19,16 +19,6 @@ pub unsafe fn run(ring: &Ring, l: Launch) {
     if ids::thread_idx() != 0 {
         return;
     }
-    unsafe { load_tiles(ring, l) };
-}
-
-/// Thread 0's loop of [`run`]: every tile's weight rows and grouped rows, in the scheduler's order.
-///
-/// # Safety
-///
-/// As [`run`], called by thread 0 of the producer warpgroup only (after its `setmaxnreg`).
-#[inline(always)]
-pub unsafe fn load_tiles(ring: &Ring, l: Launch) {
     let args = unsafe { l.args.read() };
     let (a, b) = (TensorMap(args.map_a as *const u8), TensorMap(args.map_b as *const u8));
     let a_rows_map = TensorMap((args.map_a + PARTIAL_MAP_OFFSET) as *const u8);
