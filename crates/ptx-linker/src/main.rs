@@ -15,7 +15,8 @@
 
 mod patch;
 
-/// The PTX ISA feature `llc` gets unless the target features name one.
+/// The lowest PTX ISA the kernels need (`red.global.add.v4.f32`), as an `llc` feature; a
+/// `+ptxNN` target feature below it is raised to it.
 const MIN_PTX_ISA: &str = "+ptx81";
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
@@ -137,7 +138,10 @@ fn link(a: &Args) -> Result<(), String> {
         .collect();
     // The kernels need PTX ISA 8.1 (`red.global.add.v4.f32`); LLVM's default for sm_90a is
     // 8.0. Set here rather than as a rustc target feature, which rustc warns is unstable.
-    if !feats.iter().any(|f| f.starts_with("+ptx")) {
+    let isa = |f: &str| f.strip_prefix("+ptx").and_then(|v| v.parse::<u32>().ok());
+    let min = isa(MIN_PTX_ISA).expect("MIN_PTX_ISA is +ptxNN");
+    if !feats.iter().any(|f| isa(f).is_some_and(|v| v >= min)) {
+        feats.retain(|f| isa(f).is_none());
         feats.push(MIN_PTX_ISA);
     }
     if !feats.is_empty() {

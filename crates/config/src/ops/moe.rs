@@ -70,12 +70,6 @@ pub mod mode {
     /// halves) move as without the flag. Padding rows are computed on whatever the ring slot
     /// held before and never stored.
     pub const PARTIAL_ROWS: u32 = 1 << 8;
-    /// The combine in the epilogue (the down projection of `mk_moe_grouped_gemm_combine`):
-    /// C is not stored; every row's accumulators, times its pair's router weight, are added
-    /// (`red.global.add.f32`) into its token's f32 output row, which the launch sequence
-    /// zeroed before. The top-k sum is f32 but its order is whatever the tiles' order gives:
-    /// not bitwise reproducible (the separate `mk_moe_combine` is).
-    pub const COMBINE: u32 = 1 << 9;
 }
 
 /// Rows of one A load and one C store box of a partial tile with [`mode::PARTIAL_ROWS`] (a
@@ -125,7 +119,8 @@ pub struct MoeRouteArgs {
     /// The [`MoeErrorRecord`].
     pub error: u64,
     /// Pair of every grouped row (`max_tiles x ROW_ALIGN` u32: `t * top_k + j`, `u32::MAX` for
-    /// a padding row), for the down projection's combine ([`mode::COMBINE`]); 0: not written.
+    /// a padding row), for the combine in the down projection's epilogue
+    /// (`mk_moe_grouped_gemm_combine`); 0: not written.
     pub row_pair: u64,
     /// `tokens * top_k`.
     pub pairs: u32,
@@ -174,9 +169,9 @@ pub struct GroupedGemmArgs {
     pub b_rows: u32,
     /// [`act`] in the low byte, [`mode`] flags above it.
     pub act: u32,
-    /// With [`mode::COMBINE`]: the pair of every grouped row (`MoeRouteArgs::row_pair`).
+    /// For `mk_moe_grouped_gemm_combine`: the pair of every grouped row (`MoeRouteArgs::row_pair`).
     pub row_pair: u64,
-    /// With [`mode::COMBINE`]: experts per token (a row's pair `p` is token `p / top_k`).
+    /// For `mk_moe_grouped_gemm_combine`: experts per token (a row's pair `p` is token `p / top_k`).
     pub top_k: u32,
     pub _pad: u32,
 }
@@ -273,7 +268,10 @@ pub const MOE_COMBINE: KernelSpec = KernelSpec {
     min_blocks_per_sm: 1,
     dynamic_smem: 0,
 };
-/// The down projection with the combine in its epilogue ([`mode::COMBINE`]).
+/// The down projection with the combine in its epilogue: C is not stored; every row's
+/// accumulators, times its pair's router weight, are added (`red.global.add.v4.f32`) into its
+/// token's f32 output row, zeroed before the launch. The top-k sum is f32 but its order is
+/// whatever order the tiles finish in: not bitwise reproducible (`mk_moe_combine` is).
 pub const MOE_GROUPED_GEMM_COMBINE: KernelSpec = KernelSpec {
     name: "mk_moe_grouped_gemm_combine",
     ..MOE_GROUPED_GEMM
@@ -289,6 +287,8 @@ pub const MOE_TO_BF16: KernelSpec = KernelSpec {
 pub const EP_MAX_CTAS: u32 = 256;
 /// Most ranks of one node in an expert-parallel layer (its flags are per local rank).
 pub const EP_MAX_RANKS: u32 = crate::comm::MAX_LOCAL_RANKS;
+// The fused dispatch counts a pass's rows per owner on the node in lane `owner` of a warp.
+const _: () = assert!(EP_MAX_RANKS <= crate::WARP_SIZE);
 /// Most ranks of an expert-parallel layer in all nodes (the proxy's remote flags are per
 /// global rank; the kernels give a thread to every rank).
 pub const EP_MAX_WORLD: u32 = crate::comm::MAX_RANKS;

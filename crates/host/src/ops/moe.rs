@@ -210,7 +210,8 @@ pub struct MoeGrouped {
     pub slots: Vec<u32>,
     /// Up projection after the activation, `capacity_rows x F` (rows in use only are defined).
     pub hidden_act: Vec<bf16>,
-    /// Down projection, `capacity_rows x H` (with [`MoeCombine::Epilogue`] not written: zeros).
+    /// Down projection, `capacity_rows x H` (not written with [`MoeCombine::Epilogue`]: what an
+    /// earlier `Ordered` launch left, or zeros).
     pub down: Vec<bf16>,
 }
 
@@ -353,8 +354,6 @@ pub struct MoePlan<'a> {
     combine_mode: MoeCombine,
     /// With [`MoeCombine::Epilogue`]: the f32 sums of a bf16 output (`T x H`).
     sums: Option<CudaSlice<f32>>,
-    /// The down projection's argument block as uploaded (its `act` says the combine).
-    down: GroupedGemmArgs,
     /// Tensor maps and argument blocks (see `ARG_*`).
     args: CudaSlice<u8>,
     /// The grouped token rows (kept alive for the kernels; read by the up projection).
@@ -504,12 +503,7 @@ impl<'a> MoePlan<'a> {
             n: h as u32,
             k: f as u32,
             b_rows: h as u32,
-            act: act::NONE
-                | gemm_mode
-                | match combine_mode {
-                    MoeCombine::Ordered => 0,
-                    MoeCombine::Epilogue => mode::COMBINE,
-                },
+            act: act::NONE | gemm_mode,
             row_pair,
             top_k: shape.top_k as u32,
             _pad: 0,
@@ -550,7 +544,6 @@ impl<'a> MoePlan<'a> {
             to_bf16: device.function(&cfg::MOE_TO_BF16)?,
             combine_mode,
             sums,
-            down,
             args,
             _xp: xp,
             hid,
@@ -624,7 +617,24 @@ impl<'a> MoePlan<'a> {
                         .launch(Device::launch_config(&cfg::MOE_GATHER, self.row_grid))?;
                 }
                 MoeStage::Down if self.combine_mode == MoeCombine::Epilogue => {
-                    let target = self.sums_target(stream, out);
+                    // The f32 sums: `out` itself when it is f32, else the plan's buffer. The
+                    // guards live until both writers are enqueued (cudarc records the write then).
+                    let (target, _out_guard, _sums_guard) = match (O::DTYPE, &self.sums) {
+                        (OutDtype::F32, _) => {
+                            let (p, g) = out.device_ptr_mut(stream);
+                            (p, Some(g), None)
+                        }
+                        (OutDtype::Bf16, Some(sums)) => {
+                            let (p, g) = sums.device_ptr(stream);
+                            (p, None, Some(g))
+                        }
+                        (OutDtype::Bf16, None) => {
+                            return Err(Error::Shape {
+                                op: OP,
+                                reason: "the epilogue combine of a bf16 output needs the plan's f32 sums".into(),
+                            })
+                        }
+                    };
                     let bytes = s.tokens * s.hidden * 4;
                     cudarc::driver::result::memset_d8_async(target, 0, bytes, stream.cu_stream())?;
                     let at = a + ARG_DOWN as u64;
@@ -675,32 +685,17 @@ impl<'a> MoePlan<'a> {
         Ok(())
     }
 
-    /// Where the fused combine adds: `out` itself when it is f32, else the plan's f32 sums.
-    fn sums_target<O: GemmOutput>(&self, stream: &Arc<CudaStream>, out: &mut CudaSlice<O>) -> u64 {
-        match (&self.sums, O::DTYPE) {
-            (Some(sums), OutDtype::Bf16) => sums.device_ptr(stream).0,
-            _ => out.device_ptr_mut(stream).0,
-        }
-    }
-
     /// Where this plan takes the top-k weighted sum.
     pub fn combine(&self) -> MoeCombine {
         self.combine_mode
     }
 
-    /// The plan with its combine set to `combine` (instead of [`moe_combine`]'s choice):
-    /// uploads the down projection's argument block on `stream` and allocates (or frees) the
-    /// f32 sums of [`MoeCombine::Epilogue`].
+    /// The plan with its combine set to `combine` (instead of [`moe_combine`]'s choice); for
+    /// [`MoeCombine::Epilogue`] it allocates the `T x H` f32 sums (used only for a bf16 `out`),
+    /// for `Ordered` it frees them. The kernels and argument blocks are the same for both: the
+    /// launch picks the entry points. A CUDA graph captured before this call still launches
+    /// the old sequence and reads the old sums: capture again after it.
     pub fn with_combine(mut self, stream: &Arc<CudaStream>, combine: MoeCombine) -> Result<Self> {
-        self.down.act = (self.down.act & !mode::COMBINE)
-            | match combine {
-                MoeCombine::Ordered => 0,
-                MoeCombine::Epilogue => mode::COMBINE,
-            };
-        let mut at = self
-            .args
-            .slice_mut(ARG_DOWN..ARG_DOWN + std::mem::size_of::<GroupedGemmArgs>());
-        stream.memcpy_htod(bytemuck::bytes_of(&self.down), &mut at)?;
         self.sums = match combine {
             MoeCombine::Ordered => None,
             MoeCombine::Epilogue => match self.sums.take() {

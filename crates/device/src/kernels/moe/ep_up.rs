@@ -108,7 +108,9 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_dispatch_up(
 /// expert is among them (the scheduler walks row tiles, and so experts, in increasing order).
 /// A failed wait leaves the error record and publishes `u32::MAX`; the consumers then run
 /// through the remaining tiles without data. (Two threads: the waits' state beside the tile
-/// loop does not fit in one thread's 40 registers.)
+/// loop spilled in one thread's 40 registers, the producer's count when that was written; it has
+/// 56 now.) Warps 2 and 3 store the node's rows meanwhile ([`dispatch_node`]); the other threads
+/// exit.
 ///
 /// # Safety
 ///
@@ -139,7 +141,11 @@ unsafe fn produce(
 /// `b + w g, b + (w + 2) g, ...`; a row is copied by the whole warp (16-byte pieces, two
 /// loads in flight per lane: four spilled in the producer's 56 registers). Lane `o` counts the rows the warp stored for the node's rank
 /// `o` in this pass; after the pass (`bar.warp.sync`, which orders the lanes' stores) it adds
-/// them to that rank's arrival counter of expert `l` (`red.release.sys`).
+/// them to that rank's arrival counter of expert `l` (`red.release.sys`). That a lane's
+/// release covers the other lanes' stores through `bar.warp.sync` is what the PTX ISA says of
+/// that barrier ("memory ordering among threads participating in barrier"); the formal memory
+/// model names only `bar{.cta}` among the synchronizing barriers. A `fence.acq_rel.sys` in
+/// every lane before the barrier would not depend on that reading; it was not measured.
 ///
 /// # Safety
 ///

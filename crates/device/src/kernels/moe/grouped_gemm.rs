@@ -30,7 +30,7 @@ pub struct Launch {
     /// [`mode::PARTIAL_ROWS`]: loads and stores cover a tile's valid rows only.
     pub partial: bool,
     pub k_blocks: u32,
-    /// [`mode::COMBINE`] (`mk_moe_grouped_gemm_combine`): where the epilogue adds its rows.
+    /// `mk_moe_grouped_gemm_combine`: where the epilogue adds its rows.
     pub combine: Option<Combine>,
 }
 
@@ -85,7 +85,7 @@ pub unsafe extern "ptx-kernel" fn mk_moe_grouped_gemm(args: *const GroupedGemmAr
     unsafe { run(args, None) }
 }
 
-/// The down projection with the combine in its epilogue ([`mode::COMBINE`]): instead of storing
+/// The down projection with the combine in its epilogue: instead of storing
 /// C, every grouped row's accumulators times its router weight are added into its token's f32
 /// row of `out`.
 ///
@@ -93,7 +93,8 @@ pub unsafe extern "ptx-kernel" fn mk_moe_grouped_gemm(args: *const GroupedGemmAr
 ///
 /// As [`mk_moe_grouped_gemm`], and `row_pair` of the block was written by `mk_moe_route` for these rows (a pair below
 /// `tokens * top_k`, or `u32::MAX`); `weights` is the device address of `tokens * top_k` `f32`s and `out` a 16-byte
-/// aligned device address of `tokens x n` f32 that nothing but this kernel's reductions accesses while it runs.
+/// aligned device address of `tokens x n` f32 (zeroed before the launch: the kernel only adds) that nothing but this
+/// kernel's reductions accesses while it runs; `n` is a multiple of 4 (each reduction adds 4 columns).
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_moe_grouped_gemm_combine(
     args: *const GroupedGemmArgs,
