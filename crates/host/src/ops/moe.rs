@@ -493,7 +493,6 @@ impl<'a> MoePlan<'a> {
             top_k: 0,
             _pad: 0,
         };
-        let combine_mode = moe_combine(&shape);
         let down = GroupedGemmArgs {
             map_a: map_at(5),
             map_b: map_at(7),
@@ -530,11 +529,7 @@ impl<'a> MoePlan<'a> {
         stream.memcpy_htod(&block, &mut args)?;
 
         let grids = moe_grids(&shape, device.sm_count(), sms);
-        let sums = match combine_mode {
-            MoeCombine::Ordered => None,
-            MoeCombine::Epilogue => Some(stream.alloc_zeros::<f32>(shape.tokens * h)?),
-        };
-        Ok(MoePlan {
+        MoePlan {
             shape,
             route: device.function(&cfg::MOE_ROUTE)?,
             gather: device.function(&cfg::MOE_GATHER)?,
@@ -542,8 +537,8 @@ impl<'a> MoePlan<'a> {
             combine: device.function(&cfg::MOE_COMBINE)?,
             gemm_combine: device.function(&cfg::MOE_GROUPED_GEMM_COMBINE)?,
             to_bf16: device.function(&cfg::MOE_TO_BF16)?,
-            combine_mode,
-            sums,
+            combine_mode: MoeCombine::Ordered,
+            sums: None,
             args,
             _xp: xp,
             hid,
@@ -552,7 +547,8 @@ impl<'a> MoePlan<'a> {
             gemm_grid: grids.gemm,
             row_grid: grids.rows,
             _weights: PhantomData,
-        })
+        }
+        .with_combine(stream, moe_combine(&shape))
     }
 
     /// Enqueues the layer on `stream`: `out = MoE(x)` with the routing `ids` (`T x top_k`

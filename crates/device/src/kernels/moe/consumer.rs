@@ -22,14 +22,14 @@ use mkernel_config::ops::moe::{PARTIAL_BOX_ROWS, PARTIAL_MAP_OFFSET, TILE};
 #[inline(always)]
 pub unsafe fn run(ring: &Ring, l: Launch, wg: u32) {
     regs::setmaxnreg_inc::<{ TILE.consumer_regs }>();
-    let map_c = TensorMap(unsafe { (*l.args).map_c } as *const u8);
-    let map_c_rows = TensorMap((unsafe { (*l.args).map_c } + PARTIAL_MAP_OFFSET) as *const u8);
-    let mut acc = [0f32; 128];
-    let mut pos = RingPos::START;
     if let Some(c) = l.combine {
         unsafe { run_combine(ring, l, c, wg) };
         return;
     }
+    let map_c = TensorMap(unsafe { (*l.args).map_c } as *const u8);
+    let map_c_rows = TensorMap((unsafe { (*l.args).map_c } + PARTIAL_MAP_OFFSET) as *const u8);
+    let mut acc = [0f32; 128];
+    let mut pos = RingPos::START;
     for tile in l.tiles() {
         // This warpgroup's valid rows of the tile (read before the mainloop hides the load).
         let rows = if l.partial {

@@ -139,13 +139,14 @@ unsafe fn produce(
 /// `l`, on every source rank), so the owners' first experts are complete early and their
 /// tiles start while later passes are still in flight. Warp `w` takes the CTA's tokens
 /// `b + w g, b + (w + 2) g, ...`; a row is copied by the whole warp (16-byte pieces, two
-/// loads in flight per lane: four spilled in the producer's 56 registers). Lane `o` counts the rows the warp stored for the node's rank
-/// `o` in this pass; after the pass (`bar.warp.sync`, which orders the lanes' stores) it adds
-/// them to that rank's arrival counter of expert `l` (`red.release.sys`). That a lane's
-/// release covers the other lanes' stores through `bar.warp.sync` is what the PTX ISA says of
-/// that barrier ("memory ordering among threads participating in barrier"); the formal memory
-/// model names only `bar{.cta}` among the synchronizing barriers. A `fence.acq_rel.sys` in
-/// every lane before the barrier would not depend on that reading; it was not measured.
+/// loads in flight per lane: four spilled in the producer's 56 registers). Lane `o` counts
+/// the rows the warp stored for the node's rank `o` in this pass; after the pass
+/// (`bar.warp.sync`, which orders the lanes' stores) it adds them to that rank's arrival
+/// counter of expert `l` (`red.release.sys`). That a lane's release covers the other lanes'
+/// stores through `bar.warp.sync` is what the PTX ISA says of that barrier ("memory ordering
+/// among threads participating in barrier"); the formal memory model names only `bar{.cta}`
+/// among the synchronizing barriers. A `fence.acq_rel.sys` in every lane before the barrier
+/// would not depend on that reading; it was not measured.
 ///
 /// # Safety
 ///
