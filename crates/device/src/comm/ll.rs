@@ -2,10 +2,10 @@
 //! epoch, in one naturally aligned 8-byte word (single-copy atomic), so a receiver that sees the
 //! flag also sees the data: no fence, no separate signal, one NVLink hop. Costs twice the bytes,
 //! so it is used for small messages only. Units: 8 data bytes = 16 LL bytes per thread access.
-use super::wait::report_give_up;
+use super::wait::{BoundedWait, Waiting};
 use super::CommCtx;
-use crate::arch::{ids, memory, time};
-use mkernel_config::comm::{FlagSlot, ABORT_OFFSET};
+use crate::arch::{ids, memory};
+use mkernel_config::comm::FlagSlot;
 
 /// LL bytes per 8 data bytes.
 pub const LL_EXPANSION: u64 = 2;
@@ -36,47 +36,32 @@ pub unsafe fn send(c: &CommCtx, dst: *mut u8, src: *const u8, n8: u64) {
 }
 
 /// Receives unit `i` of the LL buffer `src` (in this rank's heap, written by `peer`): polls
-/// until both flags carry the epoch. `None` on timeout (error record written) or abort.
+/// until both flags carry the epoch ([`BoundedWait::until`]: the first poll reads no abort
+/// word). `None` on timeout (error record written) or abort.
 ///
 /// # Safety
 ///
 /// The communicator contract (`crate::comm`); `src` is a 16-byte aligned LL buffer in this rank's heap written by
 /// `peer` with [`send`], holding unit `i`, and `peer < world`.
-// `is_multiple_of` here changes the emitted PTX of the polling loop (checked with `cargo xtask ptx`).
-#[allow(clippy::manual_is_multiple_of)]
 #[inline(always)]
 pub unsafe fn recv(c: &CommCtx, src: *const u8, i: u64, peer: u32) -> Option<[u32; 2]> {
     let flag = c.epoch as u32;
     let p = unsafe { src.add((i * 16) as usize) };
-    let (a, b) = unsafe { memory::ld_relaxed_sys_v2_u64(p) };
-    if (a >> 32) as u32 == flag && (b >> 32) as u32 == flag {
-        return Some([a as u32, b as u32]);
-    }
-    let abort = (c.heap(c.rank) + ABORT_OFFSET) as *const u32;
-    let start = time::globaltimer_ns();
-    let mut polls = 0u32;
-    loop {
-        let (a, b) = unsafe { memory::ld_relaxed_sys_v2_u64(p) };
-        if (a >> 32) as u32 == flag && (b >> 32) as u32 == flag {
-            return Some([a as u32, b as u32]);
-        }
-        polls += 1;
-        if polls % 64 == 0 {
-            let aborting = unsafe { super::wait::aborting_at(c.desc_addr(), abort, polls) };
-            let waited = time::globaltimer_ns().wrapping_sub(start);
-            if aborting || waited > c.timeout_ns {
-                unsafe {
-                    report_give_up(
-                        c,
-                        FlagSlot::Staged as u32,
-                        peer + (c.global_rank_now() - c.rank),
-                        c.epoch,
-                        ((a >> 32) as u32).min((b >> 32) as u32) as u64,
-                        waited,
-                    )
-                };
-                return None;
+    let what = Waiting {
+        code: FlagSlot::Staged as u32,
+        peer: move |c: &CommCtx| peer + (c.global_rank_now() - c.rank),
+        expected: c.epoch,
+    };
+    // The data as one u64 (an array through the loop's result would live on the stack).
+    let got = unsafe {
+        BoundedWait::new(c, what).until(|| {
+            let (a, b) = memory::ld_relaxed_sys_v2_u64(p);
+            if (a >> 32) as u32 == flag && (b >> 32) as u32 == flag {
+                Ok(a as u32 as u64 | (b << 32))
+            } else {
+                Err(((a >> 32) as u32).min((b >> 32) as u32) as u64)
             }
-        }
-    }
+        })
+    };
+    got.map(|v| [v as u32, (v >> 32) as u32])
 }

@@ -5,10 +5,10 @@
 //! Posting: claim `seq` with `atom.add` on the device-side head; wait (bounded) until
 //! `seq - tail < capacity`; write the body with plain stores; commit with
 //! `st.release.sys header = seq + 1` (the proxy acquires the header, then reads the body).
-use super::wait::report_give_up;
+use super::wait::{BoundedWait, Waiting};
 use super::CommCtx;
-use crate::arch::{memory, memory::Scope, time};
-use mkernel_config::comm::{abort_word, remote_flag_offset, RemoteSlot, ABORT_OFFSET, FIFO_HEAD_OFFSET};
+use crate::arch::{memory, memory::Scope};
+use mkernel_config::comm::{remote_flag_offset, RemoteSlot, FIFO_HEAD_OFFSET};
 use mkernel_config::fifo::{self, offsets as at};
 
 use mkernel_config::comm::wait_code::{
@@ -30,15 +30,14 @@ pub struct Command {
     pub flag_value: u64,
 }
 
-/// Polls `cond` until it holds; false on timeout (error record: `code`, `peer`, `target`,
+/// Polls `read` until `done` holds for what it read ([`BoundedWait::until`] with the proxy's
+/// abort word); false on timeout (error record: `code`, `peer` - a global rank -, `target`,
 /// last value) or when this rank or its proxy aborted.
 ///
 /// # Safety
 ///
 /// The communicator contract (`crate::comm`), with `c.fifo` the proxy FIFO of this node: the wait reads
-/// this rank's abort word and the proxy's abort word in the FIFO.
-// `is_multiple_of` here changes the emitted PTX of the polling loop (checked with `cargo xtask ptx`).
-#[allow(clippy::manual_is_multiple_of)]
+/// this rank's abort words and the proxy's abort word in the FIFO.
 #[inline(always)]
 unsafe fn wait_until(
     c: &CommCtx,
@@ -48,38 +47,22 @@ unsafe fn wait_until(
     mut read: impl FnMut() -> u64,
     done: impl Fn(u64) -> bool,
 ) -> bool {
-    let mut seen = read();
-    if done(seen) {
-        return true;
-    }
-    let abort = (c.heap(c.rank) + ABORT_OFFSET) as *const u32;
-    let fifo_abort = (c.fifo + at::ABORT as u64) as *const u32;
-    let start = time::globaltimer_ns();
-    let mut polls = 0u32;
-    loop {
-        seen = read();
-        if done(seen) {
-            return true;
-        }
-        polls += 1;
-        if polls % 64 == 0 {
-            let mut aborting = unsafe { super::wait::aborting_at(c.desc_addr(), abort, polls) };
-            // The proxy's abort word lives in host memory: read it 16 times less often (many
-            // pollers reading across PCIe would slow the host's own traffic to this GPU).
-            if !aborting && polls % 1024 == 0 && unsafe { memory::ld_relaxed_u32(Scope::Sys, fifo_abort) } != 0 {
-                // The proxy failed (its own error record says why): stop this rank's other waits
-                // too (a host's abort, if one came first, keeps its word).
-                let _ =
-                    unsafe { memory::atom_acq_rel_cas_u32(Scope::Gpu, abort as *mut u32, 0, abort_word::PROXY_FAILED) };
-                aborting = true;
+    let what = Waiting {
+        code,
+        peer: move |_: &CommCtx| peer,
+        expected: target,
+    };
+    unsafe {
+        BoundedWait::new(c, what).with_proxy_abort().until(|| {
+            let seen = read();
+            if done(seen) {
+                Ok(())
+            } else {
+                Err(seen)
             }
-            let waited = time::globaltimer_ns().wrapping_sub(start);
-            if aborting || waited > c.timeout_ns {
-                unsafe { report_give_up(c, code, peer, target, seen, waited) };
-                return false;
-            }
-        }
+        })
     }
+    .is_some()
 }
 
 /// Posts `cmd`; returns its sequence number, or `None` when the FIFO stayed full past the

@@ -3,28 +3,227 @@
 use super::CommCtx;
 use crate::arch::{ids, mbarrier, memory, memory::Scope, smem::SmemAddr, sync, time};
 use mkernel_config::comm::{
-    abort_word, CommDesc, ErrorCode, ErrorRecord, FlagSlot, Role, ABORT_OFFSET, ERROR_RECORD_OFFSET, HOST_ABORT_POLLS,
-    STAGED_CTAS,
+    abort_word, fifo, CommDesc, ErrorCode, ErrorRecord, FlagSlot, Role, ABORT_OFFSET, ERROR_RECORD_OFFSET,
+    HOST_ABORT_POLLS, STAGED_CTAS,
 };
 
 /// Polls between clock and abort checks.
 pub const POLLS_PER_CHECK: u32 = 64;
 
-/// Whether the rank is aborting, at the clock check of a polling wait after `polls` polls
-/// (a multiple of [`POLLS_PER_CHECK`]): the heap's abort word `abort` (GPU memory, every
-/// check), and at the first check and every [`HOST_ABORT_POLLS`] polls the host abort word
-/// ([`host_abort_seen`]).
-///
-/// # Safety
-///
-/// `abort` is the abort word of the heap of `desc`'s own rank, and `desc` the launch's
-/// `CommDesc` (the communicator contract, `crate::comm`).
-// `is_multiple_of` here changes the emitted PTX of the polling loop (checked with `cargo xtask ptx`).
-#[allow(clippy::manual_is_multiple_of)]
-#[inline(always)]
-pub unsafe fn aborting_at(desc: u64, abort: *const u32, polls: u32) -> bool {
-    (unsafe { memory::ld_relaxed_u32(Scope::Gpu, abort) } != 0)
-        || ((polls == POLLS_PER_CHECK || polls % HOST_ABORT_POLLS == 0) && unsafe { host_abort_seen(desc) })
+/// What a wait that gives up names in the rank's error record ([`report_give_up`]): the wait
+/// code (a `FlagSlot` as `u32`, or `mkernel_config::comm::wait_code`), the peer it waited for
+/// as a global rank - computed from the context only when the wait gives up, so that no
+/// register keeps it across the polling loop - and the value it expected.
+#[derive(Clone, Copy)]
+pub struct Waiting<P> {
+    pub code: u32,
+    pub peer: P,
+    pub expected: u64,
+}
+
+/// The one polling loop behind every bounded wait of a communicating thread on a word that
+/// other ranks, the proxy or this rank's other CTAs write (docs/protocol.md, "Every device
+/// wait"): it polls, and every [`POLLS_PER_CHECK`] polls reads the clock and the abort words
+/// (the heap's; the host's at the first check and every [`HOST_ABORT_POLLS`] polls; the
+/// proxy's with [`BoundedWait::with_proxy_abort`]); past the timeout or once the rank is
+/// aborting it writes the error record ([`report_give_up`]) and gives up. Built with
+/// [`BoundedWait::new`] and the options below, run with [`BoundedWait::at_least`] (a `u64`
+/// word reaching the expected value), [`BoundedWait::until_at_least`] or
+/// [`BoundedWait::until`] (any condition). Everything is inlined, so the options, constants at
+/// the call sites, cost nothing in the loop.
+#[derive(Clone, Copy)]
+pub struct BoundedWait<'c, P> {
+    c: &'c CommCtx,
+    what: Waiting<P>,
+    timeout_ns: u64,
+    sleep_ns: u32,
+    proxy: bool,
+}
+
+impl<'c, P: Fn(&CommCtx) -> u32 + Copy> BoundedWait<'c, P> {
+    /// A wait of `c`'s thread for `what`, bounded by the communicator's timeout
+    /// (`c.timeout_ns`), spinning, and reading the rank's heap and host abort words.
+    #[inline(always)]
+    pub fn new(c: &'c CommCtx, what: Waiting<P>) -> Self {
+        BoundedWait {
+            c,
+            what,
+            timeout_ns: c.timeout_ns,
+            sleep_ns: 0,
+            proxy: false,
+        }
+    }
+
+    /// Gives up after `timeout_ns` instead of the communicator's timeout (e.g. twice it for a
+    /// wait that depends only on this rank's own progress, so the wait naming the stalled peer
+    /// reports first).
+    #[inline(always)]
+    pub fn timeout_ns(mut self, timeout_ns: u64) -> Self {
+        self.timeout_ns = timeout_ns;
+        self
+    }
+
+    /// Sleeps about `ns` (0..=1_000_000) after each poll that found the condition false: for a
+    /// waiter that shares its SM with tensor-core work and need not react within a microsecond.
+    #[inline(always)]
+    pub fn sleeping(mut self, ns: u32) -> Self {
+        self.sleep_ns = ns;
+        self
+    }
+
+    /// Also reads the proxy's abort word (in the host-mapped FIFO, `c.fifo`, nonzero) every
+    /// [`HOST_ABORT_POLLS`] polls: for waits on what the proxy does. Once up, the rank's heap
+    /// abort word is raised to [`abort_word::PROXY_FAILED`] (unless it is up already), so that
+    /// the rank's other waits stop too.
+    #[inline(always)]
+    pub fn with_proxy_abort(mut self) -> Self {
+        self.proxy = true;
+        self
+    }
+
+    /// Waits until the `u64` at `word` (`ld.acquire.sys`: this GPU's memory, or a peer's over
+    /// NVLink) reaches the expected value. The heap abort word's load is in flight beside the
+    /// word's first: an aborted rank's waits give up at once, also where the word is there (a
+    /// launch queued behind the abort stops at its first wait). False when the wait gave up
+    /// (the record is written if it was the rank's first).
+    ///
+    /// # Safety
+    ///
+    /// The communicator contract (`crate::comm`) for the context; `word` an 8-byte aligned
+    /// address of this GPU's memory or of a peer's heap.
+    #[inline(always)]
+    pub unsafe fn at_least(self, word: *const u64) -> bool {
+        let expected = self.what.expected;
+        let abort = self.abort_word();
+        let up = unsafe { memory::ld_relaxed_u32(Scope::Gpu, abort) };
+        let seen = unsafe { memory::ld_acquire_u64(Scope::Sys, word) };
+        if up == 0 && seen >= expected {
+            return true;
+        }
+        if up != 0 {
+            unsafe { self.give_up(seen, 0) };
+            return false;
+        }
+        unsafe {
+            self.poll(abort, || {
+                let seen = memory::ld_acquire_u64(Scope::Sys, word);
+                if seen >= expected {
+                    Ok(())
+                } else {
+                    Err(seen)
+                }
+            })
+        }
+        .is_some()
+    }
+
+    /// As [`Self::at_least`], the first poll without the abort word ([`Self::until`]): for a
+    /// caller short of registers.
+    ///
+    /// # Safety
+    ///
+    /// As [`Self::at_least`].
+    #[inline(always)]
+    pub unsafe fn until_at_least(self, word: *const u64) -> bool {
+        let expected = self.what.expected;
+        unsafe {
+            self.until(|| {
+                let seen = memory::ld_acquire_u64(Scope::Sys, word);
+                if seen >= expected {
+                    Ok(())
+                } else {
+                    Err(seen)
+                }
+            })
+        }
+        .is_some()
+    }
+
+    /// Waits until `poll` answers `Ok` (what the wait got), `Err(seen)` (the value to record)
+    /// meanwhile; the first poll reads no abort word (a hot path that finds its condition
+    /// true costs `poll` alone). `None` when the wait gave up (the record is written if it
+    /// was the rank's first).
+    ///
+    /// # Safety
+    ///
+    /// The communicator contract (`crate::comm`) for the context (with [`Self::with_proxy_abort`]:
+    /// `c.fifo` the proxy FIFO of this node); `poll` is safe to call repeatedly.
+    #[inline(always)]
+    pub unsafe fn until<T>(self, mut poll: impl FnMut() -> Result<T, u64>) -> Option<T> {
+        if let Ok(v) = poll() {
+            return Some(v);
+        }
+        unsafe { self.poll(self.abort_word(), poll) }
+    }
+
+    /// The rank's heap abort word.
+    #[inline(always)]
+    fn abort_word(&self) -> *const u32 {
+        (self.c.heap(self.c.rank) + ABORT_OFFSET) as *const u32
+    }
+
+    /// The loop: polls; every [`POLLS_PER_CHECK`] polls the clock and [`Self::aborting`].
+    // `is_multiple_of` here changes the emitted PTX of the polling loop (checked with `cargo xtask ptx`).
+    #[allow(clippy::manual_is_multiple_of)]
+    #[inline(always)]
+    unsafe fn poll<T>(self, abort: *const u32, mut poll: impl FnMut() -> Result<T, u64>) -> Option<T> {
+        let start = time::globaltimer_ns();
+        let mut polls = 0u32;
+        loop {
+            let seen = match poll() {
+                Ok(v) => return Some(v),
+                Err(seen) => seen,
+            };
+            if self.sleep_ns > 0 {
+                time::nanosleep(self.sleep_ns);
+            }
+            polls += 1;
+            if polls % POLLS_PER_CHECK == 0 {
+                let aborting = unsafe { self.aborting(abort, polls) };
+                let waited = time::globaltimer_ns().wrapping_sub(start);
+                if aborting || waited > self.timeout_ns {
+                    unsafe { self.give_up(seen, waited) };
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// Whether the rank is aborting, at the clock check after `polls` polls (a multiple of
+    /// [`POLLS_PER_CHECK`]): the heap's abort word `abort` (GPU memory) at every check; the
+    /// host abort word at the first check and every [`HOST_ABORT_POLLS`] polls
+    /// ([`host_abort_seen`]); with [`Self::with_proxy_abort`] the proxy's abort word every
+    /// [`HOST_ABORT_POLLS`] polls (host memory too: many pollers reading across PCIe would slow
+    /// the host's own traffic to this GPU).
+    // `is_multiple_of` here changes the emitted PTX of the polling loop (checked with `cargo xtask ptx`).
+    #[allow(clippy::manual_is_multiple_of)]
+    #[inline(always)]
+    unsafe fn aborting(&self, abort: *const u32, polls: u32) -> bool {
+        let c = self.c;
+        if unsafe { memory::ld_relaxed_u32(Scope::Gpu, abort) } != 0 {
+            return true;
+        }
+        let host_check = polls % HOST_ABORT_POLLS == 0;
+        if (polls == POLLS_PER_CHECK || host_check) && unsafe { host_abort_seen(c.desc_addr()) } {
+            return true;
+        }
+        let fifo_abort = (c.fifo + fifo::offsets::ABORT as u64) as *const u32;
+        if self.proxy && host_check && unsafe { memory::ld_relaxed_u32(Scope::Sys, fifo_abort) } != 0 {
+            // The proxy failed (its own error record says why): stop this rank's other waits
+            // too (a host's abort, if one came first, keeps its word).
+            let _ = unsafe { memory::atom_acq_rel_cas_u32(Scope::Gpu, abort as *mut u32, 0, abort_word::PROXY_FAILED) };
+            return true;
+        }
+        false
+    }
+
+    /// Writes the error record (if the rank's first) of this wait, having seen `seen` after
+    /// `waited` ns.
+    #[inline(always)]
+    unsafe fn give_up(&self, seen: u64, waited: u64) {
+        let w = &self.what;
+        unsafe { report_give_up(self.c, w.code, (w.peer)(self.c), w.expected, seen, waited) };
+    }
 }
 
 /// Reads the rank's host abort word (`CommDesc::host_abort`: host memory the CPU stores into,
@@ -113,12 +312,11 @@ pub unsafe fn wait_flag_of_cta_sleeping<const SLEEP_NS: u32>(
 /// As [`wait_flag_of_cta_sleeping`], the source derived from the context where it is used
 /// (the flag's address, the error record): e.g. `|c| c.rank ^ 1`, the other rank of two,
 /// which a caller short of registers need not keep beside the context across the wait.
+/// A [`BoundedWait::at_least`] on the flag.
 ///
 /// # Safety
 ///
 /// As [`wait_flag_of_cta`], with `src(c) < world`.
-// `is_multiple_of` here changes the emitted PTX of the polling loop (checked with `cargo xtask ptx`).
-#[allow(clippy::manual_is_multiple_of)]
 #[inline(always)]
 pub unsafe fn wait_flag_of_cta_from<const SLEEP_NS: u32>(
     c: &CommCtx,
@@ -128,41 +326,12 @@ pub unsafe fn wait_flag_of_cta_from<const SLEEP_NS: u32>(
     target: u64,
 ) -> bool {
     let flag = c.flag_of_cta(c.rank, slot, src(c), cta);
-    let abort = (c.heap(c.rank) + ABORT_OFFSET) as *const u32;
-    let start = time::globaltimer_ns();
-    // The abort word's load is in flight beside the flag's first: an aborted rank's waits give
-    // up at once, also where the flag is there (a launch queued behind the abort stops at its
-    // first wait).
-    let word = unsafe { memory::ld_relaxed_u32(Scope::Gpu, abort) };
-    let seen = unsafe { memory::ld_acquire_u64(Scope::Sys, flag) };
-    if word == 0 && seen >= target {
-        return true;
-    }
-    if word != 0 {
-        let src = src(c) + (c.global_rank_now() - c.rank);
-        unsafe { report_give_up(c, slot as u32, src, target, seen, 0) };
-        return false;
-    }
-    let mut polls = 0u32;
-    loop {
-        let seen = unsafe { memory::ld_acquire_u64(Scope::Sys, flag) };
-        if seen >= target {
-            return true;
-        }
-        if SLEEP_NS > 0 {
-            time::nanosleep(SLEEP_NS);
-        }
-        polls += 1;
-        if polls % POLLS_PER_CHECK == 0 {
-            let aborting = unsafe { aborting_at(c.desc_addr(), abort, polls) };
-            let waited = time::globaltimer_ns().wrapping_sub(start);
-            if aborting || waited > c.timeout_ns {
-                let src = src(c) + (c.global_rank_now() - c.rank);
-                unsafe { report_give_up(c, slot as u32, src, target, seen, waited) };
-                return false;
-            }
-        }
-    }
+    let what = Waiting {
+        code: slot as u32,
+        peer: move |c: &CommCtx| src(c) + (c.global_rank_now() - c.rank),
+        expected: target,
+    };
+    unsafe { BoundedWait::new(c, what).sleeping(SLEEP_NS).at_least(flag) }
 }
 
 /// Threads `0..world` (except the own rank) each wait for one source's flag to reach this

@@ -31,14 +31,13 @@
 //!   inter-node `RingFree` SIGNAL with `v(t)` to it.
 use super::producer::{drain, tiles, Pos};
 use super::Smem;
-use crate::arch::{ids, memory, memory::Scope, sync, time, tma::TensorMap};
+use crate::arch::{ids, memory, memory::Scope, sync, tma::TensorMap};
 use crate::comm::move_data;
 use crate::comm::proxy::{self, Command};
-use crate::comm::wait::{report_give_up, wait_flag_of_cta};
+use crate::comm::wait::{wait_flag_of_cta, BoundedWait, Waiting};
 use crate::comm::CommCtx;
 use mkernel_config::comm::{
-    fifo, remote_flag_offset, CommDesc, FlagSlot, RemoteSlot, Role, ABORT_OFFSET, FUSED_EPOCH_OFFSET,
-    RING_EPOCH_OFFSET, RING_EXITS_OFFSET, RING_FREE_COUNT_OFFSET,
+    fifo, remote_flag_offset, CommDesc, FlagSlot, RemoteSlot, Role, FUSED_EPOCH_OFFSET, RING_EPOCH_OFFSET, RING_EXITS_OFFSET, RING_FREE_COUNT_OFFSET,
 };
 use mkernel_config::ops::attention::{AttentionArgs, RingArgs};
 
@@ -93,31 +92,24 @@ unsafe fn proxy_ctx(c: &CommCtx) -> CommCtx {
     pc
 }
 
-/// Waits until the u64 at `word` (this rank's heap, or a peer's over NVLink) reaches `target`.
-/// Bounded like every flag wait (gives up on the timeout or the rank's abort word); the record
-/// names wait code `code` and global rank `peer(c)`.
-// `polls % 64` keeps the polling loop's PTX as measured (`is_multiple_of` changes it).
-#[allow(clippy::manual_is_multiple_of)]
+/// A bounded wait ([`BoundedWait`]: the timeout, the rank's abort words) for a u64 (this
+/// rank's heap, or a peer's over NVLink) to reach `target`; the record names wait code `code`
+/// and global rank `peer(c)`.
 #[inline(always)]
-unsafe fn wait_word(c: &CommCtx, word: *const u64, target: u64, code: u32, peer: impl Fn(&CommCtx) -> u32) -> bool {
-    let abort = (c.heap(c.rank) + ABORT_OFFSET) as *const u32;
-    let start = time::globaltimer_ns();
-    let mut polls = 0u32;
-    loop {
-        let seen = unsafe { memory::ld_acquire_u64(Scope::Sys, word) };
-        if seen >= target {
-            return true;
-        }
-        polls += 1;
-        if polls % 64 == 0 {
-            let aborting = unsafe { crate::comm::wait::aborting_at(c.desc_addr(), abort, polls) };
-            let waited = time::globaltimer_ns().wrapping_sub(start);
-            if aborting || waited > c.timeout_ns {
-                unsafe { report_give_up(c, code, peer(c), target, seen, waited) };
-                return false;
-            }
-        }
-    }
+fn waiting<'c>(
+    c: &'c CommCtx,
+    target: u64,
+    code: u32,
+    peer: impl Fn(&CommCtx) -> u32 + Copy,
+) -> BoundedWait<'c, impl Fn(&CommCtx) -> u32 + Copy> {
+    BoundedWait::new(
+        c,
+        Waiting {
+            code,
+            peer,
+            expected: target,
+        },
+    )
 }
 
 /// Waits until local rank `peer`'s ring launch epoch (in its heap, read over NVLink) reached
@@ -127,9 +119,7 @@ unsafe fn wait_word(c: &CommCtx, word: *const u64, target: u64, code: u32, peer:
 unsafe fn wait_previous_launch(c: &CommCtx, peer: u32) -> bool {
     let word = (c.heap(peer) + RING_EPOCH_OFFSET) as *const u64;
     unsafe {
-        wait_word(c, word, c.epoch - 1, FlagSlot::RingFree as u32, move |c| {
-            peer + (c.global_rank_now() - c.rank)
-        })
+        waiting(c, c.epoch - 1, FlagSlot::RingFree as u32, move |c| peer + (c.global_rank_now() - c.rank)).at_least(word)
     }
 }
 
@@ -206,7 +196,8 @@ unsafe fn wait_data(r: &RingArgs, t: u32) {
     let left = (c.rank + c.world - 1) % c.world;
     for k in 0..r.comm_ctas {
         let flag = c.flag_of_cta(c.rank, FlagSlot::RingData, left, k);
-        let _ = unsafe { wait_word(&c, flag, value(&c, t), FlagSlot::RingData as u32, left_global) };
+        // The first poll reads no abort word (`until_at_least`): the producer is short of registers.
+        let _ = unsafe { waiting(&c, value(&c, t), FlagSlot::RingData as u32, left_global).until_at_least(flag) };
     }
     // The peer's generic-proxy stores, acquired above, before this thread's TMA reads.
     memory::fence_proxy_async();
@@ -244,7 +235,7 @@ unsafe fn signal_free_across(r: &RingArgs, c: &CommCtx, t: u32) -> bool {
     let count = (c.heap(c.rank) + RING_FREE_COUNT_OFFSET + 8 * (t % 2) as u64) as *mut u64;
     let ctas = (r.compute_ctas + r.comm_ctas) as u64;
     // Named as a wait for this rank's own CTAs (a `RingFree` wait on itself).
-    let ok = unsafe { wait_word(c, count, ctas, FlagSlot::RingFree as u32, |c| c.global_rank_now()) };
+    let ok = unsafe { waiting(c, ctas, FlagSlot::RingFree as u32, CommCtx::global_rank_now).at_least(count) };
     unsafe { memory::st_relaxed_u64(Scope::Gpu, count, 0) };
     let pc = unsafe { proxy_ctx(c) };
     let cmd = Command {
@@ -280,7 +271,7 @@ unsafe fn send_across(r: &RingArgs, c: &CommCtx, t: u32) -> bool {
     for k in 0..r.comm_ctas {
         let flag = c.flag_of_cta(c.rank, FlagSlot::RingData, src, k);
         let peer = move |c: &CommCtx| if t == 0 { c.global_rank_now() } else { left_global(c) };
-        ok &= unsafe { wait_word(c, flag, target, FlagSlot::RingData as u32, peer) };
+        ok &= unsafe { waiting(c, target, FlagSlot::RingData as u32, peer).at_least(flag) };
     }
     let pc = unsafe { proxy_ctx(c) };
     let cmd = Command {

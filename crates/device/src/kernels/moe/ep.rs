@@ -23,8 +23,8 @@
 //! the rank, the role, the flag and the peer; a kernel that finds the rank aborting moves no data.
 use super::combine::store_sums;
 use super::route::{cta_exclusive_sum, place_groups};
-use crate::arch::{ids, memory, memory::Scope, smem, sync, time};
-use crate::comm::wait::report_give_up;
+use crate::arch::{ids, memory, memory::Scope, smem, sync};
+use crate::comm::wait::{BoundedWait, Waiting};
 use crate::comm::{proxy, CommCtx};
 use mkernel_config::comm::fifo::EPOCH_SEQ_FUSED;
 use mkernel_config::comm::{wait_code, CommDesc, RemoteSlot, Role, ABORT_OFFSET, FUSED_EPOCH_OFFSET};
@@ -33,10 +33,8 @@ use mkernel_config::ops::moe::{
     ROUTE_SMEM_CURSOR, ROUTE_SMEM_WARP_TILES, ROUTE_THREADS, ROW_ALIGN, ROW_THREADS,
 };
 
-/// Polls between clock and abort checks.
-const POLLS_PER_CHECK: u32 = 64;
-
-/// Whether this rank is aborting (an earlier wait gave up, or the host aborted).
+/// Whether this rank is aborting (an earlier wait gave up, or a wait copied the host's abort
+/// into the heap's word): a kernel that finds it so moves no data.
 ///
 /// # Safety
 ///
@@ -67,49 +65,36 @@ unsafe fn signal(c: &CommCtx, a: &MoeEpArgs, dst: u32, kind: EpFlag, cta: u32) {
 /// # Safety
 ///
 /// As [`signal`], with `src < world`.
-// `is_multiple_of` here changes the emitted PTX of the polling loop (checked with `cargo xtask ptx`).
 #[inline(always)]
 unsafe fn wait(c: &CommCtx, a: &MoeEpArgs, kind: EpFlag, src: u32, cta: u32) -> bool {
     let f = (c.heap(c.rank) + a.heap_flags + ep_flag(kind, src, cta)) as *const u64;
-    let peer = src + (c.global_rank_now() - c.rank_now());
+    let peer = move |c: &CommCtx| src + (c.global_rank_now() - c.rank_now());
     unsafe { wait_word(c, f, c.epoch, kind, peer, c.timeout_ns) }
 }
 
-/// Waits until the word `f` (this GPU's memory) reaches `target`, for at most `timeout_ns`;
-/// false (after leaving the error record if first, naming flag `kind` of global rank `peer`)
-/// on timeout or when the rank aborts.
+/// Waits until the word `f` (this GPU's memory) reaches `target`, for at most `timeout_ns`: a
+/// [`BoundedWait::at_least`] (the rank's heap and host abort words); false (after leaving the
+/// error record if first, naming flag `kind` of global rank `peer(c)`) on timeout or when the
+/// rank aborts.
 ///
 /// # Safety
 ///
 /// The communicator contract (`crate::comm`) for `c`; `f` an 8-byte aligned address of this GPU.
-// `is_multiple_of` here changes the emitted PTX of the polling loop (checked with `cargo xtask ptx`).
-#[allow(clippy::manual_is_multiple_of)]
 #[inline(always)]
 pub(super) unsafe fn wait_word(
     c: &CommCtx,
     f: *const u64,
     target: u64,
     kind: EpFlag,
-    peer: u32,
+    peer: impl Fn(&CommCtx) -> u32 + Copy,
     timeout_ns: u64,
 ) -> bool {
-    let start = time::globaltimer_ns();
-    let mut polls = 0u32;
-    loop {
-        let seen = unsafe { memory::ld_acquire_u64(Scope::Sys, f) };
-        if seen >= target {
-            return true;
-        }
-        polls += 1;
-        if polls % POLLS_PER_CHECK == 0 {
-            let waited = time::globaltimer_ns().wrapping_sub(start);
-            if unsafe { aborting(c) } || waited > timeout_ns {
-                // Timeout, or the rank aborts: the record says which (docs/protocol.md).
-                unsafe { report_give_up(c, wait_code::MOE_EP + kind as u32, peer, target, seen, waited) };
-                return false;
-            }
-        }
-    }
+    let what = Waiting {
+        code: wait_code::MOE_EP + kind as u32,
+        peer,
+        expected: target,
+    };
+    unsafe { BoundedWait::new(c, what).timeout_ns(timeout_ns).at_least(f) }
 }
 
 /// The node's ranks in global numbering: `[node0, node0 + world)`.
@@ -695,7 +680,7 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_combine(
                         relay,
                         c.epoch,
                         EpFlag::Out,
-                        c.global_rank,
+                        CommCtx::global_rank_now,
                         c.timeout_ns.saturating_mul(2),
                     )
                 };

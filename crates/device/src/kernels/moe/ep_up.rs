@@ -16,7 +16,7 @@ use super::consumer;
 use super::ep::{aborting, last_to_store, layer_ctx, node0, on_node, post_remote_rows, wait_word};
 use super::grouped_gemm::Launch;
 use crate::arch::{ids, mbarrier, memory, memory::Scope, regs, shuffle, smem, sync, tma, tma::TensorMap};
-use crate::comm::proxy;
+use crate::comm::{proxy, CommCtx};
 use crate::gemm::producer::{fill_without_data, load_tile_rows, ARows, BRows};
 use crate::gemm::ring::{Ring, RingPos};
 use mkernel_config::comm::{wait_code, CommDesc, RemoteSlot, Role};
@@ -294,7 +294,7 @@ unsafe fn wait_experts(args: *const MoeEpArgs, desc: *const CommDesc) {
     for e in 0..a.local_experts {
         let want = unsafe { target.add(2 * e as usize).read() };
         let counter = (arrival + 8 * e as u64) as *const u64;
-        let mut arrived = unsafe { wait_word(&c, counter, want, EpFlag::Rows, c.global_rank, c.timeout_ns) };
+        let mut arrived = unsafe { wait_word(&c, counter, want, EpFlag::Rows, CommCtx::global_rank_now, c.timeout_ns) };
         if arrived && !remote_ready && unsafe { target.add(2 * e as usize + 1).read() } > 0 {
             let mut s = 0;
             while arrived && s < c.global_world {
