@@ -2,8 +2,9 @@
 //! but the last launches the operation, which then waits for the last rank; rank 0 aborts from
 //! a watchdog thread while its own kernel runs and its main thread sits in
 //! `stream.synchronize()`; the last rank launches only once the abort has landed (its launch
-//! must give up at its first wait). Every rank must end its launch by itself (no hang, no
-//! trap) and get `Error::Aborted` naming rank 0 from `check()`.
+//! must give up at its first wait; with [`aborted_round_after`] it launches an operation's first
+//! kernels at once, the rest after the abort). Every rank must end its launch by itself (no
+//! hang, no trap) and get `Error::Aborted` naming rank 0 from `check()`.
 use mkernel::cudarc::driver::CudaStream;
 use mkernel::{AbortHandle, Communicator, Error};
 use std::sync::Arc;
@@ -132,12 +133,29 @@ pub fn watching<R>(comm: &Communicator, what: &str, row_tiles: u32, f: impl FnOn
 }
 
 /// Runs one aborted round of `launch` (see the module doc); returns what `check()` said.
+#[allow(dead_code)]
 pub fn aborted_round(
     comm: &Communicator,
     handle: &AbortHandle,
     stream: &Arc<CudaStream>,
     what: &str,
     mode: Mode,
+    launch: &dyn Fn() -> mkernel::Result<()>,
+) -> Error {
+    aborted_round_after(comm, handle, stream, what, mode, &|| Ok(()), launch)
+}
+
+/// As [`aborted_round`], every rank first enqueueing `head` at once, the lagging rank too
+/// ([`Mode::LaggingRank`]; once, before the queue, in [`Mode::Queued`]): for an operation of
+/// several kernels, `head` its first kernels and `launch` the rest, so that the other ranks'
+/// kernels wait in `launch`'s first kernel when the abort comes.
+pub fn aborted_round_after(
+    comm: &Communicator,
+    handle: &AbortHandle,
+    stream: &Arc<CudaStream>,
+    what: &str,
+    mode: Mode,
+    head: &dyn Fn() -> mkernel::Result<()>,
     launch: &dyn Fn() -> mkernel::Result<()>,
 ) -> Error {
     let store = comm.bootstrap().store();
@@ -154,6 +172,7 @@ pub fn aborted_round(
     let t = Duration::from_secs(60);
     store.barrier(&format!("abort-test/{what}/start"), t).unwrap();
     let start = Instant::now();
+    head().unwrap_or_else(|e| panic!("rank {g}: {what}: the first kernels' launch failed: {e}"));
     let launch_all = || {
         for i in 0..launches {
             launch().unwrap_or_else(|e| {
