@@ -37,7 +37,8 @@ use crate::comm::proxy::{self, Command};
 use crate::comm::wait::{wait_flag_of_cta, BoundedWait, Waiting};
 use crate::comm::CommCtx;
 use mkernel_config::comm::{
-    fifo, remote_flag_offset, CommDesc, FlagSlot, RemoteSlot, Role, FUSED_EPOCH_OFFSET, RING_EPOCH_OFFSET, RING_EXITS_OFFSET, RING_FREE_COUNT_OFFSET,
+    fifo, remote_flag_offset, CommDesc, FlagSlot, RemoteSlot, Role, FUSED_EPOCH_OFFSET, RING_EPOCH_OFFSET,
+    RING_EXITS_OFFSET, RING_FREE_COUNT_OFFSET,
 };
 use mkernel_config::ops::attention::{AttentionArgs, RingArgs};
 
@@ -119,7 +120,10 @@ fn waiting<'c>(
 unsafe fn wait_previous_launch(c: &CommCtx, peer: u32) -> bool {
     let word = (c.heap(peer) + RING_EPOCH_OFFSET) as *const u64;
     unsafe {
-        waiting(c, c.epoch - 1, FlagSlot::RingFree as u32, move |c| peer + (c.global_rank_now() - c.rank)).at_least(word)
+        waiting(c, c.epoch - 1, FlagSlot::RingFree as u32, move |c| {
+            peer + (c.global_rank_now() - c.rank)
+        })
+        .at_least(word)
     }
 }
 

@@ -527,6 +527,11 @@ pub unsafe extern "ptx-kernel" fn mk_moe_ep_route(desc: *const CommDesc, args: *
     if dropped > 0 {
         unsafe { memory::atom_acq_rel_add_u32(Scope::Gpu, drops, dropped) };
     }
+    // Every `HOST_ABORT_LAUNCHES` layers the host abort word, also when no wait stalled: the
+    // next kernel of the rank then finds the heap word up.
+    if tid == 0 {
+        unsafe { crate::comm::wait::host_abort_at_launch_end(desc as u64, epoch) };
+    }
 }
 
 /// `mk_moe_ep_dispatch(desc, args, ids, x)`: CTA `b` of `g` takes tokens `b, b + g, ...` and
