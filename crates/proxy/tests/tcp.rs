@@ -7,7 +7,7 @@
 use mkernel_bootstrap::{Bootstrap, JobKey, Store, StoreServer};
 use mkernel_proxy::emulated::CpuFabric;
 use mkernel_proxy::protocol::CommandBody;
-use mkernel_proxy::tcp::{frame, store_key, CpuStaging, Exchange, TcpConfig, TcpLinks, TcpTransport};
+use mkernel_proxy::tcp::{frame, store_key, CpuStaging, Exchange, TcpConfig, TcpLinks, TcpTransport, MAX_PENDING};
 use mkernel_proxy::Span;
 use mkernel_proxy::{
     AbortLink, AbortState, Backoff, ErrorCode, Fifo, FifoConsumer, FifoProducer, HeapFifo, PeerRegions, Proxy,
@@ -709,6 +709,17 @@ fn bad_user_abort_frames_are_refused() {
     );
 }
 
+/// A frame with the last message number (`u64::MAX`, which has no successor) is refused; in a
+/// debug build the receiver's `seq + 1` used to panic the proxy thread.
+#[test]
+fn a_frame_with_the_last_message_number_is_refused() {
+    expect_refusal(
+        victim(),
+        |l| raw(l, 0, &frame::Header::signal(u64::MAX, 0, 1).to_bytes()),
+        "message number 18446744073709551615 has no successor",
+    );
+}
+
 #[test]
 fn bad_peer_messages_are_refused() {
     expect_refusal(
@@ -803,6 +814,123 @@ fn frames_outside_the_receivers_regions_are_refused() {
     raw(&mut v.bad, 0, &frame::Header::signal(1, 72, 5).to_bytes());
     assert!(v.fabric.wait_flag(0, 72, 5, WAIT), "the legal flag never arrived");
     assert!(v.fabric.read(0, 4096, 64).unwrap().iter().all(|&b| b == 7));
+}
+
+/// Strangers that reach a rank's port during setup: sockets that connect and stay silent, and
+/// sockets that send a byte every 100 ms (each would have held the old one-at-a-time accept
+/// for up to 5 s). They must not delay the ranks' own connections; more than
+/// [`MAX_PENDING`] silent ones evict the oldest.
+#[test]
+fn idle_and_trickling_sockets_do_not_delay_setup() {
+    const SETUP: Duration = Duration::from_secs(6);
+    /// The ranks' own setup over loopback takes milliseconds.
+    const BOUND: Duration = Duration::from_secs(2);
+    let ex = MemStore::default();
+    let cfg = config(2, 4096);
+    let (e0, c0) = (ex.clone(), cfg.clone());
+    let h0 = std::thread::spawn(move || TcpLinks::establish(&Topology::new(2, 1, 0).unwrap(), &c0, &e0, None, SETUP));
+    let rec = String::from_utf8(ex.lookup(&store_key(0), WAIT).unwrap()).unwrap();
+    let addr = rec.split_once(' ').unwrap().0.to_string();
+    let extra = 8;
+    let idle: Vec<std::net::TcpStream> = (0..MAX_PENDING + extra)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let tricklers: Vec<_> = (0..2)
+        .map(|_| {
+            let (addr, stop) = (addr.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut s = std::net::TcpStream::connect(&addr).unwrap();
+                let hello = frame::Hello {
+                    from: 1,
+                    to: 0,
+                    lane: 0,
+                    lanes: 2,
+                    max_payload: 4096,
+                    status: 0,
+                    token: [0; 32],
+                }
+                .to_bytes();
+                for b in hello {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) || s.write_all(&[b]).is_err() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            })
+        })
+        .collect();
+    // The strangers are in rank 0's backlog before rank 1 starts.
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    let l1 = TcpLinks::establish(&Topology::new(2, 1, 1).unwrap(), &cfg, &ex, None, SETUP).unwrap();
+    let l0 = h0.join().unwrap().unwrap();
+    let took = t0.elapsed();
+    println!(
+        "setup with {} idle and 2 trickling sockets: {took:?}; rank 0 refused {}",
+        idle.len(),
+        l0.refused()
+    );
+    assert!(took < BOUND, "setup took {took:?}");
+    assert!(l0.refused() >= extra, "only {} connections evicted", l0.refused());
+    assert_eq!(l1.refused(), 0);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in tricklers {
+        t.join().unwrap();
+    }
+}
+
+/// A socket that trickles a byte every 100 ms cannot hold the setup past its deadline: the
+/// rank whose peer never comes fails at its timeout, naming the peer.
+#[test]
+fn a_trickling_socket_cannot_hold_setup_past_its_deadline() {
+    const SETUP: Duration = Duration::from_millis(1500);
+    let ex = MemStore::default();
+    let (e0, c0) = (ex.clone(), config(1, 4096));
+    let t0 = Instant::now();
+    let h0 = std::thread::spawn(move || TcpLinks::establish(&Topology::new(2, 1, 0).unwrap(), &c0, &e0, None, SETUP));
+    // Rank 1 publishes a record (so rank 0 reaches its accept loop) but never connects.
+    ex.publish(
+        &store_key(1),
+        b"127.0.0.1:1 0000000000000000000000000000000000000000000000000000000000000000",
+    )
+    .unwrap();
+    let rec = String::from_utf8(ex.lookup(&store_key(0), WAIT).unwrap()).unwrap();
+    let mut s = std::net::TcpStream::connect(rec.split_once(' ').unwrap().0).unwrap();
+    s.set_write_timeout(Some(Duration::from_millis(100))).unwrap();
+    while !h0.is_finished() && t0.elapsed() < Duration::from_secs(20) {
+        let _ = s.write_all(b"M");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let took = t0.elapsed();
+    let e = h0
+        .join()
+        .unwrap()
+        .err()
+        .expect("setup without rank 1 succeeded")
+        .to_string();
+    println!("{e} after {took:?}");
+    assert!(
+        took < SETUP + Duration::from_millis(700),
+        "setup ended after {took:?}: {e}"
+    );
+    assert!(e.contains("peer 1"), "{e}");
+}
+
+/// `Duration::MAX` as the setup timeout is an error, not a panic.
+#[test]
+fn an_endless_setup_timeout_is_an_error() {
+    let e = TcpLinks::establish(
+        &Topology::new(1, 1, 0).unwrap(),
+        &config(1, 4096),
+        &MemStore::default(),
+        None,
+        Duration::MAX,
+    )
+    .err()
+    .expect("accepted Duration::MAX")
+    .to_string();
+    assert!(e.contains("too long"), "{e}");
 }
 
 /// A placeholder that takes the place of a dropped `TcpLinks` (its sockets are then closed).

@@ -36,6 +36,8 @@ mod setup;
 mod staging;
 mod transport;
 
-pub use setup::{choose_address, interface_addresses, store_key, Exchange, TcpConfig, TcpLinks};
+pub use setup::{
+    choose_address, interface_addresses, store_key, Exchange, TcpConfig, TcpLinks, HELLO_BOUND, MAX_PENDING,
+};
 pub use staging::{CpuStaging, DeviceStaging};
 pub use transport::{TcpStats, TcpTransport};

@@ -382,7 +382,12 @@ impl<E: DeviceStaging> TcpTransport<E> {
                         });
                     }
                 }
-                p.next_seq += 1;
+                p.next_seq = p.next_seq.checked_add(1).ok_or_else(|| {
+                    lost(
+                        p.rank,
+                        "message numbers to this peer are used up (2^64 - 1 frames)".into(),
+                    )
+                })?;
                 p.backlog.pop_front();
             }
         }
@@ -511,7 +516,8 @@ impl<E: DeviceStaging> TcpTransport<E> {
                     self.stats.flags_written += 1;
                 }
             }
-            peer.next += 1;
+            // Below every received number, which `Limits::check` keeps under `u64::MAX`.
+            peer.next = peer.next.saturating_add(1);
         }
         // A message that can no longer arrive: every socket has moved past it or said goodbye.
         let next = peer.next;
@@ -654,7 +660,8 @@ fn read_lane<E: DeviceStaging>(
                                     value: h.b,
                                 },
                             ));
-                            lane.expect = h.seq + 1;
+                            // `Limits::check` refused `u64::MAX`.
+                            lane.expect = h.seq.saturating_add(1);
                             lane.state = ReadState::Header {
                                 got: 0,
                                 bytes: [0; HEADER_BYTES],
@@ -729,7 +736,7 @@ fn read_lane<E: DeviceStaging>(
                                     len,
                                 },
                             ));
-                            lane.expect = hdr.seq + 1;
+                            lane.expect = hdr.seq.saturating_add(1);
                             lane.state = ReadState::Header {
                                 got: 0,
                                 bytes: [0; HEADER_BYTES],
