@@ -218,10 +218,8 @@ mod tests {
         // SAFETY: as in `create`.
         let fd = unsafe { OwnedFd::from_raw_fd(libc::memfd_create(c"unsealed".as_ptr(), libc::MFD_CLOEXEC)) };
         // SAFETY: a valid descriptor.
-        assert_eq!(
-            unsafe { libc::ftruncate(fd.as_raw_fd(), page_bytes() as libc::off_t) },
-            0
-        );
+        let rc = unsafe { libc::ftruncate(fd.as_raw_fd(), page_bytes() as libc::off_t) };
+        assert_eq!(rc, 0);
         let e = SharedPage::map(std::os::fd::AsFd::as_fd(&fd))
             .err()
             .expect("mapped an unsealed memfd");
@@ -233,16 +231,13 @@ mod tests {
     fn the_page_is_sealed_at_its_size() {
         let (_page, fd) = SharedPage::create().unwrap();
         // SAFETY: a valid descriptor.
-        assert_ne!(unsafe { libc::ftruncate(fd.as_raw_fd(), 0) }, 0, "the memfd shrank");
+        let shrink = unsafe { libc::ftruncate(fd.as_raw_fd(), 0) };
+        assert_ne!(shrink, 0, "the memfd shrank");
         // SAFETY: a valid descriptor.
-        assert_ne!(
-            unsafe { libc::ftruncate(fd.as_raw_fd(), 2 * page_bytes() as libc::off_t) },
-            0
-        );
-        // SAFETY: a valid descriptor; removing seals is not possible, adding is refused too.
-        assert_ne!(
-            unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_WRITE) },
-            0
-        );
+        let grow = unsafe { libc::ftruncate(fd.as_raw_fd(), 2 * page_bytes() as libc::off_t) };
+        assert_ne!(grow, 0, "the memfd grew");
+        // SAFETY: a valid descriptor; F_SEAL_SEAL refuses any further seal.
+        let more = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_WRITE) };
+        assert_ne!(more, 0, "a seal was added");
     }
 }
