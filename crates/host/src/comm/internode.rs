@@ -323,6 +323,10 @@ impl Exchange for StoreExchange<'_> {
     fn lookup(&self, key: &str, timeout: Duration) -> std::result::Result<Vec<u8>, String> {
         self.0.store().get(key, timeout).map_err(|e| e.to_string())
     }
+    /// Derived from the job key, which every rank has and no stranger does.
+    fn frame_secret(&self) -> Option<[u8; 32]> {
+        Some(self.0.info().job_key().derive_secret("tcp-frames"))
+    }
 }
 
 /// Pinned host memory from `cuMemHostAlloc`.

@@ -1,5 +1,7 @@
 //! What travels on the TCP transport's sockets: a 64-byte hello when a socket is set up, then
-//! 32-byte frame headers (a data frame is followed by its payload). Little-endian throughout.
+//! 32-byte frame headers (a data frame is followed by its payload; with per-frame
+//! authentication, the default, every frame then ends with a 16-byte tag over header and payload:
+//! [`super::mac`]). Little-endian throughout.
 //!
 //! Hello (both directions, once per socket):
 //!
@@ -46,8 +48,8 @@ use crate::error::TransportError;
 /// `Hello::magic`.
 pub const HELLO_MAGIC: [u8; 4] = *b"MKTH";
 /// Version of this wire format.
-/// (2: ABORT frames; 3: USER_ABORT and USER_ABORT_ACK frames.)
-pub const WIRE_VERSION: u32 = 3;
+/// (2: ABORT frames; 3: USER_ABORT and USER_ABORT_ACK frames; 4: frame tags.)
+pub const WIRE_VERSION: u32 = 4;
 /// Bytes of a hello.
 pub const HELLO_BYTES: usize = 64;
 /// Bytes of a frame header.

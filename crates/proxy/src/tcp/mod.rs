@@ -32,6 +32,7 @@
 //! [`Transport::poll_aborts`](crate::Transport::poll_aborts)) and answers USER_ABORT_ACK the
 //! same way. The connections stay up.
 pub mod frame;
+pub mod mac;
 mod setup;
 mod staging;
 mod transport;

@@ -1,6 +1,7 @@
 //! Connection setup of the TCP transport: which address to listen on, the exchange of
 //! addresses and secrets through the job's store, and the authenticated hello on every socket.
 use super::frame::{Hello, Refused, HELLO_BYTES, TOKEN_BYTES};
+use super::mac::FrameKey;
 use crate::error::TransportError;
 use crate::topology::Topology;
 use std::io::{Read, Write};
@@ -26,6 +27,9 @@ pub struct TcpConfig {
     /// A peer that stays silent (unacknowledged data, failed keepalives) this long is dead;
     /// also the bound of `flush` (`MKERNEL_TCP_TIMEOUT_S`, default 30).
     pub timeout: Duration,
+    /// Authenticate every frame with a tag keyed from the job key ([`super::mac`];
+    /// `MKERNEL_TCP_MAC`, default on; every rank must use the same setting).
+    pub mac: bool,
 }
 
 impl Default for TcpConfig {
@@ -38,6 +42,7 @@ impl Default for TcpConfig {
             ifname: None,
             addr: None,
             timeout: Duration::from_secs(30),
+            mac: true,
         }
     }
 }
@@ -77,6 +82,9 @@ impl TcpConfig {
         if let Some(n) = num("MKERNEL_TCP_TIMEOUT_S", 1, 86_400)? {
             c.timeout = Duration::from_secs(n);
         }
+        if let Some(n) = num("MKERNEL_TCP_MAC", 0, 1)? {
+            c.mac = n == 1;
+        }
         c.ifname = get("MKERNEL_SOCKET_IFNAME").filter(|v| !v.trim().is_empty());
         if let Some(a) = get("MKERNEL_SOCKET_ADDR").filter(|v| !v.trim().is_empty()) {
             c.addr = Some(
@@ -96,6 +104,12 @@ pub trait Exchange {
     fn publish(&self, key: &str, value: &[u8]) -> Result<(), String>;
     /// `key`'s value, waiting up to `timeout` for it to be set.
     fn lookup(&self, key: &str, timeout: Duration) -> Result<Vec<u8>, String>;
+    /// The secret that keys the frames' tags ([`TcpConfig::mac`]): the same on every rank of
+    /// the job, known to nobody else, never sent (the host derives it from the job key).
+    /// `None`: this exchange has none, and a transport with `mac` on refuses to start.
+    fn frame_secret(&self) -> Option<[u8; 32]> {
+        None
+    }
 }
 
 /// Every IPv4 and global IPv6 address of every interface, as `(interface, address)`.
@@ -273,7 +287,7 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
-/// Store key under which `rank` publishes `"<ip:port> <hex token>"`.
+/// Store key under which `rank` publishes `"<ip:port> <hex token> mac=<0|1>"`.
 pub fn store_key(rank: usize) -> String {
     format!("mkernel/proxy/tcp/{rank}")
 }
@@ -283,6 +297,7 @@ pub fn store_key(rank: usize) -> String {
 struct PeerRecord {
     addr: SocketAddr,
     token: [u8; TOKEN_BYTES],
+    mac: bool,
 }
 
 fn parse_record(rank: usize, v: &[u8]) -> Result<PeerRecord, TransportError> {
@@ -291,14 +306,23 @@ fn parse_record(rank: usize, v: &[u8]) -> Result<PeerRecord, TransportError> {
         detail: format!("bad TCP address record in the store ({why})"),
     };
     let s = std::str::from_utf8(v).map_err(|_| bad("not UTF-8"))?;
-    let (a, t) = s.split_once(' ').ok_or_else(|| bad("no token"))?;
+    let mut parts = s.split(' ');
+    let (a, t, m) = match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some(a), Some(t), Some(m), None) => (a, t, m),
+        _ => return Err(bad("expected \"<address> <token> mac=<0|1>\"")),
+    };
+    let mac = match m {
+        "mac=1" => true,
+        "mac=0" => false,
+        _ => return Err(bad("mac setting")),
+    };
     let addr: SocketAddr = a.parse().map_err(|_| bad("address"))?;
     let t = unhex(t)
         .filter(|t| t.len() == TOKEN_BYTES)
         .ok_or_else(|| bad("token"))?;
     let mut token = [0u8; TOKEN_BYTES];
     token.copy_from_slice(&t);
-    Ok(PeerRecord { addr, token })
+    Ok(PeerRecord { addr, token, mac })
 }
 
 /// The sockets of one rank's TCP transport: `lanes` outgoing and `lanes` incoming sockets per
@@ -314,6 +338,10 @@ pub struct TcpLinks {
     pub(crate) rx: Vec<Vec<TcpStream>>,
     /// Largest payload each peer accepts.
     pub(crate) peer_payload: Vec<usize>,
+    /// `tx_keys[slot][lane]`: the key of the frames this rank sends (`None`: no tags).
+    pub(crate) tx_keys: Vec<Vec<Option<FrameKey>>>,
+    /// `rx_keys[slot][lane]`: the key of the frames this rank receives.
+    pub(crate) rx_keys: Vec<Vec<Option<FrameKey>>>,
     pub(crate) config: TcpConfig,
     local: SocketAddr,
     reason: String,
@@ -349,8 +377,21 @@ impl TcpLinks {
         let listener = TcpListener::bind((ip, 0)).map_err(|e| io_err(&format!("listening on {ip}"), e))?;
         let local = listener.local_addr().map_err(|e| io_err("local_addr", e))?;
         let token = random_token()?;
+        let secret = match (config.mac, exchange.frame_secret()) {
+            (false, _) => None,
+            (true, Some(s)) => Some(s),
+            (true, None) => {
+                return Err(TransportError::Config(
+                    "MKERNEL_TCP_MAC=1 (the default): per-frame tags need the job's frame secret, which this \
+                     exchange does not give (Exchange::frame_secret); MKERNEL_TCP_MAC=0 on every rank runs \
+                     without them"
+                        .into(),
+                ))
+            }
+        };
+        let record = format!("{local} {} mac={}", hex(&token), u8::from(config.mac));
         exchange
-            .publish(&store_key(me), format!("{local} {}", hex(&token)).as_bytes())
+            .publish(&store_key(me), record.as_bytes())
             .map_err(|e| TransportError::Config(format!("publishing the TCP address: {e}")))?;
         tracing::info!(rank = me, %local, %reason, sockets = config.sockets, "tcp transport listening");
         let mut records = Vec::with_capacity(peers.len());
@@ -360,7 +401,19 @@ impl TcpLinks {
                 peer: p,
                 detail: format!("its TCP address never reached the store: {e}"),
             })?;
-            records.push(parse_record(p, &v)?);
+            let r = parse_record(p, &v)?;
+            if r.mac != config.mac {
+                return Err(TransportError::Peer {
+                    peer: p,
+                    detail: format!(
+                        "it runs with MKERNEL_TCP_MAC={}, this rank {} with {}: set it the same on every rank",
+                        u8::from(r.mac),
+                        me,
+                        u8::from(config.mac)
+                    ),
+                });
+            }
+            records.push(r);
         }
         let mut slot_of = vec![None; topology.world_size()];
         for (s, &p) in peers.iter().enumerate() {
@@ -374,6 +427,17 @@ impl TcpLinks {
         });
         let (rx, refused) = accepted.map_err(|_| TransportError::Config("the accept thread panicked".into()))??;
         let (tx, peer_payload) = connected?;
+        let keys = |f: &dyn Fn(&[u8; 32], usize, usize) -> FrameKey| -> Vec<Vec<Option<FrameKey>>> {
+            (0..peers.len())
+                .map(|slot| {
+                    (0..lanes)
+                        .map(|lane| secret.as_ref().map(|s| f(s, slot, lane)))
+                        .collect()
+                })
+                .collect()
+        };
+        let tx_keys = keys(&|s, slot, lane| FrameKey::derive(s, me, peers[slot], lane, &records[slot].token));
+        let rx_keys = keys(&|s, slot, lane| FrameKey::derive(s, peers[slot], me, lane, &token));
         for s in tx.iter().chain(rx.iter()).flatten() {
             tune(s, config.timeout)?;
             s.set_nonblocking(true).map_err(|e| io_err("O_NONBLOCK", e))?;
@@ -386,6 +450,8 @@ impl TcpLinks {
             tx,
             rx,
             peer_payload,
+            tx_keys,
+            rx_keys,
             config: config.clone(),
             local,
             reason,
@@ -409,6 +475,12 @@ impl TcpLinks {
     /// The proxy peers, in slot order.
     pub fn peers(&self) -> &[usize] {
         &self.peers
+    }
+    /// The key that tags this rank's frames on socket `lane` to `peer`, with per-frame
+    /// authentication on (tests use it to play a misbehaving peer that has the job key).
+    pub fn tx_key(&self, peer: usize, lane: usize) -> Option<&FrameKey> {
+        let s = self.peers.iter().position(|&p| p == peer)?;
+        self.tx_keys.get(s)?.get(lane)?.as_ref()
     }
     /// The outgoing socket `lane` to `peer` (tests use it to play a misbehaving peer).
     pub fn tx_socket(&mut self, peer: usize, lane: usize) -> Option<&mut TcpStream> {
@@ -785,6 +857,12 @@ mod tests {
         );
         assert!(TcpConfig::from_vars(|k| (k == "MKERNEL_TCP_SOCKETS").then(|| "0".into())).is_err());
         assert!(TcpConfig::from_vars(|k| (k == "MKERNEL_SOCKET_ADDR").then(|| "eth0".into())).is_err());
+        assert!(
+            !TcpConfig::from_vars(|k| (k == "MKERNEL_TCP_MAC").then(|| "0".into()))
+                .unwrap()
+                .mac
+        );
+        assert!(TcpConfig::from_vars(|k| (k == "MKERNEL_TCP_MAC").then(|| "on".into())).is_err());
         assert_eq!(TcpConfig::from_vars(|_| None).unwrap(), TcpConfig::default());
     }
 
@@ -809,10 +887,17 @@ mod tests {
     #[test]
     fn records_round_trip_and_refuse_garbage() {
         let t = [9u8; 32];
-        let r = parse_record(1, format!("127.0.0.1:5 {}", hex(&t)).as_bytes()).unwrap();
-        assert_eq!((r.addr.port(), r.token), (5, t));
+        let r = parse_record(1, format!("127.0.0.1:5 {} mac=1", hex(&t)).as_bytes()).unwrap();
+        assert_eq!((r.addr.port(), r.token, r.mac), (5, t, true));
+        let r = parse_record(1, format!("127.0.0.1:5 {} mac=0", hex(&t)).as_bytes()).unwrap();
+        assert!(!r.mac);
+        assert!(parse_record(1, format!("127.0.0.1:5 {}", hex(&t)).as_bytes()).is_err());
+        assert!(parse_record(1, format!("127.0.0.1:5 {} mac=2", hex(&t)).as_bytes()).is_err());
         assert!(parse_record(1, b"127.0.0.1:5").is_err());
-        assert!(parse_record(1, b"127.0.0.1:5 abc").is_err());
-        assert!(parse_record(1, b"x 00").unwrap_err().to_string().contains("peer 1"));
+        assert!(parse_record(1, b"127.0.0.1:5 abc mac=1").is_err());
+        assert!(parse_record(1, b"x 00 mac=1")
+            .unwrap_err()
+            .to_string()
+            .contains("peer 1"));
     }
 }
