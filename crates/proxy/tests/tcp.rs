@@ -1060,6 +1060,13 @@ fn dummy() -> TcpLinks {
 
 #[test]
 fn loopback_latency_and_bandwidth() {
+    // With frame tags (the default) and without (MKERNEL_TCP_MAC=0): what the tags cost here.
+    for mac in [true, false] {
+        loopback_with(mac);
+    }
+}
+
+fn loopback_with(mac: bool) {
     let big: u64 = 16 << 20;
     let fabric = CpuFabric::new(2, 2 * big as usize, 4);
     let cfg = TcpConfig {
@@ -1067,6 +1074,7 @@ fn loopback_latency_and_bandwidth() {
         chunk: 256 << 10,
         rx_buffers: 2,
         tx_buffers: 4,
+        mac,
         ..TcpConfig::default()
     };
     let links = establish_all(2, 1, &cfg, &MemStore::default());
@@ -1104,7 +1112,8 @@ fn loopback_latency_and_bandwidth() {
         "16 MiB arrived corrupted"
     );
     println!(
-        "[tcp loopback, CPU staging] 8-byte put one-way p50 {:?} p99 {:?}; 16 MiB in {dt:?} = {:.2} GB/s",
+        "[tcp loopback, CPU staging, frame tags {}] 8-byte put one-way p50 {:?} p99 {:?}; 16 MiB in {dt:?} = {:.2} GB/s",
+        if mac { "on" } else { "off" },
         lat[lat.len() / 2],
         lat[lat.len() * 99 / 100],
         big as f64 / dt.as_secs_f64() / 1e9
