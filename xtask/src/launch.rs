@@ -121,11 +121,17 @@ pub fn layout(args: &LaunchArgs, shared_gpus: Option<usize>) -> Result<Vec<RankE
         if args.node_rank >= nnodes {
             bail!("--node-rank {} must be below --nnodes {}", args.node_rank, nnodes);
         }
+        let Some(world_size) = nnodes.checked_mul(args.nproc).filter(|&w| w <= u32::MAX as usize) else {
+            bail!(
+                "--nnodes {nnodes} x -n {} ranks is more than a job can have",
+                args.nproc
+            );
+        };
         return Ok((0..args.nproc)
             .map(|i| RankEnv {
-                rank: args.node_rank * args.nproc + i,
+                rank: args.node_rank * args.nproc + i, // < world_size, checked above
                 local_rank: i,
-                world_size: nnodes * args.nproc,
+                world_size,
                 local_world_size: args.nproc,
                 node_rank: args.node_rank,
                 nnodes,
@@ -458,6 +464,7 @@ mod tests {
         assert_eq!(l[0].world_size, 16);
         assert_eq!(l[7].local_rank, 7);
         assert!(layout(&args(8, 1, Some(2), 2), None).is_err());
+        assert!(layout(&args(usize::MAX / 2, 1, Some(3), 0), None).is_err());
     }
     #[test]
     fn a_failing_rank_is_named_and_others_stopped() {
