@@ -12,7 +12,7 @@
 //! is created with mode 0700 by one `mkdir` that fails if anything (a directory, a symlink, a
 //! pipe) already has that name, and is checked with `lstat` afterwards: another local user can
 //! neither predict it, nor pre-create it, nor redirect it. A running daemon is reused only when
-//! its pipe directory belongs to this user or root and is closed to group and others.
+//! its pipe directory belongs to this user or root and nobody else may write into it.
 use anyhow::{bail, Context, Result};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -76,6 +76,12 @@ pub fn create_private_dir(path: &Path) -> Result<()> {
 /// `path` is a directory (not a symlink to one) owned by one of `owners`, with no access for
 /// group or others.
 fn check_private_dir(path: &Path, owners: &[u32]) -> Result<()> {
+    check_dir(path, owners, 0o077)
+}
+
+/// `path` is a directory (not a symlink to one) owned by one of `owners`, with none of the
+/// permission bits `closed` (`0o077`: private; `0o022`: nobody else may write).
+fn check_dir(path: &Path, owners: &[u32], closed: u32) -> Result<()> {
     let m = std::fs::symlink_metadata(path).with_context(|| format!("lstat {}", path.display()))?;
     if !m.file_type().is_dir() {
         bail!("{} is not a directory (a symlink or another file)", path.display());
@@ -83,7 +89,7 @@ fn check_private_dir(path: &Path, owners: &[u32]) -> Result<()> {
     if !owners.contains(&m.uid()) {
         bail!("{} belongs to uid {}, not to {owners:?}", path.display(), m.uid());
     }
-    if m.permissions().mode() & 0o077 != 0 {
+    if m.permissions().mode() & closed != 0 {
         bail!(
             "{} has mode {:o}: open to group or others",
             path.display(),
@@ -169,8 +175,8 @@ impl Mps {
             .map(PathBuf::from)
             .unwrap_or(DEFAULT_PIPE_DIR.into());
         // Another user's directory there could hold a pipe of their own daemon (or none that
-        // is a daemon at all): only this user's or root's, closed to others, is trusted.
-        let trusted = match own_uid().and_then(|me| check_private_dir(&existing, &[me, 0])) {
+        // is a daemon at all): only this user's or root's, writable by nobody else, is trusted.
+        let trusted = match own_uid().and_then(|me| check_dir(&existing, &[me, 0], 0o022)) {
             Ok(()) => true,
             Err(e) => {
                 if existing.exists() {
@@ -387,6 +393,12 @@ mod tests {
             .to_string()
             .contains("mode 777"));
         assert!(check_private_dir(&fresh, &[own_uid().unwrap() + 1]).is_err());
+        // A daemon's directory others may read but not write is trusted for reuse.
+        std::fs::set_permissions(&pre, std::fs::Permissions::from_mode(0o755)).unwrap();
+        check_dir(&pre, &[own_uid().unwrap()], 0o022).unwrap();
+        assert!(check_private_dir(&pre, &[own_uid().unwrap()]).is_err());
+        std::fs::set_permissions(&pre, std::fs::Permissions::from_mode(0o775)).unwrap();
+        assert!(check_dir(&pre, &[own_uid().unwrap()], 0o022).is_err());
         let dir = private_mps_dir().unwrap();
         assert!(dir.file_name().unwrap().to_str().unwrap().len() == "mkernel-mps-".len() + 32);
         for d in [&dir, &dir.join("pipe"), &dir.join("log")] {
