@@ -71,8 +71,7 @@ pub fn run(exclude: &[String]) -> Result<()> {
         "xtask",
     ]))?;
     for bin in ["mkernel-bench", "xtask"] {
-        std::fs::copy(root.join("target/release").join(bin), dir.join(bin))
-            .with_context(|| format!("copying {bin}"))?;
+        std::fs::copy(util::release_dir()?.join(bin), dir.join(bin)).with_context(|| format!("copying {bin}"))?;
     }
     // The PyTorch baseline of `bench --op moe` (found next to mkernel-bench).
     std::fs::copy(root.join("crates/bench/python/moe_torch.py"), dir.join("moe_torch.py"))?;
@@ -123,8 +122,7 @@ pub fn variant(name: &str) -> Result<()> {
     let dir = root.join("bundle").join(name);
     std::fs::create_dir_all(&dir)?;
     for bin in ["mkernel-bench", "xtask"] {
-        std::fs::copy(root.join("target/release").join(bin), dir.join(bin))
-            .with_context(|| format!("copying {bin}"))?;
+        std::fs::copy(util::release_dir()?.join(bin), dir.join(bin)).with_context(|| format!("copying {bin}"))?;
     }
     // The PyTorch baseline of `bench --op moe` (found next to mkernel-bench).
     std::fs::copy(root.join("crates/bench/python/moe_torch.py"), dir.join("moe_torch.py"))?;
