@@ -60,7 +60,7 @@ fn flash_attention() -> Result {
             &format!("flash_attention step {step}"),
             got.iter().map(|x| x.to_f64()),
             &reference(&qh, &kh, &vh),
-            1.0 / 128.0,
+            1.0 / 64.0,
         )?;
     }
     Ok(())

@@ -86,7 +86,7 @@ fn ring_attention() -> Result {
             &format!("ring_attention step {step}"),
             got.iter().map(|x| x.to_f64()),
             &want,
-            1.0 / 128.0,
+            1.0 / 64.0,
         )?;
     }
     Ok(())
