@@ -274,6 +274,9 @@ fn test(gpu: bool) -> Result<()> {
 }
 
 fn bench(op: &str, nproc: Option<usize>, share_gpu: bool, timeout_s: Option<u64>, rest: &[String]) -> Result<()> {
+    // Every benchmark needs a GPU: say what is missing before building anything.
+    let found = gpus::probe().map_err(|e| anyhow::anyhow!("bench: {e:#}"))?;
+    println!("bench: {}", found.summary());
     // Inside a bundle, the benchmark binary sits next to this executable.
     let here = std::env::current_exe()?;
     let sibling = here.with_file_name("mkernel-bench");

@@ -105,6 +105,14 @@ fn launch_checks_for_gpus_before_starting_ranks() {
             .unwrap();
         assert!(out.status.success(), "{}", text(&out));
         assert!(marker.exists());
+        // A benchmark says so too, before building anything.
+        let out = Command::new(XTASK).args(["bench", "--op", "gemm"]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+        assert_eq!(
+            err.trim(),
+            "error: bench: no NVIDIA driver found (nvidia-smi is not on PATH)"
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
