@@ -96,7 +96,7 @@ fn launch_checks_for_gpus_before_starting_ranks() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{}", text(&out));
         assert_eq!(err.lines().count(), 1, "{err}");
-        assert!(err.contains("no NVIDIA driver") && err.contains("--cpu-only"), "{err}");
+        assert!(err.contains("NVIDIA driver") && err.contains("--cpu-only"), "{err}");
         assert!(!marker.exists(), "a rank started without a GPU");
         // Programs that need no GPU start with --cpu-only.
         let out = Command::new(XTASK)
@@ -109,9 +109,10 @@ fn launch_checks_for_gpus_before_starting_ranks() {
         let out = Command::new(XTASK).args(["bench", "--op", "gemm"]).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{}", text(&out));
-        assert_eq!(
-            err.trim(),
-            "error: bench: no NVIDIA driver found (nvidia-smi is not on PATH)"
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.starts_with("error: bench: ") && err.contains("NVIDIA driver"),
+            "{err}"
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
