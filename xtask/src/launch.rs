@@ -62,6 +62,10 @@ pub struct LaunchArgs {
     /// 80 / ranks - 1 percent of the GPU; docs/testing.md "Co-residency").
     #[arg(long, requires = "share_gpu", value_parser = clap::value_parser!(u32).range(1..=100))]
     pub mps_percent: Option<u32>,
+    /// The program needs no GPU: start the ranks without the check for the NVIDIA driver and
+    /// enough GPUs that is made otherwise (MKERNEL_DEVICE is set all the same).
+    #[arg(long, conflicts_with = "share_gpu")]
+    pub cpu_only: bool,
     /// The command to run in each process.
     #[arg(last = true, required = true)]
     pub cmd: Vec<String>,
@@ -85,6 +89,7 @@ impl LaunchArgs {
             share_gpu: false,
             gpus: None,
             mps_percent: None,
+            cpu_only: false,
             cmd,
             env: vec![],
         }
@@ -174,10 +179,15 @@ fn free_port() -> Result<u16> {
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 pub fn run(args: LaunchArgs) -> Result<()> {
+    // Before any rank starts: the driver and enough GPUs (or --cpu-only), said out loud.
+    let found = match args.cpu_only {
+        true => None,
+        false => Some(crate::gpus::check_launch(args.nproc, args.share_gpu, args.gpus)?),
+    };
     let shared_gpus = match (args.share_gpu, args.gpus) {
         (false, _) => None,
         (true, Some(g)) => Some(g),
-        (true, None) => Some(crate::util::gpu_count()?),
+        (true, None) => Some(found.unwrap_or(1)),
     };
     let ranks = layout(&args, shared_gpus)?;
     // The handler can be installed once per process; a second launch in the same process (the
@@ -387,6 +397,7 @@ mod tests {
             share_gpu: false,
             gpus: None,
             mps_percent: None,
+            cpu_only: true,
             cmd: vec!["true".into()],
             env: vec![],
         }
