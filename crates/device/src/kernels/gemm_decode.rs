@@ -134,7 +134,35 @@ unsafe fn produce<const KN: bool>(ring: &DecodeRing, w: TensorMap, x: TensorMap,
     let mut pos = RingPos::START;
     let mut t = u0 / split.k_blocks;
     let mut kb = u0 - t * split.k_blocks;
+    // The L2 prefetch runs `ahead` units in front of the loads (none for narrow buckets).
+    let ahead = if cfg!(mk_variant = "pf_none") {
+        0
+    } else if cfg!(mk_variant = "pf_all") {
+        8
+    } else {
+        cfg::prefetch_units(ring.l.tok)
+    };
+    let mut pu = u0 + ahead;
+    let mut pt = pu / split.k_blocks;
+    let mut pkb = pu - pt * split.k_blocks;
     for _ in u0..u1 {
+        if ahead > 0 && pu < u1 {
+            let (n0, k0) = (pt * cfg::W_ROWS, pkb * cfg::BLOCK_K);
+            unsafe {
+                if KN {
+                    tma::prefetch_2d(w, n0, k0);
+                    tma::prefetch_2d(w, n0 + 64, k0);
+                } else {
+                    tma::prefetch_2d(w, k0, n0);
+                }
+            }
+            pu += 1;
+            pkb += 1;
+            if pkb == split.k_blocks {
+                pkb = 0;
+                pt += 1;
+            }
+        }
         let s = pos.stage;
         let (n0, k0) = (t * cfg::W_ROWS, kb * cfg::BLOCK_K);
         unsafe {
