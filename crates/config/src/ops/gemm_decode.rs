@@ -42,17 +42,6 @@ pub const EPILOGUE_BARRIER: u32 = 1;
 /// Headroom for the 1024-byte alignment of the swizzled ring.
 pub const SMEM_ALIGN_SLACK: u32 = 1024;
 
-/// Units (weight stages) whose weights the producer pulls into L2 ahead of loading them, for
-/// `tok` tokens: the wide buckets have few ring stages (4 at 256 tokens) yet spend longer per
-/// stage on math, so the weights' HBM latency is hidden by an L2 prefetch this far ahead; the
-/// narrow buckets' 9-13 stages hide it already.
-pub const fn prefetch_units(tok: u32) -> u32 {
-    if tok >= 128 {
-        8
-    } else {
-        0
-    }
-}
 /// Bytes of a stage's token tile (`tok` rows x 64 K).
 pub const fn x_stage_bytes(tok: u32) -> u32 {
     tok * BLOCK_K * 2

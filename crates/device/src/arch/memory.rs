@@ -433,19 +433,6 @@ pub unsafe fn prefetch_l2(p: *const u8) {
     unsafe { asm!("prefetch.global.L2 [{0}];", in(reg64) p, options(nostack, readonly)) };
 }
 
-/// Drops the 128-byte line at `p` from L2 without writing it back (scratch that was read and
-/// will be rewritten before it is read again: no HBM write of dead data):
-/// `discard.global.L2 [p], 128;` (sm_80). It acts as a weak write of undefined bytes.
-///
-/// # Safety
-///
-/// `p` is a 128-byte aligned address of 128 bytes of global memory that nobody reads again before rewriting them, and
-/// whose earlier reads and writes by other threads are ordered before this call (a barrier or an acquire).
-#[inline(always)]
-pub unsafe fn discard_l2(p: *mut u8) {
-    unsafe { asm!("discard.global.L2 [{0}], 128;", in(reg64) p, options(nostack)) };
-}
-
 /// Adds four f32 to four consecutive f32 of global memory (one L2 reduction of 16 bytes, no
 /// value returned): `red.relaxed.gpu.global.add.v4.f32 [p], {a, b, c, d};` (sm_90).
 ///

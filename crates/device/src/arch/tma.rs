@@ -73,22 +73,6 @@ pub unsafe fn load_2d_hinted(dst: SmemAddr, map: TensorMap, c0: u32, c1: u32, ba
     };
 }
 
-/// Pulls a 2D tile into L2 ahead of its load (no shared memory, no completion):
-/// `cp.async.bulk.prefetch.tensor.2d.L2.global.tile [map, {c0, c1}];`
-///
-/// # Safety
-///
-/// `map` points to a valid 2D `CUtensorMap` in global memory whose tensor stays allocated for this launch.
-#[inline(always)]
-pub unsafe fn prefetch_2d(map: TensorMap, c0: u32, c1: u32) {
-    unsafe {
-        asm!(
-            "cp.async.bulk.prefetch.tensor.2d.L2.global.tile [{0}, {{{1}, {2}}}];",
-            in(reg64) map.0, in(reg32) c0, in(reg32) c1, options(nostack)
-        )
-    };
-}
-
 /// 2D tile store from shared memory; elements outside the tensor are not written:
 /// `cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [map, {c0, c1}], [src];`
 ///

@@ -134,35 +134,7 @@ unsafe fn produce<const KN: bool>(ring: &DecodeRing, w: TensorMap, x: TensorMap,
     let mut pos = RingPos::START;
     let mut t = u0 / split.k_blocks;
     let mut kb = u0 - t * split.k_blocks;
-    // The L2 prefetch runs `ahead` units in front of the loads (none for narrow buckets).
-    let ahead = if cfg!(mk_variant = "pf_none") {
-        0
-    } else if cfg!(mk_variant = "pf_all") {
-        8
-    } else {
-        cfg::prefetch_units(ring.l.tok)
-    };
-    let mut pu = u0 + ahead;
-    let mut pt = pu / split.k_blocks;
-    let mut pkb = pu - pt * split.k_blocks;
     for _ in u0..u1 {
-        if ahead > 0 && pu < u1 {
-            let (n0, k0) = (pt * cfg::W_ROWS, pkb * cfg::BLOCK_K);
-            unsafe {
-                if KN {
-                    tma::prefetch_2d(w, n0, k0);
-                    tma::prefetch_2d(w, n0 + 64, k0);
-                } else {
-                    tma::prefetch_2d(w, k0, n0);
-                }
-            }
-            pu += 1;
-            pkb += 1;
-            if pkb == split.k_blocks {
-                pkb = 0;
-                pt += 1;
-            }
-        }
         let s = pos.stage;
         let (n0, k0) = (t * cfg::W_ROWS, kb * cfg::BLOCK_K);
         unsafe {
@@ -235,7 +207,10 @@ unsafe fn consume<A: MmaTile + AsRef<[f32]> + AsMut<[f32]>, const KN: bool>(
         sync::named_barrier_sync(cfg::EPILOGUE_BARRIER, cfg::CONSUMER_THREADS);
         if unsafe { smem::ld_volatile_shared_u32(ring.last()) } != 0 {
             unsafe {
-                sum_partials(&mut acc, &slot, lo, hi, ct);
+                load_partial(&mut acc, slot(lo), ct);
+                for c in lo + 1..=hi {
+                    add_partial(&mut acc, slot(c), ct);
+                }
                 store_out(args, &acc, t, wg);
             }
         }
@@ -312,84 +287,38 @@ unsafe fn store_partial<A: MmaTile + AsRef<[f32]>>(acc: &A, slot: *mut u8, ct: u
     });
 }
 
-/// Loads in flight per thread while partials are summed (16 x 16 bytes); 8 when one partial
-/// fills a batch (the widest bucket keeps 128 accumulators beside it without spilling).
-const BATCH: usize = 16;
-const WIDE_BATCH: usize = 8;
-
-/// The accumulators become the sum of the partials of CTAs `lo..=hi` (at `slot(c)`, as
-/// [`store_partial`] wrote them), added in CTA order from 0 (so the result does not depend on
-/// which CTA sums). Loads are issued in batches of [`BATCH`] before any of them is added: with
-/// few pieces per partial (narrow buckets) a batch spans several CTAs' partials, with many it
-/// is part of one; one L2 round trip per batch.
+/// Replaces the accumulators by what [`store_partial`] wrote at `slot` (through L2).
 ///
 /// # Safety
 ///
-/// Every `slot(c)` holds a partial published to this thread (acquired by the consumers' counter thread, then a
-/// barrier), not written during the reads.
+/// `slot` holds a partial published to this thread (acquired by the consumers' counter thread, then a barrier).
 #[inline(always)]
-unsafe fn sum_partials<A: MmaTile + AsMut<[f32]>>(acc: &mut A, slot: &impl Fn(u32) -> *mut u8, lo: u32, hi: u32, ct: u32) {
-    let pieces = A::LEN / 4;
+unsafe fn load_partial<A: MmaTile + AsMut<[f32]>>(acc: &mut A, slot: *const u8, ct: u32) {
     let v = acc.as_mut();
-    for x in v.iter_mut() {
-        *x = 0.0;
-    }
-    let at = |c: u32, j: usize| unsafe { slot(c).add((j * cfg::CONSUMER_THREADS as usize + ct as usize) * 16) };
-    let ld = |c: u32, j: usize| unsafe { memory::ld_cg_v4(at(c, j)) };
-    // Once a batch is added, its partials are dead: each 128-byte line was read by eight lanes
-    // of one warp (threads 8i..8i+8 of a piece), so after a warp barrier the first of them drops
-    // it from L2 unwritten - the next launch rewrites it before reading, and dead partials cost
-    // no HBM write-back.
-    let line_owner = ct % 8 == 0;
-    let discard = |c: u32, j: usize| {
-        if line_owner {
-            unsafe { memory::discard_l2(at(c, j)) };
+    let at = slot as u64 + ct as u64 * 16;
+    unroll_below!(A::LEN / 4, j => {
+        let p = unsafe { memory::ld_cg_v4((at + (j * cfg::CONSUMER_THREADS as usize * 16) as u64) as *const u8) };
+        for e in 0..4 {
+            v[4 * j + e] = f32::from_bits(p[e]);
         }
-    };
-    if pieces >= BATCH {
-        for c in lo..=hi {
-            unroll_below!(pieces / WIDE_BATCH, b => {
-                let mut q = [[0u32; 4]; WIDE_BATCH];
-                unroll_below!(WIDE_BATCH, i => { q[i] = ld(c, b * WIDE_BATCH + i); });
-                unroll_below!(WIDE_BATCH, i => {
-                    for e in 0..4 {
-                        v[4 * (b * WIDE_BATCH + i) + e] += f32::from_bits(q[i][e]);
-                    }
-                });
-                sync::sync_warp();
-                unroll_below!(WIDE_BATCH, i => { discard(c, b * WIDE_BATCH + i); });
-            });
+    });
+}
+
+/// Adds what [`store_partial`] wrote at `slot` to the accumulators (through L2).
+///
+/// # Safety
+///
+/// As [`load_partial`].
+#[inline(always)]
+unsafe fn add_partial<A: MmaTile + AsMut<[f32]>>(acc: &mut A, slot: *const u8, ct: u32) {
+    let v = acc.as_mut();
+    let at = slot as u64 + ct as u64 * 16;
+    unroll_below!(A::LEN / 4, j => {
+        let p = unsafe { memory::ld_cg_v4((at + (j * cfg::CONSUMER_THREADS as usize * 16) as u64) as *const u8) };
+        for e in 0..4 {
+            v[4 * j + e] += f32::from_bits(p[e]);
         }
-    } else {
-        // `per` CTAs' partials per batch.
-        let per = (BATCH / pieces) as u32;
-        let mut c0 = lo;
-        while c0 <= hi {
-            let mut q = [[0u32; 4]; BATCH];
-            unroll_below!(BATCH, i => {
-                let c = c0 + (i / pieces) as u32;
-                if c <= hi {
-                    q[i] = ld(c, i % pieces);
-                }
-            });
-            unroll_below!(BATCH, i => {
-                let c = c0 + (i / pieces) as u32;
-                if c <= hi {
-                    for e in 0..4 {
-                        v[4 * (i % pieces) + e] += f32::from_bits(q[i][e]);
-                    }
-                }
-            });
-            sync::sync_warp();
-            unroll_below!(BATCH, i => {
-                let c = c0 + (i / pieces) as u32;
-                if c <= hi {
-                    discard(c, i % pieces);
-                }
-            });
-            c0 += per;
-        }
-    }
+    });
 }
 
 /// Stores warpgroup `wg`'s accumulators of tile `t` to C (row = token, column = weight row),
