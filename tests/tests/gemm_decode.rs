@@ -35,9 +35,12 @@ fn sweep(dev: &Device, n: usize, k: usize, b_layout: BLayout, ms: impl Iterator<
         let (want, scale) = cpu_gemm(&a, &b, m, n, k, order(b_layout));
         let c = compare(&got, &want, &scale, BF16_OUT_REL, F32_ACC);
         assert_eq!(
-            c.wrong, 0,
+            c.wrong,
+            0,
             "decode gemm {m} x {n} x {k} B={b_layout:?}: wrong {} / {}; first (index, got, want) = {:?}",
-            c.wrong, m * n, c.first_wrong
+            c.wrong,
+            m * n,
+            c.first_wrong
         );
         worst = worst.max(c.max_abs_err);
         count += 1;
@@ -59,10 +62,22 @@ fn decode_gemm_every_m_matches_cpu_reference() {
         // Several tiles, a few units per CTA: every M.
         shapes += sweep(&dev, 1000, 520, b_layout, 1..=256);
         // 2 tiles of 64 K blocks over every SM: each tile summed from ~64 partials; bucket edges.
-        shapes += sweep(&dev, 256, 4096, b_layout, [1, 7, 8, 9, 16, 17, 33, 64, 65, 100, 128, 129, 200, 256].into_iter());
+        shapes += sweep(
+            &dev,
+            256,
+            4096,
+            b_layout,
+            [1, 7, 8, 9, 16, 17, 33, 64, 65, 100, 128, 129, 200, 256].into_iter(),
+        );
     }
     // Odd N (N x K only; K x N needs N % 8 == 0) and a tiny problem.
-    shapes += sweep(&dev, 131, 72, BLayout::NxK, [1, 2, 3, 5, 8, 13, 31, 97, 255, 256].into_iter());
+    shapes += sweep(
+        &dev,
+        131,
+        72,
+        BLayout::NxK,
+        [1, 2, 3, 5, 8, 13, 31, 97, 255, 256].into_iter(),
+    );
     shapes += sweep(&dev, 8, 8, BLayout::KxN, [1, 8, 200].into_iter());
     println!("{shapes} decode shapes correct");
 }
@@ -92,7 +107,11 @@ fn decode_gemm_f32_output_and_repeated_launches() {
         // of one plan bitwise equal.
         for sms in [None, Some(7)] {
             let mut dc = stream.alloc_zeros::<bf16>(m * n).unwrap();
-            let (pa, pb, pc) = (da.device_ptr(&stream).0, db.device_ptr(&stream).0, dc.device_ptr_mut(&stream).0);
+            let (pa, pb, pc) = (
+                da.device_ptr(&stream).0,
+                db.device_ptr(&stream).0,
+                dc.device_ptr_mut(&stream).0,
+            );
             // SAFETY: A, B and C hold the shape's elements and outlive the plan.
             let plan = unsafe { GemmPlan::new_raw(&dev, &stream, pa, pb, pc, shape, OutDtype::Bf16, sms) }.unwrap();
             assert_eq!(plan.kernel(), GemmKernel::Decode);
@@ -103,7 +122,10 @@ fn decode_gemm_f32_output_and_repeated_launches() {
                 outs.push(stream.clone_dtoh(&dc).unwrap());
             }
             for o in &outs[1..] {
-                assert_eq!(&outs[0], o, "repeated launches of {m}x{n}x{k} (sms {sms:?}) must be bitwise equal");
+                assert_eq!(
+                    &outs[0], o,
+                    "repeated launches of {m}x{n}x{k} (sms {sms:?}) must be bitwise equal"
+                );
             }
             let got: Vec<f64> = outs[0].iter().map(|x| x.to_f64()).collect();
             let c = compare(&got, &want, &scale, BF16_OUT_REL, F32_ACC);

@@ -76,7 +76,11 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
     for b_layout in layouts(&args.b_layout)? {
         let mut per_m: Vec<Vec<f64>> = vec![vec![]; MS.len()];
         for (n, k) in NKS {
-            if args.filter.as_ref().is_some_and(|f| !format!("{n}x{k}").contains(f.as_str())) {
+            if args
+                .filter
+                .as_ref()
+                .is_some_and(|f| !format!("{n}x{k}").contains(f.as_str()))
+            {
                 continue;
             }
             let w_len = n * k;
@@ -105,7 +109,8 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
                     for w in &weights {
                         let pw = w.device_ptr(&stream).0;
                         // SAFETY: A, the copy of B and C hold the shape's elements and outlive the plan.
-                        plans.push(unsafe { GemmPlan::new_raw(dev, &stream, pa, pw, pc, shape, OutDtype::Bf16, None)? });
+                        plans
+                            .push(unsafe { GemmPlan::new_raw(dev, &stream, pa, pw, pc, shape, OutDtype::Bf16, None)? });
                     }
                     let tok = plans[0].decode_split().map_or(0, |d| d.0);
                     let (i, j) = (Cell::new(0usize), Cell::new(0usize));
@@ -150,7 +155,10 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
             }
             let geo = (r.iter().map(|x| x.ln()).sum::<f64>() / r.len() as f64).exp();
             let min = r.iter().cloned().fold(f64::INFINITY, f64::min);
-            println!("# B {b_layout:?} M = {:>3}: geometric mean ours/cuBLAS = {geo:.3}, worst = {min:.3}", MS[mi]);
+            println!(
+                "# B {b_layout:?} M = {:>3}: geometric mean ours/cuBLAS = {geo:.3}, worst = {min:.3}",
+                MS[mi]
+            );
             rows.push(json!({ "summary": true, "b_layout": format!("{b_layout:?}"), "m": MS[mi], "geomean_ours_over_cublas": geo, "worst": min }));
         }
     }

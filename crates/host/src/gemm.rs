@@ -315,7 +315,10 @@ impl<'a> GemmPlan<'a> {
             })?;
         let (m, n, k) = (shape.m as u64, shape.n as u64, shape.k as u64);
         let (kn, map_w) = match shape.b_layout {
-            BLayout::NxK => (false, encode_bf16_sw128_packed(b, k, n, gemm_decode::BLOCK_K, gemm_decode::W_ROWS)?),
+            BLayout::NxK => (
+                false,
+                encode_bf16_sw128_packed(b, k, n, gemm_decode::BLOCK_K, gemm_decode::W_ROWS)?,
+            ),
             BLayout::KxN => (true, encode_bf16_sw128_packed(b, n, k, 64, gemm_decode::BLOCK_K)?),
         };
         let map_x = encode_bf16_sw128_packed(a, k, m, gemm_decode::BLOCK_K, tok)?;

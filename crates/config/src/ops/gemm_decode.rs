@@ -101,14 +101,20 @@ pub struct DecodeLayout {
 impl<const S: usize, const XB: usize> DecodeSmem<S, XB> {
     /// The layout for `tok` tokens (which must be what the type was instantiated for; checked).
     pub const fn layout(tok: u32) -> DecodeLayout {
-        assert!(S as u32 == stages(tok) && XB as u32 == x_stage_bytes(tok), "type and bucket disagree");
+        assert!(
+            S as u32 == stages(tok) && XB as u32 == x_stage_bytes(tok),
+            "type and bucket disagree"
+        );
         assert!(S >= 2, "a ring needs at least 2 stages");
         assert!(
             offset_of!(Self, x).is_multiple_of(1024) && XB.is_multiple_of(1024),
             "token stages keep the 1024-byte swizzle alignment"
         );
         let smem_bytes = size_of::<Self>() as u32 + SMEM_ALIGN_SLACK;
-        assert!(smem_bytes <= crate::SM90_MAX_SMEM_PER_CTA, "ring does not fit in 227 KiB");
+        assert!(
+            smem_bytes <= crate::SM90_MAX_SMEM_PER_CTA,
+            "ring does not fit in 227 KiB"
+        );
         DecodeLayout {
             tok,
             stages: S as u32,
@@ -210,8 +216,16 @@ impl DecodeSplit {
         let tiles = n.div_ceil(W_ROWS);
         let k_blocks = k.div_ceil(BLOCK_K);
         let units = tiles as u64 * k_blocks as u64;
-        let grid = if (max_grid as u64) < units { max_grid } else { units as u32 };
-        DecodeSplit { tiles, k_blocks, grid: if grid == 0 { 1 } else { grid } }
+        let grid = if (max_grid as u64) < units {
+            max_grid
+        } else {
+            units as u32
+        };
+        DecodeSplit {
+            tiles,
+            k_blocks,
+            grid: if grid == 0 { 1 } else { grid },
+        }
     }
     pub const fn units(&self) -> u64 {
         self.tiles as u64 * self.k_blocks as u64
@@ -229,7 +243,10 @@ impl DecodeSplit {
     /// The CTAs whose ranges meet tile `t`: `first..=last`.
     #[inline(always)]
     pub const fn contributors(&self, t: u32) -> (u32, u32) {
-        (self.owner(t * self.k_blocks), self.owner(t * self.k_blocks + self.k_blocks - 1))
+        (
+            self.owner(t * self.k_blocks),
+            self.owner(t * self.k_blocks + self.k_blocks - 1),
+        )
     }
     /// The partial slot (0 or 1) in which CTA `c` keeps its piece of tile `t`: 0 for the first
     /// tile of its range, 1 for its last.
@@ -269,7 +286,14 @@ mod tests {
     /// CTA's pieces other than its first and last tiles are whole tiles (no slot needed).
     #[test]
     fn split_covers_every_unit_once() {
-        for (n, k, g) in [(4096, 4096, 132), (6144, 4096, 132), (8, 8, 132), (28672, 8192, 132), (1001, 200, 7), (256, 64, 1)] {
+        for (n, k, g) in [
+            (4096, 4096, 132),
+            (6144, 4096, 132),
+            (8, 8, 132),
+            (28672, 8192, 132),
+            (1001, 200, 7),
+            (256, 64, 1),
+        ] {
             let s = DecodeSplit::new(n, k, g);
             assert!(s.grid >= 1 && s.grid as u64 <= s.units());
             for c in 0..s.grid {

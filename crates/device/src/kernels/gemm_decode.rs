@@ -181,7 +181,11 @@ unsafe fn consume<A: MmaTile + AsRef<[f32]> + AsMut<[f32]>, const KN: bool>(
     let mut u = u0;
     while u < u1 {
         let t = u / split.k_blocks;
-        let end = if u1 < (t + 1) * split.k_blocks { u1 } else { (t + 1) * split.k_blocks };
+        let end = if u1 < (t + 1) * split.k_blocks {
+            u1
+        } else {
+            (t + 1) * split.k_blocks
+        };
         unsafe { mainloop::<A, KN>(ring, &mut pos, &mut acc, wg, end - u) };
         u = end;
         let (lo, hi) = split.contributors(t);
@@ -225,7 +229,13 @@ unsafe fn consume<A: MmaTile + AsRef<[f32]> + AsMut<[f32]>, const KN: bool>(
 ///
 /// All 128 threads of consumer warpgroup `wg`, with `pos` its ring position and the producer filling these stages.
 #[inline(always)]
-unsafe fn mainloop<A: MmaTile, const KN: bool>(ring: &DecodeRing, pos: &mut RingPos, acc: &mut A, wg: u32, k_blocks: u32) {
+unsafe fn mainloop<A: MmaTile, const KN: bool>(
+    ring: &DecodeRing,
+    pos: &mut RingPos,
+    acc: &mut A,
+    wg: u32,
+    k_blocks: u32,
+) {
     let mut prev = 0u32;
     for i in 0..k_blocks {
         let s = pos.stage;
@@ -233,7 +243,12 @@ unsafe fn mainloop<A: MmaTile, const KN: bool>(ring: &DecodeRing, pos: &mut Ring
         // Weights: K-major 128-byte rows (N x K), or one 64 (N) x 64 (K) MN-major box (K x N,
         // transposed A; the k16 step is 16 rows of 128 bytes). Tokens: K-major rows.
         let a_desc = if KN {
-            wgmma::smem_desc(ring.w(s).add(wg * cfg::W_KN_BOX_BYTES), cfg::W_KN_BOX_BYTES, 1024, Swizzle::B128)
+            wgmma::smem_desc(
+                ring.w(s).add(wg * cfg::W_KN_BOX_BYTES),
+                cfg::W_KN_BOX_BYTES,
+                1024,
+                Swizzle::B128,
+            )
         } else {
             wgmma::smem_desc(ring.w(s).add(wg * 64 * 128), 16, 1024, Swizzle::B128)
         };
