@@ -464,7 +464,7 @@ impl<'a> GemmPlan<'a> {
     pub fn tma_store(&self) -> bool {
         self.tma_store
     }
-    /// The tile configuration the kernel is compiled with.
+    /// The tiled kernel's configuration (a decode plan's tiles: [`GemmPlan::decode_split`]).
     pub fn tile(&self) -> GemmTile {
         GemmTile::DEFAULT
     }
