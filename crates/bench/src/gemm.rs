@@ -63,7 +63,7 @@ pub(crate) fn cublas_gemm(
 }
 
 /// Elements where ours and cuBLAS differ by more than two bf16 ulps plus accumulation slack.
-fn count_mismatches(ours: &[bf16], theirs: &[bf16], k: usize) -> usize {
+pub(crate) fn count_mismatches(ours: &[bf16], theirs: &[bf16], k: usize) -> usize {
     let slack = (k as f32).sqrt() * 1e-3;
     ours.iter()
         .zip(theirs)
@@ -75,6 +75,9 @@ fn count_mismatches(ours: &[bf16], theirs: &[bf16], k: usize) -> usize {
 }
 
 pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
+    if args.decode {
+        return crate::gemm_decode::run(dev, args);
+    }
     let b_layout = match args.b_layout.as_str() {
         "nk" => BLayout::NxK,
         "kn" => BLayout::KxN,

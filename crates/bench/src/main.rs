@@ -5,6 +5,7 @@ mod attention;
 mod collectives;
 mod fused;
 mod gemm;
+mod gemm_decode;
 mod moe;
 mod moe_ep;
 mod nccl;
@@ -74,9 +75,13 @@ struct Args {
     /// e.g. one rank at the K per rank of two).
     #[arg(long)]
     k: Option<usize>,
-    /// GEMM only: B layout (nk = N x K weights, kn = K x N).
+    /// GEMM only: B layout (nk = N x K weights, kn = K x N; with --decode also `both`).
     #[arg(long, default_value = "nk")]
     b_layout: String,
+    /// GEMM only: the decode sweep (M = 1..256 over the weight shapes of Llama-class layers,
+    /// weights from HBM), with time, ratio to cuBLAS and fraction of the HBM bandwidth.
+    #[arg(long)]
+    decode: bool,
     /// Collectives: smallest size in bytes.
     #[arg(long, default_value_t = 1024)]
     min_bytes: u64,

@@ -106,6 +106,18 @@ pub const KERNELS: &[KernelSpec] = &[
     crate::ops::attention::FLASH_ATTN_FWD_D128,
     crate::ops::attention::RING_ATTN_FWD_D64,
     crate::ops::attention::RING_ATTN_FWD_D128,
+    crate::ops::gemm_decode::DECODE_NK[0],
+    crate::ops::gemm_decode::DECODE_NK[1],
+    crate::ops::gemm_decode::DECODE_NK[2],
+    crate::ops::gemm_decode::DECODE_NK[3],
+    crate::ops::gemm_decode::DECODE_NK[4],
+    crate::ops::gemm_decode::DECODE_NK[5],
+    crate::ops::gemm_decode::DECODE_KN[0],
+    crate::ops::gemm_decode::DECODE_KN[1],
+    crate::ops::gemm_decode::DECODE_KN[2],
+    crate::ops::gemm_decode::DECODE_KN[3],
+    crate::ops::gemm_decode::DECODE_KN[4],
+    crate::ops::gemm_decode::DECODE_KN[5],
 ];
 
 /// Looks a kernel up by its entry name.

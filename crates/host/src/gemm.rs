@@ -7,12 +7,19 @@
 //!
 //! A [`GemmPlan`] encodes the TMA descriptors once and uploads them; `launch` is then a single
 //! kernel launch that can be captured in a CUDA graph.
+//!
+//! Policy ([`GemmKernel::Auto`]): M <= 256 (decode) runs the bandwidth-bound kernels
+//! (`mk_gemm_decode_*`: the weights streamed once over every SM, stream-K with an in-kernel,
+//! deterministic reduction of f32 partials); larger M the persistent 128 x 256 tile kernel. A decode
+//! plan owns a small workspace (partials and per-tile counters), so its launches must not overlap
+//! each other (one stream, or ordered); for a given grid its result does not depend on timing.
 use crate::check;
 use crate::error::{Error, Result};
 use crate::runtime::Device;
 use crate::tensor_map::encode_bf16_sw128_packed;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
+use mkernel_config::ops::gemm_decode::{self, DecodeSplit};
 use mkernel_config::{kernels, GemmTile, KernelSpec};
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -56,6 +63,39 @@ impl GemmOutput for bf16 {
 }
 impl GemmOutput for f32 {
     const DTYPE: OutDtype = OutDtype::F32;
+}
+
+/// Which kernel a [`GemmPlan`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmKernel {
+    /// The policy: [`GemmKernel::Decode`] for M <= 256, else [`GemmKernel::Tiled`].
+    Auto,
+    /// The persistent warp-specialized kernel, 128 x 256 tiles (`mk_gemm_bf16_{nk,kn}`).
+    Tiled,
+    /// The decode kernels (M <= 256 only): C^T = B^T A^T with wgmma N = M rounded up to 8, 16,
+    /// ..., 256, stream-K over the SMs (`mk_gemm_decode_*`).
+    Decode,
+}
+
+impl GemmKernel {
+    /// What `Auto` picks for `shape`.
+    pub fn for_shape(shape: &GemmShape) -> GemmKernel {
+        if shape.m as u64 <= gemm_decode::DECODE_MAX_M as u64 {
+            GemmKernel::Decode
+        } else {
+            GemmKernel::Tiled
+        }
+    }
+}
+
+/// A decode plan's own pieces: the token bucket, the split and its workspace.
+struct DecodeState {
+    tok: u32,
+    split: DecodeSplit,
+    /// Two f32 partial slots per CTA.
+    ws: CudaSlice<u8>,
+    /// One counter per tile, zero between launches (the reducing CTA resets it).
+    counters: CudaSlice<u32>,
 }
 
 /// Problem size and B layout.
@@ -129,6 +169,8 @@ pub struct GemmPlan<'a> {
     tma_store: bool,
     /// The fused-ring diagnostic's timeline buffer (0: none).
     trace: u64,
+    /// Set when the plan runs a decode kernel.
+    decode: Option<DecodeState>,
     _buffers: PhantomData<&'a ()>,
 }
 
@@ -173,9 +215,36 @@ impl<'a> GemmPlan<'a> {
         out: OutDtype,
         sms: Option<u32>,
     ) -> Result<Self> {
+        // SAFETY: as this function's.
+        unsafe { Self::new_raw_on(device, stream, a, b, c, shape, out, sms, GemmKernel::Auto) }
+    }
+
+    /// As [`GemmPlan::new_raw`] on a chosen kernel (`GemmKernel::Decode` needs M <= 256).
+    ///
+    /// # Safety
+    /// As [`GemmPlan::new_raw`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn new_raw_on(
+        device: &Device,
+        stream: &Arc<CudaStream>,
+        a: u64,
+        b: u64,
+        c: u64,
+        shape: GemmShape,
+        out: OutDtype,
+        sms: Option<u32>,
+        kernel: GemmKernel,
+    ) -> Result<Self> {
         shape.validate()?;
         check::stream_on(OP, device, stream)?;
         check::aligned16(OP, &[("A", a), ("B", b), ("C", c)])?;
+        let kernel = match kernel {
+            GemmKernel::Auto => GemmKernel::for_shape(&shape),
+            k => k,
+        };
+        if kernel == GemmKernel::Decode {
+            return Self::new_decode(device, stream, a, b, c, shape, out, sms);
+        }
         let t = GemmTile::DEFAULT;
         let (m, n, k) = (shape.m as u64, shape.n as u64, shape.k as u64);
         let map_a = encode_bf16_sw128_packed(a, k, m, t.block_k, t.block_m)?;
@@ -214,6 +283,75 @@ impl<'a> GemmPlan<'a> {
             grid,
             tma_store,
             trace: 0,
+            decode: None,
+            _buffers: PhantomData,
+        })
+    }
+
+    /// The decode plan: tensor maps of the weights (128 rows x 64 K per stage, or two 64 x 64
+    /// boxes of K x N) and of the tokens (64 K x the bucket's rows), the stream-K split over
+    /// `sms` CTAs and its workspace.
+    #[allow(clippy::too_many_arguments)]
+    fn new_decode(
+        device: &Device,
+        stream: &Arc<CudaStream>,
+        a: u64,
+        b: u64,
+        c: u64,
+        shape: GemmShape,
+        out: OutDtype,
+        sms: Option<u32>,
+    ) -> Result<Self> {
+        let tok = u32::try_from(shape.m)
+            .ok()
+            .and_then(gemm_decode::tok_for)
+            .ok_or_else(|| Error::Shape {
+                op: OP,
+                reason: format!(
+                    "m={} is above the decode kernels' {} rows",
+                    shape.m,
+                    gemm_decode::DECODE_MAX_M
+                ),
+            })?;
+        let (m, n, k) = (shape.m as u64, shape.n as u64, shape.k as u64);
+        let (kn, map_w) = match shape.b_layout {
+            BLayout::NxK => (
+                false,
+                encode_bf16_sw128_packed(b, k, n, gemm_decode::BLOCK_K, gemm_decode::W_ROWS)?,
+            ),
+            BLayout::KxN => (true, encode_bf16_sw128_packed(b, n, k, 64, gemm_decode::BLOCK_K)?),
+        };
+        let map_x = encode_bf16_sw128_packed(a, k, m, gemm_decode::BLOCK_K, tok)?;
+        let mut words = [0u64; 32];
+        words[..16].copy_from_slice(&map_w.opaque);
+        words[16..].copy_from_slice(&map_x.opaque);
+        let maps = stream.clone_htod(&words)?;
+        let sms = sms.unwrap_or(device.sm_count()).clamp(1, device.sm_count());
+        let split = DecodeSplit::new(shape.n as u32, shape.k as u32, sms);
+        let ws_bytes = split.workspace_bytes(tok).max(16) as usize;
+        // SAFETY: no launch reads a partial slot before a launch has written it (a tile's summing
+        // CTA reads only the slots of contributors that counted), so the slots need no zeroing; u8
+        // has no invalid values.
+        let ws = unsafe { stream.alloc::<u8>(ws_bytes) }?;
+        let counters = stream.alloc_zeros::<u32>(split.tiles as usize)?;
+        let spec = gemm_decode::kernel(tok, kn);
+        Ok(GemmPlan {
+            device: device.clone(),
+            func: device.function(spec)?,
+            spec,
+            maps,
+            c,
+            shape,
+            out,
+            grid: split.grid,
+            tma_store: false,
+            trace: 0,
+            decode: Some(DecodeState {
+                tok,
+                split,
+                ws,
+                counters,
+            }),
             _buffers: PhantomData,
         })
     }
@@ -251,6 +389,9 @@ impl<'a> GemmPlan<'a> {
     /// Enqueues the kernel on `stream`.
     pub fn launch(&self, stream: &Arc<CudaStream>) -> Result<()> {
         check::stream_on(OP, &self.device, stream)?;
+        if let Some(d) = &self.decode {
+            return self.launch_decode(stream, d);
+        }
         let (maps, _r) = self.maps.device_ptr(stream);
         let (map_a, map_b) = (maps, maps + 128);
         let map_c = if self.tma_store { maps + 256 } else { 0 };
@@ -276,6 +417,45 @@ impl<'a> GemmPlan<'a> {
         Ok(())
     }
 
+    fn launch_decode(&self, stream: &Arc<CudaStream>, d: &DecodeState) -> Result<()> {
+        let (maps, _r) = self.maps.device_ptr(stream);
+        let (ws, _rw) = d.ws.device_ptr(stream);
+        let (counters, _rc) = d.counters.device_ptr(stream);
+        let (map_w, map_x) = (maps, maps + 128);
+        let (m, n, k) = (self.shape.m as u32, self.shape.n as u32, self.shape.k as u32);
+        let ldc = n;
+        let f32_out = (self.out == OutDtype::F32) as u32;
+        let mut b = stream.launch_builder(&self.func);
+        b.arg(&map_w)
+            .arg(&map_x)
+            .arg(&self.c)
+            .arg(&ws)
+            .arg(&counters)
+            .arg(&m)
+            .arg(&n)
+            .arg(&k)
+            .arg(&ldc)
+            .arg(&f32_out);
+        // SAFETY: arguments match mk_gemm_decode_*; the workspace holds the split's slots and
+        // zeroed counters, and the plan's buffers are borrowed for 'a.
+        unsafe { b.launch(Device::launch_config(self.spec, self.grid)) }?;
+        Ok(())
+    }
+
+    /// The kernel the plan runs (`Tiled` or `Decode`).
+    pub fn kernel(&self) -> GemmKernel {
+        if self.decode.is_some() {
+            GemmKernel::Decode
+        } else {
+            GemmKernel::Tiled
+        }
+    }
+    /// Decode plans: the token bucket (the wgmma N), the weight tiles of 128 rows and the K
+    /// blocks of each.
+    pub fn decode_split(&self) -> Option<(u32, u32, u32)> {
+        self.decode.as_ref().map(|d| (d.tok, d.split.tiles, d.split.k_blocks))
+    }
+
     /// CTAs launched (persistent: each loops over tiles).
     pub fn grid(&self) -> u32 {
         self.grid
@@ -284,7 +464,7 @@ impl<'a> GemmPlan<'a> {
     pub fn tma_store(&self) -> bool {
         self.tma_store
     }
-    /// The tile configuration the kernel is compiled with.
+    /// The tiled kernel's configuration (a decode plan's tiles: [`GemmPlan::decode_split`]).
     pub fn tile(&self) -> GemmTile {
         GemmTile::DEFAULT
     }

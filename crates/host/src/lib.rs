@@ -29,7 +29,7 @@ pub mod tune;
 pub use comm::{AbortHandle, CommConfig, Communicator, ReduceDtype, ReduceElem, SymBuffer};
 pub use cudarc;
 pub use error::{Error, Result};
-pub use gemm::{BLayout, GemmPlan, GemmShape, OutDtype};
+pub use gemm::{BLayout, GemmKernel, GemmPlan, GemmShape, OutDtype};
 pub use mkernel_bootstrap as bootstrap;
 pub use mkernel_proxy as proxy;
 pub use ops::{AgGemmPlan, GemmRsPlan, RsSplit};

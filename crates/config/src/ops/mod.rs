@@ -10,5 +10,6 @@
 pub mod ag_gemm;
 pub mod attention;
 pub mod gemm;
+pub mod gemm_decode;
 pub mod gemm_rs;
 pub mod moe;

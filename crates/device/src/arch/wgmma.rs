@@ -28,6 +28,16 @@ macro_rules! acc_asm {
              112 113 114 115 116 117 118 119 120 121 122 123 124 125 126 127]
         ] $($rest)*)
     };
+    (@take 4 [[$a0:tt $a1:tt $a2:tt $a3:tt $($a:tt)*] $($more:tt)*] $($rest:tt)*) => {
+        acc_asm!(@regs [$a0 $a1 $a2 $a3] $($rest)*)
+    };
+    (@take 8 [[$a0:tt $a1:tt $a2:tt $a3:tt $a4:tt $a5:tt $a6:tt $a7:tt $($a:tt)*] $($more:tt)*] $($rest:tt)*) => {
+        acc_asm!(@regs [$a0 $a1 $a2 $a3 $a4 $a5 $a6 $a7] $($rest)*)
+    };
+    (@take 16 [[$a0:tt $a1:tt $a2:tt $a3:tt $a4:tt $a5:tt $a6:tt $a7:tt
+                $a8:tt $a9:tt $a10:tt $a11:tt $a12:tt $a13:tt $a14:tt $a15:tt $($a:tt)*] $($more:tt)*] $($rest:tt)*) => {
+        acc_asm!(@regs [$a0 $a1 $a2 $a3 $a4 $a5 $a6 $a7 $a8 $a9 $a10 $a11 $a12 $a13 $a14 $a15] $($rest)*)
+    };
     (@take 32 [[$($a:tt)*] $($more:tt)*] $($rest:tt)*) => {
         acc_asm!(@regs [$($a)*] $($rest)*)
     };
@@ -60,6 +70,15 @@ macro_rules! mma_bf16 {
             desc_a = in(reg64) $desc_a,
             desc_b = in(reg64) $desc_b,
             scale_d = in(reg32) $accumulate as u32,
+            trans_b = const $trans_b,
+        )
+    };
+    (ss_t $n:tt, $shape:literal, $acc:ident, $desc_a:ident, $desc_b:ident, $accumulate:ident, $trans_a:ident, $trans_b:ident) => {
+        mma_bf16!(@asm $n, inout $acc, $shape, "{scale_d}", "{desc_a}, {desc_b}, p, 1, 1, {trans_a}, {trans_b};",
+            desc_a = in(reg64) $desc_a,
+            desc_b = in(reg64) $desc_b,
+            scale_d = in(reg32) $accumulate as u32,
+            trans_a = const $trans_a,
             trans_b = const $trans_b,
         )
     };
@@ -241,3 +260,37 @@ pub unsafe fn mma_m64n128k16_bf16_first<const TRANS_B: u32>(acc: &mut [f32; 64],
         mma_bf16!(ss_first 64, "m64n128k16", acc, desc_a, desc_b, TRANS_B);
     }
 }
+
+/// `D (+)= A * B` for a 64 x N f32 tile, k = 16, A and B from shared memory, either transposed:
+/// `wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16 {d..}, desc_a, desc_b, p, 1, 1, TRANS_A, TRANS_B;`
+/// for the narrow N of the decode GEMM. Implemented for `[f32; N / 2]`, N = 8, 16, 32, 64, 128, 256.
+pub trait MmaTile: Sized {
+    /// Accumulator registers per thread (N / 2).
+    const LEN: usize;
+    /// The wgmma N.
+    const N: u32;
+    /// Every accumulator 0.
+    const ZERO: Self;
+    /// # Safety
+    ///
+    /// As [`mma_m64n256k16_bf16`], with `TRANS_A = 1` for an A tile stored MN-major.
+    unsafe fn mma<const TRANS_A: u32, const TRANS_B: u32>(&mut self, desc_a: u64, desc_b: u64, accumulate: bool);
+}
+
+macro_rules! mma_tile_impl {
+    ($($n:literal $len:tt $shape:literal),*) => {$(
+        impl MmaTile for [f32; $len] {
+            const LEN: usize = $len;
+            const N: u32 = $n;
+            const ZERO: Self = [0.0; $len];
+            #[inline(always)]
+            unsafe fn mma<const TRANS_A: u32, const TRANS_B: u32>(&mut self, desc_a: u64, desc_b: u64, accumulate: bool) {
+                let acc = self;
+                unsafe {
+                    mma_bf16!(ss_t $len, $shape, acc, desc_a, desc_b, accumulate, TRANS_A, TRANS_B);
+                }
+            }
+        }
+    )*};
+}
+mma_tile_impl!(8 4 "m64n8k16", 16 8 "m64n16k16", 32 16 "m64n32k16", 64 32 "m64n64k16", 128 64 "m64n128k16", 256 128 "m64n256k16");

@@ -21,6 +21,7 @@ pub mod ag_gemm;
 pub mod attention;
 pub mod collectives;
 pub mod gemm;
+pub mod gemm_decode;
 pub mod gemm_rs;
 pub mod internode;
 pub mod iota;
