@@ -106,6 +106,10 @@ pub const KERNELS: &[KernelSpec] = &[
     crate::ops::attention::FLASH_ATTN_FWD_D128,
     crate::ops::attention::RING_ATTN_FWD_D64,
     crate::ops::attention::RING_ATTN_FWD_D128,
+    crate::ops::attention_bwd::FLASH_ATTN_BWD_PREP,
+    crate::ops::attention_bwd::FLASH_ATTN_BWD_D64,
+    crate::ops::attention_bwd::FLASH_ATTN_BWD_D128,
+    crate::ops::attention_bwd::FLASH_ATTN_BWD_DQ,
 ];
 
 /// Looks a kernel up by its entry name.
