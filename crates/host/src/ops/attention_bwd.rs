@@ -6,8 +6,9 @@
 //! stream, no device allocation. [`FlashAttentionBackwardPlan::launch`] takes the buffers
 //! ([`BackwardBuffers`]) and a workspace of [`FlashAttentionBackwardPlan::workspace_bytes`]
 //! bytes, holds cudarc's read / write guards of every buffer until its three kernels are
-//! enqueued, and passes every address as a kernel parameter: nothing is uploaded, so a launch
-//! can be captured in a CUDA graph on any stream.
+//! enqueued, and passes every address as a kernel parameter: nothing is uploaded.
+//! [`FlashAttentionBackwardPlan::launch_raw`] takes the addresses instead (no cudarc event
+//! touched): that is the call to capture in a CUDA graph, on any stream.
 //!
 //! Kernels, in stream order: the preprocess (`delta = rowsum(dO * O)`, the LSE in log2 units,
 //! the f32 dQ accumulator zeroed), the main kernel (dK, dV; dQ into the accumulator with
@@ -71,6 +72,24 @@ pub struct BackwardBuffers<'b> {
     pub dv: &'b mut CudaSlice<bf16>,
     /// The device `cu_seqlens_q`, `cu_seqlens_k` of a [`BackwardSequences::Varlen`] shape.
     pub cu_seqlens: Option<(&'b CudaSlice<i32>, &'b CudaSlice<i32>)>,
+}
+
+/// Device addresses of one backward launch ([`FlashAttentionBackwardPlan::launch_raw`]):
+/// the buffers of [`BackwardBuffers`] and the workspace; `cu_seqlens_*` 0 for a batched shape.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackwardPtrs {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub o: u64,
+    pub d_o: u64,
+    pub lse: u64,
+    pub dq: u64,
+    pub dk: u64,
+    pub dv: u64,
+    pub workspace: u64,
+    pub cu_seqlens_q: u64,
+    pub cu_seqlens_k: u64,
 }
 
 /// Byte offsets of the workspace's parts (each 256-byte aligned).
@@ -282,65 +301,113 @@ impl FlashAttentionBackwardPlan {
                 })
             }
         };
+        let capturing =
+            stream.capture_status()? != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        if capturing && stream.context().is_managing_stream_synchronization() {
+            return Err(Error::OutOfRange {
+                op: OP,
+                reason:
+                    "launch inside a CUDA graph capture would wait on cudarc's events of the buffers, recorded outside \
+                         the capture; take the addresses before the capture and capture launch_raw"
+                        .into(),
+            });
+        }
         // The guards record the reads and writes on `stream` when dropped, after the launches.
-        let (pq, _gq) = b.q.device_ptr(stream);
-        let (pk, _gk) = b.k.device_ptr(stream);
-        let (pv, _gv) = b.v.device_ptr(stream);
-        let (po, _go) = b.o.device_ptr(stream);
-        let (pdo, _gdo) = b.d_o.device_ptr(stream);
-        let (plse, _glse) = b.lse.device_ptr(stream);
-        let (pdq, _gdq) = b.dq.device_ptr_mut(stream);
-        let (pdk, _gdk) = b.dk.device_ptr_mut(stream);
-        let (pdv, _gdv) = b.dv.device_ptr_mut(stream);
-        let (pws, _gws) = workspace.device_ptr_mut(stream);
-        let (cuq, _gcq) = match cu {
+        let (q, _gq) = b.q.device_ptr(stream);
+        let (k, _gk) = b.k.device_ptr(stream);
+        let (v, _gv) = b.v.device_ptr(stream);
+        let (o, _go) = b.o.device_ptr(stream);
+        let (d_o, _gdo) = b.d_o.device_ptr(stream);
+        let (lse, _glse) = b.lse.device_ptr(stream);
+        let (dq, _gdq) = b.dq.device_ptr_mut(stream);
+        let (dk, _gdk) = b.dk.device_ptr_mut(stream);
+        let (dv, _gdv) = b.dv.device_ptr_mut(stream);
+        let (ws, _gws) = workspace.device_ptr_mut(stream);
+        let (cu_seqlens_q, _gcq) = match cu {
             Some((cq, _)) => {
                 let (p, g) = cq.device_ptr(stream);
                 (p, Some(g))
             }
             None => (0, None),
         };
-        let (cuk, _gck) = match cu {
+        let (cu_seqlens_k, _gck) = match cu {
             Some((_, ck)) => {
                 let (p, g) = ck.device_ptr(stream);
                 (p, Some(g))
             }
             None => (0, None),
         };
+        let ptrs = BackwardPtrs {
+            q,
+            k,
+            v,
+            o,
+            d_o,
+            lse,
+            dq,
+            dk,
+            dv,
+            workspace: ws,
+            cu_seqlens_q,
+            cu_seqlens_k,
+        };
+        // SAFETY: the addresses are of the buffers checked above, guarded until the launches
+        // are enqueued.
+        unsafe { self.launch_raw(stream, &ptrs) }
+    }
+
+    /// Enqueues the backward on `stream` from raw device addresses (the layer under
+    /// [`Self::launch`], and the one to capture in a CUDA graph: it touches no cudarc event).
+    ///
+    /// # Safety
+    /// Every address is a device allocation of `stream`'s context holding what
+    /// [`Self::launch`] checks (`q, k, v, o, d_o` bf16 and `lse` f32 of the shape, `dq, dk, dv`
+    /// bf16 writable, `workspace` [`Self::workspace_bytes`] writable bytes, `cu_seqlens_*` the
+    /// plan's offsets as i32 for a varlen shape), alive and not accessed by other work until the
+    /// launches complete (or, captured, until every replay of the graph completes).
+    pub unsafe fn launch_raw(&self, stream: &CudaStream, p: &BackwardPtrs) -> Result<()> {
+        let h = &self.shape.heads;
+        let varlen = matches!(self.shape.seqs, BackwardSequences::Varlen { .. });
+        if varlen != (p.cu_seqlens_q != 0 && p.cu_seqlens_k != 0) {
+            return Err(Error::Shape {
+                op: OP,
+                reason: "cu_seqlens addresses are needed by (and only by) a varlen plan".into(),
+            });
+        }
         crate::check::aligned16(
             OP,
             &[
-                ("Q", pq),
-                ("K", pk),
-                ("V", pv),
-                ("dO", pdo),
-                ("dQ", pdq),
-                ("workspace", pws),
+                ("Q", p.q),
+                ("K", p.k),
+                ("V", p.v),
+                ("dO", p.d_o),
+                ("dQ", p.dq),
+                ("workspace", p.workspace),
             ],
         )?;
         let w = self.workspace;
         let args = Param(AttentionBwdArgs {
-            q: pq,
-            k: pk,
-            v: pv,
-            o: po,
-            d_o: pdo,
-            lse: plse,
-            dq: pdq,
-            dk: pdk,
-            dv: pdv,
-            dq_acc: pws + w.dq_acc,
-            lse2: pws + w.lse2,
-            delta: pws + w.delta,
-            cu_seqlens_q: cuq,
-            cu_seqlens_k: cuk,
+            q: p.q,
+            k: p.k,
+            v: p.v,
+            o: p.o,
+            d_o: p.d_o,
+            lse: p.lse,
+            dq: p.dq,
+            dk: p.dk,
+            dv: p.dv,
+            dq_acc: p.workspace + w.dq_acc,
+            lse2: p.workspace + w.lse2,
+            delta: p.workspace + w.delta,
+            cu_seqlens_q: p.cu_seqlens_q,
+            cu_seqlens_k: p.cu_seqlens_k,
             ..self.args
         });
         let head_dim = h.head_dim as u32;
-        let n = q_elems as u64;
+        let n = (self.info.total_q * h.heads_q * h.head_dim) as u64;
         // SAFETY: each kernel takes the `AttentionBwdArgs` block by value (plus the head dim or
-        // the element count); every address in it is a live buffer of the checked length,
-        // guarded until the launches are enqueued; the workspace parts are disjoint.
+        // the element count); the caller guarantees the addresses; the workspace parts are
+        // disjoint.
         unsafe {
             stream
                 .launch_builder(&self.prep)
