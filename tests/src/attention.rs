@@ -129,3 +129,97 @@ pub fn partial_f32(q: &[f32], k: &[f32], v: &[f32], keys: &[usize], d: usize, sc
     o.iter_mut().for_each(|x| *x /= l);
     (o, m + l.ln())
 }
+
+/// Gradients of attention (f64): `(dQ, dK, dV)` of `O = softmax(scale Q K^T + mask) V` for the
+/// output gradient `d_o`, layouts and masking as [`attention`]; dK and dV of a key/value head
+/// are summed over the query heads of its group. Per query row: `P` the softmax over the visible
+/// keys, `dP_j = dO . V_j`, `delta = sum_j P_j dP_j`, `dS_j = P_j (dP_j - delta)`;
+/// `dQ = scale sum_j dS_j K_j`, `dK_j += scale dS_j Q`, `dV_j += P_j dO`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward(
+    q: &[bf16],
+    k: &[bf16],
+    v: &[bf16],
+    d_o: &[bf16],
+    seqs: &[Seq],
+    total_q: usize,
+    total_k: usize,
+    heads_q: usize,
+    heads_kv: usize,
+    d: usize,
+    causal: bool,
+    scale: f64,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let group = heads_q / heads_kv;
+    let f = |x: &[bf16], row: usize, heads: usize, h: usize| -> Vec<f64> {
+        (0..d).map(|i| x[(row * heads + h) * d + i].to_f64()).collect()
+    };
+    // One job per (sequence, key/value head): it owns those keys' dK, dV and its heads' dQ rows.
+    let jobs: Vec<(usize, usize)> = (0..seqs.len())
+        .flat_map(|s| (0..heads_kv).map(move |h| (s, h)))
+        .collect();
+    type Part = (Vec<(usize, usize, Vec<f64>)>, Vec<(usize, Vec<f64>, Vec<f64>)>);
+    let parts: Vec<(usize, Part)> = jobs
+        .par_iter()
+        .map(|&(s, hk)| {
+            let sq = seqs[s];
+            let keys: Vec<Vec<f64>> = (0..sq.k_len).map(|j| f(k, sq.k_start + j, heads_kv, hk)).collect();
+            let vals: Vec<Vec<f64>> = (0..sq.k_len).map(|j| f(v, sq.k_start + j, heads_kv, hk)).collect();
+            let mut dk = vec![vec![0.0; d]; sq.k_len];
+            let mut dv = vec![vec![0.0; d]; sq.k_len];
+            let mut dq_rows = vec![];
+            for h in hk * group..(hk + 1) * group {
+                for i in 0..sq.q_len {
+                    let g = sq.q_start + i;
+                    let qr = f(q, g, heads_q, h);
+                    let dor = f(d_o, g, heads_q, h);
+                    let visible = if causal {
+                        (i as i64 + sq.k_len as i64 - sq.q_len as i64 + 1).clamp(0, sq.k_len as i64) as usize
+                    } else {
+                        sq.k_len
+                    };
+                    let mut dqr = vec![0.0; d];
+                    if visible > 0 {
+                        let sc: Vec<f64> = (0..visible)
+                            .map(|j| scale * (0..d).map(|x| qr[x] * keys[j][x]).sum::<f64>())
+                            .collect();
+                        let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                        let e: Vec<f64> = sc.iter().map(|x| (x - m).exp()).collect();
+                        let sum: f64 = e.iter().sum();
+                        let p: Vec<f64> = e.iter().map(|x| x / sum).collect();
+                        let dp: Vec<f64> = (0..visible)
+                            .map(|j| (0..d).map(|x| dor[x] * vals[j][x]).sum::<f64>())
+                            .collect();
+                        let delta: f64 = (0..visible).map(|j| p[j] * dp[j]).sum();
+                        for j in 0..visible {
+                            let ds = p[j] * (dp[j] - delta);
+                            for x in 0..d {
+                                dqr[x] += scale * ds * keys[j][x];
+                                dk[j][x] += scale * ds * qr[x];
+                                dv[j][x] += p[j] * dor[x];
+                            }
+                        }
+                    }
+                    dq_rows.push((g, h, dqr));
+                }
+            }
+            let kv = (0..sq.k_len)
+                .map(|j| (sq.k_start + j, std::mem::take(&mut dk[j]), std::mem::take(&mut dv[j])))
+                .collect();
+            (hk, (dq_rows, kv))
+        })
+        .collect();
+    let mut dq = vec![0.0; total_q * heads_q * d];
+    let mut dk = vec![0.0; total_k * heads_kv * d];
+    let mut dv = vec![0.0; total_k * heads_kv * d];
+    for (hk, (dq_rows, kv)) in parts {
+        for (g, h, r) in dq_rows {
+            dq[(g * heads_q + h) * d..(g * heads_q + h + 1) * d].copy_from_slice(&r);
+        }
+        for (row, a, b) in kv {
+            dk[(row * heads_kv + hk) * d..(row * heads_kv + hk + 1) * d].copy_from_slice(&a);
+            dv[(row * heads_kv + hk) * d..(row * heads_kv + hk + 1) * d].copy_from_slice(&b);
+        }
+    }
+    (dq, dk, dv)
+}

@@ -13,10 +13,11 @@ pub const TOOLS: [&str; 3] = ["memcheck", "racecheck", "synccheck"];
 
 /// Single-GPU kernel test binaries (bundle names). The 200-shape GEMM sweep is left out: its
 /// kernels are the listed GEMM tests', and it would take hours under the sanitizer.
-pub const TARGETS: [&str; 4] = [
+pub const TARGETS: [&str; 5] = [
     "mkernel-tests-gemm",
     "mkernel-tests-runtime",
     "mkernel-tests-attention",
+    "mkernel-tests-attention_backward",
     "mkernel-tests-moe",
 ];
 

@@ -4,12 +4,15 @@
 //! crates/bench/python/sdpa_bench.py (embedded in this binary, run with `python3`) on the same
 //! GPU right after, same shapes, same timing rule. When python3 or torch is missing the table
 //! says so and shows ours alone.
-//! TFLOP/s = 4 B Hq S^2 D per call, halved when causal (the convention).
+//! TFLOP/s = 4 B Hq S^2 D per call, halved when causal (the convention); the backward
+//! (dQ, dK, dV: `FlashAttentionBackwardPlan`, all three of its kernels, beside the baselines'
+//! `torch.autograd.grad` of the output) counts 2.5 times that.
 use crate::timing::median_ms_interleaved;
 use crate::Args;
 use anyhow::Result;
 use half::bf16;
 use mkernel::ops::attention::{AttentionHeads, FlashAttentionPlan, Sequences};
+use mkernel::ops::attention_bwd::{BackwardBuffers, BackwardSequences, BackwardShape, FlashAttentionBackwardPlan};
 use mkernel::Device;
 use mkernel_tests::data::random_bf16;
 use serde_json::{json, Value};
@@ -44,6 +47,7 @@ fn baselines(cases: &[Value], args: &Args) -> std::result::Result<(Value, Vec<Va
         .arg(serde_json::to_string(cases).unwrap())
         .arg(args.warmup.to_string())
         .arg(args.iters.to_string())
+        .arg("bwd")
         .output()
         .map_err(|e| format!("python3 did not start: {e}"))?;
     let _ = std::fs::remove_dir_all(&dir);
@@ -95,6 +99,7 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
         dev.sm_count()
     );
     let mut ours_ms = vec![];
+    let mut ours_bwd_ms = vec![];
     for &(b, hq, hkv, s, d, causal) in &cases {
         let q = stream.clone_htod(&random_bf16(b * s * hq * d, 1))?;
         let k = stream.clone_htod(&random_bf16(b * s * hkv * d, 2))?;
@@ -117,6 +122,39 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
         let mut ours = || Ok(plan.launch(&stream)?);
         let t = median_ms_interleaved(&stream, args.warmup, args.iters, &mut [&mut ours])?;
         ours_ms.push(t[0]);
+        drop(plan);
+        // The backward of the same problem (dO random).
+        let d_o = stream.clone_htod(&random_bf16(b * s * hq * d, 4))?;
+        let shape = BackwardShape {
+            seqs: BackwardSequences::Batched {
+                batch: b,
+                seqlen_q: s,
+                seqlen_k: s,
+            },
+            heads,
+        };
+        let mut ws = stream.alloc_zeros::<u8>(FlashAttentionBackwardPlan::workspace_bytes(&shape)? as usize)?;
+        let bwd = FlashAttentionBackwardPlan::new(dev, shape)?;
+        let mut dq = stream.alloc_zeros::<bf16>(b * s * hq * d)?;
+        let mut dk = stream.alloc_zeros::<bf16>(b * s * hkv * d)?;
+        let mut dv = stream.alloc_zeros::<bf16>(b * s * hkv * d)?;
+        let mut ours_bwd = || {
+            let bufs = BackwardBuffers {
+                q: &q,
+                k: &k,
+                v: &v,
+                o: &o,
+                d_o: &d_o,
+                lse: &lse,
+                dq: &mut dq,
+                dk: &mut dk,
+                dv: &mut dv,
+                cu_seqlens: None,
+            };
+            Ok(bwd.launch(&stream, bufs, &mut ws)?)
+        };
+        let t = median_ms_interleaved(&stream, args.warmup, args.iters, &mut [&mut ours_bwd])?;
+        ours_bwd_ms.push(t[0]);
     }
     let case_json: Vec<Value> = cases
         .iter()
@@ -166,10 +204,60 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
             "cudnn_ms": cudnn, "cudnn_tflops": cudnn.map(tf), "fa2_ms": fa2, "fa2_tflops": fa2.map(tf),
             "ours_over_cudnn": ratio, "baseline": r.cloned()}));
     }
+    summary(&ratios, "");
+    println!("# backward (dQ, dK, dV; ours: prep + main + dQ convert); TFLOP/s = 2.5 x the forward's FLOPs");
+    println!(
+        "{:>2} {:>3} {:>3} {:>6} {:>4} {:>6} {:>9} {:>8} {:>9} {:>8} {:>8} {:>12}",
+        "B", "Hq", "Hkv", "S", "D", "causal", "ours_ms", "TFLOP/s", "cudnn_ms", "TFLOP/s", "fa2 TF/s", "ours/cudnn"
+    );
+    let mut bwd_ratios = vec![];
+    for (i, &(b, hq, hkv, s, d, causal)) in cases.iter().enumerate() {
+        let f = 2.5 * flops(b, hq, s, d, causal);
+        let tf = |ms: f64| f / (ms * 1e-3) / 1e12;
+        let r = base.as_ref().ok().and_then(|(_, l)| l.iter().find(|x| x["case"] == i));
+        let cudnn = r.and_then(|x| x["cudnn_bwd_ms"].as_f64());
+        let fa2 = r.and_then(|x| x["fa2_bwd_ms"].as_f64());
+        let ratio = cudnn.map(|c| c / ours_bwd_ms[i]);
+        if let Some(x) = ratio {
+            bwd_ratios.push(x);
+        }
+        let opt = |x: Option<f64>, w: usize, p: usize| x.map_or(format!("{:>w$}", "-"), |v| format!("{v:>w$.p$}"));
+        println!(
+            "{b:>2} {hq:>3} {hkv:>3} {s:>6} {d:>4} {:>6} {:>9.3} {:>8.1} {} {} {} {}",
+            causal,
+            ours_bwd_ms[i],
+            tf(ours_bwd_ms[i]),
+            opt(cudnn, 9, 3),
+            opt(cudnn.map(tf), 8, 1),
+            opt(fa2.map(tf), 8, 1),
+            opt(ratio, 12, 3)
+        );
+        if let Some(x) = r {
+            for k in ["cudnn_bwd_err", "fa2_bwd_err"] {
+                if let Some(e) = x[k].as_str() {
+                    println!("#   {k}: {e}");
+                }
+            }
+        }
+        if let Some(row) = rows.get_mut(i) {
+            row["ours_bwd_ms"] = json!(ours_bwd_ms[i]);
+            row["ours_bwd_tflops"] = json!(tf(ours_bwd_ms[i]));
+            row["cudnn_bwd_ms"] = json!(cudnn);
+            row["cudnn_bwd_tflops"] = json!(cudnn.map(tf));
+            row["fa2_bwd_ms"] = json!(fa2);
+            row["fa2_bwd_tflops"] = json!(fa2.map(tf));
+            row["ours_over_cudnn_bwd"] = json!(ratio);
+        }
+    }
+    summary(&bwd_ratios, " backward");
+    Ok(rows)
+}
+
+/// Prints the geometric mean and the worst of `ratios` (ours / cuDNN throughput).
+fn summary(ratios: &[f64], what: &str) {
     if !ratios.is_empty() {
         let geo = (ratios.iter().map(|r| r.ln()).sum::<f64>() / ratios.len() as f64).exp();
         let min = ratios.iter().cloned().fold(f64::INFINITY, f64::min);
-        println!("# geometric mean ours/cuDNN (throughput) = {geo:.3}, worst = {min:.3}");
+        println!("# geometric mean{what} ours/cuDNN (throughput) = {geo:.3}, worst = {min:.3}");
     }
-    Ok(rows)
 }

@@ -9,6 +9,7 @@
 
 pub mod ag_gemm;
 pub mod attention;
+pub mod attention_bwd;
 pub mod gemm;
 pub mod gemm_decode;
 pub mod gemm_rs;

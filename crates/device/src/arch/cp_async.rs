@@ -36,3 +36,15 @@ pub fn commit_group() {
 pub fn wait_group<const N: u32>() {
     unsafe { asm!("cp.async.wait_group {0};", const N, options(nostack)) };
 }
+/// Makes the mbarrier `bar` receive one arrival when every `cp.async` this thread issued before
+/// completes, counted as one of the phase's expected arrivals:
+/// `cp.async.mbarrier.arrive.noinc.shared::cta.b64 [bar];`
+///
+/// # Safety
+///
+/// `bar` is an initialised mbarrier of this CTA whose current phase still expects this arrival (its count includes
+/// one arrival per thread that calls this).
+#[inline(always)]
+pub unsafe fn mbarrier_arrive_noinc(bar: SmemAddr) {
+    unsafe { asm!("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [{0}];", in(reg32) bar.0, options(nostack)) };
+}

@@ -447,3 +447,15 @@ pub unsafe fn red_add_v4_f32(p: *mut f32, v: [f32; 4]) {
         asm!("red.relaxed.gpu.global.add.v4.f32 [{0}], {{{1}, {2}, {3}, {4}}};", in(reg64) p, in(reg32) v[0].to_bits(), in(reg32) v[1].to_bits(), in(reg32) v[2].to_bits(), in(reg32) v[3].to_bits(), options(nostack))
     };
 }
+/// `red.relaxed.gpu.global.add.v2.f32 [p], {a, b};`
+///
+/// # Safety
+///
+/// `p` is an 8-byte aligned address of 8 bytes of writable global memory; concurrent accesses to them are other
+/// reductions, or readers ordered after every reduction by a later release or the end of the kernel.
+#[inline(always)]
+pub unsafe fn red_add_v2_f32(p: *mut f32, v: [f32; 2]) {
+    unsafe {
+        asm!("red.relaxed.gpu.global.add.v2.f32 [{0}], {{{1}, {2}}};", in(reg64) p, in(reg32) v[0].to_bits(), in(reg32) v[1].to_bits(), options(nostack))
+    };
+}

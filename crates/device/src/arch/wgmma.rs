@@ -63,7 +63,9 @@ macro_rules! acc_asm {
 /// One `wgmma.mma_async.sync.aligned.<shape>.f32.bf16.bf16` on the `N` f32 accumulator registers of `acc`, with
 /// the scale-d predicate `p` (false: `D = A * B`) and scale-a = scale-b = 1. Forms: `ss` (A and B shared-memory
 /// descriptors, `p` = `accumulate`, tnsp-a 0), `ss_first` (as `ss` with `p` false; `acc` is written only), `rs`
-/// (A four bf16x2 registers, B a descriptor, `p` = `accumulate`); tnsp-b is the const `TRANS_B` in each.
+/// (A four bf16x2 registers, B a descriptor, `p` = `accumulate`), `ss_t` (as `ss` with tnsp-a the const `TRANS_A`), `ss_t_first` (as `ss_t` with `p` false, `acc` written
+/// only);
+/// tnsp-b is the const `TRANS_B` in each.
 macro_rules! mma_bf16 {
     (ss $n:tt, $shape:literal, $acc:ident, $desc_a:ident, $desc_b:ident, $accumulate:ident, $trans_b:ident) => {
         mma_bf16!(@asm $n, inout $acc, $shape, "{scale_d}", "{desc_a}, {desc_b}, p, 1, 1, 0, {trans_b};",
@@ -78,6 +80,14 @@ macro_rules! mma_bf16 {
             desc_a = in(reg64) $desc_a,
             desc_b = in(reg64) $desc_b,
             scale_d = in(reg32) $accumulate as u32,
+            trans_a = const $trans_a,
+            trans_b = const $trans_b,
+        )
+    };
+    (ss_t_first $n:tt, $shape:literal, $acc:ident, $desc_a:ident, $desc_b:ident, $trans_a:ident, $trans_b:ident) => {
+        mma_bf16!(@asm $n, out $acc, $shape, "0", "{desc_a}, {desc_b}, p, 1, 1, {trans_a}, {trans_b};",
+            desc_a = in(reg64) $desc_a,
+            desc_b = in(reg64) $desc_b,
             trans_a = const $trans_a,
             trans_b = const $trans_b,
         )
@@ -294,3 +304,35 @@ macro_rules! mma_tile_impl {
     )*};
 }
 mma_tile_impl!(8 4 "m64n8k16", 16 8 "m64n16k16", 32 16 "m64n32k16", 64 32 "m64n64k16", 128 64 "m64n128k16", 256 128 "m64n256k16");
+/// `D (+)= A * B` for a 64x64 f32 tile, k = 16, bf16 A and B from shared memory, either operand K-major
+/// (`TRANS_* = 0`) or MN-major (`1`):
+/// `wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {d0..d31}, desc_a, desc_b, p, 1, 1, TRANS_A, TRANS_B;`
+///
+/// # Safety
+///
+/// As [`mma_m64n256k16_bf16`]: all 128 threads of the warpgroup, after [`fence`], descriptors of valid shared-memory
+/// tiles laid out as `TRANS_A` / `TRANS_B` say that stay unchanged, and `acc` untouched until [`wait_group`] retires it.
+#[inline(always)]
+pub unsafe fn mma_m64n64k16_bf16_ss<const TRANS_A: u32, const TRANS_B: u32>(
+    acc: &mut [f32; 32],
+    desc_a: u64,
+    desc_b: u64,
+    accumulate: bool,
+) {
+    unsafe {
+        mma_bf16!(ss_t 32, "m64n64k16", acc, desc_a, desc_b, accumulate, TRANS_A, TRANS_B);
+    }
+}
+
+/// As [`mma_m64n64k16_bf16_ss`] with `D = A * B` (scale-d 0): the accumulator is written only, so its earlier values
+/// are not kept alive for the wgmma.
+///
+/// # Safety
+///
+/// As [`mma_m64n64k16_bf16_ss`].
+#[inline(always)]
+pub unsafe fn mma_m64n64k16_bf16_ss_first<const TRANS_A: u32, const TRANS_B: u32>(acc: &mut [f32; 32], desc_a: u64, desc_b: u64) {
+    unsafe {
+        mma_bf16!(ss_t_first 32, "m64n64k16", acc, desc_a, desc_b, TRANS_A, TRANS_B);
+    }
+}

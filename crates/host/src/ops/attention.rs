@@ -139,7 +139,7 @@ pub fn check_cu_seqlens(cu_q: &[i32], cu_k: &[i32]) -> Result<(usize, usize, usi
 }
 
 /// Visible (query, key) pairs of one sequence.
-fn pairs(q: usize, k: usize, causal: bool) -> f64 {
+pub(crate) fn pairs(q: usize, k: usize, causal: bool) -> f64 {
     if !causal {
         return q as f64 * k as f64;
     }

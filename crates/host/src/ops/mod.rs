@@ -7,6 +7,7 @@
 //! - [`ag_gemm`]: AllGather + GEMM ([`AgGemmPlan`]).
 //! - [`gemm_rs`]: GEMM + ReduceScatter and GEMM + AllReduce ([`GemmRsPlan`]).
 //! - [`attention`]: FlashAttention forward on one GPU ([`attention::FlashAttentionPlan`]).
+//! - [`attention_bwd`]: its backward ([`attention_bwd::FlashAttentionBackwardPlan`]).
 //! - [`moe`]: mixture-of-experts expert FFN on one GPU ([`moe::MoePlan`]).
 //! - [`moe_ep`]: the same layer with expert parallelism over the node's ranks ([`moe_ep::MoeEpPlan`]).
 //! - [`ring_attention`]: ring attention forward across a communicator's local ranks
@@ -130,6 +131,7 @@
 //! ```
 pub mod ag_gemm;
 pub mod attention;
+pub mod attention_bwd;
 pub mod gemm_rs;
 pub mod moe;
 pub mod moe_ep;

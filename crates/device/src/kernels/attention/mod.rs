@@ -12,6 +12,7 @@
 //!   the merge of each step's partial);
 //! - [`ring`]: ring attention's launch epoch, its producer across the ring steps and its comm
 //!   CTAs (`mk_ring_attn_fwd_d64` / `mk_ring_attn_fwd_d128`).
+pub mod backward;
 pub mod consumer;
 pub mod producer;
 pub mod ring;
