@@ -6,6 +6,8 @@
 //!   moe_torch.py               the PyTorch baseline of `./xtask bench --op moe`
 //!   mkernel.ptx                the PTX the binaries embed (for ptxas/ncu inspection)
 //!   run-tests.sh               runs every test binary with GPU tests on
+//!   examples/<name>            the examples of crates/host/examples (release)
+//!   run-examples.sh            runs every example as the README says
 use crate::util::{self, root};
 use anyhow::{Context, Result};
 use std::io::BufRead;
@@ -24,6 +26,90 @@ export MKERNEL_GPU_TESTS=1 NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 exec ./xtask gpu-tests --dir tests "$@"
 "#;
+
+/// The examples of `crates/host/examples` and the ranks each runs with (1: one process on one
+/// GPU; more: under `xtask launch`). A test checks that it lists every example file.
+pub const EXAMPLES: [(&str, usize); 8] = [
+    ("gemm", 1),
+    ("collectives", 2),
+    ("ag_gemm", 2),
+    ("gemm_rs", 2),
+    ("flash_attention", 1),
+    ("ring_attention", 2),
+    ("moe", 1),
+    ("moe_ep", 2),
+];
+
+/// `bundle/run-examples.sh`: every example of [`EXAMPLES`], multi-rank ones under `xtask launch`
+/// (sharing the GPUs through MPS where the host has fewer than ranks), and a summary.
+fn run_examples_sh() -> String {
+    let mut s = String::from(
+        r#"#!/bin/sh
+# Runs every bundled example (crates/host/examples, README "From a Rust server on N GPUs"): single-GPU
+# ones as they are, multi-rank ones under `xtask launch` (with --share-gpu where the host has fewer GPUs
+# than ranks). Each prints its check against the CPU reference; the summary names failures; exit 1 if any.
+cd "$(dirname "$0")" || exit 1
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+summary=""
+failed=0
+run() {
+  name=$1; shift
+  echo "== $name: $*"
+  if "$@"; then
+    summary="$summary
+PASS  $name"
+  else
+    summary="$summary
+FAIL  $name"
+    failed=$((failed + 1))
+    sleep 5 # an MPS server tears stopped ranks down before the next launch
+  fi
+}
+"#,
+    );
+    for (name, ranks) in EXAMPLES {
+        if ranks == 1 {
+            s += &format!("run {name} examples/{name}\n");
+        } else {
+            s += &format!("share=\"\"; [ \"$gpus\" -lt {ranks} ] && share=\"--share-gpu\"\n");
+            s += &format!("run {name} ./xtask launch -n {ranks} $share --timeout-s 300 -- examples/{name}\n");
+        }
+    }
+    s += "printf '\\n== summary (%s GPU(s))%s\\n%s failed\\n' \"$gpus\" \"$summary\" \"$failed\"\n";
+    s += "[ \"$failed\" -eq 0 ]\n";
+    s
+}
+
+/// The examples of crates/host (release), built: `(name, path)`.
+fn example_binaries() -> Result<Vec<(String, std::path::PathBuf)>> {
+    let out = util::cargo()
+        .current_dir(root())
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "mkernel",
+            "--examples",
+            "--message-format=json",
+        ])
+        .stderr(Stdio::inherit())
+        .output()?;
+    anyhow::ensure!(out.status.success(), "building the examples failed");
+    let mut bins = vec![];
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let example = v["target"]["kind"]
+            .as_array()
+            .is_some_and(|k| k.iter().any(|k| k == "example"));
+        if let (true, Some(name), Some(exe)) = (example, v["target"]["name"].as_str(), v["executable"].as_str()) {
+            bins.push((name.to_string(), exe.into()));
+        }
+    }
+    Ok(bins)
+}
 
 /// Every test binary of the workspace (release), built: `(bundle name, path)`.
 pub fn test_binaries(exclude: &[String]) -> Result<Vec<(String, std::path::PathBuf)>> {
@@ -71,8 +157,7 @@ pub fn run(exclude: &[String]) -> Result<()> {
         "xtask",
     ]))?;
     for bin in ["mkernel-bench", "xtask"] {
-        std::fs::copy(root.join("target/release").join(bin), dir.join(bin))
-            .with_context(|| format!("copying {bin}"))?;
+        std::fs::copy(util::release_dir()?.join(bin), dir.join(bin)).with_context(|| format!("copying {bin}"))?;
     }
     // The PyTorch baseline of `bench --op moe` (found next to mkernel-bench).
     std::fs::copy(root.join("crates/bench/python/moe_torch.py"), dir.join("moe_torch.py"))?;
@@ -81,6 +166,14 @@ pub fn run(exclude: &[String]) -> Result<()> {
         std::fs::copy(exe, dir.join("tests").join(name))?;
     }
     let copied = bins.len();
+    std::fs::create_dir_all(dir.join("examples"))?;
+    let examples = example_binaries()?;
+    for (name, exe) in &examples {
+        std::fs::copy(exe, dir.join("examples").join(name)).with_context(|| format!("copying example {name}"))?;
+    }
+    let script = dir.join("run-examples.sh");
+    std::fs::write(&script, run_examples_sh())?;
+    Command::new("chmod").arg("+x").arg(&script).status()?;
     // Symbols are half of each binary's size; the device tool carries 64 MiB per call.
     strip_all(&dir)?;
     std::fs::copy(root.join("crates/host/ptx/mkernel.ptx"), dir.join("mkernel.ptx"))?;
@@ -89,7 +182,8 @@ pub fn run(exclude: &[String]) -> Result<()> {
     Command::new("chmod").arg("+x").arg(&script).status()?;
     let size: u64 = walk_size(&dir)?;
     println!(
-        "bundle/: {copied} test binaries + mkernel-bench + xtask, {:.1} MiB (the device tool carries up to 64 MiB)",
+        "bundle/: {copied} test binaries, {} examples, mkernel-bench and xtask, {:.1} MiB (the device tool carries up to 64 MiB)",
+        examples.len(),
         size as f64 / (1 << 20) as f64
     );
     Ok(())
@@ -123,8 +217,7 @@ pub fn variant(name: &str) -> Result<()> {
     let dir = root.join("bundle").join(name);
     std::fs::create_dir_all(&dir)?;
     for bin in ["mkernel-bench", "xtask"] {
-        std::fs::copy(root.join("target/release").join(bin), dir.join(bin))
-            .with_context(|| format!("copying {bin}"))?;
+        std::fs::copy(util::release_dir()?.join(bin), dir.join(bin)).with_context(|| format!("copying {bin}"))?;
     }
     // The PyTorch baseline of `bench --op moe` (found next to mkernel-bench).
     std::fs::copy(root.join("crates/bench/python/moe_torch.py"), dir.join("moe_torch.py"))?;
@@ -154,6 +247,46 @@ fn variant_names_are_plain() {
     }
 }
 
+#[cfg(test)]
+#[test]
+fn the_example_table_lists_every_example_and_how_it_starts() {
+    let dir = root().join("crates/host/examples");
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix(".rs").map(String::from))
+        .collect();
+    files.sort();
+    let mut listed: Vec<String> = EXAMPLES.iter().map(|(n, _)| n.to_string()).collect();
+    listed.sort();
+    assert_eq!(files, listed, "bundle::EXAMPLES against {}", dir.display());
+    for (name, ranks) in EXAMPLES {
+        let src = std::fs::read_to_string(dir.join(format!("{name}.rs"))).unwrap();
+        let launched = src.contains(&format!(
+            "cargo xtask launch -n {ranks} -- target/release/examples/{name}"
+        ));
+        assert_eq!(
+            launched,
+            ranks > 1,
+            "{name}.rs: its `Run:` line and its ranks ({ranks}) disagree"
+        );
+    }
+    let sh = run_examples_sh();
+    assert!(sh.contains("run gemm examples/gemm\n"), "{sh}");
+    assert!(
+        sh.contains("run moe_ep ./xtask launch -n 2 $share --timeout-s 300 -- examples/moe_ep\n"),
+        "{sh}"
+    );
+    let path = std::env::temp_dir().join(format!("mkernel-run-examples-{}.sh", std::process::id()));
+    std::fs::write(&path, &sh).unwrap();
+    let syntax = Command::new("sh").arg("-n").arg(&path).output().unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        syntax.status.success(),
+        "{}\n{sh}",
+        String::from_utf8_lossy(&syntax.stderr)
+    );
+}
+
 /// `path+file:///.../tests#mkernel-tests@0.1.0` -> `mkernel-tests`;
 /// `path+file:///.../xtask#0.1.0` (name = folder) -> `xtask`.
 fn crate_name(id: &str) -> Option<&str> {
@@ -180,10 +313,10 @@ fn strip_all(dir: &std::path::Path) -> Result<()> {
     if crate::mps::find_on_path("strip").is_none() {
         return Ok(());
     }
-    for d in [dir.to_path_buf(), dir.join("tests")] {
+    for d in [dir.to_path_buf(), dir.join("tests"), dir.join("examples")] {
         for e in std::fs::read_dir(&d)? {
             let p = e?.path();
-            if p.is_file() && p.extension().is_none() && !p.ends_with("run-tests.sh") {
+            if p.is_file() && p.extension().is_none() {
                 let _ = Command::new("strip").arg(&p).stderr(Stdio::null()).status();
             }
         }

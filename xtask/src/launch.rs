@@ -3,8 +3,9 @@
 //! One host: `launch -n 4 -- prog`; emulated nodes on one host: `launch -n 4 --nodes 2 -- prog`
 //! (ranks 0,1 form node 0 and ranks 2,3 node 1; their traffic between nodes goes through the
 //! proxy over the emulated wire). Real nodes: run `launch -n 8 --nnodes 2 --node-rank R
-//! --master-addr HOST0 --job-key KEY -- prog` on each node (the proxy picks TCP, ibverbs or EFA:
-//! docs/internode.md).
+//! --master-addr HOST0 --job-key-file PATH -- prog` on each node, PATH holding the same key
+//! (or MKERNEL_JOB_KEY set; never a key on the command line, where `ps` shows it), with the
+//! TCP transport unless MKERNEL_TRANSPORT asks for another (docs/internode.md).
 //!
 //! Each process gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK, NNODES,
 //! MASTER_ADDR, MASTER_PORT, MKERNEL_JOB_KEY (the bootstrap store refuses other keys),
@@ -43,9 +44,10 @@ pub struct LaunchArgs {
     /// Port of the bootstrap store (default: a free port on one host, 29500 across nodes).
     #[arg(long)]
     pub master_port: Option<u16>,
-    /// Shared secret of the job (default: MKERNEL_JOB_KEY, else random on one host).
+    /// File holding the job's shared secret on its first line (default: MKERNEL_JOB_KEY, else
+    /// random on one host). Never the key itself: arguments are visible to every user in `ps`.
     #[arg(long)]
-    pub job_key: Option<String>,
+    pub job_key_file: Option<std::path::PathBuf>,
     /// Stop every process after this many seconds.
     #[arg(long)]
     pub timeout_s: Option<u64>,
@@ -60,6 +62,10 @@ pub struct LaunchArgs {
     /// 80 / ranks - 1 percent of the GPU; docs/testing.md "Co-residency").
     #[arg(long, requires = "share_gpu", value_parser = clap::value_parser!(u32).range(1..=100))]
     pub mps_percent: Option<u32>,
+    /// The program needs no GPU: start the ranks without the check for the NVIDIA driver and
+    /// enough GPUs that is made otherwise (MKERNEL_DEVICE is set all the same).
+    #[arg(long, conflicts_with = "share_gpu")]
+    pub cpu_only: bool,
     /// The command to run in each process.
     #[arg(last = true, required = true)]
     pub cmd: Vec<String>,
@@ -78,11 +84,12 @@ impl LaunchArgs {
             node_rank: 0,
             master_addr: "127.0.0.1".into(),
             master_port: None,
-            job_key: None,
+            job_key_file: None,
             timeout_s: None,
             share_gpu: false,
             gpus: None,
             mps_percent: None,
+            cpu_only: false,
             cmd,
             env: vec![],
         }
@@ -119,11 +126,17 @@ pub fn layout(args: &LaunchArgs, shared_gpus: Option<usize>) -> Result<Vec<RankE
         if args.node_rank >= nnodes {
             bail!("--node-rank {} must be below --nnodes {}", args.node_rank, nnodes);
         }
+        let Some(world_size) = nnodes.checked_mul(args.nproc).filter(|&w| w <= u32::MAX as usize) else {
+            bail!(
+                "--nnodes {nnodes} x -n {} ranks is more than a job can have",
+                args.nproc
+            );
+        };
         return Ok((0..args.nproc)
             .map(|i| RankEnv {
-                rank: args.node_rank * args.nproc + i,
+                rank: args.node_rank * args.nproc + i, // < world_size, checked above
                 local_rank: i,
-                world_size: nnodes * args.nproc,
+                world_size,
                 local_world_size: args.nproc,
                 node_rank: args.node_rank,
                 nnodes,
@@ -152,13 +165,10 @@ pub fn layout(args: &LaunchArgs, shared_gpus: Option<usize>) -> Result<Vec<RankE
         .collect())
 }
 
-fn random_key() -> String {
-    let mut bytes = [0u8; 16];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        use std::io::Read;
-        let _ = f.read_exact(&mut bytes);
-    }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// The first line of the key file `path`.
+fn read_key_file(path: &std::path::Path) -> Result<String> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading the job key file {}", path.display()))?;
+    Ok(text.lines().next().unwrap_or("").to_string())
 }
 
 fn free_port() -> Result<u16> {
@@ -169,10 +179,15 @@ fn free_port() -> Result<u16> {
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 pub fn run(args: LaunchArgs) -> Result<()> {
+    // Before any rank starts: the driver and enough GPUs (or --cpu-only), said out loud.
+    let found = match args.cpu_only {
+        true => None,
+        false => Some(crate::gpus::check_launch(args.nproc, args.share_gpu, args.gpus)?),
+    };
     let shared_gpus = match (args.share_gpu, args.gpus) {
         (false, _) => None,
         (true, Some(g)) => Some(g),
-        (true, None) => Some(crate::util::gpu_count()?),
+        (true, None) => Some(found.unwrap_or(1)),
     };
     let ranks = layout(&args, shared_gpus)?;
     // The handler can be installed once per process; a second launch in the same process (the
@@ -203,11 +218,13 @@ pub fn run(args: LaunchArgs) -> Result<()> {
         (None, Some(_)) => 29500,
         (None, None) => free_port()?,
     };
-    let key = match (&args.job_key, std::env::var("MKERNEL_JOB_KEY")) {
-        (Some(k), _) => k.clone(),
+    let key = match (&args.job_key_file, std::env::var("MKERNEL_JOB_KEY")) {
+        (Some(path), _) => read_key_file(path)?,
         (None, Ok(k)) => k,
-        (None, Err(_)) if args.nnodes.is_some() => bail!("multi-node launch needs --job-key (the same on every node)"),
-        (None, Err(_)) => random_key(),
+        (None, Err(_)) if args.nnodes.is_some() => {
+            bail!("multi-node launch needs --job-key-file PATH or MKERNEL_JOB_KEY (the same key on every node)")
+        }
+        (None, Err(_)) => crate::mps::random_hex(16)?,
     };
     // Killed on every way out of this function, an error while starting a later rank included.
     let mut children = Ranks(vec![]);
@@ -375,11 +392,12 @@ mod tests {
             node_rank,
             master_addr: "127.0.0.1".into(),
             master_port: None,
-            job_key: None,
+            job_key_file: None,
             timeout_s: None,
             share_gpu: false,
             gpus: None,
             mps_percent: None,
+            cpu_only: true,
             cmd: vec!["true".into()],
             env: vec![],
         }
@@ -457,6 +475,7 @@ mod tests {
         assert_eq!(l[0].world_size, 16);
         assert_eq!(l[7].local_rank, 7);
         assert!(layout(&args(8, 1, Some(2), 2), None).is_err());
+        assert!(layout(&args(usize::MAX / 2, 1, Some(3), 0), None).is_err());
     }
     #[test]
     fn a_failing_rank_is_named_and_others_stopped() {
@@ -468,6 +487,23 @@ mod tests {
         ];
         let e = run(a).unwrap_err().to_string();
         assert!(e.contains("rank 1"), "{e}");
+    }
+    #[test]
+    fn the_job_key_comes_from_a_file() {
+        let path = std::env::temp_dir().join(format!("mkernel-launch-key-{}", crate::mps::random_hex(8).unwrap()));
+        std::fs::write(&path, "key-from-a-file-0123456789\nignored\n").unwrap();
+        let mut a = args(2, 1, None, 0);
+        a.job_key_file = Some(path.clone());
+        a.cmd = vec![
+            "sh".into(),
+            "-c".into(),
+            "test \"$MKERNEL_JOB_KEY\" = key-from-a-file-0123456789".into(),
+        ];
+        run(a).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let mut a = args(1, 1, None, 0);
+        a.job_key_file = Some(path);
+        assert!(run(a).unwrap_err().to_string().contains("job key file"));
     }
     #[test]
     fn extra_variables_reach_every_rank() {

@@ -1,7 +1,10 @@
 //! `cargo xtask <task>`: every build, test, benchmark and launch step of mkernel in one place.
-//! Run with no arguments for help. Flags are declared once here (clap derive).
+//! Run with no arguments for help. Flags are declared once here (clap derive); the first line
+//! of the help names the tasks from the same declarations. A failing task prints one line,
+//! `error: ...` (the anyhow chain, no backtrace), and exits with status 1.
 mod bundle;
 mod gpu_tests;
+mod gpus;
 mod launch;
 mod mps;
 mod ptx;
@@ -9,14 +12,11 @@ mod sanitize;
 mod util;
 
 use anyhow::Result;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(
-    name = "cargo xtask",
-    about = "mkernel tasks: ptx, test, bundle, bench, launch",
-    arg_required_else_help = true
-)]
+#[command(name = "cargo xtask", arg_required_else_help = true)]
 struct Cli {
     #[command(subcommand)]
     task: Task,
@@ -127,12 +127,53 @@ enum Task {
         tools: Vec<String>,
     },
     /// Start one process per GPU with torchrun-style variables (RANK, LOCAL_RANK, WORLD_SIZE,
-    /// LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT, MKERNEL_JOB_KEY).
+    /// LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT, MKERNEL_JOB_KEY), after checking
+    /// for the NVIDIA driver and enough GPUs (`--share-gpu` when they are fewer than ranks,
+    /// `--cpu-only` for programs that need none).
     Launch(launch::LaunchArgs),
 }
 
-fn main() -> Result<()> {
-    match Cli::parse().task {
+fn main() -> ExitCode {
+    let cli = match Cli::from_arg_matches(&command().get_matches()) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    match run(cli.task) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The command line: the derived one, its first help line naming every task, and (for help)
+/// where the workspace and its build output are.
+fn command() -> clap::Command {
+    let cmd = Cli::command().bin_name("cargo xtask");
+    let tasks: Vec<String> = cmd
+        .get_subcommands()
+        .map(|t| t.get_name().to_string())
+        .filter(|t| t != "help")
+        .collect();
+    let cmd = cmd.about(format!("mkernel's tasks: {}", tasks.join(", ")));
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let wants_help = args.is_empty() || args.iter().any(|a| a == "-h" || a == "--help" || a == "help");
+    if !wants_help {
+        return cmd;
+    }
+    let target = match util::target_dir() {
+        Ok(t) => t.display().to_string(),
+        Err(e) => format!("unknown ({e:#})"),
+    };
+    cmd.after_help(format!(
+        "Workspace: {}\nTarget directory: {target} (`cargo metadata`: CARGO_TARGET_DIR, build.target-dir or target/)",
+        util::root().display()
+    ))
+}
+
+fn run(task: Task) -> Result<()> {
+    match task {
         Task::Ptx { check } => ptx::run(check),
         Task::Test { gpu } => test(gpu),
         Task::Bundle { exclude, variant: None } => bundle::run(&exclude),
@@ -233,6 +274,9 @@ fn test(gpu: bool) -> Result<()> {
 }
 
 fn bench(op: &str, nproc: Option<usize>, share_gpu: bool, timeout_s: Option<u64>, rest: &[String]) -> Result<()> {
+    // Every benchmark needs a GPU: say what is missing before building anything.
+    let found = gpus::probe().map_err(|e| anyhow::anyhow!("bench: {e:#}"))?;
+    println!("bench: {}", found.summary());
     // Inside a bundle, the benchmark binary sits next to this executable.
     let here = std::env::current_exe()?;
     let sibling = here.with_file_name("mkernel-bench");
@@ -246,7 +290,7 @@ fn bench(op: &str, nproc: Option<usize>, share_gpu: bool, timeout_s: Option<u64>
             "-p",
             "mkernel-bench",
         ]))?;
-        util::root().join("target/release/mkernel-bench")
+        util::release_dir()?.join("mkernel-bench")
     };
     let mut argv: Vec<String> = vec![bin.display().to_string(), "--op".into(), op.into()];
     if !rest.iter().any(|a| a == "--json") {

@@ -7,7 +7,14 @@
 //! private pipe and log directory. A daemon this launcher started is always stopped: `quit`
 //! through its pipe, then SIGKILL to its process group if it is still there, also from `Drop`, so
 //! a failing rank, a timeout or an error on the way out cannot leave it behind.
+//!
+//! The private directory ([`create_private_dir`]) has a random name under the temp directory,
+//! is created with mode 0700 by one `mkdir` that fails if anything (a directory, a symlink, a
+//! pipe) already has that name, and is checked with `lstat` afterwards: another local user can
+//! neither predict it, nor pre-create it, nor redirect it. A running daemon is reused only when
+//! its pipe directory belongs to this user or root and nobody else may write into it.
 use anyhow::{bail, Context, Result};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -36,6 +43,74 @@ pub fn find_on_path(name: &str) -> Option<PathBuf> {
         .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
         .map(|dir| dir.join(name))
         .find(|p| p.is_file())
+}
+
+/// `bytes` random bytes from the kernel (`/dev/urandom`), as hex.
+pub fn random_hex(bytes: usize) -> Result<String> {
+    use std::io::Read;
+    let mut b = vec![0u8; bytes];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .context("reading /dev/urandom")?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+/// This process's effective uid: the owner of `/proc/self`.
+fn own_uid() -> Result<u32> {
+    Ok(std::fs::metadata("/proc/self").context("reading /proc/self")?.uid())
+}
+
+/// Creates the directory `path` with mode 0700 and checks it: refused when anything already
+/// has that name (`mkdir` does not follow a symlink there; it fails with "exists"), or when
+/// the result is not a directory of this user closed to group and others.
+pub fn create_private_dir(path: &Path) -> Result<()> {
+    std::fs::DirBuilder::new().mode(0o700).create(path).with_context(|| {
+        format!(
+            "creating the private directory {} (refused if it already exists: someone else may have created it)",
+            path.display()
+        )
+    })?;
+    check_private_dir(path, &[own_uid()?])
+}
+
+/// `path` is a directory (not a symlink to one) owned by one of `owners`, with no access for
+/// group or others.
+fn check_private_dir(path: &Path, owners: &[u32]) -> Result<()> {
+    check_dir(path, owners, 0o077)
+}
+
+/// `path` is a directory (not a symlink to one) owned by one of `owners`, with none of the
+/// permission bits `closed` (`0o077`: private; `0o022`: nobody else may write).
+fn check_dir(path: &Path, owners: &[u32], closed: u32) -> Result<()> {
+    let m = std::fs::symlink_metadata(path).with_context(|| format!("lstat {}", path.display()))?;
+    if !m.file_type().is_dir() {
+        bail!("{} is not a directory (a symlink or another file)", path.display());
+    }
+    if !owners.contains(&m.uid()) {
+        bail!("{} belongs to uid {}, not to {owners:?}", path.display(), m.uid());
+    }
+    if m.permissions().mode() & closed != 0 {
+        bail!(
+            "{} has mode {:o}: open to group or others",
+            path.display(),
+            m.permissions().mode() & 0o777
+        );
+    }
+    Ok(())
+}
+
+/// A fresh private directory `<temp>/mkernel-mps-<128 random bits>` holding `pipe/` and `log/`
+/// (each created the same way).
+fn private_mps_dir() -> Result<PathBuf> {
+    let own = std::env::temp_dir().join(format!("mkernel-mps-{}", random_hex(16)?));
+    create_private_dir(&own)?;
+    for sub in ["pipe", "log"] {
+        if let Err(e) = create_private_dir(&own.join(sub)) {
+            let _ = std::fs::remove_dir_all(&own);
+            return Err(e);
+        }
+    }
+    Ok(own)
 }
 
 /// Whether a control daemon answers on `pipe_dir`.
@@ -99,7 +174,18 @@ impl Mps {
         let existing = std::env::var_os("CUDA_MPS_PIPE_DIRECTORY")
             .map(PathBuf::from)
             .unwrap_or(DEFAULT_PIPE_DIR.into());
-        if answers(&existing) {
+        // Another user's directory there could hold a pipe of their own daemon (or none that
+        // is a daemon at all): only this user's or root's, writable by nobody else, is trusted.
+        let trusted = match own_uid().and_then(|me| check_dir(&existing, &[me, 0], 0o022)) {
+            Ok(()) => true,
+            Err(e) => {
+                if existing.exists() {
+                    println!("launch: not using the MPS daemon at {}: {e:#}", existing.display());
+                }
+                false
+            }
+        };
+        if trusted && answers(&existing) {
             let log_dir = std::env::var_os("CUDA_MPS_LOG_DIRECTORY")
                 .map(PathBuf::from)
                 .unwrap_or("/var/log/nvidia-mps".into());
@@ -114,12 +200,15 @@ impl Mps {
                 own_dir: None,
             });
         }
-        let own = std::env::temp_dir().join(format!("mkernel-mps-{}", std::process::id()));
+        let own = private_mps_dir()?;
         let (pipe_dir, log_dir) = (own.join("pipe"), own.join("log"));
-        for d in [&pipe_dir, &log_dir] {
-            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
-        }
-        let log = std::fs::File::create(log_dir.join("launcher-daemon.log"))?;
+        let log = match std::fs::File::create_new(log_dir.join("launcher-daemon.log")) {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&own);
+                return Err(e).context("creating the daemon's log file");
+            }
+        };
         let mut cmd = Command::new(CONTROL);
         cmd.arg("-f")
             .env("CUDA_MPS_PIPE_DIRECTORY", &pipe_dir)
@@ -129,7 +218,13 @@ impl Mps {
             .stderr(log);
         // Its own process group: the MPS server it spawns is stopped with it.
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-        let daemon = cmd.spawn().with_context(|| format!("starting {CONTROL} -f"))?;
+        let daemon = match cmd.spawn() {
+            Ok(d) => d,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&own);
+                return Err(e).with_context(|| format!("starting {CONTROL} -f"));
+            }
+        };
         let mut mps = Mps {
             pipe_dir,
             log_dir,
@@ -269,6 +364,50 @@ mod tests {
         // 4 ranks on 132 SMs: 25 CTAs each, 100 in all, under 80% (105).
         assert!(4 * (132 * persistent_sm_percent(4) / 100) <= 132 * 80 / 100);
     }
+    /// A fresh directory is created 0700; a name that already exists (a directory someone
+    /// created first, a symlink to one, a file) is refused and left as it was.
+    #[test]
+    fn private_directories_are_new_and_closed() {
+        let base = std::env::temp_dir().join(format!("mkernel-mps-test-{}", random_hex(8).unwrap()));
+        create_private_dir(&base).unwrap();
+        let m = std::fs::symlink_metadata(&base).unwrap();
+        assert_eq!(m.permissions().mode() & 0o777, 0o700);
+        let fresh = base.join("fresh");
+        create_private_dir(&fresh).unwrap();
+        let pre = base.join("pre-created");
+        std::fs::create_dir(&pre).unwrap();
+        std::fs::set_permissions(&pre, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = format!("{:#}", create_private_dir(&pre).unwrap_err());
+        assert!(e.contains("exists"), "{e}");
+        let link = base.join("link");
+        std::os::unix::fs::symlink(&fresh, &link).unwrap();
+        assert!(create_private_dir(&link).is_err());
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        let file = base.join("file");
+        std::fs::write(&file, b"").unwrap();
+        assert!(create_private_dir(&file).is_err());
+        // The checks themselves: a symlink, an open mode, another owner.
+        assert!(check_private_dir(&link, &[own_uid().unwrap()]).is_err());
+        assert!(check_private_dir(&pre, &[own_uid().unwrap()])
+            .unwrap_err()
+            .to_string()
+            .contains("mode 777"));
+        assert!(check_private_dir(&fresh, &[own_uid().unwrap() + 1]).is_err());
+        // A daemon's directory others may read but not write is trusted for reuse.
+        std::fs::set_permissions(&pre, std::fs::Permissions::from_mode(0o755)).unwrap();
+        check_dir(&pre, &[own_uid().unwrap()], 0o022).unwrap();
+        assert!(check_private_dir(&pre, &[own_uid().unwrap()]).is_err());
+        std::fs::set_permissions(&pre, std::fs::Permissions::from_mode(0o775)).unwrap();
+        assert!(check_dir(&pre, &[own_uid().unwrap()], 0o022).is_err());
+        let dir = private_mps_dir().unwrap();
+        assert!(dir.file_name().unwrap().to_str().unwrap().len() == "mkernel-mps-".len() + 32);
+        for d in [&dir, &dir.join("pipe"), &dir.join("log")] {
+            check_private_dir(d, &[own_uid().unwrap()]).unwrap();
+        }
+        std::fs::remove_dir_all(dir).unwrap();
+        std::fs::remove_dir_all(base).unwrap();
+    }
+
     #[test]
     fn missing_programs_are_not_found() {
         assert!(find_on_path("mkernel-no-such-program-here").is_none());

@@ -68,7 +68,7 @@ pub fn variant_ptx(name: &str) -> Result<String> {
     let root = root();
     build_device_with(&root, Some(name))?;
     let ptx = std::fs::read_to_string(root.join(BUILT)).with_context(|| format!("reading {BUILT}"))?;
-    let path = root.join("target/ptxas").join(format!("mkernel-{name}.ptx"));
+    let path = util::target_dir()?.join("ptxas").join(format!("mkernel-{name}.ptx"));
     std::fs::create_dir_all(path.parent().unwrap())?;
     std::fs::write(&path, &ptx)?;
     let problems = print_report(&ptxas_report(&root, &path)?);
@@ -126,6 +126,12 @@ fn build_device_with(root: &Path, variant: Option<&str>) -> Result<()> {
             cmd.env_remove(&k);
         }
     }
+    // The linker was built into the workspace's target directory, wherever that is (the device
+    // crate's .cargo/config.toml names the default one).
+    cmd.env(
+        "CARGO_TARGET_NVPTX64_NVIDIA_CUDA_LINKER",
+        util::release_dir()?.join("mkernel-ptx-linker"),
+    );
     util::run(&mut cmd).context("building crates/device to PTX")
 }
 
@@ -164,7 +170,7 @@ pub struct Report {
 }
 
 fn ptxas_report(root: &Path, ptx: &Path) -> Result<Report> {
-    let out_dir = root.join("target/ptxas");
+    let out_dir = util::target_dir()?.join("ptxas");
     std::fs::create_dir_all(&out_dir)?;
     let out = Command::new(ptxas(root)?)
         .args(["-arch=sm_90a", "-v"])

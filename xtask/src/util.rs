@@ -2,6 +2,7 @@
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::OnceLock;
 
 /// The workspace root (xtask's manifest is one level down). In a bundle: the bundle folder.
 pub fn root() -> PathBuf {
@@ -16,11 +17,52 @@ pub fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
 
-/// Runs `cmd`, failing with its command line when it fails.
+/// The workspace's target directory as `cargo metadata` reports it: `CARGO_TARGET_DIR`,
+/// `build.target-dir` or `<root>/target`. Asked once per process.
+pub fn target_dir() -> Result<PathBuf> {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    if let Some(d) = DIR.get() {
+        return Ok(d.clone());
+    }
+    let out = cargo()
+        .current_dir(root())
+        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .output()
+        .context("running `cargo metadata` (for the target directory)")?;
+    if !out.status.success() {
+        let why = String::from_utf8_lossy(&out.stderr);
+        bail!(
+            "`cargo metadata` failed: {}",
+            why.lines().find(|l| !l.trim().is_empty()).unwrap_or("no message")
+        );
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("parsing `cargo metadata` output")?;
+    let dir = v["target_directory"]
+        .as_str()
+        .context("`cargo metadata` reported no target_directory")?;
+    Ok(DIR.get_or_init(|| PathBuf::from(dir)).clone())
+}
+
+/// Where `cargo build --release` puts binaries: `<target dir>/release`.
+pub fn release_dir() -> Result<PathBuf> {
+    Ok(target_dir()?.join("release"))
+}
+
+/// `cmd`'s program and arguments, for messages (no environment or folder).
+pub fn describe(cmd: &Command) -> String {
+    std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Runs `cmd`, failing with its command line when it fails (the program printed its own
+/// error above).
 pub fn run(cmd: &mut Command) -> Result<()> {
-    let status = cmd.status().with_context(|| format!("starting {cmd:?}"))?;
+    let status = cmd.status().with_context(|| format!("starting `{}`", describe(cmd)))?;
     if !status.success() {
-        bail!("{cmd:?} failed with {status}");
+        bail!("`{}` failed ({status})", describe(cmd));
     }
     Ok(())
 }
@@ -44,18 +86,13 @@ pub fn cuda_lib_path() -> String {
     paths.join(":")
 }
 
-/// GPUs on this host, from `nvidia-smi -L`.
+/// GPUs a CUDA program started from here sees (`nvidia-smi`, narrowed by
+/// `CUDA_VISIBLE_DEVICES`).
 pub fn gpu_count() -> Result<usize> {
-    let out = Command::new("nvidia-smi")
-        .arg("-L")
-        .output()
-        .context("running nvidia-smi -L (pass --nproc on hosts without it)")?;
-    let n = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| l.starts_with("GPU "))
-        .count();
+    let found = crate::gpus::probe()?;
+    let n = crate::gpus::visible(found.names.len(), std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref());
     if n == 0 {
-        bail!("nvidia-smi lists no GPU");
+        bail!("CUDA_VISIBLE_DEVICES hides every GPU");
     }
     Ok(n)
 }

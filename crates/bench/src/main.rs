@@ -125,8 +125,19 @@ struct Args {
     no_nccl: bool,
 }
 
-fn main() -> Result<()> {
-    let args = Args::parse();
+/// Runs the benchmark; a failure is one line, `mkernel-bench: error: ...` (no backtrace), and
+/// exit status 1.
+fn main() -> std::process::ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mkernel-bench: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> Result<()> {
     timing::set_shuffled(match args.order.as_str() {
         "shuffled" => true,
         "fixed" => false,

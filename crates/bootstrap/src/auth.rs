@@ -28,6 +28,8 @@ pub(crate) mod label {
     pub const SERVER: &[u8] = b"mkernel-bootstrap/v1/server-proof";
     /// The job directory's name.
     pub const JOB_DIR: &[u8] = b"mkernel-bootstrap/v1/job-dir";
+    /// A secret derived for another component ([`super::JobKey::derive_secret`]).
+    pub const DERIVED: &[u8] = b"mkernel-bootstrap/v1/derived-secret";
 }
 
 /// The job's shared secret (`MKERNEL_JOB_KEY`). Its `Debug` output never shows it.
@@ -64,6 +66,13 @@ impl JobKey {
         sys::random_bytes(&mut bytes)?;
         let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
         Ok(JobKey(hex.into_bytes()))
+    }
+
+    /// A 32-byte secret for `purpose` (e.g. `"tcp-frames"`): HMAC-SHA256 under the key of a
+    /// label and `purpose`. Knowing it reveals neither the key nor the secret of another
+    /// purpose; every process of the job derives the same one.
+    pub fn derive_secret(&self, purpose: &str) -> [u8; 32] {
+        tag(self, label::DERIVED, &[purpose.as_bytes()])
     }
 
     /// The key's bytes.
@@ -188,6 +197,19 @@ mod tests {
         assert!(!verify(&k, label::SERVER, &[b"a", b"b"], &t));
         assert!(!verify(&k, label::CLIENT, &[b"ab", b""], &t));
         assert!(!verify(&k, label::CLIENT, &[b"a", b"b"], &t[..31]));
+    }
+
+    #[test]
+    fn derived_secrets_depend_on_key_and_purpose() {
+        let k = JobKey::new("key-0123456789abcdef").unwrap();
+        let a = k.derive_secret("tcp-frames");
+        assert_eq!(a, k.derive_secret("tcp-frames"));
+        assert_ne!(a, k.derive_secret("other"));
+        assert_ne!(
+            a,
+            JobKey::new("kez-0123456789abcdef").unwrap().derive_secret("tcp-frames")
+        );
+        assert_ne!(a, tag(&k, label::CLIENT, &[b"tcp-frames"]));
     }
 
     #[test]

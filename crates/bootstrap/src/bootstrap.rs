@@ -26,7 +26,10 @@ impl Bootstrap {
     /// Listens for local peers (so that they can send as soon as they are up), joins the
     /// store (rank 0 hosts it), then waits at a barrier until every rank has done the same;
     /// each step waits at most `timeout`. The barrier's error names the ranks that never came.
+    /// A timeout whose deadline overflows the clock (`Duration::MAX`) is
+    /// [`Error::TimeoutTooLong`](crate::Error::TimeoutTooLong), before anything is bound.
     pub fn new(info: RankInfo, timeout: Duration) -> Result<Self> {
+        crate::sys::deadline("bootstrap", timeout)?;
         let local = LocalPeers::bind(&info)?;
         let store = Store::for_rank(&info, timeout)?;
         store.barrier(INIT_BARRIER, timeout)?;
@@ -60,5 +63,24 @@ impl std::fmt::Debug for Bootstrap {
             .field("info", &self.info)
             .field("store", &self.store)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Error, JobKey};
+
+    #[test]
+    fn an_endless_timeout_is_an_error() {
+        let key = JobKey::new("a key of 16+ bytes for this test").unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let info = RankInfo::new(0, 1, 1, "127.0.0.1", port, key).unwrap();
+        let e = Bootstrap::new(info, Duration::MAX).unwrap_err();
+        assert!(matches!(e, Error::TimeoutTooLong { .. }), "{e}");
     }
 }

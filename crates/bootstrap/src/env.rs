@@ -9,7 +9,9 @@
 //! | `NODE_RANK` | this node's index | `RANK / LOCAL_WORLD_SIZE` |
 //! | `NNODES` | number of nodes | `WORLD_SIZE / LOCAL_WORLD_SIZE` |
 //! | `MASTER_ADDR`, `MASTER_PORT` | where rank 0 hosts the store | required |
-//! | `MKERNEL_JOB_KEY` | the job's shared secret | required |
+//! | `MKERNEL_JOB_KEY` | the job's shared secret | this or `MKERNEL_JOB_KEY_FILE` |
+//! | `MKERNEL_JOB_KEY_FILE` | a file holding the secret (one line; read when `MKERNEL_JOB_KEY` is unset) | unset |
+//! | `MKERNEL_STORE_BIND_ALL` | `1`: rank 0's store may listen on every interface when `MASTER_ADDR` is not an address of its host (behind NAT) | `0`: that is an error |
 //! | `MKERNEL_DEVICE` | GPU ordinal to open | `LOCAL_RANK` |
 //! | `MKERNEL_EMULATED_NODES` | nodes emulated on one host (equals `NNODES`) | unset |
 //!
@@ -39,6 +41,10 @@ pub mod vars {
     pub const MASTER_PORT: &str = "MASTER_PORT";
     /// The job's shared secret.
     pub const MKERNEL_JOB_KEY: &str = "MKERNEL_JOB_KEY";
+    /// A file holding the job's shared secret (read when `MKERNEL_JOB_KEY` is unset).
+    pub const MKERNEL_JOB_KEY_FILE: &str = "MKERNEL_JOB_KEY_FILE";
+    /// `1`: the store may listen on every interface when `MASTER_ADDR` is not local.
+    pub const MKERNEL_STORE_BIND_ALL: &str = "MKERNEL_STORE_BIND_ALL";
     /// GPU ordinal to open.
     pub const MKERNEL_DEVICE: &str = "MKERNEL_DEVICE";
     /// Number of nodes emulated on this host.
@@ -111,6 +117,7 @@ pub struct RankInfo {
     master_addr: String,
     master_port: u16,
     job_key: JobKey,
+    store_bind_all: bool,
 }
 
 impl RankInfo {
@@ -150,10 +157,29 @@ impl RankInfo {
             var: MASTER_PORT,
             hint: launcher,
         })?)?;
-        let (_, key) = get(MKERNEL_JOB_KEY).ok_or(EnvError::Missing {
-            var: MKERNEL_JOB_KEY,
-            hint: "every rank needs the same secret; `cargo xtask launch` sets it, with torchrun export it yourself",
-        })?;
+        let key = match (get(MKERNEL_JOB_KEY), get(MKERNEL_JOB_KEY_FILE)) {
+            (Some((_, key)), _) => key,
+            (None, Some((var, path))) => read_key_file(var, &path)?,
+            (None, None) => {
+                return Err(EnvError::Missing {
+                    var: MKERNEL_JOB_KEY,
+                    hint: "every rank needs the same secret, in MKERNEL_JOB_KEY or a file named by \
+                           MKERNEL_JOB_KEY_FILE; `cargo xtask launch` sets it, with torchrun export it yourself",
+                })
+            }
+        };
+        let store_bind_all = match get(MKERNEL_STORE_BIND_ALL) {
+            None => false,
+            Some((_, v)) if v.trim() == "1" => true,
+            Some((_, v)) if v.trim() == "0" || v.trim().is_empty() => false,
+            Some((var, v)) => {
+                return Err(EnvError::Invalid {
+                    var,
+                    value: v,
+                    reason: "expected 1 or 0".into(),
+                })
+            }
+        };
         let device = get(MKERNEL_DEVICE).map(parse_usize).transpose()?;
         let emulated_nodes = get(MKERNEL_EMULATED_NODES).map(parse_usize).transpose()?;
 
@@ -171,6 +197,7 @@ impl RankInfo {
             master_addr,
             master_port,
             job_key: JobKey::new(key.into_bytes())?,
+            store_bind_all,
         };
         info.validate()?;
         Ok(info)
@@ -200,9 +227,17 @@ impl RankInfo {
             master_addr: master_addr.into(),
             master_port,
             job_key,
+            store_bind_all: false,
         };
         info.validate()?;
         Ok(info)
+    }
+
+    /// The same rank whose store (rank 0) may listen on every interface when `MASTER_ADDR`
+    /// is not an address of this host (`MKERNEL_STORE_BIND_ALL=1`).
+    pub fn with_store_bind_all(mut self, yes: bool) -> Self {
+        self.store_bind_all = yes;
+        self
     }
 
     /// The same rank with GPU ordinal `device`.
@@ -336,6 +371,11 @@ impl RankInfo {
         &self.job_key
     }
 
+    /// Whether the store may listen on every interface when `MASTER_ADDR` is not local.
+    pub fn store_bind_all(&self) -> bool {
+        self.store_bind_all
+    }
+
     /// Whether this rank hosts the store (rank 0).
     pub fn hosts_store(&self) -> bool {
         self.rank == 0
@@ -392,6 +432,17 @@ fn check_sizes(rank: usize, world_size: usize, local_rank: usize, local_world_si
         ));
     }
     Ok(())
+}
+
+/// The key in the file `path`: its first line, without the line end. Never echoes the
+/// content; a missing or unreadable file names the variable and the path.
+fn read_key_file(var: &'static str, path: &str) -> Result<String, EnvError> {
+    let text = std::fs::read_to_string(path).map_err(|e| EnvError::Invalid {
+        var,
+        value: path.to_string(),
+        reason: format!("cannot read the key file: {e}"),
+    })?;
+    Ok(text.lines().next().unwrap_or("").to_string())
 }
 
 fn parse_usize((var, value): (&'static str, String)) -> Result<usize, EnvError> {
@@ -520,6 +571,40 @@ mod tests {
         assert!(!e.to_string().contains("s3cret"), "{e}");
         let info = parse(&[]).unwrap();
         assert!(!format!("{info:?}").contains("s3cret"));
+    }
+
+    /// The key from a file (first line), the variable winning over the file; a missing file
+    /// names the variable and the path, never the content.
+    #[test]
+    fn the_key_comes_from_a_file_when_the_variable_is_unset() {
+        let tmp = crate::testutil::TempDir::new("keyfile");
+        let path = tmp.path().join("key");
+        std::fs::write(&path, "from-file-0123456789abcdef\n").unwrap();
+        let p = path.to_str().unwrap();
+        let info = parse(&[(MKERNEL_JOB_KEY, "<unset>"), (MKERNEL_JOB_KEY_FILE, p)]).unwrap();
+        assert_eq!(info.job_key().as_bytes(), b"from-file-0123456789abcdef");
+        let both = parse(&[(MKERNEL_JOB_KEY_FILE, p)]).unwrap();
+        assert_eq!(both.job_key().as_bytes(), b"s3cret-0123456789abcdef");
+        let missing = tmp.path().join("nope");
+        let e = parse(&[
+            (MKERNEL_JOB_KEY, "<unset>"),
+            (MKERNEL_JOB_KEY_FILE, missing.to_str().unwrap()),
+        ])
+        .unwrap_err();
+        assert_eq!(e.var(), MKERNEL_JOB_KEY_FILE);
+        assert!(e.to_string().contains("nope"), "{e}");
+        std::fs::write(&path, "short\n").unwrap();
+        let e = parse(&[(MKERNEL_JOB_KEY, "<unset>"), (MKERNEL_JOB_KEY_FILE, p)]).unwrap_err();
+        assert!(!e.to_string().contains("short"), "{e}");
+    }
+
+    #[test]
+    fn binding_every_interface_is_asked_for() {
+        assert!(!parse(&[]).unwrap().store_bind_all());
+        assert!(parse(&[(MKERNEL_STORE_BIND_ALL, "1")]).unwrap().store_bind_all());
+        assert!(!parse(&[(MKERNEL_STORE_BIND_ALL, "0")]).unwrap().store_bind_all());
+        let e = parse(&[(MKERNEL_STORE_BIND_ALL, "yes")]).unwrap_err();
+        assert_eq!(e.var(), MKERNEL_STORE_BIND_ALL);
     }
 
     #[test]

@@ -219,6 +219,16 @@ pub enum Error {
         own_uid: u32,
     },
 
+    /// A timeout so long that the deadline it gives is past what the clock can hold
+    /// (`Duration::MAX`): every wait here is bounded, so it is refused, never saturated.
+    #[error("{op}: a timeout of {timeout:?} is too long (its deadline overflows the clock); give a finite one")]
+    TimeoutTooLong {
+        /// The operation.
+        op: String,
+        /// The timeout given.
+        timeout: Duration,
+    },
+
     /// An argument was outside what the operation accepts.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

@@ -100,7 +100,8 @@ impl LocalPeers {
     /// Sends `payload` and `fds` to local rank `to`, waiting up to `timeout` for its socket to
     /// appear. The peer gets its own copies of the descriptors; `fds` stay open here.
     pub fn send(&self, to: usize, payload: &[u8], fds: &[BorrowedFd<'_>], timeout: Duration) -> Result<()> {
-        self.send_kind(to, Kind::Direct, payload, fds, Instant::now() + timeout, timeout)
+        let deadline = sys::deadline(&format!("sending fds to local rank {to}"), timeout)?;
+        self.send_kind(to, Kind::Direct, payload, fds, deadline, timeout)
     }
 
     /// Receives the next message that a peer sent with [`LocalPeers::send`], waiting up to
@@ -111,7 +112,7 @@ impl LocalPeers {
                 return Ok(early.message);
             }
         }
-        let deadline = Instant::now() + timeout;
+        let deadline = sys::deadline(&format!("receiving fds on local rank {}", self.local_rank), timeout)?;
         loop {
             match self.accept_one(deadline)? {
                 None => {
@@ -136,10 +137,10 @@ impl LocalPeers {
     /// `payload` and duplicates of `fds`). Every local rank must call it, the same number of
     /// times; the timeout error names the ranks that did not send.
     pub fn exchange(&mut self, payload: &[u8], fds: &[BorrowedFd<'_>], timeout: Duration) -> Result<Vec<FdMessage>> {
+        let deadline = sys::deadline(&format!("fd exchange #{}", self.round + 1), timeout)?;
         self.round += 1;
         let round = self.round;
         let kind = Kind::Exchange(round);
-        let deadline = Instant::now() + timeout;
         let n = self.local_world_size;
         // Send first: a peer's socket takes the message before the peer accepts it, so no rank
         // waits on another's progress (only on its socket existing).
@@ -449,6 +450,23 @@ mod tests {
         for t in threads {
             let socket = t.join().unwrap();
             assert!(!socket.exists(), "socket removed on drop");
+        }
+    }
+
+    /// `Duration::MAX` cannot be a deadline: an error naming the operation, not a panic.
+    #[test]
+    fn an_endless_timeout_is_an_error() {
+        let tmp = TempDir::new("endless");
+        let dir = JobDir::open(tmp.path().join("job")).unwrap();
+        let mut a = LocalPeers::bind_in(dir.clone(), 0, 2).unwrap();
+        let b = LocalPeers::bind_in(dir, 1, 2).unwrap();
+        for e in [
+            a.recv(Duration::MAX).unwrap_err(),
+            b.send(0, b"", &[], Duration::MAX).unwrap_err(),
+            a.exchange_fds(&[], Duration::MAX).unwrap_err(),
+        ] {
+            assert!(matches!(e, Error::TimeoutTooLong { .. }), "{e}");
+            assert!(e.to_string().contains("too long"), "{e}");
         }
     }
 

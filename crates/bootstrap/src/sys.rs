@@ -89,6 +89,16 @@ pub(crate) fn wait_readable(fds: &[BorrowedFd<'_>], deadline: Option<Instant>) -
     }
 }
 
+/// `now + timeout`, or [`Error::TimeoutTooLong`] naming `op` when that overflows the clock.
+pub(crate) fn deadline(op: &str, timeout: Duration) -> Result<Instant> {
+    Instant::now()
+        .checked_add(timeout)
+        .ok_or_else(|| Error::TimeoutTooLong {
+            op: op.to_string(),
+            timeout,
+        })
+}
+
 /// Time left until `deadline`, at least one millisecond (a zero socket timeout means "none").
 pub(crate) fn remaining(deadline: Instant) -> Duration {
     deadline

@@ -5,12 +5,24 @@ use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg};
 use mkernel_config::KernelSpec;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
+
+/// The names under which the CUDA driver library is looked for (Linux).
+const DRIVER_LIBRARIES: [&str; 2] = ["libcuda.so.1", "libcuda.so"];
 
 /// Whether the CUDA driver library can be loaded on this machine.
+///
+/// Works whichever way cudarc binds libcuda: loaded at run time (`fallback-dynamic-loading`,
+/// mkernel's own choice, or `dynamic-loading`), where a call into a missing library would panic,
+/// or linked (`dynamic-linking`, candle's and mistral.rs's choice), where the loader already
+/// mapped it and this finds it. The library stays loaded (cudarc opens the same one).
 pub fn driver_present() -> bool {
-    // SAFETY: only tries to dlopen libcuda.
-    unsafe { cudarc::driver::sys::is_culib_present() }
+    DRIVER_LIBRARIES.iter().any(|name| {
+        let name = std::ffi::CString::new(*name).expect("no NUL in a library name");
+        // SAFETY: dlopen with a valid NUL-terminated name; libcuda's initializers are what any
+        // CUDA program runs. The handle is deliberately not closed.
+        !unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) }.is_null()
+    })
 }
 
 /// Percentage (1-100) of the SMs this process sees that persistent grids use.
@@ -56,8 +68,14 @@ struct Inner {
     reported_sm_count: u32,
 }
 
+/// The devices made so far, one per CUDA context, so that every [`Device`] of a context shares
+/// one loaded module: `Device::new` and `Device::from_context` of a context that already has a
+/// live `Device` return a clone of it instead of loading the 3.6 MB PTX again.
+static LOADED: Mutex<Vec<Weak<Inner>>> = Mutex::new(Vec::new());
+
 impl Device {
-    /// Opens GPU `ordinal` (primary context) and loads the embedded PTX.
+    /// Opens GPU `ordinal` (its primary context, the one cudarc's `CudaContext::new` and candle's
+    /// `CudaDevice::new` retain) and loads the embedded PTX, once per context.
     ///
     /// Errors (never panics) when no driver is installed, the device does not exist, or it is
     /// not a Hopper (sm_90) GPU.
@@ -66,7 +84,27 @@ impl Device {
         if ordinal >= count {
             return Err(Error::NoDevice { ordinal, count });
         }
-        let ctx = CudaContext::new(ordinal)?;
+        Device::from_context(CudaContext::new(ordinal)?)
+    }
+
+    /// The device of a context the caller already holds (candle's `CudaDevice::cuda_stream()
+    /// .context()`, mistral.rs's), so that mkernel launches on the caller's streams and buffers.
+    /// The PTX module is loaded into a context once: later calls for the same context return a
+    /// `Device` sharing it while one is alive. Plans refuse streams and buffers of other
+    /// contexts ([`Error::ForeignContext`]).
+    ///
+    /// Errors when the context's GPU is not a Hopper (sm_90) GPU or the module cannot be loaded.
+    pub fn from_context(ctx: Arc<CudaContext>) -> Result<Device> {
+        let mut loaded = LOADED.lock().unwrap_or_else(|p| p.into_inner());
+        loaded.retain(|w| w.strong_count() > 0);
+        if let Some(inner) = loaded
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|i| i.ctx.cu_ctx() == ctx.cu_ctx())
+        {
+            return Ok(Device { inner });
+        }
+        let ordinal = ctx.ordinal();
         let major = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         let minor = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
         if major != 9 {
@@ -75,16 +113,21 @@ impl Device {
         let reported = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
         let sm_count = persistent_sms(reported, std::env::var(PERSISTENT_SM_PERCENT_VAR).ok().as_deref())?;
         let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(MKERNEL_PTX))?;
-        Ok(Device {
-            inner: Arc::new(Inner {
-                ordinal,
-                ctx,
-                module,
-                functions: Mutex::new(HashMap::new()),
-                sm_count,
-                reported_sm_count: reported,
-            }),
-        })
+        let inner = Arc::new(Inner {
+            ordinal,
+            ctx,
+            module,
+            functions: Mutex::new(HashMap::new()),
+            sm_count,
+            reported_sm_count: reported,
+        });
+        loaded.push(Arc::downgrade(&inner));
+        Ok(Device { inner })
+    }
+
+    /// Whether `self` and `other` share one loaded module (they are `Device`s of one context).
+    pub fn shares_module_with(&self, other: &Device) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 
     /// The device ordinal.

@@ -1,13 +1,18 @@
 //! Which backend carries this rank's inter-node traffic.
 //!
 //! 1. `MKERNEL_TRANSPORT=tcp|ibverbs|efa|emulated` (`MKERNEL_NET_BACKEND` is read when it is
-//!    unset): that one, or an error naming what this host lacks for it.
-//! 2. `MKERNEL_EMULATED_NODES` set (by `cargo xtask launch --nodes N`): the emulated wire.
-//! 3. An RDMA device nearest the GPU (`/sys/class/infiniband`): EFA -> SRD; InfiniBand/RoCE ->
-//!    RC if GPU memory can be registered with it (nvidia-peermem loaded, or dma-buf: the GPU
-//!    exports dma-bufs and libibverbs has `ibv_reg_dmabuf_mr`). The RDMA backends also need this
-//!    build's `rdma` cargo feature and a loadable libibverbs.
+//!    unset): that one, or an error naming what this host lacks for it. The environment
+//!    overrides the program's own choice, so a launcher can change it without a rebuild.
+//! 2. The program's choice (`configured`: mkernel's `CommConfig::transport`), checked the same way.
+//! 3. `MKERNEL_EMULATED_NODES` set (by `cargo xtask launch --nodes N`): the emulated wire.
 //! 4. Otherwise TCP.
+//!
+//! ibverbs RC and EFA SRD are used only when asked for (1 or 2): neither has run on a NIC yet
+//! (the GPU hosts used so far have none), so an RDMA device is never picked by itself. When
+//! asked for, they need an RDMA device nearest the GPU (`/sys/class/infiniband`) of the right
+//! kind (EFA for SRD, InfiniBand/RoCE for RC), this build's `rdma` cargo feature, a loadable
+//! libibverbs and, for RC, a way to register GPU memory (nvidia-peermem loaded, or dma-buf:
+//! the GPU exports dma-bufs and libibverbs has `ibv_reg_dmabuf_mr`).
 use crate::error::TransportError;
 use crate::ibverbs::sysfs::{choose_nic, gpu_location, list_nics, NicChoice, NicKind};
 use crate::topology::Topology;
@@ -110,16 +115,20 @@ impl HostCaps {
     }
 }
 
-/// Chooses with the real `/sys` and environment.
+/// Chooses with the real `/sys` and environment; `configured` is the program's own choice
+/// (the environment overrides it).
 pub fn choose_from_env(
     topology: &Topology,
     gpu_bus_id: Option<&str>,
     caps: &HostCaps,
+    configured: Option<BackendKind>,
 ) -> Result<BackendChoice, TransportError> {
-    choose(topology, Path::new("/sys"), gpu_bus_id, caps, |k| std::env::var(k).ok())
+    choose_with(topology, Path::new("/sys"), gpu_bus_id, caps, configured, |k| {
+        std::env::var(k).ok()
+    })
 }
 
-/// Chooses from `sysfs_root`, `caps` and the variables given by `get`.
+/// [`choose_with`] without a choice of the program's.
 pub fn choose(
     topology: &Topology,
     sysfs_root: &Path,
@@ -127,11 +136,24 @@ pub fn choose(
     caps: &HostCaps,
     get: impl Fn(&str) -> Option<String>,
 ) -> Result<BackendChoice, TransportError> {
+    choose_with(topology, sysfs_root, gpu_bus_id, caps, None, get)
+}
+
+/// Chooses from `sysfs_root`, `caps`, the program's choice `configured` and the variables
+/// given by `get` (the module docs give the order).
+pub fn choose_with(
+    topology: &Topology,
+    sysfs_root: &Path,
+    gpu_bus_id: Option<&str>,
+    caps: &HostCaps,
+    configured: Option<BackendKind>,
+    get: impl Fn(&str) -> Option<String>,
+) -> Result<BackendChoice, TransportError> {
     let nonempty = |k: &str| get(k).filter(|v| !v.trim().is_empty()).map(|v| (k.to_string(), v));
     let forced = nonempty("MKERNEL_TRANSPORT").or_else(|| nonempty("MKERNEL_NET_BACKEND"));
     let emulated = nonempty("MKERNEL_EMULATED_NODES");
     let forced = match forced {
-        None => None,
+        None => configured.map(|k| (format!("CommConfig::transport = {k}"), k)),
         Some((var, v)) => Some((
             format!("{var}={}", v.trim()),
             BackendKind::parse(&v).ok_or_else(|| {
@@ -204,47 +226,13 @@ pub fn choose(
             reason: format!("emulated nodes requested (MKERNEL_EMULATED_NODES={n})"),
         });
     }
-    let tcp = |why: String| BackendChoice {
+    Ok(BackendChoice {
         kind: BackendKind::Tcp,
         nic: None,
-        reason: why,
-    };
-    if !caps.rdma_built {
-        return Ok(tcp("built without the `rdma` feature".into()));
-    }
-    let Some(nic) = pick_nic(topology, sysfs_root, gpu_bus_id, &get)? else {
-        return Ok(tcp(format!("no RDMA device (nothing under {looked})")));
-    };
-    if let Err(e) = &caps.libibverbs {
-        return Ok(tcp(format!("{} found but {e}", nic.nic.name)));
-    }
-    match nic.nic.kind {
-        NicKind::Efa => {
-            let reason = format!("{} port {}: {}", nic.nic.name, nic.port, nic.reason);
-            Ok(BackendChoice {
-                kind: BackendKind::EfaSrd,
-                nic: Some(nic),
-                reason,
-            })
-        }
-        NicKind::Rc => match caps.gpu_registration(sysfs_root) {
-            Ok(how) => {
-                let reason = format!(
-                    "{} port {}: {}; GPU memory via {how}",
-                    nic.nic.name, nic.port, nic.reason
-                );
-                Ok(BackendChoice {
-                    kind: BackendKind::IbverbsRc,
-                    nic: Some(nic),
-                    reason,
-                })
-            }
-            Err(e) => Ok(tcp(format!(
-                "{} found but it cannot reach GPU memory: {e}",
-                nic.nic.name
-            ))),
-        },
-    }
+        reason: "the default (ibverbs RC and EFA SRD have not run on a NIC yet: MKERNEL_TRANSPORT=ibverbs or efa \
+                 asks for them)"
+            .into(),
+    })
 }
 
 /// The NIC for this GPU, `None` when sysfs lists none.
@@ -293,7 +281,7 @@ mod tests {
         let two = Topology::new(2, 4, 0).unwrap();
         let c = choose(&two, &t.0, None, &caps(true), vars(&[])).unwrap();
         assert_eq!(c.kind, BackendKind::Tcp);
-        assert!(c.reason.contains("no RDMA device"), "{}", c.reason);
+        assert!(c.reason.contains("the default"), "{}", c.reason);
         assert_eq!(
             choose(&two, &t.0, None, &caps(true), vars(&[("MKERNEL_EMULATED_NODES", "2")]))
                 .unwrap()
@@ -333,22 +321,32 @@ mod tests {
         assert!(e.to_string().contains("libibverbs.so.1"), "{e}");
     }
 
+    /// With an RC and an EFA NIC present, nothing picks RDMA by itself (neither has run on a
+    /// NIC); asked for by the environment or the program, the NIC and GPU registration decide;
+    /// the environment overrides the program.
     #[test]
-    fn the_nic_and_gpu_registration_decide() {
+    fn rdma_only_when_asked_for_and_then_the_nic_decides() {
         let t = TempDir::new("backend-nics");
         fake_tree(&t.0);
         let two = Topology::new(2, 4, 1).unwrap();
-        // mlx5 present, dma-buf works: RC.
         let c = choose(&two, &t.0, Some("0000:23:00.0"), &caps(true), vars(&[])).unwrap();
+        assert_eq!((c.kind, c.nic.is_none()), (BackendKind::Tcp, true), "{}", c.reason);
+        // mlx5 present, dma-buf works, RC asked for: RC on the GPU's nearest NIC.
+        let rc = vars(&[("MKERNEL_TRANSPORT", "ibverbs")]);
+        let c = choose(&two, &t.0, Some("0000:23:00.0"), &caps(true), rc).unwrap();
         assert_eq!(
             (c.kind, c.nic.as_ref().map(|n| n.nic.name.as_str())),
             (BackendKind::IbverbsRc, Some("mlx5_1"))
         );
         println!("{}", c.reason);
-        // No way to register GPU memory: TCP, and forcing RC says why.
-        let c = choose(&two, &t.0, Some("0000:23:00.0"), &caps(false), vars(&[])).unwrap();
+        let configured = Some(BackendKind::IbverbsRc);
+        let c = choose_with(&two, &t.0, Some("0000:23:00.0"), &caps(true), configured, vars(&[])).unwrap();
+        assert_eq!(c.kind, BackendKind::IbverbsRc);
+        assert!(c.reason.contains("CommConfig::transport = ibverbs"), "{}", c.reason);
+        let env_tcp = vars(&[("MKERNEL_TRANSPORT", "tcp")]);
+        let c = choose_with(&two, &t.0, None, &caps(true), configured, env_tcp).unwrap();
         assert_eq!(c.kind, BackendKind::Tcp);
-        assert!(c.reason.contains("cannot reach GPU memory"), "{}", c.reason);
+        // No way to register GPU memory: asking for RC says why.
         let e = choose(
             &two,
             &t.0,
@@ -358,19 +356,21 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("nvidia-peermem"), "{e}");
+        let e = choose_with(&two, &t.0, None, &caps(false), configured, vars(&[])).unwrap_err();
+        assert!(e.to_string().contains("CommConfig::transport"), "{e}");
         // nvidia-peermem loaded is enough.
         std::fs::create_dir_all(t.0.join("module/nvidia_peermem")).unwrap();
         assert_eq!(
-            choose(&two, &t.0, None, &caps(false), vars(&[])).unwrap().kind,
-            BackendKind::IbverbsRc
-        );
-        assert!(choose(&two, &t.0, None, &caps(true), vars(&[("MKERNEL_TRANSPORT", "efa")])).is_err());
-        assert_eq!(
-            choose(&two, &t.0, None, &caps(true), vars(&[("MKERNEL_TRANSPORT", "tcp")]))
+            choose(&two, &t.0, None, &caps(false), vars(&[("MKERNEL_TRANSPORT", "rc")]))
                 .unwrap()
                 .kind,
+            BackendKind::IbverbsRc
+        );
+        assert_eq!(
+            choose(&two, &t.0, None, &caps(false), vars(&[])).unwrap().kind,
             BackendKind::Tcp
         );
+        assert!(choose(&two, &t.0, None, &caps(true), vars(&[("MKERNEL_TRANSPORT", "efa")])).is_err());
         let e = TempDir::new("backend-efa");
         nic(
             &e.0,
@@ -380,7 +380,11 @@ mod tests {
             "efa",
             "4: ACTIVE\n",
         );
-        let c = choose(&two, &e.0, None, &caps(false), vars(&[])).unwrap();
+        assert_eq!(
+            choose(&two, &e.0, None, &caps(false), vars(&[])).unwrap().kind,
+            BackendKind::Tcp
+        );
+        let c = choose(&two, &e.0, None, &caps(false), vars(&[("MKERNEL_TRANSPORT", "efa")])).unwrap();
         assert_eq!(c.kind, BackendKind::EfaSrd);
         assert_eq!(
             BackendKind::parse(BackendKind::EfaSrd.name()),

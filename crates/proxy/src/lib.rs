@@ -7,12 +7,15 @@
 //!
 //! * [`emulated`]: ranks of one host play nodes; a [`emulated::CopyEngine`] moves the bytes,
 //!   paced like a 400 Gb/s NIC.
+//! * [`tcp`]: any network; host staging buffers, several sockets per peer, frames carried
+//!   out in message order by the receiving proxy.
 //! * [`ibverbs`]: RDMA write of the data, then an inline RDMA write of the flag on the same RC
-//!   queue pair (RC keeps the order).
+//!   queue pair (RC keeps the order). Untried: never run on a NIC.
 //! * [`efa`]: SRD is unordered, so data goes as RDMA write-with-immediate and the receiving
-//!   proxy raises the flag once every write before it has arrived.
+//!   proxy raises the flag once every write before it has arrived. Untried: never run on a NIC.
 //!
-//! [`backend::choose`] picks one. `docs/internode.md` describes the protocol and how to run on
+//! [`backend::choose_with`] picks one: `MKERNEL_TRANSPORT`, else the program's choice, else
+//! emulated or TCP; the untried RDMA backends only when named. `docs/internode.md` describes the protocol and how to run on
 //! two nodes. Everything here builds and tests without a GPU or a NIC; libibverbs and libefa
 //! are opened at run time (`dlopen`), so binaries also start on hosts without rdma-core.
 #![deny(clippy::undocumented_unsafe_blocks)]

@@ -7,7 +7,7 @@
 use mkernel_bootstrap::{Bootstrap, JobKey, Store, StoreServer};
 use mkernel_proxy::emulated::CpuFabric;
 use mkernel_proxy::protocol::CommandBody;
-use mkernel_proxy::tcp::{frame, store_key, CpuStaging, Exchange, TcpConfig, TcpLinks, TcpTransport};
+use mkernel_proxy::tcp::{frame, store_key, CpuStaging, Exchange, TcpConfig, TcpLinks, TcpTransport, MAX_PENDING};
 use mkernel_proxy::Span;
 use mkernel_proxy::{
     AbortLink, AbortState, Backoff, ErrorCode, Fifo, FifoConsumer, FifoProducer, HeapFifo, PeerRegions, Proxy,
@@ -20,6 +20,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 const WAIT: Duration = Duration::from_secs(20);
+const HEADER: usize = frame::HEADER_BYTES;
 /// A dead peer must be reported within this long (the socket closes at once when a process dies).
 const DEAD_PEER_BOUND: Duration = Duration::from_secs(5);
 
@@ -46,10 +47,14 @@ impl Exchange for MemStore {
             m = self.0 .1.wait_timeout(m, left).unwrap().0;
         }
     }
+    fn frame_secret(&self) -> Option<[u8; 32]> {
+        Some([0x5a; 32])
+    }
 }
 
-/// The bootstrap store (its own TCP server on rank 0) as the transport's exchange.
-struct BootStore<'a>(&'a Store);
+/// The bootstrap store (its own TCP server on rank 0) as the transport's exchange, with the
+/// frame secret derived from the job key as the host derives it.
+struct BootStore<'a>(&'a Store, [u8; 32]);
 
 impl Exchange for BootStore<'_> {
     fn publish(&self, key: &str, value: &[u8]) -> Result<(), String> {
@@ -57,6 +62,9 @@ impl Exchange for BootStore<'_> {
     }
     fn lookup(&self, key: &str, timeout: Duration) -> Result<Vec<u8>, String> {
         self.0.get(key, timeout).map_err(|e| e.to_string())
+    }
+    fn frame_secret(&self) -> Option<[u8; 32]> {
+        Some(self.1)
     }
 }
 
@@ -196,9 +204,14 @@ fn establish_all(world: usize, local: usize, cfg: &TcpConfig, ex: &MemStore) -> 
 }
 
 fn threads_job(nnodes: usize, local: usize, sockets: usize, chunk: usize, block: u64, epochs: u64) {
+    threads_job_with(nnodes, local, &config(sockets, chunk), block, epochs);
+}
+
+fn threads_job_with(nnodes: usize, local: usize, cfg: &TcpConfig, block: u64, epochs: u64) {
+    let (sockets, mac) = (cfg.sockets, cfg.mac);
     let world = nnodes * local;
     let fabric = CpuFabric::new(world, (3 * world as u64 * block) as usize, 2 * world);
-    let links = establish_all(world, local, &config(sockets, chunk), &MemStore::default());
+    let links = establish_all(world, local, cfg, &MemStore::default());
     let sides: Vec<RankSide> = links
         .into_iter()
         .enumerate()
@@ -212,7 +225,7 @@ fn threads_job(nnodes: usize, local: usize, sockets: usize, chunk: usize, block:
         }
     });
     println!(
-        "tcp {nnodes} nodes x {local}: {epochs} epochs of {block}-byte blocks over {sockets} sockets in {:?}",
+        "tcp {nnodes} nodes x {local}: {epochs} epochs of {block}-byte blocks over {sockets} sockets (frame tags: {mac}) in {:?}",
         t0.elapsed()
     );
     for mut side in sides {
@@ -234,6 +247,61 @@ fn threads_over_loopback_two_by_two() {
     threads_job(2, 2, 2, 8 << 10, 20_000, 8);
 }
 
+/// The same traffic with per-frame authentication off (`MKERNEL_TCP_MAC=0`): untagged frames.
+#[test]
+fn threads_over_loopback_without_frame_tags() {
+    let cfg = TcpConfig {
+        mac: false,
+        ..config(2, 8 << 10)
+    };
+    threads_job_with(2, 2, &cfg, 20_000, 8);
+}
+
+/// An exchange without the job's frame secret.
+struct NoSecret(MemStore);
+
+impl Exchange for NoSecret {
+    fn publish(&self, key: &str, value: &[u8]) -> Result<(), String> {
+        self.0.publish(key, value)
+    }
+    fn lookup(&self, key: &str, timeout: Duration) -> Result<Vec<u8>, String> {
+        self.0.lookup(key, timeout)
+    }
+}
+
+/// Ranks that disagree about frame tags fail at setup naming `MKERNEL_TCP_MAC`, and tags
+/// without a secret to key them are refused before anything is published.
+#[test]
+fn every_rank_must_agree_on_frame_tags() {
+    let ex = MemStore::default();
+    let c1 = TcpConfig {
+        mac: false,
+        ..config(1, 4096)
+    };
+    let (e0, c0) = (ex.clone(), config(1, 4096));
+    let h0 = std::thread::spawn(move || TcpLinks::establish(&Topology::new(2, 1, 0).unwrap(), &c0, &e0, None, WAIT));
+    let e1 = TcpLinks::establish(&Topology::new(2, 1, 1).unwrap(), &c1, &ex, None, WAIT)
+        .err()
+        .expect("setup with different MKERNEL_TCP_MAC succeeded")
+        .to_string();
+    let e0 = h0
+        .join()
+        .unwrap()
+        .err()
+        .expect("setup with different MKERNEL_TCP_MAC succeeded")
+        .to_string();
+    for e in [e0, e1] {
+        assert!(e.contains("MKERNEL_TCP_MAC"), "{e}");
+    }
+    let ns = NoSecret(MemStore::default());
+    let e = TcpLinks::establish(&Topology::new(2, 1, 0).unwrap(), &config(1, 4096), &ns, None, WAIT)
+        .err()
+        .expect("tags without a secret")
+        .to_string();
+    assert!(e.contains("MKERNEL_TCP_MAC=1"), "{e}");
+    assert!(ns.0.lookup(&store_key(0), Duration::ZERO).is_err(), "published anyway");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Two processes playing two nodes.
 
@@ -246,24 +314,25 @@ fn tcp_child_process() {
     // "launched": started by `cargo xtask launch` (RANK, WORLD_SIZE, ... from the launcher).
     let boot;
     let own;
-    let (store, topo, store_addr): (&Store, Topology, String) = if mode == "launched" {
+    let (store, topo, store_addr, secret): (&Store, Topology, String, [u8; 32]) = if mode == "launched" {
         boot = Bootstrap::from_env(WAIT).unwrap();
         let i = boot.info();
         let t = Topology::new(i.nnodes(), i.local_world_size(), i.rank()).unwrap();
-        (boot.store(), t, i.store_addr())
+        (boot.store(), t, i.store_addr(), i.job_key().derive_secret("tcp-frames"))
     } else {
         let rank: usize = std::env::var("MKTCP_RANK").unwrap().parse().unwrap();
         let store_addr = std::env::var("MKTCP_STORE").unwrap();
         let key = JobKey::new(std::env::var("MKTCP_KEY").unwrap().into_bytes()).unwrap();
+        let secret = key.derive_secret("tcp-frames");
         own = if rank == 0 {
             Store::host(StoreServer::start(&store_addr, 2, key).unwrap(), WAIT).unwrap()
         } else {
             Store::connect(&store_addr, rank, 2, &key, WAIT).unwrap()
         };
-        (&own, Topology::new(2, 1, rank).unwrap(), store_addr)
+        (&own, Topology::new(2, 1, rank).unwrap(), store_addr, secret)
     };
     let (rank, world) = (topo.rank(), topo.world_size());
-    let ex = BootStore(store);
+    let ex = BootStore(store, secret);
     let mut cfg = config(2, 32 << 10);
     cfg.ifname = std::env::var("MKTCP_IFNAME").ok();
     let links = TcpLinks::establish(&topo, &cfg, &ex, Some(&store_addr), WAIT).unwrap();
@@ -611,6 +680,18 @@ fn expect_refusal(mut v: Victim, send: impl FnOnce(&mut TcpLinks), reason: &str)
     assert!((0..16).all(|i| v.fabric.flag(0, i * 8) == 0), "a flag was written");
 }
 
+/// Sends the frame `hdr` with `payload` on socket `lane`, tagged as the transport tags it
+/// (with per-frame authentication on): a peer running other code, but with the job's key.
+fn put_frame(links: &mut TcpLinks, lane: usize, hdr: frame::Header, payload: &[u8]) {
+    let h = hdr.to_bytes();
+    let mut m = h.to_vec();
+    m.extend(payload);
+    if let Some(k) = links.tx_key(0, lane) {
+        m.extend(k.tag(&h, payload));
+    }
+    raw(links, lane, &m);
+}
+
 fn raw(links: &mut TcpLinks, lane: usize, bytes: &[u8]) {
     let s = links.tx_socket(0, lane).unwrap();
     s.set_nonblocking(false).unwrap();
@@ -690,12 +771,12 @@ fn a_user_abort_reaches_the_other_nodes_proxies() {
 fn bad_user_abort_frames_are_refused() {
     expect_refusal(
         victim(),
-        |l| raw(l, 1, &frame::Header::user_abort(0).to_bytes()),
+        |l| put_frame(l, 1, frame::Header::user_abort(0), &[]),
         "a user abort frame naming rank 0 (must be 1)",
     );
     expect_refusal(
         victim(),
-        |l| raw(l, 0, &frame::Header::user_abort_ack(0).to_bytes()),
+        |l| put_frame(l, 0, frame::Header::user_abort_ack(0), &[]),
         "an acknowledgement of an abort this rank never sent",
     );
     expect_refusal(
@@ -703,9 +784,20 @@ fn bad_user_abort_frames_are_refused() {
         |l| {
             let mut h = frame::Header::user_abort(1);
             h.seq = 3;
-            raw(l, 0, &h.to_bytes())
+            put_frame(l, 0, h, &[])
         },
         "user abort frame with a message number",
+    );
+}
+
+/// A frame with the last message number (`u64::MAX`, which has no successor) is refused; in a
+/// debug build the receiver's `seq + 1` used to panic the proxy thread.
+#[test]
+fn a_frame_with_the_last_message_number_is_refused() {
+    expect_refusal(
+        victim(),
+        |l| put_frame(l, 0, frame::Header::signal(u64::MAX, 0, 1), &[]),
+        "message number 18446744073709551615 has no successor",
     );
 }
 
@@ -713,11 +805,7 @@ fn bad_user_abort_frames_are_refused() {
 fn bad_peer_messages_are_refused() {
     expect_refusal(
         victim(),
-        |l| {
-            let mut m = frame::Header::data(0, 8000, 1000).to_bytes().to_vec();
-            m.extend(vec![1u8; 1000]);
-            raw(l, 0, &m)
-        },
+        |l| put_frame(l, 0, frame::Header::data(0, 8000, 1000), &[1u8; 1000]),
         "outside the 8192-byte data region",
     );
     expect_refusal(
@@ -725,21 +813,21 @@ fn bad_peer_messages_are_refused() {
         |l| {
             let mut h = frame::Header::signal(0, 0, 1);
             h.kind = 7;
-            raw(l, 1, &h.to_bytes())
+            put_frame(l, 1, h, &[])
         },
         "unknown frame kind 7",
     );
     expect_refusal(
         victim(),
-        |l| raw(l, 0, &frame::Header::signal(0, 8, 0).to_bytes()),
+        |l| put_frame(l, 0, frame::Header::signal(0, 8, 0), &[]),
         "flag value 0",
     );
     expect_refusal(
         victim(),
         |l| {
             // A second frame with the message number of the first: a replay.
-            raw(l, 0, &frame::Header::signal(1, 0, 1).to_bytes());
-            raw(l, 0, &frame::Header::signal(1, 0, 2).to_bytes());
+            put_frame(l, 0, frame::Header::signal(1, 0, 1), &[]);
+            put_frame(l, 0, frame::Header::signal(1, 0, 2), &[]);
         },
         "replayed",
     );
@@ -747,8 +835,8 @@ fn bad_peer_messages_are_refused() {
         victim(),
         |l| {
             // Message 0 skipped: both sockets move past it, then say goodbye.
-            raw(l, 0, &frame::Header::signal(1, 0, 1).to_bytes());
-            raw(l, 1, &frame::Header::bye(2).to_bytes());
+            put_frame(l, 0, frame::Header::signal(1, 0, 1), &[]);
+            put_frame(l, 1, frame::Header::bye(2), &[]);
         },
         "message 0 never arrived",
     );
@@ -760,6 +848,49 @@ fn bad_peer_messages_are_refused() {
             let TcpLinks { .. } = std::mem::replace(l, dummy());
         },
         "connection lost",
+    );
+}
+
+/// With per-frame authentication (the default), a frame whose payload changed on the way,
+/// one tagged for another socket (moved between sockets), and untagged frames are refused before
+/// anything is written.
+#[test]
+fn altered_moved_or_untagged_frames_are_refused() {
+    expect_refusal(
+        victim(),
+        |l| {
+            let h = frame::Header::data(0, 0, 64);
+            let payload = [3u8; 64];
+            let mut m = h.to_bytes().to_vec();
+            m.extend(payload);
+            m.extend(
+                l.tx_key(0, 0)
+                    .expect("tags are on by default")
+                    .tag(&h.to_bytes(), &payload),
+            );
+            m[HEADER + 10] ^= 0x40; // one bit of the payload, after tagging
+            raw(l, 0, &m)
+        },
+        "does not match",
+    );
+    expect_refusal(
+        victim(),
+        |l| {
+            let h = frame::Header::signal(0, 8, 1).to_bytes();
+            let mut m = h.to_vec();
+            m.extend(l.tx_key(0, 1).unwrap().tag(&h, &[]));
+            raw(l, 0, &m)
+        },
+        "does not match",
+    );
+    expect_refusal(
+        victim(),
+        |l| {
+            // Two untagged frames: the second one's header is read as the first one's tag.
+            raw(l, 0, &frame::Header::signal(0, 8, 1).to_bytes());
+            raw(l, 0, &frame::Header::signal(1, 8, 2).to_bytes());
+        },
+        "does not match",
     );
 }
 
@@ -777,32 +908,143 @@ fn frames_outside_the_receivers_regions_are_refused() {
     };
     expect_refusal(
         victim_in(own()),
-        |l| {
-            let mut m = frame::Header::data(0, 0, 64).to_bytes().to_vec();
-            m.extend(vec![1u8; 64]);
-            raw(l, 0, &m)
-        },
+        |l| put_frame(l, 0, frame::Header::data(0, 0, 64), &[1u8; 64]),
         "outside rank 0's data region [4096, 8192)",
     );
     expect_refusal(
         victim_in(own()),
-        |l| raw(l, 0, &frame::Header::signal(0, 8, 1).to_bytes()),
+        |l| put_frame(l, 0, frame::Header::signal(0, 8, 1), &[]),
         "outside rank 0's flag region [64, 128)",
     );
     expect_refusal(
         victim_in(own()),
-        |l| raw(l, 1, &frame::Header::signal(0, 64, 1).to_bytes()),
+        |l| put_frame(l, 1, frame::Header::signal(0, 64, 1), &[]),
         "rank 1 may only raise its own",
     );
     // Its own column is accepted: data, then the flag.
     let v = victim_in(own());
     let mut v = v;
-    let mut m = frame::Header::data(0, 4096, 64).to_bytes().to_vec();
-    m.extend(vec![7u8; 64]);
-    raw(&mut v.bad, 0, &m);
-    raw(&mut v.bad, 0, &frame::Header::signal(1, 72, 5).to_bytes());
+    put_frame(&mut v.bad, 0, frame::Header::data(0, 4096, 64), &[7u8; 64]);
+    put_frame(&mut v.bad, 0, frame::Header::signal(1, 72, 5), &[]);
     assert!(v.fabric.wait_flag(0, 72, 5, WAIT), "the legal flag never arrived");
     assert!(v.fabric.read(0, 4096, 64).unwrap().iter().all(|&b| b == 7));
+}
+
+/// Strangers that reach a rank's port during setup: sockets that connect and stay silent, and
+/// sockets that send a byte every 100 ms (each would have held the old one-at-a-time accept
+/// for up to 5 s). They must not delay the ranks' own connections; more than
+/// [`MAX_PENDING`] silent ones evict the oldest.
+#[test]
+fn idle_and_trickling_sockets_do_not_delay_setup() {
+    const SETUP: Duration = Duration::from_secs(6);
+    /// The ranks' own setup over loopback takes milliseconds.
+    const BOUND: Duration = Duration::from_secs(2);
+    let ex = MemStore::default();
+    let cfg = config(2, 4096);
+    let (e0, c0) = (ex.clone(), cfg.clone());
+    let h0 = std::thread::spawn(move || TcpLinks::establish(&Topology::new(2, 1, 0).unwrap(), &c0, &e0, None, SETUP));
+    let rec = String::from_utf8(ex.lookup(&store_key(0), WAIT).unwrap()).unwrap();
+    let addr = rec.split_once(' ').unwrap().0.to_string();
+    let extra = 8;
+    let idle: Vec<std::net::TcpStream> = (0..MAX_PENDING + extra)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let tricklers: Vec<_> = (0..2)
+        .map(|_| {
+            let (addr, stop) = (addr.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut s = std::net::TcpStream::connect(&addr).unwrap();
+                let hello = frame::Hello {
+                    from: 1,
+                    to: 0,
+                    lane: 0,
+                    lanes: 2,
+                    max_payload: 4096,
+                    status: 0,
+                    token: [0; 32],
+                }
+                .to_bytes();
+                for b in hello {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) || s.write_all(&[b]).is_err() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            })
+        })
+        .collect();
+    // The strangers are in rank 0's backlog before rank 1 starts.
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    let l1 = TcpLinks::establish(&Topology::new(2, 1, 1).unwrap(), &cfg, &ex, None, SETUP).unwrap();
+    let l0 = h0.join().unwrap().unwrap();
+    let took = t0.elapsed();
+    println!(
+        "setup with {} idle and 2 trickling sockets: {took:?}; rank 0 refused {}",
+        idle.len(),
+        l0.refused()
+    );
+    assert!(took < BOUND, "setup took {took:?}");
+    assert!(l0.refused() >= extra, "only {} connections evicted", l0.refused());
+    assert_eq!(l1.refused(), 0);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in tricklers {
+        t.join().unwrap();
+    }
+}
+
+/// A socket that trickles a byte every 100 ms cannot hold the setup past its deadline: the
+/// rank whose peer never comes fails at its timeout, naming the peer.
+#[test]
+fn a_trickling_socket_cannot_hold_setup_past_its_deadline() {
+    const SETUP: Duration = Duration::from_millis(1500);
+    let ex = MemStore::default();
+    let (e0, c0) = (ex.clone(), config(1, 4096));
+    let t0 = Instant::now();
+    let h0 = std::thread::spawn(move || TcpLinks::establish(&Topology::new(2, 1, 0).unwrap(), &c0, &e0, None, SETUP));
+    // Rank 1 publishes a record (so rank 0 reaches its accept loop) but never connects.
+    ex.publish(
+        &store_key(1),
+        b"127.0.0.1:1 0000000000000000000000000000000000000000000000000000000000000000",
+    )
+    .unwrap();
+    let rec = String::from_utf8(ex.lookup(&store_key(0), WAIT).unwrap()).unwrap();
+    let mut s = std::net::TcpStream::connect(rec.split_once(' ').unwrap().0).unwrap();
+    s.set_write_timeout(Some(Duration::from_millis(100))).unwrap();
+    while !h0.is_finished() && t0.elapsed() < Duration::from_secs(20) {
+        let _ = s.write_all(b"M");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let took = t0.elapsed();
+    let e = h0
+        .join()
+        .unwrap()
+        .err()
+        .expect("setup without rank 1 succeeded")
+        .to_string();
+    println!("{e} after {took:?}");
+    assert!(
+        took < SETUP + Duration::from_millis(700),
+        "setup ended after {took:?}: {e}"
+    );
+    assert!(e.contains("peer 1"), "{e}");
+}
+
+/// `Duration::MAX` as the setup timeout is an error, not a panic.
+#[test]
+fn an_endless_setup_timeout_is_an_error() {
+    let e = TcpLinks::establish(
+        &Topology::new(1, 1, 0).unwrap(),
+        &config(1, 4096),
+        &MemStore::default(),
+        None,
+        Duration::MAX,
+    )
+    .err()
+    .expect("accepted Duration::MAX")
+    .to_string();
+    assert!(e.contains("too long"), "{e}");
 }
 
 /// A placeholder that takes the place of a dropped `TcpLinks` (its sockets are then closed).
@@ -818,6 +1060,13 @@ fn dummy() -> TcpLinks {
 
 #[test]
 fn loopback_latency_and_bandwidth() {
+    // With frame tags (the default) and without (MKERNEL_TCP_MAC=0): what the tags cost here.
+    for mac in [true, false] {
+        loopback_with(mac);
+    }
+}
+
+fn loopback_with(mac: bool) {
     let big: u64 = 16 << 20;
     let fabric = CpuFabric::new(2, 2 * big as usize, 4);
     let cfg = TcpConfig {
@@ -825,6 +1074,7 @@ fn loopback_latency_and_bandwidth() {
         chunk: 256 << 10,
         rx_buffers: 2,
         tx_buffers: 4,
+        mac,
         ..TcpConfig::default()
     };
     let links = establish_all(2, 1, &cfg, &MemStore::default());
@@ -862,7 +1112,8 @@ fn loopback_latency_and_bandwidth() {
         "16 MiB arrived corrupted"
     );
     println!(
-        "[tcp loopback, CPU staging] 8-byte put one-way p50 {:?} p99 {:?}; 16 MiB in {dt:?} = {:.2} GB/s",
+        "[tcp loopback, CPU staging, frame tags {}] 8-byte put one-way p50 {:?} p99 {:?}; 16 MiB in {dt:?} = {:.2} GB/s",
+        if mac { "on" } else { "off" },
         lat[lat.len() / 2],
         lat[lat.len() * 99 / 100],
         big as f64 / dt.as_secs_f64() / 1e9

@@ -41,8 +41,7 @@ impl Client {
             (Ok(r), Ok(w)) => (r, w),
             _ => return Err(Error::InvalidArgument(format!("rank {rank} of {world_size}"))),
         };
-        let start = Instant::now();
-        let deadline = start + timeout;
+        let deadline = sys::deadline(&format!("connecting to the store at {addr}"), timeout)?;
         let mut pause = Duration::from_millis(10);
         loop {
             let last_error = match attempt(addr, rank, world_size, key, deadline) {
@@ -85,7 +84,13 @@ impl Client {
                 detail: format!("the connection failed earlier: {why}"),
             });
         }
-        let read_timeout = wait.checked_add(REPLY_GRACE);
+        let read_timeout = wait
+            .checked_add(REPLY_GRACE)
+            .filter(|t| Instant::now().checked_add(*t).is_some())
+            .ok_or_else(|| Error::TimeoutTooLong {
+                op: op.to_string(),
+                timeout: wait,
+            })?;
         // Too large to send: refused here, before anything is written (the connection stays usable).
         let sent = protocol::write_msg_max(&self.stream, request, self.max_frame);
         if let Err(Some(&FrameError::TooLarge { len, max })) = sent.as_ref().map_err(protocol::frame_error) {
@@ -97,7 +102,7 @@ impl Client {
             });
         }
         let result = sent
-            .and_then(|()| self.stream.set_read_timeout(read_timeout))
+            .and_then(|()| self.stream.set_read_timeout(Some(read_timeout)))
             .and_then(|()| protocol::read_msg(&self.stream, self.max_frame));
         if let Ok(Msg::TooLarge { bytes, max }) = result {
             return Err(Error::TooLarge {
@@ -118,7 +123,7 @@ impl Client {
                 io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => format!(
                     "no answer from the store at {} within {}",
                     self.addr,
-                    read_timeout.map_or_else(|| "ever".to_string(), secs)
+                    secs(read_timeout)
                 ),
                 io::ErrorKind::InvalidData => format!("malformed reply: {e}"),
                 _ => e.to_string(),

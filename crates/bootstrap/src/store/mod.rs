@@ -179,8 +179,10 @@ impl std::fmt::Debug for Store {
     }
 }
 
-/// Binds `MASTER_ADDR:MASTER_PORT`; when that address is not one of this host's (behind NAT,
-/// a name that resolves elsewhere), binds every interface on the port instead.
+/// Binds `MASTER_ADDR:MASTER_PORT`. When that address is not one of this host's (behind NAT,
+/// a name that resolves elsewhere), binds every interface on the port if
+/// `MKERNEL_STORE_BIND_ALL=1` ([`RankInfo::store_bind_all`]) asks for it, else fails naming
+/// that option: a store reachable from every network is a choice, not a fallback.
 fn bind_store(info: &RankInfo) -> Result<TcpListener> {
     let addr = info.store_addr();
     let bind_err = |source: io::Error| Error::StoreBind {
@@ -194,6 +196,18 @@ fn bind_store(info: &RankInfo) -> Result<TcpListener> {
             Ok(l) => return Ok(l),
             Err(e) => last = e,
         }
+    }
+    if last.kind() == io::ErrorKind::AddrNotAvailable && !info.store_bind_all() {
+        return Err(bind_err(io::Error::new(
+            io::ErrorKind::AddrNotAvailable,
+            format!(
+                "{} is not an address of this host; set {}=1 to listen on every interface \
+                 (port {}) instead, or set MASTER_ADDR to this host's address",
+                info.master_addr(),
+                crate::vars::MKERNEL_STORE_BIND_ALL,
+                info.master_port()
+            ),
+        )));
     }
     if last.kind() == io::ErrorKind::AddrNotAvailable {
         let any = match targets.first() {

@@ -548,3 +548,34 @@ fn oversized_requests_and_replies_are_named_errors() {
     one.set("k", b"small").unwrap();
     assert_eq!(root.get("k", T).unwrap(), b"small");
 }
+
+/// `Duration::MAX` (a deadline past the clock's end) is an error naming the operation, for
+/// connecting and for every waiting request; the connection stays usable after it.
+#[test]
+fn an_endless_timeout_is_an_error() {
+    let (srv, addr) = server(1);
+    let e = Store::connect(&addr, 0, 1, &key(), Duration::MAX).unwrap_err();
+    assert!(matches!(e, Error::TimeoutTooLong { .. }), "{e}");
+    let s = Store::host(srv, T).unwrap();
+    for e in [
+        s.get("k", Duration::MAX).unwrap_err(),
+        s.barrier("b", Duration::MAX).unwrap_err(),
+        s.all_gather("g", b"x", Duration::MAX).unwrap_err(),
+    ] {
+        assert!(matches!(e, Error::TimeoutTooLong { .. }), "{e}");
+    }
+    s.set("k", b"v").unwrap();
+    assert_eq!(s.get("k", T).unwrap(), b"v");
+}
+
+/// `MASTER_ADDR` that is not an address of this host (192.0.2.1, TEST-NET-1): an error naming
+/// `MKERNEL_STORE_BIND_ALL` unless that option asks for every interface.
+#[test]
+fn binding_every_interface_needs_the_option() {
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let info = RankInfo::new(0, 1, 1, "192.0.2.1", port, key()).unwrap();
+    let e = bind_store(&info).unwrap_err().to_string();
+    assert!(e.contains("MKERNEL_STORE_BIND_ALL=1") && e.contains("192.0.2.1"), "{e}");
+    let l = bind_store(&info.with_store_bind_all(true)).unwrap();
+    assert!(l.local_addr().unwrap().ip().is_unspecified());
+}

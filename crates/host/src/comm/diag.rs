@@ -12,7 +12,7 @@ use super::Communicator;
 use crate::error::{Error, Result};
 use mkernel_config::comm::{
     cta_mark_parts, flag_offset, FlagSlot, ABORT_OFFSET, ERROR_RECORD_OFFSET, FUSED_CTA_MARKS_OFFSET,
-    FUSED_EPOCH_OFFSET, FUSED_EXITS_OFFSET, HEAP_CONTROL_BYTES, MAX_COMM_CTAS,
+    FUSED_EPOCH_OFFSET, FUSED_EXITS_OFFSET, HEAP_CONTROL_BYTES, MAX_COMM_CTAS, MAX_LOCAL_RANKS,
 };
 use std::fmt;
 
@@ -44,9 +44,15 @@ pub struct FusedSnapshot {
 impl FusedSnapshot {
     /// Decodes a copy of a heap's control area (`HEAP_CONTROL_BYTES` bytes from the heap's base).
     pub fn from_control_area(area: &[u8], rank: u32, world: u32, ctas: u32, row_tiles: u32) -> Result<FusedSnapshot> {
-        if area.len() < HEAP_CONTROL_BYTES as usize || ctas > MAX_COMM_CTAS || row_tiles > MAX_COMM_CTAS {
+        if area.len() < HEAP_CONTROL_BYTES as usize
+            || ctas > MAX_COMM_CTAS
+            || row_tiles > MAX_COMM_CTAS
+            || world > MAX_LOCAL_RANKS
+            || rank >= world
+        {
             return Err(Error::Unsupported(format!(
-                "fused snapshot: {} bytes of control area, {ctas} CTAs, {row_tiles} row tiles (at most {MAX_COMM_CTAS})",
+                "fused snapshot: {} bytes of control area (want {HEAP_CONTROL_BYTES}), {ctas} CTAs and {row_tiles} row \
+                 tiles (at most {MAX_COMM_CTAS}), local rank {rank} of {world} (at most {MAX_LOCAL_RANKS})",
                 area.len()
             )));
         }
@@ -207,5 +213,16 @@ mod tests {
         assert!(text.contains("did not enter it: 3-4\n"), "{text}");
         assert!(!text.contains(" 6:"), "{text}");
         assert!(FusedSnapshot::from_control_area(&area[..8], 0, 2, 4, 4).is_err());
+        // More local ranks than the flag layout has columns for, a rank outside the world,
+        // too many CTAs: errors, not out-of-range reads.
+        for (rank, world, ctas) in [
+            (0, MAX_LOCAL_RANKS + 1, 4),
+            (0, u32::MAX, 4),
+            (2, 2, 4),
+            (0, 2, MAX_COMM_CTAS + 1),
+        ] {
+            let e = FusedSnapshot::from_control_area(&area, rank, world, ctas, 4).unwrap_err();
+            assert!(e.to_string().contains("at most"), "{e}");
+        }
     }
 }

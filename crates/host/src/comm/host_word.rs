@@ -5,6 +5,10 @@
 //! (`CommDesc::host_abort`); every local process maps every rank's page, so an abort is a plain
 //! CPU store into each word: no stream, no GPU queue, no context needed (docs/protocol.md,
 //! "Abort and reset").
+//!
+//! The memfd is sealed at its page size (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`) before it
+//! is shared, and a peer's descriptor is mapped only with those seals: no process holding it
+//! can shrink the file under another's mapping (a store past the end raises SIGBUS).
 use crate::error::{Error, Result};
 use cudarc::driver::{sys, CudaContext};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -29,6 +33,9 @@ fn page_bytes() -> usize {
     }
 }
 
+/// The seals of an abort word's memfd: its size is fixed, and so are the seals.
+const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+
 /// One page of shared host memory, mapped read-write in this process.
 pub(crate) struct SharedPage {
     ptr: NonNull<u8>,
@@ -41,10 +48,15 @@ unsafe impl Send for SharedPage {}
 unsafe impl Sync for SharedPage {}
 
 impl SharedPage {
-    /// A new zeroed page, and the descriptor that shares it.
+    /// A new zeroed page, and the descriptor that shares it (sealed at one page).
     pub(crate) fn create() -> Result<(SharedPage, OwnedFd)> {
         // SAFETY: a NUL-terminated name; the flags are valid.
-        let fd = unsafe { libc::memfd_create(c"mkernel-abort-word".as_ptr(), libc::MFD_CLOEXEC) };
+        let fd = unsafe {
+            libc::memfd_create(
+                c"mkernel-abort-word".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        };
         if fd < 0 {
             return Err(os("memfd_create for the host abort word"));
         }
@@ -55,14 +67,28 @@ impl SharedPage {
         if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
             return Err(os("ftruncate of the host abort word's page"));
         }
+        // SAFETY: a valid memfd created with MFD_ALLOW_SEALING.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) } != 0 {
+            return Err(os("sealing the host abort word's memfd (F_ADD_SEALS)"));
+        }
         let page = SharedPage::map(std::os::fd::AsFd::as_fd(&fd))?;
         Ok((page, fd))
     }
 
-    /// Maps the page of `fd` (a peer's [`SharedPage::create`]); refuses a file shorter than a
-    /// page (a store past its end would raise SIGBUS).
+    /// Maps the page of `fd` (a peer's [`SharedPage::create`]); refuses a file without the
+    /// seals [`SEALS`] or shorter than a page (a store past its end would raise SIGBUS).
     pub(crate) fn map(fd: BorrowedFd<'_>) -> Result<SharedPage> {
         let len = page_bytes();
+        // SAFETY: a valid descriptor; F_GET_SEALS takes no argument.
+        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & SEALS != SEALS {
+            return Err(Error::Os {
+                what: "a peer's host abort word page",
+                source: std::io::Error::other(format!(
+                    "not a memfd sealed against shrinking and growing (seals {seals:#x}, want {SEALS:#x})"
+                )),
+            });
+        }
         // SAFETY: `st` is an out-parameter of the right type.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: a valid descriptor and a stat buffer.
@@ -182,12 +208,36 @@ mod tests {
     }
 
     #[test]
-    fn a_short_file_is_refused() {
+    fn a_short_or_unsealed_file_is_refused() {
         // SAFETY: as in `create`.
         let fd = unsafe { OwnedFd::from_raw_fd(libc::memfd_create(c"short".as_ptr(), libc::MFD_CLOEXEC)) };
         assert!(matches!(
             SharedPage::map(std::os::fd::AsFd::as_fd(&fd)),
             Err(Error::Os { .. })
         ));
+        // SAFETY: as in `create`.
+        let fd = unsafe { OwnedFd::from_raw_fd(libc::memfd_create(c"unsealed".as_ptr(), libc::MFD_CLOEXEC)) };
+        // SAFETY: a valid descriptor.
+        let rc = unsafe { libc::ftruncate(fd.as_raw_fd(), page_bytes() as libc::off_t) };
+        assert_eq!(rc, 0);
+        let e = SharedPage::map(std::os::fd::AsFd::as_fd(&fd))
+            .err()
+            .expect("mapped an unsealed memfd");
+        assert!(e.to_string().contains("sealed"), "{e}");
+    }
+
+    /// The page cannot be shrunk (nor grown) by anyone holding its descriptor.
+    #[test]
+    fn the_page_is_sealed_at_its_size() {
+        let (_page, fd) = SharedPage::create().unwrap();
+        // SAFETY: a valid descriptor.
+        let shrink = unsafe { libc::ftruncate(fd.as_raw_fd(), 0) };
+        assert_ne!(shrink, 0, "the memfd shrank");
+        // SAFETY: a valid descriptor.
+        let grow = unsafe { libc::ftruncate(fd.as_raw_fd(), 2 * page_bytes() as libc::off_t) };
+        assert_ne!(grow, 0, "the memfd grew");
+        // SAFETY: a valid descriptor; F_SEAL_SEAL refuses any further seal.
+        let more = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_WRITE) };
+        assert_ne!(more, 0, "a seal was added");
     }
 }

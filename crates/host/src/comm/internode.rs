@@ -8,10 +8,12 @@
 //!   then writes the flag;
 //! * `ibverbs` (RC) and `efa` (SRD), with the `rdma` cargo feature: the heap registered with the
 //!   NIC through dma-buf (`cuMemGetHandleForAddressRange`), queue pairs exchanged through the
-//!   store. Written and compiled; never run (no RDMA NIC was available).
+//!   store. Untried: written and compiled, never run (no RDMA NIC was available), so used only
+//!   when asked for (`MKERNEL_TRANSPORT=ibverbs|efa` or `CommConfig::transport`).
 //!
-//! [`mkernel_proxy::backend::choose`] picks one (`MKERNEL_TRANSPORT`, else auto-detection);
-//! the choice is logged and [`InterNode::transport`] reports it.
+//! [`mkernel_proxy::backend::choose_with`] picks one (`MKERNEL_TRANSPORT`, else
+//! `CommConfig::transport`, else the emulated wire for emulated nodes, else TCP); the choice is
+//! logged and [`InterNode::transport`] reports it.
 use super::heap::{import_and_map, Mapping};
 #[cfg(feature = "rdma")]
 use super::rdma;
@@ -62,7 +64,8 @@ unsafe impl Send for InterNode {}
 unsafe impl Sync for InterNode {}
 
 impl InterNode {
-    /// Chooses the backend (`transport` overrides `MKERNEL_TRANSPORT`), sets up the FIFO and the
+    /// Chooses the backend (`MKERNEL_TRANSPORT` overrides `transport`, the program's choice;
+    /// without either, TCP or the emulated wire: [`mkernel_proxy::backend`]), sets up the FIFO and the
     /// backend's connections, and starts the proxy. Collective over all ranks of the job. The
     /// proxy carries user aborts through `abort` (`Transport::send_abort`), except on the
     /// emulated wire, where `Communicator::abort` writes into the other nodes' heaps itself.
@@ -85,23 +88,8 @@ impl InterNode {
             .unwrap_or(0)
             != 0;
         let bus_id = pci_bus_id(ctx);
-        let choice = match transport {
-            Some(k) => mkernel_proxy::backend::choose(
-                &topology,
-                std::path::Path::new("/sys"),
-                bus_id.as_deref(),
-                &HostCaps::detect(dmabuf),
-                |v| {
-                    if v == "MKERNEL_TRANSPORT" {
-                        Some(k.name().to_string())
-                    } else {
-                        std::env::var(v).ok()
-                    }
-                },
-            ),
-            None => choose_from_env(&topology, bus_id.as_deref(), &HostCaps::detect(dmabuf)),
-        }
-        .map_err(transport_err)?;
+        let choice = choose_from_env(&topology, bus_id.as_deref(), &HostCaps::detect(dmabuf), transport)
+            .map_err(transport_err)?;
         tracing::info!(rank, transport = %choice.kind, reason = %choice.reason, "mkernel inter-node transport");
         // Every rank must agree: a job whose ranks picked different backends cannot talk.
         let kinds = boot
@@ -334,6 +322,10 @@ impl Exchange for StoreExchange<'_> {
     }
     fn lookup(&self, key: &str, timeout: Duration) -> std::result::Result<Vec<u8>, String> {
         self.0.store().get(key, timeout).map_err(|e| e.to_string())
+    }
+    /// Derived from the job key, which every rank has and no stranger does.
+    fn frame_secret(&self) -> Option<[u8; 32]> {
+        Some(self.0.info().job_key().derive_secret("tcp-frames"))
     }
 }
 

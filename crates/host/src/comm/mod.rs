@@ -147,8 +147,10 @@ pub struct CommConfig {
     /// Jobs of several nodes: heap bytes reserved for inter-node staging (split into a
     /// source stage, a node-sum buffer and one receive slot per node).
     pub internode_scratch_bytes: u64,
-    /// Jobs of several nodes: the inter-node backend; `None` reads `MKERNEL_TRANSPORT` or
-    /// detects one (docs/internode.md, "Which backend").
+    /// Jobs of several nodes: the inter-node backend. `MKERNEL_TRANSPORT`, when set, overrides
+    /// it; `None` with the variable unset means the emulated wire for emulated nodes, else TCP.
+    /// ibverbs RC and EFA SRD are used only when named here or in the variable: neither has run
+    /// on a NIC yet (docs/internode.md, "Which backend").
     pub transport: Option<mkernel_proxy::backend::BackendKind>,
 }
 

@@ -1,5 +1,9 @@
 //! The AWS EFA backend: scalable reliable datagrams (SRD) through efadv.
 //!
+//! **Untried**: written, compiled and unit-tested without a NIC; it has never run on an EFA
+//! device (none was available). [`crate::backend`] uses it only when asked for
+//! (`MKERNEL_TRANSPORT=efa` or the program's `CommConfig::transport`), never by detection.
+//!
 //! SRD delivers reliably but in any order, so "flag after data" cannot come from the wire.
 //! Instead:
 //! * every data chunk is an RDMA write-with-immediate whose immediate names the sender

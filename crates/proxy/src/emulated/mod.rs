@@ -117,7 +117,12 @@ impl<E: CopyEngine> Transport for EmulatedTransport<E> {
     }
 
     fn flush(&mut self, completed: &mut Vec<u64>) -> Result<(), TransportError> {
-        let deadline = Instant::now() + self.flush_timeout;
+        let deadline = Instant::now().checked_add(self.flush_timeout).ok_or_else(|| {
+            TransportError::Config(format!(
+                "a flush timeout of {:?} is too long (its deadline overflows the clock)",
+                self.flush_timeout
+            ))
+        })?;
         loop {
             self.poll(completed)?;
             if self.in_flight() == 0 {

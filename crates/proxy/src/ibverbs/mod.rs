@@ -1,5 +1,9 @@
 //! The InfiniBand / RoCE backend: reliable-connected queue pairs through libibverbs.
 //!
+//! **Untried**: written, compiled and unit-tested without a NIC; it has never run on an RDMA
+//! NIC (none was available). [`crate::backend`] uses it only when asked for
+//! (`MKERNEL_TRANSPORT=ibverbs` or the program's `CommConfig::transport`), never by detection.
+//!
 //! Per put: an RDMA write of the data from the registered local region, then an 8-byte inline
 //! RDMA write of the flag into the peer's flag array, on the same queue pair, so RC's in-order
 //! execution makes the flag visible after the data. Up to 8 commands per peer go out as one

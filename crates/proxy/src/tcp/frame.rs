@@ -1,5 +1,7 @@
 //! What travels on the TCP transport's sockets: a 64-byte hello when a socket is set up, then
-//! 32-byte frame headers (a data frame is followed by its payload). Little-endian throughout.
+//! 32-byte frame headers (a data frame is followed by its payload; with per-frame
+//! authentication, the default, every frame then ends with a 16-byte tag over header and payload:
+//! [`super::mac`]). Little-endian throughout.
 //!
 //! Hello (both directions, once per socket):
 //!
@@ -46,8 +48,8 @@ use crate::error::TransportError;
 /// `Hello::magic`.
 pub const HELLO_MAGIC: [u8; 4] = *b"MKTH";
 /// Version of this wire format.
-/// (2: ABORT frames; 3: USER_ABORT and USER_ABORT_ACK frames.)
-pub const WIRE_VERSION: u32 = 3;
+/// (2: ABORT frames; 3: USER_ABORT and USER_ABORT_ACK frames; 4: frame tags.)
+pub const WIRE_VERSION: u32 = 4;
 /// Bytes of a hello.
 pub const HELLO_BYTES: usize = 64;
 /// Bytes of a frame header.
@@ -269,7 +271,8 @@ pub struct Limits {
 
 impl Limits {
     /// Checks a header received on a socket whose next message number is `expect_at_least`
-    /// (message numbers on one socket increase; USER_ABORT and its ack carry none). Returns
+    /// (message numbers on one socket increase, up to `u64::MAX - 1`; USER_ABORT and its ack
+    /// carry none). Returns
     /// the reason for refusing it. (Who may send a USER_ABORT or its ack is the transport's
     /// check: `a` against the socket's peer.)
     pub fn check(&self, h: &Header, expect_at_least: u64) -> Result<(), String> {
@@ -281,6 +284,10 @@ impl Limits {
                 return Err("user abort frame with a message number or a length".into());
             }
             return Ok(());
+        }
+        // The receiver's next expected number is `seq + 1`: the last number has none.
+        if h.seq == u64::MAX {
+            return Err(format!("message number {} has no successor", h.seq));
         }
         if h.seq < expect_at_least {
             return Err(format!(
@@ -394,6 +401,15 @@ mod tests {
         let mut u = Header::user_abort_ack(1);
         u.b = 1;
         assert!(l.check(&u, 4).unwrap_err().contains("user abort"));
+        for h in [
+            Header::data(u64::MAX, 0, 8),
+            Header::signal(u64::MAX, 0, 1),
+            Header::bye(u64::MAX),
+            Header::abort(u64::MAX, 3),
+        ] {
+            assert!(l.check(&h, 4).unwrap_err().contains("no successor"), "{h:?}");
+        }
+        assert!(l.check(&Header::signal(u64::MAX - 1, 0, 1), 4).is_ok());
         let mut k = Header::bye(4);
         k.kind = 9;
         assert!(l.check(&k, 0).unwrap_err().contains("kind 9"));

@@ -32,10 +32,13 @@
 //! [`Transport::poll_aborts`](crate::Transport::poll_aborts)) and answers USER_ABORT_ACK the
 //! same way. The connections stay up.
 pub mod frame;
+pub mod mac;
 mod setup;
 mod staging;
 mod transport;
 
-pub use setup::{choose_address, interface_addresses, store_key, Exchange, TcpConfig, TcpLinks};
+pub use setup::{
+    choose_address, interface_addresses, store_key, Exchange, TcpConfig, TcpLinks, HELLO_BOUND, MAX_PENDING,
+};
 pub use staging::{CpuStaging, DeviceStaging};
 pub use transport::{TcpStats, TcpTransport};

@@ -4,6 +4,7 @@ use super::frame::{
     Header, Limits, HEADER_BYTES, KIND_ABORT, KIND_BYE, KIND_DATA, KIND_SIGNAL, KIND_USER_ABORT, KIND_USER_ABORT_ACK,
     NO_RANK,
 };
+use super::mac::{FrameKey, TAG_BYTES};
 use super::setup::TcpLinks;
 use super::staging::DeviceStaging;
 use crate::error::TransportError;
@@ -42,13 +43,37 @@ struct TxMsg {
     hdr: [u8; HEADER_BYTES],
     /// Staging buffer and payload length.
     payload: Option<(usize, usize)>,
+    /// The frame's tag, sent after the payload (with per-frame authentication; set once the
+    /// payload is staged).
+    tag: Option<[u8; TAG_BYTES]>,
     ready: bool,
     written: usize,
+}
+
+impl TxMsg {
+    /// A frame without payload, ready, tagged with `key` if there is one.
+    fn bare(hdr: Header, key: Option<&FrameKey>) -> TxMsg {
+        let hdr = hdr.to_bytes();
+        TxMsg {
+            tag: key.map(|k| k.tag(&hdr, &[])),
+            hdr,
+            payload: None,
+            ready: true,
+            written: 0,
+        }
+    }
+
+    /// The bytes after the payload: the tag, or nothing.
+    fn trailer(&self) -> &[u8] {
+        self.tag.as_ref().map_or(&[], |t| &t[..])
+    }
 }
 
 struct TxLane {
     sock: TcpStream,
     queue: VecDeque<TxMsg>,
+    /// Key of this socket's frame tags (`None`: frames go untagged).
+    key: Option<FrameKey>,
 }
 
 impl TxLane {
@@ -56,15 +81,8 @@ impl TxLane {
     /// of everything else queued: it carries no message number, so it may pass data.
     fn push_control(&mut self, hdr: Header) {
         let at = usize::from(self.queue.front().is_some_and(|m| m.written > 0));
-        self.queue.insert(
-            at,
-            TxMsg {
-                hdr: hdr.to_bytes(),
-                payload: None,
-                ready: true,
-                written: 0,
-            },
-        );
+        let m = TxMsg::bare(hdr, self.key.as_ref());
+        self.queue.insert(at, m);
     }
 }
 
@@ -102,10 +120,20 @@ enum ReadState {
         buf: Option<usize>,
         got: usize,
     },
+    /// The frame's tag (with per-frame authentication), after its header and payload.
+    Tag {
+        hdr: Header,
+        /// The receive buffer holding a DATA frame's payload.
+        buf: Option<usize>,
+        got: usize,
+        tag: [u8; TAG_BYTES],
+    },
 }
 
 struct RxLane {
     sock: TcpStream,
+    /// Key of this socket's frame tags (`None`: frames come untagged).
+    key: Option<FrameKey>,
     state: ReadState,
     pending: VecDeque<(u64, RxMsg)>,
     free: Vec<usize>,
@@ -214,14 +242,17 @@ impl<E: DeviceStaging> TcpTransport<E> {
         let tx = links
             .tx
             .into_iter()
+            .zip(links.tx_keys)
             .zip(links.peers.iter().zip(&links.peer_payload))
-            .map(|(socks, (&rank, &chunk))| TxPeer {
+            .map(|((socks, keys), (&rank, &chunk))| TxPeer {
                 rank,
                 lanes: socks
                     .into_iter()
-                    .map(|sock| TxLane {
+                    .zip(keys)
+                    .map(|(sock, key)| TxLane {
                         sock,
                         queue: VecDeque::new(),
+                        key,
                     })
                     .collect(),
                 next_seq: 0,
@@ -236,9 +267,10 @@ impl<E: DeviceStaging> TcpTransport<E> {
         let mut rx = Vec::with_capacity(links.peers.len());
         let mut pollfds = vec![];
         let mut poll_of = vec![];
-        for (slot, (socks, &rank)) in links.rx.into_iter().zip(links.peers.iter()).enumerate() {
+        let rx_sockets = links.rx.into_iter().zip(links.rx_keys);
+        for (slot, ((socks, keys), &rank)) in rx_sockets.zip(links.peers.iter()).enumerate() {
             let mut ls = Vec::with_capacity(lanes);
-            for (lane, sock) in socks.into_iter().enumerate() {
+            for (lane, (sock, key)) in socks.into_iter().zip(keys).enumerate() {
                 let free: Vec<usize> = (next_buf..next_buf + cfg.rx_buffers).collect();
                 next_buf += cfg.rx_buffers;
                 rx_owner.extend(std::iter::repeat_n((slot, lane), cfg.rx_buffers));
@@ -250,6 +282,7 @@ impl<E: DeviceStaging> TcpTransport<E> {
                 poll_of.push((slot, lane));
                 ls.push(RxLane {
                     sock,
+                    key,
                     state: ReadState::Header {
                         got: 0,
                         bytes: [0; HEADER_BYTES],
@@ -319,11 +352,12 @@ impl<E: DeviceStaging> TcpTransport<E> {
                     let Some((slot, lane, fifo_seq)) = self.tx_owner.get(i).copied().flatten() else {
                         return Err(TransportError::Copy(format!("staging completion for idle buffer {i}")));
                     };
-                    if let Some(m) = self.tx[slot].lanes[lane]
-                        .queue
-                        .iter_mut()
-                        .find(|m| m.payload.map(|p| p.0) == Some(i))
-                    {
+                    let l = &mut self.tx[slot].lanes[lane];
+                    if let Some(m) = l.queue.iter_mut().find(|m| m.payload.map(|p| p.0) == Some(i)) {
+                        // Staged: the payload is in the buffer, so the tag can cover it.
+                        if let (Some(k), Some((b, len))) = (&l.key, m.payload) {
+                            m.tag = Some(k.tag(&m.hdr, &self.engine.buffer(b)[..len]));
+                        }
                         m.ready = true;
                     }
                     if let Some(n) = self.op_chunks.get_mut(&fifo_seq) {
@@ -367,6 +401,7 @@ impl<E: DeviceStaging> TcpTransport<E> {
                         p.lanes[lane].queue.push_back(TxMsg {
                             hdr: Header::data(p.next_seq, dst_offset, len as u64).to_bytes(),
                             payload: Some((buf, len)),
+                            tag: None,
                             ready: false,
                             written: 0,
                         });
@@ -374,15 +409,17 @@ impl<E: DeviceStaging> TcpTransport<E> {
                     }
                     Backlog::Signal { flag_offset, value } => {
                         // On the socket of the last data frame: it follows that frame at once.
-                        p.lanes[p.last_lane].queue.push_back(TxMsg {
-                            hdr: Header::signal(p.next_seq, flag_offset, value).to_bytes(),
-                            payload: None,
-                            ready: true,
-                            written: 0,
-                        });
+                        let l = &mut p.lanes[p.last_lane];
+                        let m = TxMsg::bare(Header::signal(p.next_seq, flag_offset, value), l.key.as_ref());
+                        l.queue.push_back(m);
                     }
                 }
-                p.next_seq += 1;
+                p.next_seq = p.next_seq.checked_add(1).ok_or_else(|| {
+                    lost(
+                        p.rank,
+                        "message numbers to this peer are used up (2^64 - 1 frames)".into(),
+                    )
+                })?;
                 p.backlog.pop_front();
             }
         }
@@ -398,12 +435,12 @@ impl<E: DeviceStaging> TcpTransport<E> {
                         break;
                     }
                     let plen = m.payload.map_or(0, |(_, l)| l);
-                    let total = HEADER_BYTES + plen;
+                    let total = HEADER_BYTES + plen + m.trailer().len();
                     let payload: &[u8] = match m.payload {
                         Some((b, l)) => &self.engine.buffer(b)[..l],
                         None => &[],
                     };
-                    let n = send_parts(&lane.sock, &m.hdr, payload, m.written)
+                    let n = send_parts(&lane.sock, [&m.hdr, payload, m.trailer()], m.written)
                         .map_err(|e| lost(p.rank, format!("connection lost while sending on socket {li}: {e}")))?;
                     let Some(n) = n else { break };
                     m.written += n;
@@ -511,7 +548,8 @@ impl<E: DeviceStaging> TcpTransport<E> {
                     self.stats.flags_written += 1;
                 }
             }
-            peer.next += 1;
+            // Below every received number, which `Limits::check` keeps under `u64::MAX`.
+            peer.next = peer.next.saturating_add(1);
         }
         // A message that can no longer arrive: every socket has moved past it or said goodbye.
         let next = peer.next;
@@ -574,10 +612,11 @@ impl<E: DeviceStaging> TcpTransport<E> {
                         Some((b, l)) => &engine.buffer(b)[..l],
                         None => &[],
                     };
-                    on_boundary = send_bounded(&lane.sock, &m.hdr, payload, m.written, t0);
+                    on_boundary = send_bounded(&lane.sock, [&m.hdr, payload, m.trailer()], m.written, t0);
                 }
                 if on_boundary {
-                    send_bounded(&lane.sock, &closing(p.next_seq).to_bytes(), &[], 0, t0);
+                    let m = TxMsg::bare(closing(p.next_seq), lane.key.as_ref());
+                    send_bounded(&lane.sock, [&m.hdr, &[], m.trailer()], 0, t0);
                 }
                 let _ = lane.sock.shutdown(Shutdown::Write);
             }
@@ -585,15 +624,15 @@ impl<E: DeviceStaging> TcpTransport<E> {
     }
 }
 
-/// Sends `hdr ++ payload` from byte `skip` on, retrying a full socket until [`CLOSE_BOUND`]
-/// after `t0`; whether it all went out.
-fn send_bounded(sock: &TcpStream, hdr: &[u8], payload: &[u8], mut skip: usize, t0: Instant) -> bool {
-    let total = hdr.len() + payload.len();
+/// Sends `parts` (header, payload, trailer) from byte `skip` on, retrying a full socket until
+/// [`CLOSE_BOUND`] after `t0`; whether it all went out.
+fn send_bounded(sock: &TcpStream, parts: [&[u8]; 3], mut skip: usize, t0: Instant) -> bool {
+    let total: usize = parts.iter().map(|p| p.len()).sum();
     while skip < total {
         if t0.elapsed() > CLOSE_BOUND {
             return false;
         }
-        match send_parts(sock, hdr, payload, skip) {
+        match send_parts(sock, parts, skip) {
             Ok(Some(n)) => skip += n,
             Ok(None) => std::thread::sleep(Duration::from_micros(50)),
             Err(_) => return false,
@@ -602,7 +641,8 @@ fn send_bounded(sock: &TcpStream, hdr: &[u8], payload: &[u8], mut skip: usize, t
     true
 }
 
-/// Reads one socket as far as it goes without blocking.
+/// Reads one socket as far as it goes without blocking. A frame takes effect only once it is
+/// complete (with per-frame authentication: once its tag is verified).
 fn read_lane<E: DeviceStaging>(
     rank: usize,
     li: usize,
@@ -611,6 +651,7 @@ fn read_lane<E: DeviceStaging>(
     limits: &Limits,
     (regions, me): (&PeerRegions, usize),
 ) -> Result<(), TransportError> {
+    let bad = |why: String| lost(rank, format!("bad message on socket {li}: {why}"));
     loop {
         if lane.closed || lane.pending.len() >= lane.buffers + EXTRA_PENDING {
             return Ok(());
@@ -625,11 +666,9 @@ fn read_lane<E: DeviceStaging>(
                     }
                     let h = Header::from_bytes(bytes);
                     if lane.bye.is_some() {
-                        return Err(lost(rank, format!("bad message on socket {li}: a frame after goodbye")));
+                        return Err(bad("a frame after goodbye".into()));
                     }
-                    limits
-                        .check(&h, lane.expect)
-                        .map_err(|why| lost(rank, format!("bad message on socket {li}: {why}")))?;
+                    limits.check(&h, lane.expect).map_err(bad)?;
                     // The sender's validator checked its command against this rank's regions;
                     // the same rules here, so a peer running other code cannot write outside.
                     match h.kind {
@@ -637,72 +676,22 @@ fn read_lane<E: DeviceStaging>(
                         KIND_SIGNAL => regions.check_flag(me, rank, h.a, h.b),
                         _ => Ok(()),
                     }
-                    .map_err(|v| lost(rank, format!("bad message on socket {li}: {}", v.reason)))?;
-                    match h.kind {
-                        KIND_DATA => {
-                            lane.state = ReadState::Payload {
-                                hdr: h,
-                                buf: lane.free.pop(),
-                                got: 0,
-                            };
-                        }
-                        KIND_SIGNAL => {
-                            lane.pending.push_back((
-                                h.seq,
-                                RxMsg::Signal {
-                                    flag_offset: h.a,
-                                    value: h.b,
-                                },
-                            ));
-                            lane.expect = h.seq + 1;
-                            lane.state = ReadState::Header {
-                                got: 0,
-                                bytes: [0; HEADER_BYTES],
-                            };
-                        }
-                        KIND_ABORT => {
-                            lane.abort_origin = Some(h.a);
-                            let why = if h.a == NO_RANK {
-                                format!(
-                                    "its proxy failed on its own (a CUDA error, its process exiting, a bad command \
-                                     or an abort: rank {rank}'s error record says which)"
-                                )
-                            } else {
-                                format!("its proxy failed on its link with rank {}", h.a)
-                            };
-                            return Err(lost(rank, why));
-                        }
-                        KIND_USER_ABORT | KIND_USER_ABORT_ACK => {
-                            // Only the socket's authenticated peer may abort, and only its own
-                            // rank; an ack names this rank.
-                            let (notice, want) = if h.kind == KIND_USER_ABORT {
-                                (Notice::Abort, rank)
-                            } else {
-                                (Notice::Ack, me)
-                            };
-                            if h.a != want as u64 {
-                                return Err(lost(
-                                    rank,
-                                    format!(
-                                        "bad message on socket {li}: a user abort frame naming rank {} (must be {want})",
-                                        h.a
-                                    ),
-                                ));
-                            }
-                            lane.notices.push(notice);
-                            lane.state = ReadState::Header {
-                                got: 0,
-                                bytes: [0; HEADER_BYTES],
-                            };
-                        }
-                        KIND_BYE => {
-                            lane.bye = Some(h.seq);
-                            lane.state = ReadState::Header {
-                                got: 0,
-                                bytes: [0; HEADER_BYTES],
-                            };
-                        }
-                        _ => unreachable!("checked by Limits::check"),
+                    .map_err(|v| bad(v.reason))?;
+                    if h.kind == KIND_DATA {
+                        lane.state = ReadState::Payload {
+                            hdr: h,
+                            buf: lane.free.pop(),
+                            got: 0,
+                        };
+                    } else if lane.key.is_some() {
+                        lane.state = ReadState::Tag {
+                            hdr: h,
+                            buf: None,
+                            got: 0,
+                            tag: [0; TAG_BYTES],
+                        };
+                    } else {
+                        finish_frame(rank, li, me, lane, h, None)?;
                     }
                     Ok(())
                 }
@@ -721,25 +710,47 @@ fn read_lane<E: DeviceStaging>(
                     Ok(n) => {
                         *got += n;
                         if *got == len {
-                            lane.pending.push_back((
-                                hdr.seq,
-                                RxMsg::Data {
-                                    buf: b,
-                                    dst_offset: hdr.a,
-                                    len,
-                                },
-                            ));
-                            lane.expect = hdr.seq + 1;
-                            lane.state = ReadState::Header {
-                                got: 0,
-                                bytes: [0; HEADER_BYTES],
-                            };
+                            let h = *hdr;
+                            if lane.key.is_some() {
+                                lane.state = ReadState::Tag {
+                                    hdr: h,
+                                    buf: Some(b),
+                                    got: 0,
+                                    tag: [0; TAG_BYTES],
+                                };
+                            } else {
+                                finish_frame(rank, li, me, lane, h, Some(b))?;
+                            }
                         }
                         Ok(())
                     }
                     Err(e) => Err(Some(e)),
                 }
             }
+            ReadState::Tag { hdr, buf, got, tag } => match (&lane.sock).read(&mut tag[*got..]) {
+                Ok(0) => Err(None),
+                Ok(n) => {
+                    *got += n;
+                    if *got == TAG_BYTES {
+                        let (h, b, t) = (*hdr, *buf, *tag);
+                        let payload: &[u8] = match b {
+                            Some(b) => &engine.buffer(b)[..h.b as usize],
+                            None => &[],
+                        };
+                        let key = lane.key.as_ref().expect("Tag state only with a key");
+                        if !key.verify(&h.to_bytes(), payload, &t) {
+                            return Err(bad(format!(
+                                "the tag of a frame (kind {}, message {}) does not match: altered on the way, or \
+                                 not sent by rank {rank} (another MKERNEL_JOB_KEY?)",
+                                h.kind, h.seq
+                            )));
+                        }
+                        finish_frame(rank, li, me, lane, h, b)?;
+                    }
+                    Ok(())
+                }
+                Err(e) => Err(Some(e)),
+            },
         };
         match r {
             Ok(()) => {}
@@ -763,31 +774,116 @@ fn read_lane<E: DeviceStaging>(
     }
 }
 
-/// `sendmsg` of `hdr ++ payload` from byte `skip` on, without blocking and without SIGPIPE.
-/// `Ok(None)`: the socket is full.
-fn send_parts(sock: &TcpStream, hdr: &[u8], payload: &[u8], skip: usize) -> std::io::Result<Option<usize>> {
-    let (h, p) = if skip < hdr.len() {
-        (&hdr[skip..], payload)
-    } else {
-        (&hdr[..0], &payload[skip - hdr.len()..])
+/// Acts on a complete (and, with tags, verified) frame `h` read from socket `li` of `rank`;
+/// `buf` holds a DATA frame's payload. The socket then waits for the next header.
+fn finish_frame(
+    rank: usize,
+    li: usize,
+    me: usize,
+    lane: &mut RxLane,
+    h: Header,
+    buf: Option<usize>,
+) -> Result<(), TransportError> {
+    lane.state = ReadState::Header {
+        got: 0,
+        bytes: [0; HEADER_BYTES],
     };
-    let mut iov = [
-        libc::iovec {
-            iov_base: h.as_ptr() as *mut libc::c_void,
-            iov_len: h.len(),
-        },
-        libc::iovec {
-            iov_base: p.as_ptr() as *mut libc::c_void,
-            iov_len: p.len(),
-        },
-    ];
+    // `Limits::check` refused `u64::MAX`, so the successor exists.
+    let next = h.seq.saturating_add(1);
+    match (h.kind, buf) {
+        (KIND_DATA, Some(b)) => {
+            lane.pending.push_back((
+                h.seq,
+                RxMsg::Data {
+                    buf: b,
+                    dst_offset: h.a,
+                    len: h.b as usize,
+                },
+            ));
+            lane.expect = next;
+        }
+        (KIND_SIGNAL, _) => {
+            lane.pending.push_back((
+                h.seq,
+                RxMsg::Signal {
+                    flag_offset: h.a,
+                    value: h.b,
+                },
+            ));
+            lane.expect = next;
+        }
+        (KIND_ABORT, _) => {
+            lane.abort_origin = Some(h.a);
+            let why = if h.a == NO_RANK {
+                format!(
+                    "its proxy failed on its own (a CUDA error, its process exiting, a bad command \
+                     or an abort: rank {rank}'s error record says which)"
+                )
+            } else {
+                format!("its proxy failed on its link with rank {}", h.a)
+            };
+            return Err(lost(rank, why));
+        }
+        (KIND_USER_ABORT | KIND_USER_ABORT_ACK, _) => {
+            // Only the socket's authenticated peer may abort, and only its own rank; an ack
+            // names this rank.
+            let (notice, want) = if h.kind == KIND_USER_ABORT {
+                (Notice::Abort, rank)
+            } else {
+                (Notice::Ack, me)
+            };
+            if h.a != want as u64 {
+                return Err(lost(
+                    rank,
+                    format!(
+                        "bad message on socket {li}: a user abort frame naming rank {} (must be {want})",
+                        h.a
+                    ),
+                ));
+            }
+            lane.notices.push(notice);
+        }
+        (KIND_BYE, _) => lane.bye = Some(h.seq),
+        (k, _) => {
+            return Err(lost(
+                rank,
+                format!("bad message on socket {li}: frame kind {k} without its payload"),
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// `sendmsg` of the concatenated `parts` (header, payload, trailer) from byte `skip` on,
+/// without blocking and without SIGPIPE. `Ok(None)`: the socket is full.
+fn send_parts(sock: &TcpStream, parts: [&[u8]; 3], mut skip: usize) -> std::io::Result<Option<usize>> {
+    let mut iov = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; 3];
+    let mut n_iov = 0;
+    for p in parts {
+        if skip >= p.len() {
+            skip -= p.len();
+            continue;
+        }
+        let rest = &p[skip..];
+        skip = 0;
+        iov[n_iov] = libc::iovec {
+            iov_base: rest.as_ptr() as *mut libc::c_void,
+            iov_len: rest.len(),
+        };
+        n_iov += 1;
+    }
+    if n_iov == 0 {
+        return Ok(Some(0));
+    }
     // SAFETY: plain struct; zero is valid.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    let first = usize::from(h.is_empty());
-    msg.msg_iov = iov[first..].as_mut_ptr();
-    msg.msg_iovlen = (2 - first) as _;
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = n_iov as _;
     loop {
-        // SAFETY: valid socket; the iovecs point into live slices.
+        // SAFETY: valid socket; the first `n_iov` iovecs point into live slices.
         let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
         if n >= 0 {
             return Ok(Some(n as usize));

@@ -87,13 +87,10 @@ pub(super) unsafe fn stager_epilogue(
 }
 
 /// Failed tests of the staging's mbarrier between a consumer warpgroup's checks of the abort
-/// word in [`stager_epilogue`] (the GEMM ring's waits check every
-/// `mbarrier::TRIES_PER_STALL_CHECK`, 16 384). A failed `mbarrier.try_wait` may suspend the
-/// thread up to a hardware time limit, so 16 384 of them take long: on an H100 shared by 2
-/// ranks through MPS, an aborted GEMM+ReduceScatter launch whose consumers waited here for a
-/// stager that had stopped without arriving took about 0.1 s (the lagging rank's round ended
-/// 0.429 s after its start, 0.305 s once the stager arrives when it stops; the abort at
-/// 0.30 s), and a queue of such launches ran for minutes (docs/protocol.md, "Abort and reset").
+/// word in [`stager_epilogue`]: fewer than the GEMM ring's `mbarrier::TRIES_PER_STALL_CHECK`
+/// (16 384), because a failed `mbarrier.try_wait` may suspend the thread up to a hardware time
+/// limit and the stager these consumers wait for may have stopped; docs/protocol.md, "Abort and
+/// reset", has the measurement that set it.
 pub(super) const STAGING_CHECK_TRIES: u32 = 1024;
 
 /// What a stager's staging holds for the tile ahead: nothing in flight, told to its consumers.
@@ -181,8 +178,8 @@ pub(super) unsafe fn stager_role(idx: u32, cw: u32) {
     };
     let ring = || Ring::new(smem::dynamic_smem_addr(), RS_RING);
     // Its two shared-memory waits - the consumers' "staged", their ring progress - give up
-    // once the rank aborts or past the hung bound, without a record of their own (any record
-    // code here cost this 56-register thread spills): its consumers then stall on their
+    // once the rank aborts or past the hung bound, without a record of their own (record code
+    // does not fit this thread's 56 registers without spills): its consumers then stall on their
     // staging ([`stager_epilogue`]) and record that (Aborted, or a STAGING timeout).
     let give_up = stall_or_abort(ldesc());
     // The phase of `ready` whose TMA load may still land (NONE, ARRIVED: none), waited for
@@ -211,8 +208,8 @@ pub(super) unsafe fn stager_role(idx: u32, cw: u32) {
             let dest = it.tile.m0 / chunk_rows;
             let mt = (it.tile.m0 - dest * chunk_rows) / TILE.block_m;
             // (The peer is `rank ^ 1`: stagers run on 2 ranks only. Read again where the wait
-            // uses it, the flag's address and the error record: kept across the wait, ptxas
-            // spilled it.)
+            // uses it, the flag's address and the error record: kept across the wait, it does
+            // not fit the 56 registers.)
             let c = ctx();
             if dest == rank
                 && !unsafe {
@@ -227,7 +224,7 @@ pub(super) unsafe fn stager_role(idx: u32, cw: u32) {
             {
                 break;
             }
-            // (The tile read again: kept across the wait, ptxas spilled.)
+            // (The tile read again: kept across the wait, it does not fit the 56 registers.)
             loading = unsafe { stager_ready(cw, table_item(w - 1).tile, parity) };
         }
         let staged = tile_staged(&ring(), 1 + cw);
