@@ -26,7 +26,10 @@ unsafe impl<T: bytemuck::Pod> DeviceRepr for ParamBlock<T> {}
 impl<T: bytemuck::Pod> ParamBlock<T> {
     /// The block, checked against the parameter limit at compile time.
     pub const fn new(t: T) -> Self {
-        assert!(std::mem::size_of::<T>() <= MAX_PARAM_BYTES, "parameter block above 4 KiB");
+        assert!(
+            std::mem::size_of::<T>() <= MAX_PARAM_BYTES,
+            "parameter block above 4 KiB"
+        );
         ParamBlock(t)
     }
 }

@@ -160,7 +160,10 @@ mod tests {
         // Only inside an entry's parameter list.
         let f = ".func _RNCabc_g(\n\t.param .align 8 .b8 _RNCabc_g_param_0[16]\n)\n{\n}\n";
         let out = finish_ptx(&format!("{ptx}{f}"), &[K]).unwrap();
-        assert!(out.contains(".param .align 8 .b8 mk_internal_func_0_param_0[16]"), "{out}");
+        assert!(
+            out.contains(".param .align 8 .b8 mk_internal_func_0_param_0[16]"),
+            "{out}"
+        );
     }
     #[test]
     fn comment_after_params_is_handled() {

@@ -269,7 +269,10 @@ pub struct AttentionParams {
 }
 const _: () = assert!(offset_of!(AttentionParams, map_k) % 64 == 0 && offset_of!(AttentionParams, map_v) % 64 == 0);
 const _: () = assert!(offset_of!(AttentionParams, args) == 3 * 128);
-const _: () = assert!(size_of::<AttentionParams>() <= 4096, "kernel parameters are limited to 4 KiB");
+const _: () = assert!(
+    size_of::<AttentionParams>() <= 4096,
+    "kernel parameters are limited to 4 KiB"
+);
 
 /// FlashAttention forward, head dim 64.
 pub const FLASH_ATTN_FWD_D64: KernelSpec = KernelSpec {

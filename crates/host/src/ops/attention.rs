@@ -21,8 +21,8 @@
 //! launch is enqueued, so a free or another stream's use of the buffer waits for the kernel.
 use crate::check;
 use crate::error::{Error, Result};
-use crate::runtime::Device;
 use crate::params::ParamBlock;
+use crate::runtime::Device;
 use crate::tensor_map::{encode_bf16_sw128_3d, Tensor3d, TensorMap};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg, SyncOnDrop};
 use half::bf16;
@@ -114,7 +114,10 @@ impl std::fmt::Debug for Sequences<'_> {
                 batch,
                 seqlen_q,
                 seqlen_k,
-            } => write!(f, "Batched {{ batch: {batch}, seqlen_q: {seqlen_q}, seqlen_k: {seqlen_k} }}"),
+            } => write!(
+                f,
+                "Batched {{ batch: {batch}, seqlen_q: {seqlen_q}, seqlen_k: {seqlen_k} }}"
+            ),
             Sequences::Varlen {
                 batch,
                 max_seqlen_q,
@@ -384,20 +387,57 @@ impl FlashAttentionPlan {
     }
 
     /// Enqueues `o = attention(q, k, v)` (and the LSE when given) on `stream`: one kernel, its
-    /// tensor maps and arguments passed by value; inside a CUDA graph capture too (the graph
-    /// keeps the buffers' addresses: keep them alive and in place while it is replayed).
-    pub fn launch(&self, stream: &Arc<CudaStream>, t: AttentionTensors<'_>, seqs: Sequences<'_>) -> Result<SequenceInfo> {
+    /// tensor maps and arguments passed by value. Refuses a stream that is capturing a CUDA
+    /// graph ([`Error::Capturing`]): capture with [`FlashAttentionPlan::launch_captured`].
+    pub fn launch(
+        &self,
+        stream: &Arc<CudaStream>,
+        t: AttentionTensors<'_>,
+        seqs: Sequences<'_>,
+    ) -> Result<SequenceInfo> {
+        check::not_capturing(OP, stream, "FlashAttentionPlan::launch_captured")?;
+        self.enqueue(stream, stream, t, seqs)
+    }
+
+    /// As [`FlashAttentionPlan::launch`], into the CUDA graph `stream` is capturing (it also
+    /// launches on a stream that is not capturing). The graph keeps the buffers' addresses and
+    /// a copy of the launch's parameters, not the plan: the plan may be dropped after the
+    /// capture. The buffers' addresses are taken without cudarc's stream-ordering waits (a
+    /// wait on an event recorded outside the capture would invalidate it).
+    ///
+    /// # Safety
+    /// While the graph (or any graph instantiated from it) can be replayed, every buffer in `t`
+    /// and `seqs` stays allocated, and the caller orders the replays with other work on those
+    /// buffers (replays run in the order of the stream they are launched on).
+    pub unsafe fn launch_captured(
+        &self,
+        stream: &Arc<CudaStream>,
+        t: AttentionTensors<'_>,
+        seqs: Sequences<'_>,
+    ) -> Result<SequenceInfo> {
+        self.enqueue(stream, self.device.side_stream()?, t, seqs)
+    }
+
+    /// The launch on `stream`, with the buffers' addresses (and cudarc's guards) taken on
+    /// `ptrs` (`stream` itself outside a capture).
+    fn enqueue(
+        &self,
+        stream: &Arc<CudaStream>,
+        ptrs: &Arc<CudaStream>,
+        t: AttentionTensors<'_>,
+        seqs: Sequences<'_>,
+    ) -> Result<SequenceInfo> {
         check::stream_on(OP, &self.device, stream)?;
         let info = self.info(&seqs, &t)?;
         let (hq, hkv, d) = (self.heads.heads_q, self.heads.heads_kv, self.heads.head_dim);
         // Guards: held until the launch is enqueued (dropped at the end of this function).
-        let (pq, _gq) = t.q.device_ptr(stream);
-        let (pk, _gk) = t.k.device_ptr(stream);
-        let (pv, _gv) = t.v.device_ptr(stream);
-        let (po, _go) = t.o.device_ptr_mut(stream);
+        let (pq, _gq) = t.q.device_ptr(ptrs);
+        let (pk, _gk) = t.k.device_ptr(ptrs);
+        let (pv, _gv) = t.v.device_ptr(ptrs);
+        let (po, _go) = t.o.device_ptr_mut(ptrs);
         let (pl, _gl) = match t.lse {
             Some(lse) => {
-                let (p, g) = lse.device_ptr_mut(stream);
+                let (p, g) = lse.device_ptr_mut(ptrs);
                 (p, Some(g))
             }
             None => (0, None),
@@ -408,8 +448,8 @@ impl FlashAttentionPlan {
                 cu_seqlens_k,
                 ..
             } => {
-                let (a, ga) = cu_seqlens_q.device_ptr(stream);
-                let (b, gb) = cu_seqlens_k.device_ptr(stream);
+                let (a, ga) = cu_seqlens_q.device_ptr(ptrs);
+                let (b, gb) = cu_seqlens_k.device_ptr(ptrs);
                 (a, b, Some((ga, gb)))
             }
             Sequences::Batched { .. } => (0, 0, None),
@@ -420,7 +460,9 @@ impl FlashAttentionPlan {
         let (seqlen_q, seqlen_k) = match seqs {
             Sequences::Batched { seqlen_q, seqlen_k, .. } => (seqlen_q, seqlen_k),
             // With varlen the kernel reads the key rows of the tensor from `seqlen_k`.
-            Sequences::Varlen { max_seqlen_q, total_k, .. } => (max_seqlen_q, total_k),
+            Sequences::Varlen {
+                max_seqlen_q, total_k, ..
+            } => (max_seqlen_q, total_k),
         };
         let params = AttentionParams {
             map_q: map(pq, hq, info.total_q, tile.block_m)?.opaque,

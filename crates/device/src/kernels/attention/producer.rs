@@ -27,18 +27,7 @@ impl Pos {
 pub unsafe fn run<const D: u32>(sm: &Smem, args: *const AttentionArgs, maps: &Maps) {
     let a = unsafe { &*args };
     let mut pos = Pos::START;
-    unsafe {
-        tiles::<D>(
-            sm,
-            a,
-            maps.q,
-            maps.k,
-            maps.v,
-            None,
-            ids::grid_dim(),
-            &mut pos,
-        )
-    };
+    unsafe { tiles::<D>(sm, a, maps.q, maps.k, maps.v, None, ids::grid_dim(), &mut pos) };
 }
 
 /// Loads the tiles of this CTA (`block_idx`, `block_idx + stride`, ...) with Q from `mq` and K
