@@ -2,7 +2,7 @@
 //! head dim 64 and 128, GQA/MQA, ragged lengths, S_q != S_k, packed varlen batches, a CUDA
 //! graph replay, and rejection of bad input.
 use half::bf16;
-use mkernel::ops::attention::{flash_attention, AttentionHeads, FlashAttentionPlan, Sequences};
+use mkernel::ops::attention::{flash_attention, AttentionHeads, AttentionTensors, FlashAttentionPlan, Sequences};
 use mkernel::{Device, Error};
 use mkernel_tests::attention::{attention as cpu_attention, Seq};
 use mkernel_tests::data::random_bf16;
@@ -83,7 +83,14 @@ fn run_batched(dev: &Device, c: &Case, seed: u64) -> String {
         seqlen_q: c.sq,
         seqlen_k: c.sk,
     };
-    flash_attention(dev, &stream, &dq, &dk, &dv, &mut o, &mut lse, seqs, heads).unwrap();
+    let t = AttentionTensors {
+        q: &dq,
+        k: &dk,
+        v: &dv,
+        o: &mut o,
+        lse: Some(&mut lse),
+    };
+    flash_attention(dev, &stream, heads, t, seqs).unwrap();
     let (go, gl) = (stream.clone_dtoh(&o).unwrap(), stream.clone_dtoh(&lse).unwrap());
     let cpu_seqs: Vec<Seq> = (0..c.batch)
         .map(|b| Seq {
@@ -202,8 +209,19 @@ fn run_varlen(
     let seqs = Sequences::Varlen {
         cu_seqlens_q: &dcq,
         cu_seqlens_k: &dck,
+        batch: lens.len(),
+        max_seqlen_q: lens.iter().map(|l| l.0).max().unwrap().max(1),
+        total_q: tq,
+        total_k: tk,
     };
-    flash_attention(dev, &stream, &dq, &dk, &dv, &mut o, &mut lse, seqs, heads).unwrap();
+    let t = AttentionTensors {
+        q: &dq,
+        k: &dk,
+        v: &dv,
+        o: &mut o,
+        lse: Some(&mut lse),
+    };
+    flash_attention(dev, &stream, heads, t, seqs).unwrap();
     let (go, gl) = (stream.clone_dtoh(&o).unwrap(), stream.clone_dtoh(&lse).unwrap());
     let cpu_seqs: Vec<Seq> = (0..lens.len())
         .map(|b| Seq {
@@ -263,34 +281,67 @@ fn attention_replays_in_a_cuda_graph() {
         seqlen_q: s,
         seqlen_k: s,
     };
-    // The direct launch.
-    let mut o_ref = stream.alloc_zeros::<bf16>(b * s * hq * d).unwrap();
-    let mut lse_ref = stream.alloc_zeros::<f32>(b * s * hq).unwrap();
-    flash_attention(&dev, &stream, &q, &k, &v, &mut o_ref, &mut lse_ref, seqs, heads).unwrap();
-    let want = (stream.clone_dtoh(&o_ref).unwrap(), stream.clone_dtoh(&lse_ref).unwrap());
-    // One capture, three replays (each writes all of O and LSE), then the plan is dropped.
+    let plan = FlashAttentionPlan::new(&dev, heads).unwrap();
+    // The direct launches, on the first Q and on a second one.
+    let q2 = stream.clone_htod(&random_bf16(b * s * hq * d, 10)).unwrap();
+    let mut want = vec![];
+    for qi in [&q, &q2] {
+        let mut o_ref = stream.alloc_zeros::<bf16>(b * s * hq * d).unwrap();
+        let mut lse_ref = stream.alloc_zeros::<f32>(b * s * hq).unwrap();
+        let t = AttentionTensors {
+            q: qi,
+            k: &k,
+            v: &v,
+            o: &mut o_ref,
+            lse: Some(&mut lse_ref),
+        };
+        plan.launch(&stream, t, seqs).unwrap();
+        want.push((stream.clone_dtoh(&o_ref).unwrap(), stream.clone_dtoh(&lse_ref).unwrap()));
+    }
+    // One capture on a Q buffer that each replay's input is copied into; the plan is dropped
+    // right after the capture (the graph holds its own copy of the launch's parameter block).
+    let mut q_in = stream.alloc_zeros::<bf16>(b * s * hq * d).unwrap();
     let mut o = stream.alloc_zeros::<bf16>(b * s * hq * d).unwrap();
     let mut lse = stream.alloc_zeros::<f32>(b * s * hq).unwrap();
-    {
-        let plan = FlashAttentionPlan::new(&dev, &stream, &q, &k, &v, &mut o, &mut lse, seqs, heads).unwrap();
-        stream.synchronize().unwrap();
-        stream
-            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .unwrap();
-        plan.launch(&stream).unwrap();
-        let graph = stream.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("graph");
-        for _ in 0..3 {
-            graph.launch().unwrap();
-        }
-        stream.synchronize().unwrap();
+    stream.synchronize().unwrap();
+    stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .unwrap();
+    // The safe launch refuses a capturing stream (the graph would outlive its borrows) ...
+    let t = AttentionTensors {
+        q: &q_in,
+        k: &k,
+        v: &v,
+        o: &mut o,
+        lse: Some(&mut lse),
+    };
+    let e = plan.launch(&stream, t, seqs).unwrap_err();
+    assert!(matches!(e, Error::Capturing { .. }), "{e}");
+    // ... the unsafe one captures, its contract covering the buffers while the graph lives.
+    let t = AttentionTensors {
+        q: &q_in,
+        k: &k,
+        v: &v,
+        o: &mut o,
+        lse: Some(&mut lse),
+    };
+    // SAFETY: q_in, k, v, o and lse outlive the graph (dropped at the end of the test, after
+    // the last replay's results were read on the same stream).
+    unsafe { plan.launch_captured(&stream, t, seqs) }.unwrap();
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("graph");
+    drop(plan);
+    for (round, qi) in [&q, &q2, &q, &q2].into_iter().enumerate() {
+        stream.memcpy_dtod(qi, &mut q_in).unwrap();
+        graph.launch().unwrap();
+        let got = (stream.clone_dtoh(&o).unwrap(), stream.clone_dtoh(&lse).unwrap());
+        let w = &want[round % 2];
+        assert!(
+            got.0.iter().zip(&w.0).all(|(a, b)| a.to_bits() == b.to_bits())
+                && got.1.iter().zip(&w.1).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "graph replay {round} differs from the direct launch on the same input"
+        );
     }
-    let got = (stream.clone_dtoh(&o).unwrap(), stream.clone_dtoh(&lse).unwrap());
-    assert!(
-        got.0.iter().zip(&want.0).all(|(a, b)| a.to_bits() == b.to_bits())
-            && got.1.iter().zip(&want.1).all(|(a, b)| a.to_bits() == b.to_bits()),
-        "graph replay differs from the direct launch"
-    );
-    println!("attention captured in a CUDA graph, replayed 3 times: bitwise equal to the direct launch");
+    println!("attention captured in a CUDA graph, replayed 4 times on new Q: bitwise equal to the direct launches");
 }
 
 #[test]
@@ -319,7 +370,14 @@ fn bad_attention_input_is_rejected() {
         seqlen_k: 256,
     };
     let mut err = |seqs: Sequences, h: AttentionHeads| -> String {
-        match flash_attention(&dev, &stream, &q, &k, &v, &mut o, &mut lse, seqs, h) {
+        let t = AttentionTensors {
+            q: &q,
+            k: &k,
+            v: &v,
+            o: &mut o,
+            lse: Some(&mut lse),
+        };
+        match flash_attention(&dev, &stream, h, t, seqs) {
             Err(e @ (Error::Shape { .. } | Error::BufferTooSmall { .. })) => e.to_string(),
             other => panic!("expected a shape error, got {other:?}"),
         }
@@ -337,24 +395,198 @@ fn bad_attention_input_is_rejected() {
         heads(4, 4, 128),
     );
     assert!(e.contains("holds"), "{e}");
-    let cu_bad = stream.clone_htod(&[0i32, 300, 200]).unwrap();
     let cu_ok = stream.clone_htod(&[0i32, 100, 200]).unwrap();
-    let e = err(
-        Sequences::Varlen {
-            cu_seqlens_q: &cu_bad,
-            cu_seqlens_k: &cu_ok,
-        },
-        heads(4, 4, 128),
-    );
-    assert!(e.contains("decreases"), "{e}");
     let cu_short = stream.clone_htod(&[0i32, 100]).unwrap();
+    let varlen = |cu_q, cu_k| Sequences::Varlen {
+        cu_seqlens_q: cu_q,
+        cu_seqlens_k: cu_k,
+        batch: 2,
+        max_seqlen_q: 100,
+        total_q: 200,
+        total_k: 200,
+    };
+    let e = err(varlen(&cu_short, &cu_ok), heads(4, 4, 128));
+    assert!(e.contains("cu_seqlens_q holds 2"), "{e}");
+    // Tile counts are u32 on the device: a launch past 2^32 tiles is refused on the host.
     let e = err(
-        Sequences::Varlen {
-            cu_seqlens_q: &cu_short,
-            cu_seqlens_k: &cu_ok,
+        Sequences::Batched {
+            batch: 1 << 20,
+            seqlen_q: 1 << 20,
+            seqlen_k: 1,
         },
         heads(4, 4, 128),
     );
-    assert!(e.contains("batch + 1"), "{e}");
-    println!("bad head dim, GQA grouping, short buffers and bad cu_seqlens are rejected with clear errors");
+    assert!(e.contains("tiles"), "{e}");
+    println!(
+        "bad head dim, GQA grouping, short buffers, short cu_seqlens and too many tiles are rejected with clear errors"
+    );
+}
+
+#[test]
+#[ignore = "needs a Hopper GPU"]
+fn bad_cu_seqlens_never_write_outside_o_and_lse() {
+    let Some(dev) = device_or_skip("bad_cu_seqlens_never_write_outside_o_and_lse") else {
+        return;
+    };
+    let stream = dev.default_stream();
+    let (hq, d, rows, canary) = (2, 64, 200, 4096);
+    let q = stream.clone_htod(&random_bf16(rows * hq * d, 1)).unwrap();
+    let k = stream.clone_htod(&random_bf16(rows * hq * d, 2)).unwrap();
+    let v = stream.clone_htod(&random_bf16(rows * hq * d, 3)).unwrap();
+    // O and LSE with a canary tail past the rows the launch declares.
+    let nan = bf16::from_f32(f32::NAN).to_bits();
+    let mut o_full = stream
+        .clone_htod(&vec![bf16::from_bits(nan); rows * hq * d + canary])
+        .unwrap();
+    let mut lse_full = stream.clone_htod(&vec![f32::NAN; rows * hq + canary]).unwrap();
+    // Offsets past the rows, decreasing, and a sequence longer than max_seqlen_q.
+    let cu_q = stream.clone_htod(&[0i32, 150, 90, 100_000, 7]).unwrap();
+    let cu_k = stream.clone_htod(&[0i32, 500, 1 << 30, 20, 200]).unwrap();
+    let heads = AttentionHeads {
+        heads_q: hq,
+        heads_kv: hq,
+        head_dim: d,
+        causal: true,
+        softmax_scale: None,
+    };
+    {
+        let mut o = o_full.slice_mut(..rows * hq * d);
+        let mut lse = lse_full.slice_mut(..rows * hq);
+        let t = AttentionTensors {
+            q: &q,
+            k: &k,
+            v: &v,
+            o: &mut o,
+            lse: Some(&mut lse),
+        };
+        let seqs = Sequences::Varlen {
+            cu_seqlens_q: &cu_q,
+            cu_seqlens_k: &cu_k,
+            batch: 4,
+            max_seqlen_q: 128,
+            total_q: rows,
+            total_k: rows,
+        };
+        flash_attention(&dev, &stream, heads, t, seqs).unwrap();
+    }
+    let o = stream.clone_dtoh(&o_full).unwrap();
+    let lse = stream.clone_dtoh(&lse_full).unwrap();
+    assert!(
+        o[rows * hq * d..].iter().all(|x| x.to_bits() == nan),
+        "O written past its rows"
+    );
+    assert!(lse[rows * hq..].iter().all(|x| x.is_nan()), "LSE written past its rows");
+    println!("bad cu_seqlens (past the rows, decreasing, longer than max_seqlen_q): nothing written outside O and LSE");
+}
+
+#[test]
+#[ignore = "needs a Hopper GPU"]
+fn no_lse_is_written_when_none_is_given() {
+    let Some(dev) = device_or_skip("no_lse_is_written_when_none_is_given") else {
+        return;
+    };
+    let stream = dev.default_stream();
+    let (b, s, h, d) = (1, 300, 2, 128);
+    let q = stream.clone_htod(&random_bf16(b * s * h * d, 4)).unwrap();
+    let k = stream.clone_htod(&random_bf16(b * s * h * d, 5)).unwrap();
+    let v = stream.clone_htod(&random_bf16(b * s * h * d, 6)).unwrap();
+    let heads = AttentionHeads {
+        heads_q: h,
+        heads_kv: h,
+        head_dim: d,
+        causal: false,
+        softmax_scale: None,
+    };
+    let seqs = Sequences::Batched {
+        batch: b,
+        seqlen_q: s,
+        seqlen_k: s,
+    };
+    let plan = FlashAttentionPlan::new(&dev, heads).unwrap();
+    let mut o1 = stream.alloc_zeros::<bf16>(b * s * h * d).unwrap();
+    let mut lse = stream.alloc_zeros::<f32>(b * s * h).unwrap();
+    let mut o2 = stream.alloc_zeros::<bf16>(b * s * h * d).unwrap();
+    let t = AttentionTensors {
+        q: &q,
+        k: &k,
+        v: &v,
+        o: &mut o1,
+        lse: Some(&mut lse),
+    };
+    plan.launch(&stream, t, seqs).unwrap();
+    let t = AttentionTensors {
+        q: &q,
+        k: &k,
+        v: &v,
+        o: &mut o2,
+        lse: None,
+    };
+    plan.launch(&stream, t, seqs).unwrap();
+    let (a, c) = (stream.clone_dtoh(&o1).unwrap(), stream.clone_dtoh(&o2).unwrap());
+    assert!(a.iter().zip(&c).all(|(x, y)| x.to_bits() == y.to_bits()));
+    println!("a launch without LSE writes the same O");
+}
+
+/// The scenario of the serving-loop issue: a launch on stream s1 writes O, which was allocated
+/// on s0; O is dropped right after the launch is enqueued and s0 allocates a zeroed buffer of
+/// the same size (cudarc's stream-ordered allocator returns the freed address). The launch
+/// held O's write guard until it was enqueued, so the free waits for the kernel, and the new
+/// buffer stays zero.
+#[test]
+#[ignore = "needs a Hopper GPU"]
+fn a_buffer_freed_after_a_launch_on_another_stream_is_not_written() {
+    let Some(dev) = device_or_skip("a_buffer_freed_after_a_launch_on_another_stream_is_not_written") else {
+        return;
+    };
+    let s0 = dev.context().new_stream().unwrap();
+    let s1 = dev.context().new_stream().unwrap();
+    let (b, s, h, d) = (1, 16384, 32, 128);
+    let q = s0.clone_htod(&random_bf16(b * s * h * d, 11)).unwrap();
+    let k = s0.clone_htod(&random_bf16(b * s * h * d, 12)).unwrap();
+    let v = s0.clone_htod(&random_bf16(b * s * h * d, 13)).unwrap();
+    let heads = AttentionHeads {
+        heads_q: h,
+        heads_kv: h,
+        head_dim: d,
+        causal: false,
+        softmax_scale: None,
+    };
+    let seqs = Sequences::Batched {
+        batch: b,
+        seqlen_q: s,
+        seqlen_k: s,
+    };
+    let n = b * s * h * d;
+    for round in 0..5 {
+        s0.synchronize().unwrap();
+        let plan = FlashAttentionPlan::new(&dev, heads).unwrap();
+        let mut o = s0.alloc_zeros::<bf16>(n).unwrap();
+        // The address, read before the launch (a read guard taken afterwards would make s0
+        // wait for the kernel and hide what is tested).
+        let freed = {
+            use mkernel::cudarc::driver::DevicePtr;
+            o.device_ptr(&s0).0
+        };
+        let t = AttentionTensors {
+            q: &q,
+            k: &k,
+            v: &v,
+            o: &mut o,
+            lse: None,
+        };
+        plan.launch(&s1, t, seqs).unwrap();
+        drop(plan);
+        drop(o);
+        let fresh = s0.alloc_zeros::<bf16>(n).unwrap();
+        let same = {
+            use mkernel::cudarc::driver::DevicePtr;
+            fresh.device_ptr(&s0).0 == freed
+        };
+        s1.synchronize().unwrap();
+        s0.synchronize().unwrap();
+        let host = s0.clone_dtoh(&fresh).unwrap();
+        let nonzero = host.iter().filter(|x| x.to_bits() != 0).count();
+        println!("round {round}: new allocation at the freed address: {same}; non-zero elements: {nonzero} of {n}");
+        assert_eq!(nonzero, 0, "the kernel wrote into memory freed after its launch");
+    }
 }

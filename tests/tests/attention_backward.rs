@@ -4,7 +4,7 @@
 //! O and LSE come from our forward on the same inputs.
 use half::bf16;
 use mkernel::cudarc::driver::{CudaSlice, DevicePtr};
-use mkernel::ops::attention::{flash_attention, AttentionHeads, Sequences};
+use mkernel::ops::attention::{flash_attention, AttentionHeads, AttentionTensors, Sequences};
 use mkernel::ops::attention_bwd::{
     BackwardBuffers, BackwardPtrs, BackwardSequences, BackwardShape, FlashAttentionBackwardPlan,
 };
@@ -101,13 +101,33 @@ fn check(dev: &Device, p: &Problem, bseqs: BackwardSequences, label: String, see
             seqlen_q: *seqlen_q,
             seqlen_k: *seqlen_k,
         },
-        (_, Some((cq, ck))) => Sequences::Varlen {
-            cu_seqlens_q: cq,
-            cu_seqlens_k: ck,
-        },
+        (
+            BackwardSequences::Varlen {
+                cu_seqlens_q,
+                cu_seqlens_k,
+            },
+            Some((cq, ck)),
+        ) => {
+            let lens = |cu: &[i32]| cu.windows(2).map(|w| (w[1] - w[0]) as usize).collect::<Vec<_>>();
+            Sequences::Varlen {
+                cu_seqlens_q: cq,
+                cu_seqlens_k: ck,
+                batch: cu_seqlens_q.len() - 1,
+                max_seqlen_q: lens(cu_seqlens_q).into_iter().max().unwrap_or(0).max(1),
+                total_q: *cu_seqlens_q.last().unwrap() as usize,
+                total_k: *cu_seqlens_k.last().unwrap() as usize,
+            }
+        }
         _ => unreachable!(),
     };
-    flash_attention(dev, &stream, &gq, &gk, &gv, &mut o, &mut lse, fseqs, p.heads()).unwrap();
+    let t = AttentionTensors {
+        q: &gq,
+        k: &gk,
+        v: &gv,
+        o: &mut o,
+        lse: Some(&mut lse),
+    };
+    flash_attention(dev, &stream, p.heads(), t, fseqs).unwrap();
     let shape = BackwardShape {
         seqs: bseqs,
         heads: p.heads(),
@@ -299,7 +319,14 @@ fn attention_backward_replays_in_a_cuda_graph() {
         seqlen_q: s,
         seqlen_k: s,
     };
-    flash_attention(&dev, &stream, &q, &k, &v, &mut o, &mut lse, fseqs, heads).unwrap();
+    let t = AttentionTensors {
+        q: &q,
+        k: &k,
+        v: &v,
+        o: &mut o,
+        lse: Some(&mut lse),
+    };
+    flash_attention(&dev, &stream, heads, t, fseqs).unwrap();
     let shape = BackwardShape {
         seqs: BackwardSequences::Batched {
             batch: b,

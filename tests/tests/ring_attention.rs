@@ -6,7 +6,7 @@
 //! Run: `bundle/xtask launch -n 2 --share-gpu -- bundle/tests/mkernel-tests-ring_attention --include-ignored --nocapture`
 //! (2 emulated nodes x 2 ranks: `-n 4 --nodes 2`).
 use half::bf16;
-use mkernel::ops::attention::{flash_attention, AttentionHeads, Sequences};
+use mkernel::ops::attention::{flash_attention, AttentionHeads, AttentionTensors, Sequences};
 use mkernel::ops::ring_attention::{RingAttentionPlan, RingOptions};
 use mkernel::{Communicator, Device};
 use mkernel_tests::attention::{attention as cpu_attention, zigzag_chunks, Seq};
@@ -97,7 +97,14 @@ fn run_case(comm: &Communicator, dev: &Device, ws: &mkernel::SymBuffer, c: &Case
         seqlen_q: c.s,
         seqlen_k: c.s,
     };
-    flash_attention(dev, &stream, &gq, &gk, &gv, &mut go, &mut glse, seqs, heads).unwrap();
+    let t = AttentionTensors {
+        q: &gq,
+        k: &gk,
+        v: &gv,
+        o: &mut go,
+        lse: Some(&mut glse),
+    };
+    flash_attention(dev, &stream, heads, t, seqs).unwrap();
     let (single_o, single_lse) = (stream.clone_dtoh(&go).unwrap(), stream.clone_dtoh(&glse).unwrap());
     // The ring over the shards.
     let rows = c.batch * s_local;

@@ -11,7 +11,7 @@ use crate::timing::median_ms_interleaved;
 use crate::Args;
 use anyhow::Result;
 use half::bf16;
-use mkernel::ops::attention::{AttentionHeads, FlashAttentionPlan, Sequences};
+use mkernel::ops::attention::{AttentionHeads, AttentionTensors, FlashAttentionPlan, Sequences};
 use mkernel::ops::attention_bwd::{BackwardBuffers, BackwardSequences, BackwardShape, FlashAttentionBackwardPlan};
 use mkernel::Device;
 use mkernel_tests::data::random_bf16;
@@ -100,6 +100,7 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
     );
     let mut ours_ms = vec![];
     let mut ours_bwd_ms = vec![];
+    let mut launch_us = vec![];
     for &(b, hq, hkv, s, d, causal) in &cases {
         let q = stream.clone_htod(&random_bf16(b * s * hq * d, 1))?;
         let k = stream.clone_htod(&random_bf16(b * s * hkv * d, 2))?;
@@ -118,11 +119,28 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
             seqlen_q: s,
             seqlen_k: s,
         };
-        let plan = FlashAttentionPlan::new(dev, &stream, &q, &k, &v, &mut o, &mut lse, seqs, heads)?;
-        let mut ours = || Ok(plan.launch(&stream)?);
+        let plan = FlashAttentionPlan::new(dev, heads)?;
+        let mut ours = || {
+            let t = AttentionTensors {
+                q: &q,
+                k: &k,
+                v: &v,
+                o: &mut o,
+                lse: Some(&mut lse),
+            };
+            plan.launch(&stream, t, seqs)?;
+            Ok(())
+        };
         let t = median_ms_interleaved(&stream, args.warmup, args.iters, &mut [&mut ours])?;
         ours_ms.push(t[0]);
-        drop(plan);
+        // Host time of one launch (encoding the tensor maps, checks, enqueue), over a burst.
+        let burst = 50;
+        let t0 = std::time::Instant::now();
+        for _ in 0..burst {
+            ours()?;
+        }
+        launch_us.push(t0.elapsed().as_secs_f64() * 1e6 / burst as f64);
+        stream.synchronize()?;
         // The backward of the same problem (dO random).
         let d_o = stream.clone_htod(&random_bf16(b * s * hq * d, 4))?;
         let shape = BackwardShape {
@@ -166,8 +184,20 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
         Err(e) => println!("# baselines missing: {e}"),
     }
     println!(
-        "{:>2} {:>3} {:>3} {:>6} {:>4} {:>6} {:>9} {:>8} {:>9} {:>8} {:>8} {:>12}",
-        "B", "Hq", "Hkv", "S", "D", "causal", "ours_ms", "TFLOP/s", "cudnn_ms", "TFLOP/s", "fa2 TF/s", "ours/cudnn"
+        "{:>2} {:>3} {:>3} {:>6} {:>4} {:>6} {:>9} {:>8} {:>9} {:>8} {:>8} {:>12} {:>10}",
+        "B",
+        "Hq",
+        "Hkv",
+        "S",
+        "D",
+        "causal",
+        "ours_ms",
+        "TFLOP/s",
+        "cudnn_ms",
+        "TFLOP/s",
+        "fa2 TF/s",
+        "ours/cudnn",
+        "launch_us"
     );
     let mut rows = vec![];
     let mut ratios = vec![];
@@ -183,14 +213,15 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
         }
         let opt = |x: Option<f64>, w: usize, p: usize| x.map_or(format!("{:>w$}", "-"), |v| format!("{v:>w$.p$}"));
         println!(
-            "{b:>2} {hq:>3} {hkv:>3} {s:>6} {d:>4} {:>6} {:>9.3} {:>8.1} {} {} {} {}",
+            "{b:>2} {hq:>3} {hkv:>3} {s:>6} {d:>4} {:>6} {:>9.3} {:>8.1} {} {} {} {} {:>10.2}",
             causal,
             ours_ms[i],
             tf(ours_ms[i]),
             opt(cudnn, 9, 3),
             opt(cudnn.map(tf), 8, 1),
             opt(fa2.map(tf), 8, 1),
-            opt(ratio, 12, 3)
+            opt(ratio, 12, 3),
+            launch_us[i]
         );
         if let Some(x) = r {
             for k in ["cudnn_err", "fa2_err"] {
@@ -202,7 +233,7 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
         rows.push(json!({"b": b, "hq": hq, "hkv": hkv, "s": s, "d": d, "causal": causal,
             "ours_ms": ours_ms[i], "ours_tflops": tf(ours_ms[i]),
             "cudnn_ms": cudnn, "cudnn_tflops": cudnn.map(tf), "fa2_ms": fa2, "fa2_tflops": fa2.map(tf),
-            "ours_over_cudnn": ratio, "baseline": r.cloned()}));
+            "ours_over_cudnn": ratio, "launch_us": launch_us[i], "baseline": r.cloned()}));
     }
     summary(&ratios, "");
     println!("# backward (dQ, dK, dV; ours: prep + main + dQ convert); TFLOP/s = 2.5 x the forward's FLOPs");

@@ -17,14 +17,15 @@ use crate::nccl::Nccl;
 use crate::timing::median_ms_aligned;
 use crate::Args;
 use anyhow::Result;
-use cudarc::driver::DevicePtr;
+use cudarc::driver::{CudaSlice, DevicePtr};
 use half::bf16;
 use mkernel::bootstrap::Bootstrap;
-use mkernel::ops::attention::{AttentionHeads, FlashAttentionPlan, Sequences};
+use mkernel::ops::attention::{AttentionHeads, AttentionTensors, FlashAttentionPlan, Sequences};
 use mkernel::ops::ring_attention::{comm_cta_candidates, tune_key, RingAttentionPlan, RingOptions};
 use mkernel::{CommConfig, Communicator, Device, ReduceDtype};
 use mkernel_tests::data::random_bf16;
 use serde_json::{json, Value};
+use std::cell::RefCell;
 use std::time::Duration;
 
 /// (batch, heads_q, heads_kv, whole sequence, head_dim): issue 24's shapes.
@@ -107,8 +108,8 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
         let kb = stream.alloc_zeros::<bf16>(nkv)?;
         let vb = stream.alloc_zeros::<bf16>(nkv)?;
         let (mut o, mut lse) = (stream.alloc_zeros::<bf16>(nq)?, stream.alloc_zeros::<f32>(b * sl * hq)?);
-        let (mut oa, mut la) = (stream.alloc_zeros::<bf16>(nq)?, stream.alloc_zeros::<f32>(b * sl * hq)?);
-        let (mut ob, mut lb) = (stream.alloc_zeros::<bf16>(nq)?, stream.alloc_zeros::<f32>(b * sl * hq)?);
+        let (oa, la) = (stream.alloc_zeros::<bf16>(nq)?, stream.alloc_zeros::<f32>(b * sl * hq)?);
+        let (ob, lb) = (stream.alloc_zeros::<bf16>(nq)?, stream.alloc_zeros::<f32>(b * sl * hq)?);
         let seqs = Sequences::Batched {
             batch: b,
             seqlen_q: sl,
@@ -156,8 +157,24 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
             heads,
             RingOptions { comm_ctas },
         )?;
-        let local_a = FlashAttentionPlan::new(&dev, &stream, &q, &ka, &va, &mut oa, &mut la, seqs, heads)?;
-        let local_b = FlashAttentionPlan::new(&dev, &stream, &q, &kb, &vb, &mut ob, &mut lb, seqs, heads)?;
+        let local = FlashAttentionPlan::new(&dev, heads)?;
+        let (oa, la, ob, lb) = (RefCell::new(oa), RefCell::new(la), RefCell::new(ob), RefCell::new(lb));
+        let launch_local = |k: &CudaSlice<bf16>,
+                            v: &CudaSlice<bf16>,
+                            o: &RefCell<CudaSlice<bf16>>,
+                            l: &RefCell<CudaSlice<f32>>|
+         -> Result<()> {
+            let (mut o, mut l) = (o.borrow_mut(), l.borrow_mut());
+            let t = AttentionTensors {
+                q: &q,
+                k,
+                v,
+                o: &mut *o,
+                lse: Some(&mut *l),
+            };
+            local.launch(&stream, t, seqs)?;
+            Ok(())
+        };
         let bufs = [
             (ka.device_ptr(&stream).0, va.device_ptr(&stream).0),
             (kb.device_ptr(&stream).0, vb.device_ptr(&stream).0),
@@ -168,7 +185,7 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
         let bytes = nkv * 2;
         let (right, left) = ((rank + 1) % world, (rank + world - 1) % world);
         let mut f_ring = || Ok(ring.launch(&stream)?);
-        let mut f_local = || Ok(local_a.launch(&stream)?);
+        let mut f_local = || launch_local(&ka, &va, &oa, &la);
         // The copies baseline reaches the right neighbour through its heap: one node only.
         let copies = nccl.is_none() && comm.nnodes() == 1;
         let stage_peer = if copies {
@@ -183,7 +200,7 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
             Ok(())
         };
         let mut f_seq = || -> Result<()> {
-            local_a.launch(&stream)?;
+            launch_local(&ka, &va, &oa, &la)?;
             for t in 1..world {
                 let (from, to) = (bufs[(t - 1) % 2], bufs[t % 2]);
                 if let Some(nccl) = &nccl {
@@ -202,9 +219,9 @@ pub fn run(args: &Args) -> Result<Vec<Value>> {
                     barrier()?;
                 }
                 if t % 2 == 1 {
-                    local_b.launch(&stream)?;
+                    launch_local(&kb, &vb, &ob, &lb)?;
                 } else {
-                    local_a.launch(&stream)?;
+                    launch_local(&ka, &va, &oa, &la)?;
                 }
             }
             Ok(())

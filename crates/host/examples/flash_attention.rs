@@ -7,7 +7,7 @@ mod common;
 
 use common::{check, random_bf16, Result, STEPS};
 use half::bf16;
-use mkernel::ops::attention::{AttentionHeads, FlashAttentionPlan, Sequences};
+use mkernel::ops::attention::{AttentionHeads, AttentionTensors, FlashAttentionPlan, Sequences};
 use mkernel::Device;
 
 const BATCH: usize = 2;
@@ -40,6 +40,8 @@ fn flash_attention() -> Result {
         seqlen_k: SEQ,
     };
 
+    // Planned once for the heads; each step launches on its buffers.
+    let plan = FlashAttentionPlan::new(&dev, HEADS)?;
     for step in 0..STEPS {
         let (qh, kh, vh) = (
             random_bf16(q.len(), 3 * step, 1.0),
@@ -49,12 +51,14 @@ fn flash_attention() -> Result {
         stream.memcpy_htod(&qh, &mut q)?;
         stream.memcpy_htod(&kh, &mut k)?;
         stream.memcpy_htod(&vh, &mut v)?;
-        // FlashAttentionPlan borrows its buffers and has no raw-address constructor yet: a plan
-        // per step (it uploads its descriptors and synchronizes), dropped before o is read.
-        {
-            let plan = FlashAttentionPlan::new(&dev, &stream, &q, &k, &v, &mut o, &mut lse, seqs, HEADS)?;
-            plan.launch(&stream)?; // capturable in a CUDA graph
-        }
+        let t = AttentionTensors {
+            q: &q,
+            k: &k,
+            v: &v,
+            o: &mut o,
+            lse: Some(&mut lse), // or None when the LSE is not needed
+        };
+        plan.launch(&stream, t, seqs)?; // one kernel; capturable in a CUDA graph
         let got = stream.clone_dtoh(&o)?;
         check(
             &format!("flash_attention step {step}"),

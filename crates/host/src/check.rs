@@ -93,6 +93,15 @@ pub(crate) fn stream_on(op: &'static str, device: &Device, stream: &CudaStream) 
     Ok(())
 }
 
+/// `stream` is not capturing a CUDA graph (safe launches; `alternative` names the unsafe form).
+pub(crate) fn not_capturing(op: &'static str, stream: &CudaStream, alternative: &'static str) -> Result<()> {
+    use cudarc::driver::sys::CUstreamCaptureStatus;
+    if stream.capture_status()? != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+        return Err(Error::Capturing { op, alternative });
+    }
+    Ok(())
+}
+
 /// `buf` (a cudarc slice or view) was allocated in `device`'s CUDA context.
 pub(crate) fn buffer_on<T, S: DeviceSlice<T> + ?Sized>(
     op: &'static str,

@@ -36,6 +36,14 @@ pub enum Error {
     /// the [`crate::Device`]'s primary one) than the operation's device.
     #[error("{op}: the {what} belongs to another CUDA context than the operation's device")]
     ForeignContext { op: &'static str, what: &'static str },
+    /// A safe launch on a stream that is capturing a CUDA graph: the graph would keep the
+    /// buffers' addresses past their borrows. Capture through the `unsafe` form the message
+    /// names, whose contract covers the graph's lifetime.
+    #[error("{op}: the stream is capturing a CUDA graph; a safe launch cannot keep its buffers alive for the graph's replays (use the unsafe `{alternative}`)")]
+    Capturing {
+        op: &'static str,
+        alternative: &'static str,
+    },
     /// A symmetric-heap buffer lies outside the heap's data region, or a rank is out of range.
     #[error("{op}: {reason}")]
     OutOfRange { op: &'static str, reason: String },

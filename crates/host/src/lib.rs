@@ -21,6 +21,7 @@ pub mod comm;
 pub mod error;
 pub mod gemm;
 pub mod ops;
+pub mod params;
 pub mod ptx;
 pub mod runtime;
 pub mod tensor_map;

@@ -5,7 +5,7 @@ use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg};
 use mkernel_config::KernelSpec;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 /// The names under which the CUDA driver library is looked for (Linux).
 const DRIVER_LIBRARIES: [&str; 2] = ["libcuda.so.1", "libcuda.so"];
@@ -66,6 +66,9 @@ struct Inner {
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
     sm_count: u32,
     reported_sm_count: u32,
+    /// A stream of the context that never captures: where launches inside a capture take their
+    /// buffers' addresses (so no wait on an event recorded outside the capture enters it).
+    side: OnceLock<Arc<CudaStream>>,
 }
 
 /// The devices made so far, one per CUDA context, so that every [`Device`] of a context shares
@@ -120,9 +123,19 @@ impl Device {
             functions: Mutex::new(HashMap::new()),
             sm_count,
             reported_sm_count: reported,
+            side: OnceLock::new(),
         });
         loaded.push(Arc::downgrade(&inner));
         Ok(Device { inner })
+    }
+
+    /// A stream of this context used by no graph capture (created on first use).
+    pub(crate) fn side_stream(&self) -> Result<&Arc<CudaStream>> {
+        if let Some(s) = self.inner.side.get() {
+            return Ok(s);
+        }
+        let s = self.inner.ctx.new_stream()?;
+        Ok(self.inner.side.get_or_init(|| s))
     }
 
     /// Whether `self` and `other` share one loaded module (they are `Device`s of one context).

@@ -2,7 +2,15 @@
 
 use mkernel_config::KernelSpec;
 
-/// Checks the PTX and inserts each entry's launch bounds.
+/// Alignment of every by-value aggregate parameter of an entry (a launch-parameter block): the
+/// 64 bytes a `CUtensorMap` in parameter space needs, so that blocks can open with tensor maps
+/// that TMA reads in place (`arch::param`). rustc declares such a parameter `.align 8` (it
+/// cannot pass an over-aligned struct to a kernel: TOOLCHAIN.md), and the driver lays the
+/// parameter buffer out by the PTX's declaration.
+pub const PARAM_BLOCK_ALIGN: u32 = 64;
+
+/// Checks the PTX, inserts each entry's launch bounds and aligns its parameter blocks
+/// ([`PARAM_BLOCK_ALIGN`]).
 ///
 /// Errors when the PTX declares an `.extern .func` (a call nothing defines: it would fail at
 /// module load on the GPU), when an `.entry` is missing from the table, when a table entry is
@@ -35,7 +43,16 @@ pub fn finish_ptx(ptx: &str, table: &[KernelSpec]) -> Result<String, String> {
         }) {
             return Err(format!("kernel `{}` already has launch bounds", p.name));
         }
-        out.push_str(line);
+        match (pending, param_block(t)) {
+            (Some(_), Some(align)) if align <= PARAM_BLOCK_ALIGN => {
+                out.push_str(&line.replacen(
+                    &format!(".align {align} .b8"),
+                    &format!(".align {PARAM_BLOCK_ALIGN} .b8"),
+                    1,
+                ));
+            }
+            _ => out.push_str(line),
+        }
         out.push('\n');
         // The parameter list closes with a line holding just `)`; bounds go between it and `{`.
         if let (Some(spec), true) = (pending, t == ")" || t.ends_with("()")) {
@@ -103,6 +120,14 @@ fn replace_word(s: &str, from: &str, to: &str) -> String {
     out
 }
 
+/// The declared alignment of an entry parameter line `.param .align N .b8 NAME[SIZE]`.
+fn param_block(line: &str) -> Option<u32> {
+    let rest = line.strip_prefix(".param .align ")?;
+    let (align, rest) = rest.split_once(' ')?;
+    rest.starts_with(".b8 ").then_some(())?;
+    align.parse().ok()
+}
+
 fn entry_name(line: &str) -> Option<&str> {
     let rest = line
         .strip_prefix(".visible .entry ")
@@ -125,6 +150,20 @@ mod tests {
     fn bounds_are_inserted_after_params() {
         let out = finish_ptx(PTX, &[K]).unwrap();
         assert!(out.contains(")\n.maxntid 384, 1, 1\n.minnctapersm 1\n{"), "{out}");
+    }
+    #[test]
+    fn parameter_blocks_are_aligned_for_tensor_maps() {
+        let ptx = ".visible .entry k(\n\t.param .align 8 .b8 k_param_0[480],\n\t.param .u64 .ptr .align 1 k_param_1\n)\n{\n\tret;\n}\n";
+        let out = finish_ptx(ptx, &[K]).unwrap();
+        assert!(out.contains("\t.param .align 64 .b8 k_param_0[480],\n"), "{out}");
+        assert!(out.contains("\t.param .u64 .ptr .align 1 k_param_1\n"), "{out}");
+        // Only inside an entry's parameter list.
+        let f = ".func _RNCabc_g(\n\t.param .align 8 .b8 _RNCabc_g_param_0[16]\n)\n{\n}\n";
+        let out = finish_ptx(&format!("{ptx}{f}"), &[K]).unwrap();
+        assert!(
+            out.contains(".param .align 8 .b8 mk_internal_func_0_param_0[16]"),
+            "{out}"
+        );
     }
     #[test]
     fn comment_after_params_is_handled() {

@@ -15,8 +15,10 @@ pub const SWIZZLE_ROW: u32 = 128;
 /// Elements of the head dimension per TMA box (one swizzled row).
 pub const BOX_COLS: u32 = SWIZZLE_ROW / BF16;
 
-/// The launch's argument block, in global memory (the kernel takes its address). Addresses are
-/// device pointers; the three tensor maps (`CUtensorMap`, 128 bytes, 64-byte aligned) describe
+/// The launch's arguments: by value in the FlashAttention forward's [`AttentionParams`] (where
+/// `map_q`, `map_k`, `map_v` are unused: the maps sit in the parameter block), in ring
+/// attention's [`RingArgs`] block in global memory. Addresses are device pointers; the three
+/// tensor maps (`CUtensorMap`, 128 bytes, 64-byte aligned) describe
 /// Q, K, V as 3D tensors `[rows][heads][head_dim]` (innermost last) with boxes of
 /// `BOX_COLS x 1 x block rows`.
 ///
@@ -46,7 +48,8 @@ pub struct AttentionArgs {
     pub heads_kv: u32,
     /// Query rows per sequence (batched) or the longest sequence's (varlen).
     pub seqlen_q: u32,
-    /// Key rows per sequence (batched; unused with varlen).
+    /// Key rows per sequence (batched); with varlen the key rows of the whole tensor, which
+    /// clamp the offsets the kernel reads.
     pub seqlen_k: u32,
     /// Query rows of the whole tensor (the LSE row stride of varlen input).
     pub total_q: u32,
@@ -247,6 +250,29 @@ impl AttentionTile {
 const _: () = AttentionTile::D64.check();
 const _: () = AttentionTile::D128.check();
 const _: () = assert!(size_of::<AttentionArgs>() == 8 * 7 + 4 * 10, "argument block layout");
+
+/// The opaque words of one `CUtensorMap` (128 bytes).
+pub type TensorMapWords = [u64; 16];
+
+/// The FlashAttention forward's launch-parameter block, passed by value: the tensor maps of Q,
+/// K and V (each at a 64-byte offset of the block, which the PTX declares 64-byte aligned), then
+/// the arguments. Nothing is uploaded: a launch carries its own buffers' maps, and a CUDA graph
+/// keeps a copy of the block.
+#[cfg_attr(feature = "bytemuck", derive(bytemuck::Pod, bytemuck::Zeroable))]
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AttentionParams {
+    pub map_q: TensorMapWords,
+    pub map_k: TensorMapWords,
+    pub map_v: TensorMapWords,
+    pub args: AttentionArgs,
+}
+const _: () = assert!(offset_of!(AttentionParams, map_k) % 64 == 0 && offset_of!(AttentionParams, map_v) % 64 == 0);
+const _: () = assert!(offset_of!(AttentionParams, args) == 3 * 128);
+const _: () = assert!(
+    size_of::<AttentionParams>() <= 4096,
+    "kernel parameters are limited to 4 KiB"
+);
 
 /// FlashAttention forward, head dim 64.
 pub const FLASH_ATTN_FWD_D64: KernelSpec = KernelSpec {

@@ -12,6 +12,7 @@ pub mod math;
 pub mod matrix;
 pub mod mbarrier;
 pub mod memory;
+pub mod param;
 pub mod regs;
 pub mod shuffle;
 pub mod smem;

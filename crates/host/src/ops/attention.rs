@@ -13,16 +13,23 @@
 //! (query `i` of a sequence sees keys `j <= i + seqlen_k - seqlen_q`). A row that sees no key
 //! gets O = 0 and LSE = -inf.
 //!
-//! A [`FlashAttentionPlan`] encodes the TMA descriptors and the argument block once; `launch` is
-//! one kernel launch (CUDA-graph capturable).
+//! A [`FlashAttentionPlan`] is made from the shapes that do not change between steps (heads,
+//! head dim, mask, scale); each [`FlashAttentionPlan::launch`] takes the step's buffers and
+//! sequence lengths, encodes their tensor maps on the host and passes them by value with the
+//! arguments ([`crate::params`]): one kernel launch, no allocation, no upload, no host
+//! synchronization, capturable in a CUDA graph. Every buffer's cudarc guard is held until the
+//! launch is enqueued, so a free or another stream's use of the buffer waits for the kernel.
+use crate::check;
 use crate::error::{Error, Result};
+use crate::params::ParamBlock;
 use crate::runtime::Device;
 use crate::tensor_map::{encode_bf16_sw128_3d, Tensor3d, TensorMap};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg, SyncOnDrop};
 use half::bf16;
-use mkernel_config::ops::attention::{AttentionArgs, AttentionTile, BOX_COLS, FLASH_ATTN_FWD_D128, FLASH_ATTN_FWD_D64};
+use mkernel_config::ops::attention::{
+    AttentionArgs, AttentionParams, AttentionTile, BOX_COLS, FLASH_ATTN_FWD_D128, FLASH_ATTN_FWD_D64,
+};
 use mkernel_config::KernelSpec;
-use std::marker::PhantomData;
 use std::sync::Arc;
 
 const OP: &str = "flash attention";
@@ -76,7 +83,7 @@ impl AttentionHeads {
 }
 
 /// How the rows of Q, K and V form sequences.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub enum Sequences<'a> {
     /// `batch` sequences of `seqlen_q` queries and `seqlen_k` keys each.
     Batched {
@@ -85,15 +92,47 @@ pub enum Sequences<'a> {
         seqlen_k: usize,
     },
     /// Packed sequences: `cu_seqlens_*` hold `batch + 1` non-decreasing i32 row offsets starting
-    /// at 0 (flash-attn's `cu_seqlens`). The plan reads them back once to check them and to size
-    /// the grid; later changes to the buffers are not seen by the check.
+    /// at 0 (flash-attn's `cu_seqlens`), on the device; as in flash-attn, the caller states the
+    /// longest query sequence and the total rows, so nothing is read back. The kernel clamps
+    /// each sequence into `total_q` / `total_k` rows (bad offsets give wrong rows, never
+    /// writes outside O and the LSE); query rows past `max_seqlen_q` in a sequence are not
+    /// computed.
     Varlen {
-        cu_seqlens_q: &'a CudaSlice<i32>,
-        cu_seqlens_k: &'a CudaSlice<i32>,
+        cu_seqlens_q: &'a dyn DevicePtr<i32>,
+        cu_seqlens_k: &'a dyn DevicePtr<i32>,
+        batch: usize,
+        max_seqlen_q: usize,
+        total_q: usize,
+        total_k: usize,
     },
 }
 
-/// What the plan worked out from the sequences.
+impl std::fmt::Debug for Sequences<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Sequences::Batched {
+                batch,
+                seqlen_q,
+                seqlen_k,
+            } => write!(
+                f,
+                "Batched {{ batch: {batch}, seqlen_q: {seqlen_q}, seqlen_k: {seqlen_k} }}"
+            ),
+            Sequences::Varlen {
+                batch,
+                max_seqlen_q,
+                total_q,
+                total_k,
+                ..
+            } => write!(
+                f,
+                "Varlen {{ batch: {batch}, max_seqlen_q: {max_seqlen_q}, total_q: {total_q}, total_k: {total_k} }}"
+            ),
+        }
+    }
+}
+
+/// What a launch worked out from the sequences.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SequenceInfo {
     pub batch: usize,
@@ -101,9 +140,18 @@ pub struct SequenceInfo {
     pub max_seqlen_q: usize,
     pub total_q: usize,
     pub total_k: usize,
-    /// Attention FLOPs (4 x rows x keys x head_dim summed over sequences and heads, only the
-    /// visible (query, key) pairs when causal).
-    pub flops: f64,
+    /// CTAs launched (persistent).
+    pub grid: u32,
+}
+
+/// The buffers of one attention launch: any cudarc slice or view of the plan's context.
+/// Layouts as in the module doc; `lse: None` writes no log-sum-exp.
+pub struct AttentionTensors<'b> {
+    pub q: &'b dyn DevicePtr<bf16>,
+    pub k: &'b dyn DevicePtr<bf16>,
+    pub v: &'b dyn DevicePtr<bf16>,
+    pub o: &'b mut dyn DevicePtrMut<bf16>,
+    pub lse: Option<&'b mut dyn DevicePtrMut<f32>>,
 }
 
 /// Checks `cu_seqlens` (host copies) and returns (batch, max_q, total_q, total_k).
@@ -138,33 +186,50 @@ pub fn check_cu_seqlens(cu_q: &[i32], cu_k: &[i32]) -> Result<(usize, usize, usi
     ))
 }
 
-/// Visible (query, key) pairs of one sequence.
-pub(crate) fn pairs(q: usize, k: usize, causal: bool) -> f64 {
+/// Visible (query, key) pairs of one sequence of `q` queries and `k` keys, in closed form:
+/// with a bottom-right causal mask row `i` sees `clamp(i + k - q + 1, 0, k)` keys.
+pub fn pairs(q: usize, k: usize, causal: bool) -> f64 {
     if !causal {
         return q as f64 * k as f64;
     }
-    // Row i sees min(k, max(0, i + k - q + 1)) keys.
-    (0..q)
-        .map(|i| (i as i64 + k as i64 - q as i64 + 1).clamp(0, k as i64) as f64)
-        .sum()
+    let (q, k) = (q as i128, k as i128);
+    let o = k - q + 1; // row i sees clamp(i + o, 0, k)
+    let lo = (1 - o).clamp(0, q); // first row that sees a key
+    let hi = (k - o).clamp(lo, q); // first row that sees every key
+    let ramp = (hi - lo) * o + (lo + hi - 1) * (hi - lo) / 2;
+    (ramp + (q - hi) * k) as f64
 }
 
-/// A FlashAttention forward ready to launch; borrows its buffers for `'a`.
-pub struct FlashAttentionPlan<'a> {
+/// Attention FLOPs (4 x visible pairs x head_dim x query heads) of batched sequences.
+pub fn batched_flops(heads: &AttentionHeads, batch: usize, seqlen_q: usize, seqlen_k: usize) -> f64 {
+    4.0 * (batch * heads.heads_q * heads.head_dim) as f64 * pairs(seqlen_q, seqlen_k, heads.causal)
+}
+
+/// Attention FLOPs of packed sequences, from host copies of `cu_seqlens` (checked).
+pub fn varlen_flops(heads: &AttentionHeads, cu_q: &[i32], cu_k: &[i32]) -> Result<f64> {
+    check_cu_seqlens(cu_q, cu_k)?;
+    Ok((0..cu_q.len() - 1)
+        .map(|b| {
+            let (lq, lk) = ((cu_q[b + 1] - cu_q[b]) as usize, (cu_k[b + 1] - cu_k[b]) as usize);
+            4.0 * (heads.heads_q * heads.head_dim) as f64 * pairs(lq, lk, heads.causal)
+        })
+        .sum())
+}
+
+/// A FlashAttention forward for fixed heads: launch it on each step's buffers.
+///
+/// A launch holds cudarc's guards of every buffer until it is enqueued, so dropping a buffer
+/// (or the plan) right after a launch on another stream is safe: the free waits for the kernel.
+pub struct FlashAttentionPlan {
+    device: Device,
     func: CudaFunction,
     spec: &'static KernelSpec,
-    /// Tensor maps (3 x 128 bytes) then the argument block.
-    block: CudaSlice<u64>,
-    /// `block`'s address (launches inside a graph capture use it directly).
-    block_addr: u64,
-    grid: u32,
-    info: SequenceInfo,
-    _buffers: PhantomData<&'a ()>,
+    tile: AttentionTile,
+    heads: AttentionHeads,
 }
 
-/// Words of the uploaded block: three tensor maps, then [`AttentionArgs`].
+/// Words of one tensor map in ring attention's uploaded block.
 pub(super) const MAP_WORDS: usize = 16;
-const ARGS_WORDS: usize = std::mem::size_of::<AttentionArgs>() / 8;
 
 /// The TMA map of a packed `[rows][heads][head_dim]` bf16 tensor, in boxes of `box_rows` rows of
 /// one head.
@@ -210,24 +275,34 @@ pub(super) fn launch_block_addr<'s>(
     Ok((p, Some(r)))
 }
 
-impl<'a> FlashAttentionPlan<'a> {
-    /// Plans `o = attention(q, k, v)` and `lse` on `stream`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        device: &Device,
-        stream: &Arc<CudaStream>,
-        q: &'a CudaSlice<bf16>,
-        k: &'a CudaSlice<bf16>,
-        v: &'a CudaSlice<bf16>,
-        o: &'a mut CudaSlice<bf16>,
-        lse: &'a mut CudaSlice<f32>,
-        seqs: Sequences<'a>,
-        heads: AttentionHeads,
-    ) -> Result<Self> {
+impl FlashAttentionPlan {
+    /// A plan for `heads` on `device`: checks the heads and loads the kernel; allocates nothing
+    /// and touches no stream.
+    pub fn new(device: &Device, heads: AttentionHeads) -> Result<Self> {
         heads.validate()?;
+        let (spec, tile) = match heads.head_dim {
+            64 => (&FLASH_ATTN_FWD_D64, AttentionTile::D64),
+            _ => (&FLASH_ATTN_FWD_D128, AttentionTile::D128),
+        };
+        Ok(FlashAttentionPlan {
+            device: device.clone(),
+            func: device.function(spec)?,
+            spec,
+            tile,
+            heads,
+        })
+    }
+
+    /// The heads the plan was made for.
+    pub fn heads(&self) -> AttentionHeads {
+        self.heads
+    }
+
+    /// Checks a launch's sequences and buffer lengths; returns what the launch covers.
+    fn info(&self, seqs: &Sequences<'_>, t: &AttentionTensors<'_>) -> Result<SequenceInfo> {
         let bad = |reason: String| Err(Error::Shape { op: OP, reason });
-        let (hq, hkv, d) = (heads.heads_q, heads.heads_kv, heads.head_dim);
-        let (info, cu) = match seqs {
+        let (hq, hkv, d) = (self.heads.heads_q, self.heads.heads_kv, self.heads.head_dim);
+        let (batch, max_seqlen_q, total_q, total_k) = match *seqs {
             Sequences::Batched {
                 batch,
                 seqlen_q,
@@ -238,155 +313,202 @@ impl<'a> FlashAttentionPlan<'a> {
                         "empty problem: batch = {batch}, seqlen_q = {seqlen_q}, seqlen_k = {seqlen_k}"
                     ));
                 }
-                let info = SequenceInfo {
-                    batch,
-                    max_seqlen_q: seqlen_q,
-                    total_q: batch * seqlen_q,
-                    total_k: batch * seqlen_k,
-                    flops: 4.0 * (batch * hq * d) as f64 * pairs(seqlen_q, seqlen_k, heads.causal),
+                let total = |s: usize| {
+                    batch.checked_mul(s).ok_or_else(|| Error::Shape {
+                        op: OP,
+                        reason: format!("batch {batch} x sequence {s} overflows"),
+                    })
                 };
-                (info, None)
+                (batch, seqlen_q, total(seqlen_q)?, total(seqlen_k)?)
             }
             Sequences::Varlen {
                 cu_seqlens_q,
                 cu_seqlens_k,
+                batch,
+                max_seqlen_q,
+                total_q,
+                total_k,
             } => {
-                let (hcq, hck) = (stream.clone_dtoh(cu_seqlens_q)?, stream.clone_dtoh(cu_seqlens_k)?);
-                stream.synchronize()?;
-                let (batch, max_q, total_q, total_k) = check_cu_seqlens(&hcq, &hck)?;
-                if total_q == 0 || total_k == 0 {
-                    return bad(format!("empty problem: {total_q} query rows, {total_k} key rows"));
+                if batch == 0 || max_seqlen_q == 0 || total_q == 0 || total_k == 0 {
+                    return bad(format!(
+                        "empty problem: batch = {batch}, max_seqlen_q = {max_seqlen_q}, {total_q} query rows, {total_k} key rows"
+                    ));
                 }
-                let flops = (0..batch)
-                    .map(|b| {
-                        let (lq, lk) = ((hcq[b + 1] - hcq[b]) as usize, (hck[b + 1] - hck[b]) as usize);
-                        4.0 * (hq * d) as f64 * pairs(lq, lk, heads.causal)
-                    })
-                    .sum();
-                let info = SequenceInfo {
-                    batch,
-                    max_seqlen_q: max_q,
-                    total_q,
-                    total_k,
-                    flops,
-                };
-                let (pq, _r1) = cu_seqlens_q.device_ptr(stream);
-                let (pk, _r2) = cu_seqlens_k.device_ptr(stream);
-                (info, Some((pq, pk)))
+                if max_seqlen_q > total_q {
+                    return bad(format!("max_seqlen_q = {max_seqlen_q} is above total_q = {total_q}"));
+                }
+                check::buffer_on(OP, "cu_seqlens_q", &self.device, cu_seqlens_q)?;
+                check::buffer_on(OP, "cu_seqlens_k", &self.device, cu_seqlens_k)?;
+                let entries = batch.checked_add(1).unwrap_or(usize::MAX);
+                check::lens(
+                    OP,
+                    &[
+                        ("cu_seqlens_q", cu_seqlens_q.len(), entries),
+                        ("cu_seqlens_k", cu_seqlens_k.len(), entries),
+                    ],
+                )?;
+                (batch, max_seqlen_q, total_q, total_k)
             }
         };
-        if info.total_q >= 1 << 31 || info.total_k >= 1 << 31 {
+        if total_q >= 1 << 31 || total_k >= 1 << 31 {
+            return bad(format!("{total_q} query / {total_k} key rows: at most 2^31 - 1"));
+        }
+        let m_blocks = max_seqlen_q.div_ceil(self.tile.block_m as usize);
+        // The kernel numbers tiles in u32: batch x heads x query blocks must fit.
+        let tiles = check::product_usize(OP, "batch x heads_q x query blocks", &[batch, hq, m_blocks])?;
+        if tiles > u32::MAX as usize {
             return bad(format!(
-                "{} query / {} key rows: at most 2^31 - 1",
-                info.total_q, info.total_k
+                "batch {batch} x {hq} heads x {m_blocks} query blocks = {tiles} tiles: at most 2^32 - 1"
             ));
         }
-        let lse_len = hq * info.total_q;
-        crate::check::lens(
-            OP,
-            &[
-                ("Q", q.len(), info.total_q * hq * d),
-                ("K", k.len(), info.total_k * hkv * d),
-                ("V", v.len(), info.total_k * hkv * d),
-                ("O", o.len(), info.total_q * hq * d),
-                ("LSE", lse.len(), lse_len),
-            ],
-        )?;
-        let (pq, _r1) = q.device_ptr(stream);
-        let (pk, _r2) = k.device_ptr(stream);
-        let (pv, _r3) = v.device_ptr(stream);
-        let (po, _r4) = o.device_ptr_mut(stream);
-        let (pl, _r5) = lse.device_ptr_mut(stream);
-        let (spec, tile) = match d {
-            64 => (&FLASH_ATTN_FWD_D64, AttentionTile::D64),
-            _ => (&FLASH_ATTN_FWD_D128, AttentionTile::D128),
-        };
-        let map = |ptr: u64, heads: usize, rows: usize, box_rows: u32| head_map(ptr, d, heads, rows, box_rows);
-        let maps = [
-            map(pq, hq, info.total_q, tile.block_m)?,
-            map(pk, hkv, info.total_k, tile.block_n)?,
-            map(pv, hkv, info.total_k, tile.block_n)?,
+        for (what, buf) in [("Q", t.q), ("K", t.k), ("V", t.v)] {
+            check::buffer_on(OP, what, &self.device, buf)?;
+        }
+        check::buffer_on(OP, "O", &self.device, &*t.o)?;
+        let mut lens = vec![
+            ("Q", t.q.len(), check::product_usize(OP, "Q", &[total_q, hq, d])?),
+            ("K", t.k.len(), check::product_usize(OP, "K", &[total_k, hkv, d])?),
+            ("V", t.v.len(), check::product_usize(OP, "V", &[total_k, hkv, d])?),
+            ("O", t.o.len(), check::product_usize(OP, "O", &[total_q, hq, d])?),
         ];
-        let mut block = stream.alloc_zeros::<u64>(3 * MAP_WORDS + ARGS_WORDS)?;
-        let base = block.device_ptr(stream).0;
-        let m_blocks = info.max_seqlen_q.div_ceil(tile.block_m as usize);
-        let (seqlen_q, seqlen_k) = match seqs {
-            Sequences::Batched { seqlen_q, seqlen_k, .. } => (seqlen_q, seqlen_k),
-            Sequences::Varlen { .. } => (info.max_seqlen_q, 0),
-        };
-        let args = AttentionArgs {
-            map_q: base,
-            map_k: base + 128,
-            map_v: base + 256,
-            o: po,
-            lse: pl,
-            cu_seqlens_q: cu.map_or(0, |c| c.0),
-            cu_seqlens_k: cu.map_or(0, |c| c.1),
-            batch: info.batch as u32,
-            heads_q: hq as u32,
-            heads_kv: hkv as u32,
-            seqlen_q: seqlen_q as u32,
-            seqlen_k: seqlen_k as u32,
-            total_q: info.total_q as u32,
-            m_blocks: m_blocks as u32,
-            causal: heads.causal as u32,
-            scale_log2: heads.scale() * std::f32::consts::LOG2_E,
-            _pad: 0,
-        };
-        let words = block_words(&maps, &bytemuck::cast::<_, [u64; ARGS_WORDS]>(args));
-        stream.memcpy_htod(&words, &mut block)?;
-        // Launches may be captured on other streams: the upload must be complete.
-        stream.synchronize()?;
-        let tiles = info.batch * hq * m_blocks;
-        let grid = tiles.clamp(1, device.sm_count() as usize) as u32;
-        Ok(FlashAttentionPlan {
-            func: device.function(spec)?,
-            spec,
-            block,
-            block_addr: base,
+        if let Some(lse) = t.lse.as_deref() {
+            check::buffer_on(OP, "LSE", &self.device, lse)?;
+            lens.push(("LSE", lse.len(), check::product_usize(OP, "LSE", &[hq, total_q])?));
+        }
+        check::lens(OP, &lens)?;
+        let grid = tiles.clamp(1, self.device.sm_count() as usize) as u32;
+        Ok(SequenceInfo {
+            batch,
+            max_seqlen_q,
+            total_q,
+            total_k,
             grid,
-            info,
-            _buffers: PhantomData,
         })
     }
 
-    /// Enqueues the kernel on `stream`; inside a CUDA graph capture too.
-    pub fn launch(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        let (base, _r) = launch_block_addr(stream, &self.block, self.block_addr)?;
-        let args = base + 8 * (3 * MAP_WORDS) as u64;
-        let mut b = stream.launch_builder(&self.func);
-        b.arg(&args);
-        // SAFETY: the kernel takes the address of an AttentionArgs block, uploaded with the
-        // tensor maps it points to; the buffers it names are borrowed for 'a.
-        unsafe { b.launch(Device::launch_config(self.spec, self.grid)) }?;
-        Ok(())
+    /// Enqueues `o = attention(q, k, v)` (and the LSE when given) on `stream`: one kernel, its
+    /// tensor maps and arguments passed by value. Refuses a stream that is capturing a CUDA
+    /// graph ([`Error::Capturing`]): capture with [`FlashAttentionPlan::launch_captured`].
+    pub fn launch(
+        &self,
+        stream: &Arc<CudaStream>,
+        t: AttentionTensors<'_>,
+        seqs: Sequences<'_>,
+    ) -> Result<SequenceInfo> {
+        check::not_capturing(OP, stream, "FlashAttentionPlan::launch_captured")?;
+        self.enqueue(stream, stream, t, seqs)
     }
 
-    /// CTAs launched (persistent).
-    pub fn grid(&self) -> u32 {
-        self.grid
+    /// As [`FlashAttentionPlan::launch`], into the CUDA graph `stream` is capturing (it also
+    /// launches on a stream that is not capturing). The graph keeps the buffers' addresses and
+    /// a copy of the launch's parameters, not the plan: the plan may be dropped after the
+    /// capture. The buffers' addresses are taken without cudarc's stream-ordering waits (a
+    /// wait on an event recorded outside the capture would invalidate it).
+    ///
+    /// # Safety
+    /// While the graph (or any graph instantiated from it) can be replayed, every buffer in `t`
+    /// and `seqs` stays allocated, and the caller orders the replays with other work on those
+    /// buffers (replays run in the order of the stream they are launched on).
+    pub unsafe fn launch_captured(
+        &self,
+        stream: &Arc<CudaStream>,
+        t: AttentionTensors<'_>,
+        seqs: Sequences<'_>,
+    ) -> Result<SequenceInfo> {
+        self.enqueue(stream, self.device.side_stream()?, t, seqs)
     }
-    /// Batch, lengths and FLOPs of the planned problem.
-    pub fn info(&self) -> SequenceInfo {
-        self.info
+
+    /// The launch on `stream`, with the buffers' addresses (and cudarc's guards) taken on
+    /// `ptrs` (`stream` itself outside a capture).
+    fn enqueue(
+        &self,
+        stream: &Arc<CudaStream>,
+        ptrs: &Arc<CudaStream>,
+        t: AttentionTensors<'_>,
+        seqs: Sequences<'_>,
+    ) -> Result<SequenceInfo> {
+        check::stream_on(OP, &self.device, stream)?;
+        let info = self.info(&seqs, &t)?;
+        let (hq, hkv, d) = (self.heads.heads_q, self.heads.heads_kv, self.heads.head_dim);
+        // Guards: held until the launch is enqueued (dropped at the end of this function).
+        let (pq, _gq) = t.q.device_ptr(ptrs);
+        let (pk, _gk) = t.k.device_ptr(ptrs);
+        let (pv, _gv) = t.v.device_ptr(ptrs);
+        let (po, _go) = t.o.device_ptr_mut(ptrs);
+        let (pl, _gl) = match t.lse {
+            Some(lse) => {
+                let (p, g) = lse.device_ptr_mut(ptrs);
+                (p, Some(g))
+            }
+            None => (0, None),
+        };
+        let (cu_q, cu_k, _gcu) = match seqs {
+            Sequences::Varlen {
+                cu_seqlens_q,
+                cu_seqlens_k,
+                ..
+            } => {
+                let (a, ga) = cu_seqlens_q.device_ptr(ptrs);
+                let (b, gb) = cu_seqlens_k.device_ptr(ptrs);
+                (a, b, Some((ga, gb)))
+            }
+            Sequences::Batched { .. } => (0, 0, None),
+        };
+        check::aligned16(OP, &[("Q", pq), ("K", pk), ("V", pv), ("O", po)])?;
+        let tile = self.tile;
+        let map = |ptr: u64, heads: usize, rows: usize, box_rows: u32| head_map(ptr, d, heads, rows, box_rows);
+        let (seqlen_q, seqlen_k) = match seqs {
+            Sequences::Batched { seqlen_q, seqlen_k, .. } => (seqlen_q, seqlen_k),
+            // With varlen the kernel reads the key rows of the tensor from `seqlen_k`.
+            Sequences::Varlen {
+                max_seqlen_q, total_k, ..
+            } => (max_seqlen_q, total_k),
+        };
+        let params = AttentionParams {
+            map_q: map(pq, hq, info.total_q, tile.block_m)?.opaque,
+            map_k: map(pk, hkv, info.total_k, tile.block_n)?.opaque,
+            map_v: map(pv, hkv, info.total_k, tile.block_n)?.opaque,
+            args: AttentionArgs {
+                map_q: 0,
+                map_k: 0,
+                map_v: 0,
+                o: po,
+                lse: pl,
+                cu_seqlens_q: cu_q,
+                cu_seqlens_k: cu_k,
+                batch: info.batch as u32,
+                heads_q: hq as u32,
+                heads_kv: hkv as u32,
+                seqlen_q: seqlen_q as u32,
+                seqlen_k: seqlen_k as u32,
+                total_q: info.total_q as u32,
+                m_blocks: info.max_seqlen_q.div_ceil(tile.block_m as usize) as u32,
+                causal: self.heads.causal as u32,
+                scale_log2: self.heads.scale() * std::f32::consts::LOG2_E,
+                _pad: 0,
+            },
+        };
+        let block = ParamBlock::new(params);
+        let mut b = stream.launch_builder(&self.func);
+        b.arg(&block);
+        // SAFETY: the kernel takes one AttentionParams block by value; its tensor maps and
+        // addresses describe the borrowed buffers, whose lengths were checked and whose guards
+        // are held until this launch is enqueued.
+        unsafe { b.launch(Device::launch_config(self.spec, info.grid)) }?;
+        Ok(info)
     }
 }
 
 /// One-shot attention forward (plans, then launches; keep a [`FlashAttentionPlan`] to launch
-/// repeatedly or inside a CUDA graph).
-#[allow(clippy::too_many_arguments)]
+/// every step).
 pub fn flash_attention(
     device: &Device,
     stream: &Arc<CudaStream>,
-    q: &CudaSlice<bf16>,
-    k: &CudaSlice<bf16>,
-    v: &CudaSlice<bf16>,
-    o: &mut CudaSlice<bf16>,
-    lse: &mut CudaSlice<f32>,
-    seqs: Sequences<'_>,
     heads: AttentionHeads,
-) -> Result<()> {
-    FlashAttentionPlan::new(device, stream, q, k, v, o, lse, seqs, heads)?.launch(stream)
+    t: AttentionTensors<'_>,
+    seqs: Sequences<'_>,
+) -> Result<SequenceInfo> {
+    FlashAttentionPlan::new(device, heads)?.launch(stream, t, seqs)
 }
 
 #[cfg(test)]
@@ -431,6 +553,22 @@ mod tests {
         assert!(e.contains("decreases"), "{e}");
         assert!(check_cu_seqlens(&[0, 5], &[0, 5, 6]).is_err());
         assert!(check_cu_seqlens(&[0], &[0]).is_err());
+    }
+    #[test]
+    fn causal_pairs_in_closed_form_match_the_row_sum() {
+        let rows = |q: usize, k: usize| -> f64 {
+            (0..q)
+                .map(|i| (i as i64 + k as i64 - q as i64 + 1).clamp(0, k as i64) as f64)
+                .sum()
+        };
+        for q in 0..40 {
+            for k in 0..40 {
+                assert_eq!(pairs(q, k, true), rows(q, k), "q = {q}, k = {k}");
+            }
+        }
+        // Huge sizes take no time (the row loop would run 2^40 times).
+        let big = pairs(1 << 40, 1 << 40, true);
+        assert_eq!(big, ((1u128 << 40) * ((1u128 << 40) + 1) / 2) as f64);
     }
     #[test]
     fn causal_pairs_are_bottom_right() {

@@ -13,7 +13,19 @@
 //! Kernels, in stream order: the preprocess (`delta = rowsum(dO * O)`, the LSE in log2 units,
 //! the f32 dQ accumulator zeroed), the main kernel (dK, dV; dQ into the accumulator with
 //! `red.global.add`), the dQ convert (`dQ = bf16(scale * acc)`). docs/attention.md, "Backward".
-use super::attention::{check_cu_seqlens, pairs, AttentionHeads, SequenceInfo};
+use super::attention::{check_cu_seqlens, pairs, AttentionHeads};
+
+/// What a backward plan worked out from its sequences.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SequenceInfo {
+    pub batch: usize,
+    /// Longest query sequence.
+    pub max_seqlen_q: usize,
+    pub total_q: usize,
+    pub total_k: usize,
+    /// Backward FLOPs: 2.5 x the forward's (10 x visible pairs x head_dim x query heads).
+    pub flops: f64,
+}
 use crate::error::{Error, Result};
 use crate::runtime::Device;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};

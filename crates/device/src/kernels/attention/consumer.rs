@@ -388,7 +388,8 @@ unsafe fn store<const D: u32>(
                 unsafe { out.add(base as usize + 4 * j).write(pack_bf16x2(x * inv[hi], y * inv[hi])) };
             }
         });
-        if col0 == 0 {
+        // The LSE is optional: a null `lse` writes none.
+        if col0 == 0 && a.lse != 0 {
             let hi = h;
             let lse = if l[hi] > 0.0 {
                 (m[hi] * scale_log2 + math::lg2(l[hi])) * core::f32::consts::LN_2

@@ -2,8 +2,10 @@
 //! warp-specialized (see `mkernel_config::ops::attention` and docs/attention.md).
 //!
 //! Launch: grid = min(tiles, SMs), block = 384 threads, dynamic shared memory =
-//! `AttentionTile::smem_bytes()`; the single argument is the address of an [`AttentionArgs`]
-//! block in global memory (with the three tensor maps it points to).
+//! `AttentionTile::smem_bytes()`; the single argument is an [`AttentionParams`] block passed by
+//! value (the Q, K, V tensor maps, then the [`AttentionArgs`]), read in place
+//! ([`crate::arch::param`]). Ring attention's entries take the address of a [`RingArgs`] block
+//! in global memory instead (its tensor maps are in that block).
 //!
 //! - [`schedule`]: which tiles a CTA computes and each tile's sequence bounds (both roles walk
 //!   the same sequence);
@@ -20,8 +22,37 @@ pub mod schedule;
 
 use crate::arch::{ids, mbarrier, regs, smem, sync, tma};
 use mkernel_config::ops::attention::{
-    AttentionArgs, AttentionTile, RingArgs, Role, RING_CONSUMER_REGS, RING_PRODUCER_REGS, ROLES,
+    AttentionArgs, AttentionParams, AttentionTile, RingArgs, Role, RING_CONSUMER_REGS, RING_PRODUCER_REGS, ROLES,
 };
+
+/// The Q, K, V tensor maps of a launch.
+#[derive(Clone, Copy)]
+pub struct Maps {
+    pub q: tma::TensorMap,
+    pub k: tma::TensorMap,
+    pub v: tma::TensorMap,
+}
+
+impl Maps {
+    /// The maps of a parameter block at generic address `p`.
+    #[inline(always)]
+    fn of_params(p: *const AttentionParams) -> Maps {
+        Maps {
+            q: tma::TensorMap(unsafe { &raw const (*p).map_q } as *const u8),
+            k: tma::TensorMap(unsafe { &raw const (*p).map_k } as *const u8),
+            v: tma::TensorMap(unsafe { &raw const (*p).map_v } as *const u8),
+        }
+    }
+    /// The maps an argument block points to (ring attention's global block).
+    #[inline(always)]
+    fn of_args(a: &AttentionArgs) -> Maps {
+        Maps {
+            q: tma::TensorMap(a.map_q as *const u8),
+            k: tma::TensorMap(a.map_k as *const u8),
+            v: tma::TensorMap(a.map_v as *const u8),
+        }
+    }
+}
 
 /// The shared-memory addresses of one CTA (from the config's `offset_of!` layout).
 #[derive(Clone, Copy)]
@@ -86,12 +117,13 @@ impl Smem {
     }
 }
 
-/// The kernel body for one head dimension. `RING`: `args` is a [`RingArgs`] block; CTAs past
-/// `compute_ctas` are comm CTAs.
+/// The kernel body for one head dimension, with the launch's tensor maps `maps`. `RING`: `args`
+/// is a [`RingArgs`] block; CTAs past `compute_ctas` are comm CTAs.
 #[inline(always)]
 unsafe fn flash_attn<const D: u32, const PR: u32, const CR: u32, const RING: bool>(
     tile: AttentionTile,
     args: *const AttentionArgs,
+    maps: Maps,
 ) {
     if RING {
         let r = unsafe { &*(args as *const RingArgs) };
@@ -107,10 +139,9 @@ unsafe fn flash_attn<const D: u32, const PR: u32, const CR: u32, const RING: boo
     };
     if ids::thread_idx() == 0 {
         unsafe {
-            let a = &*args;
-            tma::prefetch(tma::TensorMap(a.map_q as *const u8));
-            tma::prefetch(tma::TensorMap(a.map_k as *const u8));
-            tma::prefetch(tma::TensorMap(a.map_v as *const u8));
+            tma::prefetch(maps.q);
+            tma::prefetch(maps.k);
+            tma::prefetch(maps.v);
             sm.init();
         }
     }
@@ -122,7 +153,7 @@ unsafe fn flash_attn<const D: u32, const PR: u32, const CR: u32, const RING: boo
                 if RING {
                     unsafe { ring::produce::<D>(&sm, &*(args as *const RingArgs)) };
                 } else {
-                    unsafe { producer::run::<D>(&sm, args) };
+                    unsafe { producer::run::<D>(&sm, args, &maps) };
                 }
             }
         }
@@ -140,22 +171,26 @@ unsafe fn flash_attn<const D: u32, const PR: u32, const CR: u32, const RING: boo
 ///
 /// # Safety
 /// The launch contract of `crate::kernels` (block size and dynamic shared memory from its `KernelSpec`),
-/// and `args` points to an argument block the host uploaded for this kernel, alive until the launch ends.
+/// and `params` holds valid tensor maps of Q, K, V and an argument block whose buffers are valid for
+/// this launch.
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn mk_flash_attn_fwd_d64(args: *const AttentionArgs) {
+pub unsafe extern "ptx-kernel" fn mk_flash_attn_fwd_d64(_params: AttentionParams) {
     const T: AttentionTile = AttentionTile::D64;
-    unsafe { flash_attn::<64, { T.producer_regs }, { T.consumer_regs }, false>(T, args) }
+    let p = crate::param_block!("mk_flash_attn_fwd_d64") as *const AttentionParams;
+    let args = unsafe { &raw const (*p).args };
+    unsafe { flash_attn::<64, { T.producer_regs }, { T.consumer_regs }, false>(T, args, Maps::of_params(p)) }
 }
 
 /// FlashAttention forward, head dim 128.
 ///
 /// # Safety
-/// The launch contract of `crate::kernels` (block size and dynamic shared memory from its `KernelSpec`),
-/// and `args` points to an argument block the host uploaded for this kernel, alive until the launch ends.
+/// As [`mk_flash_attn_fwd_d64`].
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn mk_flash_attn_fwd_d128(args: *const AttentionArgs) {
+pub unsafe extern "ptx-kernel" fn mk_flash_attn_fwd_d128(_params: AttentionParams) {
     const T: AttentionTile = AttentionTile::D128;
-    unsafe { flash_attn::<128, { T.producer_regs }, { T.consumer_regs }, false>(T, args) }
+    let p = crate::param_block!("mk_flash_attn_fwd_d128") as *const AttentionParams;
+    let args = unsafe { &raw const (*p).args };
+    unsafe { flash_attn::<128, { T.producer_regs }, { T.consumer_regs }, false>(T, args, Maps::of_params(p)) }
 }
 
 /// Ring attention forward, head dim 64 (the argument is a [`RingArgs`] block).
@@ -166,7 +201,8 @@ pub unsafe extern "ptx-kernel" fn mk_flash_attn_fwd_d128(args: *const AttentionA
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_ring_attn_fwd_d64(args: *const RingArgs) {
     const T: AttentionTile = AttentionTile::D64;
-    unsafe { flash_attn::<64, RING_PRODUCER_REGS, RING_CONSUMER_REGS, true>(T, args as *const AttentionArgs) }
+    let maps = Maps::of_args(unsafe { &(*args).attn });
+    unsafe { flash_attn::<64, RING_PRODUCER_REGS, RING_CONSUMER_REGS, true>(T, args as *const AttentionArgs, maps) }
 }
 
 /// Ring attention forward, head dim 128 (the argument is a [`RingArgs`] block).
@@ -177,5 +213,6 @@ pub unsafe extern "ptx-kernel" fn mk_ring_attn_fwd_d64(args: *const RingArgs) {
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn mk_ring_attn_fwd_d128(args: *const RingArgs) {
     const T: AttentionTile = AttentionTile::D128;
-    unsafe { flash_attn::<128, RING_PRODUCER_REGS, RING_CONSUMER_REGS, true>(T, args as *const AttentionArgs) }
+    let maps = Maps::of_args(unsafe { &(*args).attn });
+    unsafe { flash_attn::<128, RING_PRODUCER_REGS, RING_CONSUMER_REGS, true>(T, args as *const AttentionArgs, maps) }
 }

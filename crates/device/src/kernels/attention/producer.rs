@@ -2,7 +2,7 @@
 //! its buffer is free, then K and V of each key block into the next ring slot.
 use super::consumer::ring_mask;
 use super::schedule::{total, work_in, Mask, BLOCK};
-use super::Smem;
+use super::{Maps, Smem};
 use crate::arch::{ids, mbarrier, tma, tma::TensorMap};
 use crate::gemm::ring::RingPos;
 use mkernel_config::ops::attention::{AttentionArgs, BOX_COLS};
@@ -22,42 +22,34 @@ impl Pos {
 
 /// # Safety
 /// Called by the producer's elected thread after the CTA's setup: `sm` is this CTA's initialised
-/// shared memory and `args` the launch's argument block with valid tensor maps.
+/// shared memory, `args` the launch's argument block and `maps` its valid Q, K, V tensor maps.
 #[inline(always)]
-pub unsafe fn run<const D: u32>(sm: &Smem, args: *const AttentionArgs) {
+pub unsafe fn run<const D: u32>(sm: &Smem, args: *const AttentionArgs, maps: &Maps) {
     let a = unsafe { &*args };
     let mut pos = Pos::START;
-    unsafe {
-        tiles::<D>(
-            sm,
-            a,
-            TensorMap(a.map_k as *const u8),
-            TensorMap(a.map_v as *const u8),
-            None,
-            ids::grid_dim(),
-            &mut pos,
-        )
-    };
+    unsafe { tiles::<D>(sm, a, maps.q, maps.k, maps.v, None, ids::grid_dim(), &mut pos) };
 }
 
-/// Loads the tiles of this CTA (`block_idx`, `block_idx + stride`, ...) with K and V from
-/// `mk`, `mv`; `ring_step = Some(t)`: `a` is a `RingArgs` block and the mask is ring step
+/// Loads the tiles of this CTA (`block_idx`, `block_idx + stride`, ...) with Q from `mq` and K
+/// and V from `mk`, `mv`; `ring_step = Some(t)`: `a` is a `RingArgs` block and the mask is ring step
 /// `t`'s ([`ring_mask`], re-read per tile: the producer is short of registers).
 ///
 /// # Safety
-/// As [`run`]; `mk`, `mv` are valid tensor maps of this launch's K and V (or a ring slot), `pos`
+/// As [`run`]; `mq` is this launch's Q tensor map, `mk`, `mv` valid tensor maps of its K and V
+/// (or a ring slot), `pos`
 /// is the producer's ring position, and with `ring_step` `a` is a [`RingArgs`] block.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn tiles<const D: u32>(
     sm: &Smem,
     a: &AttentionArgs,
+    mq: TensorMap,
     mk: TensorMap,
     mv: TensorMap,
     ring_step: Option<u32>,
     stride: u32,
     pos: &mut Pos,
 ) {
-    let mq = TensorMap(a.map_q as *const u8);
     let t = sm.tile;
     let mut i = ids::block_idx_reread();
     let end = total::<false>(a);

@@ -177,6 +177,7 @@ pub unsafe fn produce<const D: u32>(sm: &Smem, r: &RingArgs) {
             tiles::<D>(
                 sm,
                 a,
+                TensorMap(a.map_q as *const u8),
                 TensorMap(mk as *const u8),
                 TensorMap(mv as *const u8),
                 Some(t),

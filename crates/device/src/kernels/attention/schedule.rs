@@ -112,10 +112,16 @@ pub unsafe fn work_in<const UNIFORM: bool>(a: &AttentionArgs, t: u32, zigzag: Op
     let (q_start, q_len, k_start, k_len) = if a.cu_seqlens_q != 0 {
         let cq = a.cu_seqlens_q as *const u32;
         let ck = a.cu_seqlens_k as *const u32;
+        // The offsets come from the caller's buffer and are not checked on the host: each
+        // sequence is clamped into the tensors' rows (`total_q`; `seqlen_k` holds the key rows
+        // with varlen input), so bad offsets give wrong rows, never stores past O or the LSE.
+        let (total_q, total_k) = (u(a.total_q), u(a.seqlen_k));
         unsafe {
-            let (q0, q1) = (cq.add(b as usize).read(), cq.add(b as usize + 1).read());
-            let (k0, k1) = (ck.add(b as usize).read(), ck.add(b as usize + 1).read());
-            (u(q0), u(q1 - q0), u(k0), u(k1 - k0))
+            let q1 = u(cq.add(b as usize + 1).read()).min(total_q);
+            let q0 = u(cq.add(b as usize).read()).min(q1);
+            let k1 = u(ck.add(b as usize + 1).read()).min(total_k);
+            let k0 = u(ck.add(b as usize).read()).min(k1);
+            (q0, q1 - q0, k0, k1 - k0)
         }
     } else {
         let (sq, sk) = (u(a.seqlen_q), u(a.seqlen_k));
