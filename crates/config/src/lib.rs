@@ -23,6 +23,15 @@ pub mod trace;
 pub use gemm::GemmTile;
 pub use kernels::{KernelSpec, KERNELS};
 
+/// The opaque words of one `CUtensorMap` (128 bytes), as a field of a launch-parameter block: at a
+/// 64-byte offset of a block that the PTX declares 64-byte aligned (crates/ptx-linker,
+/// `PARAM_BLOCK_ALIGN`), it is a valid TMA descriptor in parameter space.
+pub type TensorMapWords = [u64; 16];
+
+/// Largest launch-parameter block (the driver's limit for all of a kernel's parameters before
+/// CUDA 12.1).
+pub const MAX_PARAM_BYTES: usize = 4096;
+
 /// Threads in a warp.
 pub const WARP_SIZE: u32 = 32;
 /// Threads in a warpgroup (the unit that issues `wgmma`).

@@ -5,43 +5,50 @@
 //! ([`BLayout::NxK`], the `nn.Linear` weight layout). C is M x N row-major. Any M and N; K a
 //! multiple of 8 (TMA needs 16-byte row strides), N a multiple of 8 when B is K x N.
 //!
-//! A [`GemmPlan`] encodes the TMA descriptors once and uploads them; `launch` is then a single
-//! kernel launch that can be captured in a CUDA graph.
+//! A [`GemmPlan`] is made from what does not change between steps ([`GemmConfig`]: N, K, the
+//! B layout, C's element type, the largest M); each [`GemmPlan::launch`] takes the step's
+//! buffers and its M (`1..=max_m`), encodes their tensor maps on the host and passes them by
+//! value with the arguments ([`crate::params`]): one kernel launch, no allocation, no upload,
+//! no host synchronization. Every buffer's cudarc guard is held until the launch is enqueued,
+//! so a free or another stream's use of the buffer waits for the kernel. A safe launch refuses
+//! a stream that is capturing a CUDA graph; [`GemmPlan::launch_captured`] is the `unsafe` capture.
 //!
 //! Policy ([`GemmKernel::Auto`]): M <= 256 (decode) runs the bandwidth-bound kernels
 //! (`mk_gemm_decode_*`: the weights streamed once over every SM, stream-K with an in-kernel,
-//! deterministic reduction of f32 partials); larger M the persistent 128 x 256 tile kernel. A decode
-//! plan owns a small workspace (partials and per-tile counters), so its launches must not overlap
-//! each other (one stream, or ordered); for a given grid its result does not depend on timing.
+//! deterministic reduction of f32 partials); larger M the persistent 128 x 256 tile kernel. The
+//! choice is made per launch from that launch's M. A plan that can run the decode kernels owns
+//! their workspace (partials and per-tile counters), sized at plan time for its largest M.
 use crate::check;
 use crate::error::{Error, Result};
+use crate::params::ParamBlock;
 use crate::runtime::Device;
 use crate::tensor_map::encode_bf16_sw128_packed;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
-use mkernel_config::ops::gemm_decode::{self, DecodeSplit};
+use mkernel_config::ops::gemm::{GemmArgs, GemmParams};
+use mkernel_config::ops::gemm_decode::{self, DecodeArgs, DecodeParams, DecodeSplit};
 use mkernel_config::{kernels, GemmTile, KernelSpec};
-use std::marker::PhantomData;
 use std::sync::Arc;
 
 const OP: &str = "gemm";
 
 /// Storage order of B.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum BLayout {
     /// B is K x N row-major (N contiguous).
     KxN,
     /// B is N x K row-major (K contiguous), as `nn.Linear` stores weights: C = A * B^T.
+    #[default]
     NxK,
 }
 
 /// Element type of C.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum OutDtype {
+    #[default]
     Bf16,
     F32,
 }
-
 impl OutDtype {
     /// Bytes per element.
     pub fn size(self) -> usize {
@@ -66,9 +73,10 @@ impl GemmOutput for f32 {
 }
 
 /// Which kernel a [`GemmPlan`] runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum GemmKernel {
-    /// The policy: [`GemmKernel::Decode`] for M <= 256, else [`GemmKernel::Tiled`].
+    /// The policy, per launch: [`GemmKernel::Decode`] for M <= 256, else [`GemmKernel::Tiled`].
+    #[default]
     Auto,
     /// The persistent warp-specialized kernel, 128 x 256 tiles (`mk_gemm_bf16_{nk,kn}`).
     Tiled,
@@ -78,27 +86,21 @@ pub enum GemmKernel {
 }
 
 impl GemmKernel {
-    /// What `Auto` picks for `shape`.
-    pub fn for_shape(shape: &GemmShape) -> GemmKernel {
-        if shape.m as u64 <= gemm_decode::DECODE_MAX_M as u64 {
+    /// What `Auto` runs for `m` rows.
+    pub fn for_m(m: usize) -> GemmKernel {
+        if m as u64 <= gemm_decode::DECODE_MAX_M as u64 {
             GemmKernel::Decode
         } else {
             GemmKernel::Tiled
         }
     }
+    /// What `Auto` runs for `shape`.
+    pub fn for_shape(shape: &GemmShape) -> GemmKernel {
+        Self::for_m(shape.m)
+    }
 }
 
-/// A decode plan's own pieces: the token bucket, the split and its workspace.
-struct DecodeState {
-    tok: u32,
-    split: DecodeSplit,
-    /// Two f32 partial slots per CTA.
-    ws: CudaSlice<u8>,
-    /// One counter per tile, zero between launches (the reducing CTA resets it).
-    counters: CudaSlice<u32>,
-}
-
-/// Problem size and B layout.
+/// Problem size and B layout of one product.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GemmShape {
     pub m: usize,
@@ -143,339 +145,499 @@ impl GemmShape {
     }
 }
 
-/// A GEMM ready to launch: descriptors encoded and uploaded, grid chosen.
-/// Borrows the buffers it was made from for `'a`:
-/// ```compile_fail,E0505
-/// # use mkernel::{GemmPlan, GemmShape, BLayout};
-/// # fn f(dev: &mkernel::Device, s: &std::sync::Arc<mkernel::cudarc::driver::CudaStream>) -> mkernel::Result<()> {
-/// let shape = GemmShape { m: 128, n: 128, k: 64, b_layout: BLayout::NxK };
-/// let a = s.alloc_zeros::<half::bf16>(128 * 64)?;
-/// let b = s.alloc_zeros::<half::bf16>(128 * 64)?;
-/// let mut c = s.alloc_zeros::<half::bf16>(128 * 128)?;
-/// let plan = GemmPlan::new(dev, s, &a, &b, &mut c, shape, None)?;
-/// drop(c);
-/// plan.launch(s)?;
-/// # Ok(()) }
+/// What a [`GemmPlan`] is made for: everything but the buffers and the rows of each launch.
+///
 /// ```
-pub struct GemmPlan<'a> {
-    device: Device,
-    func: CudaFunction,
+/// # use mkernel::gemm::{GemmConfig, BLayout};
+/// let config = GemmConfig { max_m: 4096, n: 4096, k: 4096, ..GemmConfig::default() };
+/// assert_eq!(config.b_layout, BLayout::NxK);
+/// assert!(config.validate().is_ok());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmConfig {
+    /// Largest M a launch may take (launches take any M in `1..=max_m`). Sizes the decode
+    /// workspace: see [`GemmConfig::workspace_bytes`].
+    pub max_m: usize,
+    /// Columns of C (rows of B when it is N x K).
+    pub n: usize,
+    /// The reduction dimension: a multiple of 8.
+    pub k: usize,
+    /// Default [`BLayout::NxK`] (`nn.Linear` weights).
+    pub b_layout: BLayout,
+    /// C's element type; a launch's C must have it. Default bf16.
+    pub out: OutDtype,
+    /// Most CTAs a launch uses; `None` (the default): every SM. Changes the decode kernels'
+    /// split and so their rounding (results are bitwise equal across launches of one plan).
+    pub sms: Option<u32>,
+    /// Default [`GemmKernel::Auto`] (chosen per launch from M).
+    pub kernel: GemmKernel,
+}
+
+impl Default for GemmConfig {
+    /// No shape (`max_m`, `n` and `k` are 0, which [`GemmConfig::validate`] refuses: set them),
+    /// B as N x K, bf16 C, every SM, the `Auto` policy.
+    fn default() -> Self {
+        GemmConfig {
+            max_m: 0,
+            n: 0,
+            k: 0,
+            b_layout: BLayout::NxK,
+            out: OutDtype::Bf16,
+            sms: None,
+            kernel: GemmKernel::Auto,
+        }
+    }
+}
+
+impl GemmConfig {
+    /// The configuration of a single product (`max_m` = the shape's M).
+    pub fn for_shape(shape: GemmShape, out: OutDtype) -> GemmConfig {
+        GemmConfig {
+            max_m: shape.m,
+            n: shape.n,
+            k: shape.k,
+            b_layout: shape.b_layout,
+            out,
+            ..GemmConfig::default()
+        }
+    }
+    /// The shape of a launch of `m` rows.
+    pub fn shape(&self, m: usize) -> GemmShape {
+        GemmShape {
+            m,
+            n: self.n,
+            k: self.k,
+            b_layout: self.b_layout,
+        }
+    }
+    /// Checks the shape (at `max_m`) and that the kernel can run it.
+    pub fn validate(&self) -> Result<()> {
+        self.shape(self.max_m).validate()?;
+        if self.kernel == GemmKernel::Decode && self.max_m > gemm_decode::DECODE_MAX_M as usize {
+            return Err(Error::Shape {
+                op: OP,
+                reason: format!(
+                    "max_m={} is above the decode kernels' {} rows (GemmKernel::Decode)",
+                    self.max_m,
+                    gemm_decode::DECODE_MAX_M
+                ),
+            });
+        }
+        if self.sms == Some(0) {
+            return Err(Error::Shape {
+                op: OP,
+                reason: "sms = Some(0): a launch needs at least one CTA".into(),
+            });
+        }
+        Ok(())
+    }
+    /// The largest decode bucket a plan of this configuration launches (None: no decode path).
+    fn decode_tok(&self) -> Option<u32> {
+        let decode_m = match self.kernel {
+            GemmKernel::Tiled => return None,
+            GemmKernel::Decode | GemmKernel::Auto => self.max_m.min(gemm_decode::DECODE_MAX_M as usize),
+        };
+        gemm_decode::tok_for(decode_m as u32)
+    }
+    /// Whether a plan of this configuration has the tiled path (`Tiled`, or `Auto` above 256 rows).
+    fn has_tiled(&self) -> bool {
+        match self.kernel {
+            GemmKernel::Tiled => true,
+            GemmKernel::Decode => false,
+            GemmKernel::Auto => self.max_m > gemm_decode::DECODE_MAX_M as usize,
+        }
+    }
+    /// CTAs a launch may use on a GPU of `sm_count` SMs.
+    fn cta_cap(&self, sm_count: u32) -> u32 {
+        self.sms.unwrap_or(sm_count).clamp(1, sm_count.max(1))
+    }
+    /// The decode kernels' split on a GPU of `sm_count` SMs.
+    fn decode_split(&self, sm_count: u32) -> DecodeSplit {
+        DecodeSplit::new(self.n as u32, self.k as u32, self.cta_cap(sm_count))
+    }
+    /// Device memory a plan of this (valid) configuration allocates on a GPU of `sm_count` SMs:
+    /// the decode workspace (two f32 slots of 128 x TOK per CTA for the largest bucket TOK of
+    /// `max_m`, 16 bytes at least, and one u32 counter per 128 rows of N), or 0 with no decode
+    /// path. E.g. 34.6 MB at `max_m` >= 129 on 132 SMs with N >= 128 x 132.
+    pub fn workspace_bytes(&self, sm_count: u32) -> u64 {
+        match self.decode_tok() {
+            None => 0,
+            Some(tok) => {
+                let split = self.decode_split(sm_count);
+                split.workspace_bytes(tok).max(16) + 4 * split.tiles as u64
+            }
+        }
+    }
+}
+
+/// The buffers of one GEMM launch: any cudarc slice or view of the plan's context, row-major and
+/// contiguous (A: at least M x K elements, B: K x N, C: M x N of the plan's output type).
+pub struct GemmTensors<'b, C: GemmOutput> {
+    pub a: &'b dyn DevicePtr<bf16>,
+    pub b: &'b dyn DevicePtr<bf16>,
+    pub c: &'b mut dyn DevicePtrMut<C>,
+}
+
+/// What one launch ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmLaunch {
+    /// [`GemmKernel::Tiled`] or [`GemmKernel::Decode`].
+    pub kernel: GemmKernel,
+    /// CTAs launched.
+    pub grid: u32,
+    /// Decode: the token bucket (the wgmma N, M rounded up to 8, 16, ..., 256).
+    pub tok: Option<u32>,
+}
+
+/// The tiled kernel of a plan.
+struct Tiled {
     spec: &'static KernelSpec,
-    maps: CudaSlice<u64>,
-    c: u64,
-    shape: GemmShape,
-    out: OutDtype,
-    grid: u32,
+    func: CudaFunction,
+    /// bf16 C with 16-byte rows is written by TMA from shared memory; otherwise direct stores.
     tma_store: bool,
     /// The fused-ring diagnostic's timeline buffer (0: none).
     trace: u64,
-    /// Set when the plan runs a decode kernel.
-    decode: Option<DecodeState>,
-    _buffers: PhantomData<&'a ()>,
 }
 
-impl<'a> GemmPlan<'a> {
-    /// Plans `c = a * b` on cudarc buffers; C is bf16 or f32. `sms` caps the CTAs (default:
-    /// every SM).
-    pub fn new<C: GemmOutput>(
-        device: &Device,
-        stream: &Arc<CudaStream>,
-        a: &'a impl DevicePtr<bf16>,
-        b: &'a impl DevicePtr<bf16>,
-        c: &'a mut impl DevicePtrMut<C>,
-        shape: GemmShape,
-        sms: Option<u32>,
-    ) -> Result<Self> {
-        shape.validate()?;
-        check::buffer_on(OP, "A", device, a)?;
-        check::buffer_on(OP, "B", device, b)?;
-        check::buffer_on(OP, "C", device, c)?;
-        let (la, lb, lc) = shape.lens();
-        crate::check::lens(OP, &[("A", a.len(), la), ("B", b.len(), lb), ("C", c.len(), lc)])?;
-        let (pa, _ra) = a.device_ptr(stream);
-        let (pb, _rb) = b.device_ptr(stream);
-        let (pc, _rc) = c.device_ptr_mut(stream);
-        // SAFETY: the three buffers are borrowed for 'a and hold the shape's elements.
-        unsafe { Self::new_raw(device, stream, pa, pb, pc, shape, C::DTYPE, sms) }
+/// The decode kernels of a plan: their split and workspace.
+struct Decode {
+    split: DecodeSplit,
+    /// The kernel of each bucket up to the plan's largest, in `TOK_BUCKETS` order.
+    funcs: Vec<(u32, &'static KernelSpec, CudaFunction)>,
+    /// Two f32 partial slots per CTA, sized for the largest bucket.
+    ws: CudaSlice<u8>,
+    /// One counter per tile, zero between launches (the reducing CTA resets it).
+    counters: CudaSlice<u32>,
+}
+
+/// A GEMM for fixed N, K, B layout and C type: launch it on each step's buffers and M.
+///
+/// A launch holds cudarc's guards of every buffer until it is enqueued, so dropping a buffer
+/// (or the plan) right after a launch on another stream is safe: the free waits for the kernel.
+/// `launch` takes `&mut self` because a decode launch writes the plan's workspace: two launches
+/// of one plan can then never overlap in safe code, and on two streams the second waits for the
+/// first (the workspace's cudarc write guard), with no rule left to the caller.
+pub struct GemmPlan {
+    device: Device,
+    config: GemmConfig,
+    /// CTAs a launch may use.
+    cta_cap: u32,
+    tiled: Option<Tiled>,
+    decode: Option<Decode>,
+}
+
+impl GemmPlan {
+    /// A plan for `config` on `device`: checks the configuration and loads the kernels it can
+    /// run; takes no buffer and no stream of the caller's. A plan that can run the decode
+    /// kernels (`Auto` or `Decode`) allocates their workspace
+    /// ([`GemmConfig::workspace_bytes`]) on the device's internal side stream and waits for its
+    /// zeroing there: a one-time host wait (it also waits for the last launch of a dropped plan
+    /// whose workspace the side stream frees). Build plans once, not per step.
+    pub fn new(device: &Device, config: GemmConfig) -> Result<Self> {
+        let side = device.side_stream()?.clone();
+        let plan = Self::build(device, config, &side)?;
+        if plan.decode.is_some() {
+            side.synchronize()?;
+        }
+        Ok(plan)
     }
 
-    /// Plans on raw device pointers (16-byte aligned; C of `out` elements).
-    ///
-    /// # Safety
-    /// `a`, `b`, `c` must point to at least M*K, K*N and M*N elements on `device`, and stay
-    /// valid while the plan is launched.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn new_raw(
-        device: &Device,
-        stream: &Arc<CudaStream>,
-        a: u64,
-        b: u64,
-        c: u64,
-        shape: GemmShape,
-        out: OutDtype,
-        sms: Option<u32>,
-    ) -> Result<Self> {
-        // SAFETY: as this function's.
-        unsafe { Self::new_raw_on(device, stream, a, b, c, shape, out, sms, GemmKernel::Auto) }
-    }
-
-    /// As [`GemmPlan::new_raw`] on a chosen kernel (`GemmKernel::Decode` needs M <= 256).
-    ///
-    /// # Safety
-    /// As [`GemmPlan::new_raw`].
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn new_raw_on(
-        device: &Device,
-        stream: &Arc<CudaStream>,
-        a: u64,
-        b: u64,
-        c: u64,
-        shape: GemmShape,
-        out: OutDtype,
-        sms: Option<u32>,
-        kernel: GemmKernel,
-    ) -> Result<Self> {
-        shape.validate()?;
-        check::stream_on(OP, device, stream)?;
-        check::aligned16(OP, &[("A", a), ("B", b), ("C", c)])?;
-        let kernel = match kernel {
-            GemmKernel::Auto => GemmKernel::for_shape(&shape),
-            k => k,
+    /// The plan, with the decode workspace (if any) allocated and zeroed on `ws_stream` (not
+    /// waited for: launches on other streams wait for it through cudarc's events).
+    fn build(device: &Device, config: GemmConfig, ws_stream: &Arc<CudaStream>) -> Result<Self> {
+        config.validate()?;
+        check::stream_on(OP, device, ws_stream)?;
+        let sm_count = device.sm_count();
+        let tiled = if config.has_tiled() {
+            let spec = match config.b_layout {
+                BLayout::NxK => &kernels::GEMM_BF16_NK,
+                BLayout::KxN => &kernels::GEMM_BF16_KN,
+            };
+            Some(Tiled {
+                spec,
+                func: device.function(spec)?,
+                tma_store: config.out == OutDtype::Bf16 && config.n % 8 == 0,
+                trace: 0,
+            })
+        } else {
+            None
         };
-        if kernel == GemmKernel::Decode {
-            return Self::new_decode(device, stream, a, b, c, shape, out, sms);
-        }
-        let t = GemmTile::DEFAULT;
-        let (m, n, k) = (shape.m as u64, shape.n as u64, shape.k as u64);
-        let map_a = encode_bf16_sw128_packed(a, k, m, t.block_k, t.block_m)?;
-        let (spec, map_b) = match shape.b_layout {
-            BLayout::NxK => (
-                &kernels::GEMM_BF16_NK,
-                encode_bf16_sw128_packed(b, k, n, t.block_k, t.block_n)?,
-            ),
-            BLayout::KxN => (
-                &kernels::GEMM_BF16_KN,
-                encode_bf16_sw128_packed(b, n, k, 64, t.block_k)?,
-            ),
+        let decode = match config.decode_tok() {
+            None => None,
+            Some(max_tok) => {
+                let split = config.decode_split(sm_count);
+                let kn = config.b_layout == BLayout::KxN;
+                let mut funcs = vec![];
+                for tok in gemm_decode::TOK_BUCKETS.into_iter().filter(|&t| t <= max_tok) {
+                    let spec = gemm_decode::kernel(tok, kn);
+                    funcs.push((tok, spec, device.function(spec)?));
+                }
+                let ws_bytes = split.workspace_bytes(max_tok).max(16) as usize;
+                // SAFETY: no launch reads a partial slot before a launch has written it (a
+                // tile's summing CTA reads only the slots of contributors that counted), so
+                // the slots need no zeroing; u8 has no invalid values.
+                let ws = unsafe { ws_stream.alloc::<u8>(ws_bytes) }?;
+                let counters = ws_stream.alloc_zeros::<u32>(split.tiles as usize)?;
+                Some(Decode {
+                    split,
+                    funcs,
+                    ws,
+                    counters,
+                })
+            }
         };
-        // bf16 C with 16-byte rows is written by TMA from shared memory; otherwise direct stores.
-        let tma_store = out == OutDtype::Bf16 && shape.n % 8 == 0;
-        let mut words = [0u64; 48];
-        words[..16].copy_from_slice(&map_a.opaque);
-        words[16..32].copy_from_slice(&map_b.opaque);
-        if tma_store {
-            let box_rows = GemmTile::EPILOGUE_BOX_ROWS;
-            let map_c = encode_bf16_sw128_packed(c, n, m, GemmTile::EPILOGUE_BOX_COLS, box_rows)?;
-            words[32..].copy_from_slice(&map_c.opaque);
-        }
-        let maps = stream.clone_htod(&words)?;
-        let tiles = shape.m.div_ceil(t.block_m as usize) * shape.n.div_ceil(t.block_n as usize);
-        let sms = sms.unwrap_or(device.sm_count()).clamp(1, device.sm_count());
-        let grid = (tiles.min(sms as usize)) as u32;
         Ok(GemmPlan {
             device: device.clone(),
-            func: device.function(spec)?,
-            spec,
-            maps,
-            c,
-            shape,
-            out,
-            grid,
-            tma_store,
-            trace: 0,
-            decode: None,
-            _buffers: PhantomData,
-        })
-    }
-
-    /// The decode plan: tensor maps of the weights (128 rows x 64 K per stage, or two 64 x 64
-    /// boxes of K x N) and of the tokens (64 K x the bucket's rows), the stream-K split over
-    /// `sms` CTAs and its workspace.
-    #[allow(clippy::too_many_arguments)]
-    fn new_decode(
-        device: &Device,
-        stream: &Arc<CudaStream>,
-        a: u64,
-        b: u64,
-        c: u64,
-        shape: GemmShape,
-        out: OutDtype,
-        sms: Option<u32>,
-    ) -> Result<Self> {
-        let tok = u32::try_from(shape.m)
-            .ok()
-            .and_then(gemm_decode::tok_for)
-            .ok_or_else(|| Error::Shape {
-                op: OP,
-                reason: format!(
-                    "m={} is above the decode kernels' {} rows",
-                    shape.m,
-                    gemm_decode::DECODE_MAX_M
-                ),
-            })?;
-        let (m, n, k) = (shape.m as u64, shape.n as u64, shape.k as u64);
-        let (kn, map_w) = match shape.b_layout {
-            BLayout::NxK => (
-                false,
-                encode_bf16_sw128_packed(b, k, n, gemm_decode::BLOCK_K, gemm_decode::W_ROWS)?,
-            ),
-            BLayout::KxN => (true, encode_bf16_sw128_packed(b, n, k, 64, gemm_decode::BLOCK_K)?),
-        };
-        let map_x = encode_bf16_sw128_packed(a, k, m, gemm_decode::BLOCK_K, tok)?;
-        let mut words = [0u64; 32];
-        words[..16].copy_from_slice(&map_w.opaque);
-        words[16..].copy_from_slice(&map_x.opaque);
-        let maps = stream.clone_htod(&words)?;
-        let sms = sms.unwrap_or(device.sm_count()).clamp(1, device.sm_count());
-        let split = DecodeSplit::new(shape.n as u32, shape.k as u32, sms);
-        let ws_bytes = split.workspace_bytes(tok).max(16) as usize;
-        // SAFETY: no launch reads a partial slot before a launch has written it (a tile's summing
-        // CTA reads only the slots of contributors that counted), so the slots need no zeroing; u8
-        // has no invalid values.
-        let ws = unsafe { stream.alloc::<u8>(ws_bytes) }?;
-        let counters = stream.alloc_zeros::<u32>(split.tiles as usize)?;
-        let spec = gemm_decode::kernel(tok, kn);
-        Ok(GemmPlan {
-            device: device.clone(),
-            func: device.function(spec)?,
-            spec,
-            maps,
-            c,
-            shape,
-            out,
-            grid: split.grid,
-            tma_store: false,
-            trace: 0,
-            decode: Some(DecodeState {
-                tok,
-                split,
-                ws,
-                counters,
-            }),
-            _buffers: PhantomData,
+            config,
+            cta_cap: config.cta_cap(sm_count),
+            tiled,
+            decode,
         })
     }
 
     /// Diagnostic: the same plan on GEMM+ReduceScatter's ring (`ops::gemm_rs::TILE`: 3 stages,
     /// whole-tile epilogue staging, the fused kernels' register split), to measure what that
-    /// ring costs the GEMM alone. N x K B and TMA-stored bf16 C only.
-    pub fn on_fused_ring(mut self, device: &Device) -> Result<Self> {
-        if self.spec != &kernels::GEMM_BF16_NK || !self.tma_store {
+    /// ring costs the GEMM alone. A `Tiled` plan with N x K B and TMA-stored bf16 C only.
+    pub fn on_fused_ring(mut self) -> Result<Self> {
+        let ok = self.decode.is_none()
+            && self
+                .tiled
+                .as_ref()
+                .is_some_and(|t| t.spec == &kernels::GEMM_BF16_NK && t.tma_store);
+        let Some(t) = self.tiled.as_mut().filter(|_| ok) else {
             return Err(Error::Unsupported(format!(
-                "{OP}: the fused-ring diagnostic needs B as N x K and a TMA-stored bf16 C"
+                "{OP}: the fused-ring diagnostic needs GemmKernel::Tiled, B as N x K and a TMA-stored bf16 C"
             )));
-        }
-        self.spec = &kernels::GEMM_BF16_NK_FUSED_RING;
-        self.func = device.function(self.spec)?;
+        };
+        t.spec = &kernels::GEMM_BF16_NK_FUSED_RING;
+        t.func = self.device.function(t.spec)?;
         Ok(self)
     }
 
     /// Diagnostic (a plan [`GemmPlan::on_fused_ring`] only): later launches record the fused
-    /// kernels' per-tile timeline (`mkernel_config::trace`, `grid` CTAs) into the device buffer
-    /// at `buf`; `None` stops it.
+    /// kernels' per-tile timeline (`mkernel_config::trace`, one record set per CTA of the
+    /// launch's grid) into the device buffer at `buf`; `None` stops it.
     ///
     /// # Safety
-    /// `buf` must hold `mkernel_config::trace::words(grid)` u64 words while such launches run.
+    /// `buf` must hold `mkernel_config::trace::words(grid)` u64 words for the grid of every such
+    /// launch ([`GemmPlan::launch_info`]) while they run.
     pub unsafe fn set_trace(&mut self, buf: Option<u64>) -> Result<()> {
-        if self.spec != &kernels::GEMM_BF16_NK_FUSED_RING {
-            return Err(Error::Unsupported(format!(
+        match self.tiled.as_mut() {
+            Some(t) if t.spec == &kernels::GEMM_BF16_NK_FUSED_RING => {
+                t.trace = buf.unwrap_or(0);
+                Ok(())
+            }
+            _ => Err(Error::Unsupported(format!(
                 "{OP}: only the fused-ring diagnostic records a timeline"
-            )));
+            ))),
         }
-        self.trace = buf.unwrap_or(0);
-        Ok(())
     }
 
-    /// Enqueues the kernel on `stream`.
-    pub fn launch(&self, stream: &Arc<CudaStream>) -> Result<()> {
+    /// What a launch of `m` rows runs: the kernel, its grid and (decode) its token bucket.
+    pub fn launch_info(&self, m: usize) -> Result<GemmLaunch> {
+        if m == 0 || m > self.config.max_m {
+            return Err(Error::Shape {
+                op: OP,
+                reason: format!("m={m} must be in 1..={} (the plan's max_m)", self.config.max_m),
+            });
+        }
+        match &self.decode {
+            Some(d) if m <= gemm_decode::DECODE_MAX_M as usize => Ok(GemmLaunch {
+                kernel: GemmKernel::Decode,
+                grid: d.split.grid,
+                tok: gemm_decode::tok_for(m as u32),
+            }),
+            _ => {
+                let t = GemmTile::DEFAULT;
+                let tiles = m.div_ceil(t.block_m as usize) * self.config.n.div_ceil(t.block_n as usize);
+                Ok(GemmLaunch {
+                    kernel: GemmKernel::Tiled,
+                    grid: tiles.min(self.cta_cap as usize) as u32,
+                    tok: None,
+                })
+            }
+        }
+    }
+
+    /// Enqueues `c[..m x n] = a[..m x k] * b` on `stream`: one kernel, its tensor maps and
+    /// arguments passed by value. `m` is this launch's rows (`1..=max_m`). Refuses a stream that
+    /// is capturing a CUDA graph ([`Error::Capturing`]): capture with
+    /// [`GemmPlan::launch_captured`].
+    pub fn launch<C: GemmOutput>(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        t: GemmTensors<'_, C>,
+        m: usize,
+    ) -> Result<GemmLaunch> {
+        check::not_capturing(OP, stream, "GemmPlan::launch_captured")?;
+        self.enqueue(stream, None, t, m)
+    }
+
+    /// As [`GemmPlan::launch`], into the CUDA graph `stream` is capturing (it also launches on
+    /// a stream that is not capturing). The graph keeps the buffers' addresses and a copy of
+    /// the launch's parameters; a decode launch (M <= 256 unless the plan is `Tiled`) also
+    /// keeps the plan's workspace address. The addresses are taken without cudarc's
+    /// stream-ordering waits (a wait on an event recorded outside the capture would invalidate
+    /// it).
+    ///
+    /// # Safety
+    /// While the graph (or any graph instantiated from it) can be replayed, every buffer in `t`
+    /// stays allocated, and the caller orders the replays with other work on those buffers
+    /// (replays run in the order of the stream they are launched on). For a decode launch, the
+    /// plan also stays alive, and its replays never run at the same time as another launch of
+    /// the plan or a replay of another graph captured from it.
+    pub unsafe fn launch_captured<C: GemmOutput>(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        t: GemmTensors<'_, C>,
+        m: usize,
+    ) -> Result<GemmLaunch> {
+        let side = self.device.side_stream()?.clone();
+        self.enqueue(stream, Some(&side), t, m)
+    }
+
+    /// The launch on `stream`, with the buffers' addresses (and cudarc's guards) taken on
+    /// `ptrs` (`stream` itself when `None`).
+    fn enqueue<C: GemmOutput>(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        ptrs: Option<&Arc<CudaStream>>,
+        t: GemmTensors<'_, C>,
+        m: usize,
+    ) -> Result<GemmLaunch> {
         check::stream_on(OP, &self.device, stream)?;
-        if let Some(d) = &self.decode {
-            return self.launch_decode(stream, d);
+        let info = self.launch_info(m)?;
+        if C::DTYPE != self.config.out {
+            return Err(Error::Shape {
+                op: OP,
+                reason: format!(
+                    "C holds {:?} elements; the plan was made for {:?} C (GemmConfig::out)",
+                    C::DTYPE,
+                    self.config.out
+                ),
+            });
         }
-        let (maps, _r) = self.maps.device_ptr(stream);
-        let (map_a, map_b) = (maps, maps + 128);
-        let map_c = if self.tma_store { maps + 256 } else { 0 };
-        let (m, n, k) = (self.shape.m as u32, self.shape.n as u32, self.shape.k as u32);
-        let ldc = n;
-        let f32_out = (self.out == OutDtype::F32) as u32;
-        let mut b = stream.launch_builder(&self.func);
-        b.arg(&map_a)
-            .arg(&map_b)
-            .arg(&map_c)
-            .arg(&self.c)
-            .arg(&m)
-            .arg(&n)
-            .arg(&k)
-            .arg(&ldc)
-            .arg(&f32_out);
-        if self.spec == &kernels::GEMM_BF16_NK_FUSED_RING {
-            b.arg(&self.trace);
+        check::buffer_on(OP, "A", &self.device, t.a)?;
+        check::buffer_on(OP, "B", &self.device, t.b)?;
+        check::buffer_on(OP, "C", &self.device, &*t.c)?;
+        let shape = self.config.shape(m);
+        let (la, lb, lc) = shape.lens();
+        check::lens(OP, &[("A", t.a.len(), la), ("B", t.b.len(), lb), ("C", t.c.len(), lc)])?;
+        let ptrs = ptrs.unwrap_or(stream);
+        // Guards: held until the launch is enqueued (dropped at the end of this function).
+        let (pa, _ga) = t.a.device_ptr(ptrs);
+        let (pb, _gb) = t.b.device_ptr(ptrs);
+        let (pc, _gc) = t.c.device_ptr_mut(ptrs);
+        check::aligned16(OP, &[("A", pa), ("B", pb), ("C", pc)])?;
+        let (m, n, k) = (m as u64, self.config.n as u64, self.config.k as u64);
+        let f32_out = (self.config.out == OutDtype::F32) as u32;
+        match (info.kernel, &mut self.decode, &self.tiled) {
+            (GemmKernel::Decode, Some(d), _) => {
+                let tok = info.tok.expect("a decode launch has a bucket");
+                let (_, spec, func) = d
+                    .funcs
+                    .iter()
+                    .find(|f| f.0 == tok)
+                    .expect("the plan loaded every bucket up to its max_m");
+                let map_w = match self.config.b_layout {
+                    BLayout::NxK => encode_bf16_sw128_packed(pb, k, n, gemm_decode::BLOCK_K, gemm_decode::W_ROWS)?,
+                    BLayout::KxN => encode_bf16_sw128_packed(pb, n, k, 64, gemm_decode::BLOCK_K)?,
+                };
+                let map_x = encode_bf16_sw128_packed(pa, k, m, gemm_decode::BLOCK_K, tok)?;
+                let (ws, _gw) = d.ws.device_ptr_mut(ptrs);
+                let (counters, _gn) = d.counters.device_ptr_mut(ptrs);
+                let block = ParamBlock::new(DecodeParams {
+                    map_w: map_w.opaque,
+                    map_x: map_x.opaque,
+                    args: DecodeArgs {
+                        ws,
+                        counters,
+                        m: m as u32,
+                        n: n as u32,
+                        k: k as u32,
+                        ldc: n as u32,
+                        f32_out,
+                        _pad: 0,
+                    },
+                });
+                let mut b = stream.launch_builder(func);
+                b.arg(&block).arg(&pc);
+                // SAFETY: the kernel takes one DecodeParams block by value and C's address; the
+                // maps and addresses describe the borrowed buffers (lengths checked, guards held
+                // until enqueued) and the plan's workspace, sized for the largest bucket with
+                // counters left zero by every launch; `&mut self` keeps launches of the plan
+                // from overlapping (its write guards order them across streams).
+                unsafe { b.launch(Device::launch_config(spec, info.grid)) }?;
+            }
+            (_, _, Some(tl)) => {
+                let tile = GemmTile::DEFAULT;
+                let map_a = encode_bf16_sw128_packed(pa, k, m, tile.block_k, tile.block_m)?;
+                let map_b = match self.config.b_layout {
+                    BLayout::NxK => encode_bf16_sw128_packed(pb, k, n, tile.block_k, tile.block_n)?,
+                    BLayout::KxN => encode_bf16_sw128_packed(pb, n, k, 64, tile.block_k)?,
+                };
+                let map_c = if tl.tma_store {
+                    encode_bf16_sw128_packed(pc, n, m, GemmTile::EPILOGUE_BOX_COLS, GemmTile::EPILOGUE_BOX_ROWS)?.opaque
+                } else {
+                    [0; 16]
+                };
+                let block = ParamBlock::new(GemmParams {
+                    map_a: map_a.opaque,
+                    map_b: map_b.opaque,
+                    map_c,
+                    args: GemmArgs {
+                        trace: tl.trace,
+                        m: m as u32,
+                        n: n as u32,
+                        k: k as u32,
+                        ldc: n as u32,
+                        tma_store: tl.tma_store as u32,
+                        f32_out,
+                    },
+                });
+                let mut b = stream.launch_builder(&tl.func);
+                b.arg(&block).arg(&pc);
+                // SAFETY: the kernel (mk_gemm_bf16_{nk,kn} or the fused-ring diagnostic) takes one
+                // GemmParams block by value and C's address; the maps and addresses describe the
+                // borrowed buffers, whose lengths were checked and whose guards are held until
+                // this launch is enqueued; a trace buffer is the caller's (`set_trace`).
+                unsafe { b.launch(Device::launch_config(tl.spec, info.grid)) }?;
+            }
+            _ => unreachable!("launch_info picks a path the plan has"),
         }
-        // SAFETY: arguments match mk_gemm_bf16_{nk,kn} (and the fused-ring diagnostic's trace
-        // buffer); the plan's buffers are borrowed for 'a.
-        unsafe { b.launch(Device::launch_config(self.spec, self.grid)) }?;
-        Ok(())
+        Ok(info)
     }
 
-    fn launch_decode(&self, stream: &Arc<CudaStream>, d: &DecodeState) -> Result<()> {
-        let (maps, _r) = self.maps.device_ptr(stream);
-        let (ws, _rw) = d.ws.device_ptr(stream);
-        let (counters, _rc) = d.counters.device_ptr(stream);
-        let (map_w, map_x) = (maps, maps + 128);
-        let (m, n, k) = (self.shape.m as u32, self.shape.n as u32, self.shape.k as u32);
-        let ldc = n;
-        let f32_out = (self.out == OutDtype::F32) as u32;
-        let mut b = stream.launch_builder(&self.func);
-        b.arg(&map_w)
-            .arg(&map_x)
-            .arg(&self.c)
-            .arg(&ws)
-            .arg(&counters)
-            .arg(&m)
-            .arg(&n)
-            .arg(&k)
-            .arg(&ldc)
-            .arg(&f32_out);
-        // SAFETY: arguments match mk_gemm_decode_*; the workspace holds the split's slots and
-        // zeroed counters, and the plan's buffers are borrowed for 'a.
-        unsafe { b.launch(Device::launch_config(self.spec, self.grid)) }?;
-        Ok(())
+    /// The configuration the plan was made for.
+    pub fn config(&self) -> GemmConfig {
+        self.config
     }
-
-    /// The kernel the plan runs (`Tiled` or `Decode`).
-    pub fn kernel(&self) -> GemmKernel {
-        if self.decode.is_some() {
-            GemmKernel::Decode
-        } else {
-            GemmKernel::Tiled
-        }
+    /// Bytes of device memory the plan owns (its decode workspace; 0 without one).
+    pub fn workspace_bytes(&self) -> u64 {
+        self.decode
+            .as_ref()
+            .map_or(0, |d| d.ws.len() as u64 + 4 * d.counters.len() as u64)
     }
-    /// Decode plans: the token bucket (the wgmma N), the weight tiles of 128 rows and the K
-    /// blocks of each.
-    pub fn decode_split(&self) -> Option<(u32, u32, u32)> {
-        self.decode.as_ref().map(|d| (d.tok, d.split.tiles, d.split.k_blocks))
+    /// Decode plans: the weight tiles of 128 rows and the K blocks of each (the stream-K split's
+    /// units are their product, spread over [`GemmLaunch::grid`] CTAs).
+    pub fn decode_split(&self) -> Option<(u32, u32)> {
+        self.decode.as_ref().map(|d| (d.split.tiles, d.split.k_blocks))
     }
-
-    /// CTAs launched (persistent: each loops over tiles).
-    pub fn grid(&self) -> u32 {
-        self.grid
-    }
-    /// Whether the epilogue writes C through shared memory and TMA (bf16 C, N a multiple of 8).
+    /// Whether the tiled kernel writes C through shared memory and TMA (bf16 C, N a multiple of
+    /// 8); the decode kernels store C directly.
     pub fn tma_store(&self) -> bool {
-        self.tma_store
+        self.tiled.as_ref().is_some_and(|t| t.tma_store)
     }
-    /// The tiled kernel's configuration (a decode plan's tiles: [`GemmPlan::decode_split`]).
+    /// The tiled kernel's configuration (a decode launch's: [`GemmPlan::launch_info`]).
     pub fn tile(&self) -> GemmTile {
         GemmTile::DEFAULT
     }
-    /// The planned shape.
-    pub fn shape(&self) -> GemmShape {
-        self.shape
-    }
 }
 
-/// One-shot `c = a * b` with bf16 or f32 C (plans, then launches; keep a [`GemmPlan`] to launch
-/// repeatedly or inside a CUDA graph).
+/// One-shot `c = a * b` with bf16 or f32 C (plans, then launches on `stream`; keep a
+/// [`GemmPlan`] to launch every step or inside a CUDA graph). For M <= 256 the decode workspace
+/// is allocated on `stream` and freed after the launch (stream-ordered, no host wait). Refuses
+/// a capturing stream ([`Error::Capturing`]).
 pub fn gemm_bf16<C: GemmOutput>(
     device: &Device,
     stream: &Arc<CudaStream>,
@@ -483,8 +645,10 @@ pub fn gemm_bf16<C: GemmOutput>(
     b: &impl DevicePtr<bf16>,
     c: &mut impl DevicePtrMut<C>,
     shape: GemmShape,
-) -> Result<()> {
-    GemmPlan::new(device, stream, a, b, c, shape, None)?.launch(stream)
+) -> Result<GemmLaunch> {
+    check::not_capturing(OP, stream, "GemmPlan::launch_captured")?;
+    let mut plan = GemmPlan::build(device, GemmConfig::for_shape(shape, C::DTYPE), stream)?;
+    plan.launch(stream, GemmTensors { a, b, c }, shape.m)
 }
 
 #[cfg(test)]

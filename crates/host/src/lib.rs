@@ -8,9 +8,11 @@
 //! - [`Device`]: a CUDA context with mkernel's module loaded (errors, never panics, when no
 //!   driver or no Hopper GPU is present);
 //! - operations ([`gemm`], the communicator's collectives, the fused operations in [`ops`])
-//!   take the cudarc streams and buffers a server already has; plans borrow their buffers and
-//!   communicator for their lifetime, and a raw-pointer layer underneath is `unsafe`
-//!   ([`gemm::GemmPlan::new_raw`], [`ops::AgGemmPlan::new_raw`], [`ops::GemmRsPlan::new_raw`],
+//!   take the cudarc streams and buffers a server already has. [`gemm::GemmPlan`] and
+//!   [`ops::attention::FlashAttentionPlan`] are made from shapes and take their buffers (and
+//!   GEMM's row count) at each launch; the other plans borrow their buffers and communicator
+//!   for their lifetime, and a raw-pointer layer underneath is `unsafe`
+//!   ([`ops::AgGemmPlan::new_raw`], [`ops::GemmRsPlan::new_raw`],
 //!   [`Communicator::all_gather_raw`], [`Communicator::reduce_scatter_raw`], and launches on a
 //!   raw `CUstream`: [`ops::AgGemmPlan::launch_raw`], [`ops::GemmRsPlan::launch_raw`]);
 //! - [`tensor_map`]: TMA descriptors encoded with `cuTensorMapEncodeTiled`.
@@ -30,7 +32,7 @@ pub mod tune;
 pub use comm::{AbortHandle, CommConfig, Communicator, ReduceDtype, ReduceElem, SymBuffer};
 pub use cudarc;
 pub use error::{Error, Result};
-pub use gemm::{BLayout, GemmKernel, GemmPlan, GemmShape, OutDtype};
+pub use gemm::{BLayout, GemmConfig, GemmKernel, GemmLaunch, GemmPlan, GemmShape, GemmTensors, OutDtype};
 pub use mkernel_bootstrap as bootstrap;
 pub use mkernel_proxy as proxy;
 pub use ops::{AgGemmPlan, GemmRsPlan, RsSplit};

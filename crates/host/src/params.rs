@@ -11,7 +11,7 @@ use cudarc::driver::DeviceRepr;
 
 /// Largest parameter block a kernel takes (the driver's limit for all of a kernel's parameters
 /// is 4 KiB before CUDA 12.1; blocks stay below it).
-pub const MAX_PARAM_BYTES: usize = 4096;
+pub const MAX_PARAM_BYTES: usize = mkernel_config::MAX_PARAM_BYTES;
 
 /// A `#[repr(C)]` plain-data block (`T: Pod`) passed by value as a kernel's parameter.
 #[derive(Clone, Copy)]

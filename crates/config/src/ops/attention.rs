@@ -251,8 +251,7 @@ const _: () = AttentionTile::D64.check();
 const _: () = AttentionTile::D128.check();
 const _: () = assert!(size_of::<AttentionArgs>() == 8 * 7 + 4 * 10, "argument block layout");
 
-/// The opaque words of one `CUtensorMap` (128 bytes).
-pub type TensorMapWords = [u64; 16];
+pub use crate::TensorMapWords;
 
 /// The FlashAttention forward's launch-parameter block, passed by value: the tensor maps of Q,
 /// K and V (each at a 64-byte offset of the block, which the PTX declares 64-byte aligned), then

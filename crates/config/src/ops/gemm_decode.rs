@@ -14,6 +14,7 @@
 //! completes the count sums the partials in CTA order (deterministic for a given grid), stores C and
 //! resets the counter for the next launch.
 use crate::kernels::KernelSpec;
+use crate::TensorMapWords;
 use core::mem::{offset_of, size_of};
 
 /// Largest M the GEMM policy sends to the decode kernels (the largest wgmma N).
@@ -199,6 +200,48 @@ pub const fn kernel(tok: u32, kn: bool) -> &'static KernelSpec {
     }
     panic!("not a decode bucket")
 }
+
+/// The arguments of a decode launch after its tensor maps (see [`DecodeParams`]).
+#[cfg_attr(feature = "bytemuck", derive(bytemuck::Pod, bytemuck::Zeroable))]
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DecodeArgs {
+    /// The partial workspace: [`DecodeSplit::workspace_bytes`] of the launch's bucket, 16-byte
+    /// aligned.
+    pub ws: u64,
+    /// One `u32` per tile, zero before the launch (and left zero by it).
+    pub counters: u64,
+    /// Rows of A and C this launch (at most the kernel's bucket).
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    /// Row stride of C in elements (`>= n`).
+    pub ldc: u32,
+    /// 1: f32 C; 0: bf16 C.
+    pub f32_out: u32,
+    pub _pad: u32,
+}
+
+/// A decode launch's parameter block, passed by value as the kernel's first parameter and read in
+/// place: the tensor maps of the weights B (N x K: box 64 (K) x 128 rows; K x N: box 64 (N) x 64
+/// (K)) and of the tokens A (box 64 (K) x the bucket's rows), each at a 64-byte offset, then the
+/// arguments. The second parameter is C's address (`m x ldc` elements), a pointer parameter so
+/// that its stores compile to `st.global` (as for [`crate::ops::gemm::GemmParams`]).
+#[cfg_attr(feature = "bytemuck", derive(bytemuck::Pod, bytemuck::Zeroable))]
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DecodeParams {
+    pub map_w: TensorMapWords,
+    pub map_x: TensorMapWords,
+    pub args: DecodeArgs,
+}
+const _: () = assert!(size_of::<DecodeArgs>() == 2 * 8 + 6 * 4, "argument block layout");
+const _: () = assert!(offset_of!(DecodeParams, map_w) % 64 == 0 && offset_of!(DecodeParams, map_x) % 64 == 0);
+const _: () = assert!(offset_of!(DecodeParams, args) == 2 * 128);
+const _: () = assert!(
+    size_of::<DecodeParams>() <= crate::MAX_PARAM_BYTES,
+    "kernel parameters are limited to 4 KiB"
+);
 
 /// The stream-K split of one launch (every CTA computes the same): units are (tile, K block)
 /// pairs, tile-major; CTA `c` takes units `start(c)..start(c + 1)`.

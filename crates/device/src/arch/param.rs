@@ -10,10 +10,11 @@
 /// `mov.u64 %rd, <entry>_param_0; cvta.param.u64 %rd, %rd;`
 ///
 /// Expand it in the body of the `extern "ptx-kernel"` fn named `$entry` itself, not in a
-/// function it calls: PTX names a parameter only inside its own entry.
+/// function it calls: PTX names a parameter only inside its own entry. `$entry` is a string
+/// literal, or `stringify!(name)` in a macro that declares entries.
 #[macro_export]
 macro_rules! param_block {
-    ($entry:literal) => {{
+    ($entry:expr) => {{
         let p: u64;
         // SAFETY: reads no memory; PTX ISA 7.7+ lets a kernel take the generic address of its
         // own parameters (`cvta.param`), and the parameter space is readable for the whole launch.
@@ -27,4 +28,17 @@ macro_rules! param_block {
         };
         p as *const u8
     }};
+}
+
+/// `x` through a register move the optimizer cannot see through. For 32-bit fields of a
+/// parameter block read by value: LLVM loads two adjacent ones as one 64-bit `ld.param` and
+/// extracts the upper with a shift, after which it no longer knows the field fits 32 bits
+/// (e.g. `row * ldc` becomes a 64-bit `mul.lo` instead of `mul.wide.u32`, which ptxas could not
+/// rematerialize and spilled in the decode GEMM's 256-token bucket).
+#[inline(always)]
+pub fn opaque_u32(x: u32) -> u32 {
+    let r: u32;
+    // SAFETY: a register move; reads and writes no memory.
+    unsafe { core::arch::asm!("mov.b32 {0}, {1};", out(reg32) r, in(reg32) x, options(pure, nomem, nostack)) };
+    r
 }

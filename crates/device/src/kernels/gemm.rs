@@ -1,10 +1,12 @@
 //! `mk_gemm_bf16_nk` / `mk_gemm_bf16_kn`: persistent warp-specialized GEMM `C = A * B`.
 //!
 //! Launch: grid = number of CTAs to use (at most one per SM), block = `GemmTile::threads()`,
-//! dynamic shared memory = `mkernel_config::ops::gemm::SMEM_BYTES` (`GemmSmem`). `map_a`/`map_b` point to `CUtensorMap`s in
-//! global memory (encoded by crates/host), A: box 64 x 128, B: box 64 x 256 (N x K) or
-//! 64 x 64 (K x N), 128B swizzle, zero fill out of bounds. `map_c` (box 64 x 64, 128B swizzle)
-//! selects the TMA-store epilogue for bf16 C; null selects direct stores to `c`.
+//! dynamic shared memory = `mkernel_config::ops::gemm::SMEM_BYTES` (`GemmSmem`). Parameters: a
+//! [`GemmParams`] block passed by value and read in place ([`crate::arch::param`]), then C's
+//! address. The block holds the tensor maps (encoded by crates/host for the launch's buffers
+//! and M) of A: box 64 x 128, B: box 64 x 256 (N x K) or 64 x 64 (K x N), 128B swizzle, zero fill
+//! out of bounds, and, when `args.tma_store` is set, of C (box 64 x 64, 128B swizzle), which
+//! selects the TMA-store epilogue for bf16 C; otherwise C is written by direct stores to `c`.
 use crate::arch::{ids, regs, smem, sync, tma, tma::TensorMap};
 use crate::gemm::consumer::mma_tile;
 use crate::gemm::epilogue::{drain_tma_stores, store_tile, store_tile_tma, Output};
@@ -14,34 +16,53 @@ use crate::gemm::scheduler::TileScheduler;
 use crate::gemm::trace as gemm_trace;
 use crate::gemm::{BLayout, TILE};
 use mkernel_config::gemm::RingLayout;
+use mkernel_config::ops::gemm::GemmParams;
 use mkernel_config::ops::{gemm as gemm_op, gemm_rs};
 use mkernel_config::trace::{tile_kind, End, Mark};
 use mkernel_config::GemmTile;
 
-/// Declares the GEMM entry points: `$params` are the kernel parameters every one of them takes (see the module doc
-/// and [`mk_gemm_bf16_nk`]'s `# Safety`), also the fields of `GemmArgs`; each entry `$name($extra) |$args| $body`
-/// appends its `$extra` parameters and runs `$body` with `$args: GemmArgs` holding the common ones.
-macro_rules! gemm_kernels {
-    ($params:tt $($(#[$attr:meta])* $name:ident $extra:tt |$args:ident| $body:block)*) => {
-        gemm_kernels!(@args $params);
-        $(gemm_kernels!(@kernel $params $(#[$attr])* $name $extra $args $body);)*
-    };
-    (@args ($($p:ident: $t:ty),*)) => {
-        /// The parameters every GEMM entry point takes, as it received them.
-        #[derive(Clone, Copy)]
-        struct GemmArgs {
-            $($p: $t),*
+/// What [`gemm_on`] takes from a launch's [`GemmParams`] block: the generic addresses of its
+/// tensor maps (`map_c` null unless C is stored by TMA) and its arguments.
+#[derive(Clone, Copy)]
+struct GemmArgs {
+    map_a: *const u8,
+    map_b: *const u8,
+    map_c: *const u8,
+    c: *mut u8,
+    m: u32,
+    n: u32,
+    k: u32,
+    ldc: u32,
+    f32_out: u32,
+}
+
+impl GemmArgs {
+    /// The tensor maps of the parameter block at generic address `p` (addressed in place), its
+    /// arguments `a` (which the entry reads from its by-value parameter: `ld.param`) and C's
+    /// address `c` (the entry's pointer parameter).
+    ///
+    /// # Safety
+    ///
+    /// `p` is the generic address of the launch's [`GemmParams`] block (`crate::param_block!`) and `a` its `args`.
+    #[inline(always)]
+    unsafe fn of_params(p: *const GemmParams, a: mkernel_config::ops::gemm::GemmArgs, c: *mut u8) -> GemmArgs {
+        let map_c = if a.tma_store != 0 {
+            unsafe { &raw const (*p).map_c as *const u8 }
+        } else {
+            core::ptr::null()
+        };
+        GemmArgs {
+            map_a: unsafe { &raw const (*p).map_a as *const u8 },
+            map_b: unsafe { &raw const (*p).map_b as *const u8 },
+            map_c,
+            c,
+            m: a.m,
+            n: a.n,
+            k: a.k,
+            ldc: a.ldc,
+            f32_out: a.f32_out,
         }
-    };
-    (@kernel ($($p:ident: $t:ty),*)
-        $(#[$attr:meta])* $name:ident ($($extra:ident: $ty:ty),*) $args:ident $body:block) => {
-        $(#[$attr])*
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $name($($p: $t,)* $($extra: $ty),*) {
-            let $args = GemmArgs { $($p),* };
-            unsafe { $body }
-        }
-    };
+    }
 }
 
 /// The kernel body on the ring `ring_layout` (same block shape as [`TILE`]); `PR`/`CR` are its
@@ -167,42 +188,48 @@ unsafe fn gemm_on<const PR: u32, const CR: u32>(
     }
 }
 
-gemm_kernels! {
-    (map_a: *const u8, map_b: *const u8, map_c: *const u8, c: *mut u8, m: u32, n: u32, k: u32, ldc: u32, f32_out: u32)
-
-    /// B stored N x K (K contiguous).
-    ///
-    /// # Safety
-    ///
-    /// The launch contract (`crate::kernels`) with the launch and tensor maps of this module's doc: `map_a`/`map_b`
-    /// encode the bf16 A (`m x k`) and B (`n x k`) tensors; `map_c` is null or encodes a bf16 C (`m x n`) with a
-    /// 64 x 64 box; with `map_c` null, `c` is the address of `m x n` writable elements (f32 if `f32_out != 0`, else
-    /// bf16) with row stride `ldc >= n`, aligned to twice the element size.
-    mk_gemm_bf16_nk() |args| {
-        gemm_on::<{ TILE.producer_regs }, { TILE.consumer_regs }>(gemm_op::RING, args, BLayout::Nk, 0)
+/// B stored N x K (K contiguous).
+///
+/// # Safety
+///
+/// The launch contract (`crate::kernels`) with the launch of this module's doc; in `params`, `map_a`/`map_b` encode
+/// the bf16 A (`m x k`) and B (`n x k`) tensors; with `tma_store` set, `map_c` encodes a bf16 C (`m x n`) with a
+/// 64 x 64 box; otherwise `c` is the address of `m x n` writable elements (f32 if `f32_out != 0`, else bf16) with row
+/// stride `ldc >= n`, aligned to twice the element size.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_nk(params: GemmParams, c: *mut u8) {
+    let p = crate::param_block!("mk_gemm_bf16_nk") as *const GemmParams;
+    unsafe {
+        gemm_on::<{ TILE.producer_regs }, { TILE.consumer_regs }>(gemm_op::RING, GemmArgs::of_params(p, params.args, c), BLayout::Nk, 0)
     }
+}
 
-    /// B stored K x N (N contiguous).
-    ///
-    /// # Safety
-    ///
-    /// As [`mk_gemm_bf16_nk`], with `map_b` encoding B stored `k x n` with a 64 x 64 box.
-    mk_gemm_bf16_kn() |args| {
-        gemm_on::<{ TILE.producer_regs }, { TILE.consumer_regs }>(gemm_op::RING, args, BLayout::Kn, 0)
+/// B stored K x N (N contiguous).
+///
+/// # Safety
+///
+/// As [`mk_gemm_bf16_nk`], with `map_b` encoding B stored `k x n` with a 64 x 64 box.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_kn(params: GemmParams, c: *mut u8) {
+    let p = crate::param_block!("mk_gemm_bf16_kn") as *const GemmParams;
+    unsafe {
+        gemm_on::<{ TILE.producer_regs }, { TILE.consumer_regs }>(gemm_op::RING, GemmArgs::of_params(p, params.args, c), BLayout::Kn, 0)
     }
+}
 
-    /// Diagnostic: [`mk_gemm_bf16_nk`] on GEMM+ReduceScatter's ring (`ops::gemm_rs::TILE`: 3 stages,
-    /// whole-tile staging, the fused register split), to measure what that ring costs the mainloop
-    /// with no communication (`mkernel-bench --op gemm`); with `trace` (0: none) it records the
-    /// fused kernels' per-tile timeline ([`mkernel_config::trace`]) for comparison.
-    ///
-    /// # Safety
-    ///
-    /// As [`mk_gemm_bf16_nk`], launched with the dynamic shared memory of
-    /// `mkernel_config::ops::gemm::GEMM_BF16_NK_FUSED_RING`; `trace` is 0 or the address of a trace buffer
-    /// (`mkernel_config::trace`) for the launch's grid.
-    mk_gemm_bf16_nk_fused_ring(trace: u64) |args| {
-        const R: GemmTile = gemm_rs::TILE;
-        gemm_on::<{ R.producer_regs }, { R.consumer_regs }>(gemm_rs::RING, args, BLayout::Nk, trace)
-    }
+/// Diagnostic: [`mk_gemm_bf16_nk`] on GEMM+ReduceScatter's ring (`ops::gemm_rs::TILE`: 3 stages,
+/// whole-tile staging, the fused register split), to measure what that ring costs the mainloop
+/// with no communication (`mkernel-bench --op gemm`); with `args.trace` (0: none) it records the
+/// fused kernels' per-tile timeline ([`mkernel_config::trace`]) for comparison.
+///
+/// # Safety
+///
+/// As [`mk_gemm_bf16_nk`], launched with the dynamic shared memory of
+/// `mkernel_config::ops::gemm::GEMM_BF16_NK_FUSED_RING`; `args.trace` is 0 or the address of a trace buffer
+/// (`mkernel_config::trace`) for the launch's grid.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_nk_fused_ring(params: GemmParams, c: *mut u8) {
+    const R: GemmTile = gemm_rs::TILE;
+    let p = crate::param_block!("mk_gemm_bf16_nk_fused_ring") as *const GemmParams;
+    unsafe { gemm_on::<{ R.producer_regs }, { R.consumer_regs }>(gemm_rs::RING, GemmArgs::of_params(p, params.args, c), BLayout::Nk, params.args.trace) }
 }

@@ -4,13 +4,14 @@
 //!
 //! Launch: grid = `DecodeSplit::grid` CTAs, block = 384 threads (warpgroup 0: one TMA producer
 //! thread; warpgroups 1 and 2: consumers, 64 weight rows each), dynamic shared memory of the bucket's
-//! `DecodeLayout`. `map_w` encodes B (N x K: box 64 (K) x 128 rows; K x N: box 64 (N) x 64 (K)),
-//! `map_x` encodes A (M x K, box 64 (K) x TOK rows), both 128-byte swizzled with zero fill, so rows
-//! past M or N and K past its end contribute zeros.
+//! `DecodeLayout`. Parameters: a `DecodeParams` block passed by value and read in place
+//! ([`crate::arch::param`]), then C's address. In the block, `map_w` encodes B (N x K: box 64 (K) x 128 rows; K x N: box 64 (N) x
+//! 64 (K)), `map_x` encodes A (M x K, box 64 (K) x TOK rows), both 128-byte swizzled with zero fill,
+//! so rows past M or N and K past its end contribute zeros; then the arguments (`DecodeArgs`).
 use crate::arch::{convert::pack_bf16x2, ids, mbarrier, memory, memory::Scope, regs, smem, smem::SmemAddr, sync, tma};
-use crate::arch::{tma::TensorMap, wgmma, wgmma::MmaTile, wgmma::Swizzle};
+use crate::arch::{param::opaque_u32, tma::TensorMap, wgmma, wgmma::MmaTile, wgmma::Swizzle};
 use crate::gemm::ring::RingPos;
-use mkernel_config::ops::gemm_decode::{self as cfg, DecodeLayout, DecodeSplit};
+use mkernel_config::ops::gemm_decode::{self as cfg, DecodeLayout, DecodeParams, DecodeSplit};
 
 /// Runs `$body` with `$j` bound to each constant `0..32` below `$end` (a constant expression):
 /// accumulators indexed by constants stay in registers.
@@ -67,7 +68,8 @@ impl DecodeRing {
     }
 }
 
-/// The arguments every decode entry takes.
+/// What [`decode_on`] takes from a launch's `DecodeParams` block: the generic addresses of its
+/// tensor maps and its arguments.
 #[derive(Clone, Copy)]
 struct DecodeArgs {
     map_w: *const u8,
@@ -80,6 +82,32 @@ struct DecodeArgs {
     k: u32,
     ldc: u32,
     f32_out: u32,
+}
+
+impl DecodeArgs {
+    /// The tensor maps of the parameter block at generic address `p` (addressed in place), its
+    /// arguments `a`, which the entry reads from its by-value parameter (`ld.param`; loaded
+    /// through `p` they made the 256-token bucket spill), each 32-bit one through
+    /// [`opaque_u32`] (see there why), and C's address `c` (the entry's pointer parameter).
+    ///
+    /// # Safety
+    ///
+    /// `p` is the generic address of the launch's `DecodeParams` block (`crate::param_block!`) and `a` its `args`.
+    #[inline(always)]
+    unsafe fn of_params(p: *const DecodeParams, a: cfg::DecodeArgs, c: *mut u8) -> DecodeArgs {
+        DecodeArgs {
+            map_w: unsafe { &raw const (*p).map_w as *const u8 },
+            map_x: unsafe { &raw const (*p).map_x as *const u8 },
+            c,
+            ws: a.ws as *mut u8,
+            counters: a.counters as *mut u32,
+            m: opaque_u32(a.m),
+            n: opaque_u32(a.n),
+            k: opaque_u32(a.k),
+            ldc: opaque_u32(a.ldc),
+            f32_out: opaque_u32(a.f32_out),
+        }
+    }
 }
 
 /// The kernel body for bucket `A` (`[f32; TOK / 2]` accumulators per consumer thread), B stored
@@ -379,26 +407,14 @@ macro_rules! decode_kernels {
         ///
         /// # Safety
         ///
-        /// The launch contract (`crate::kernels`) with the launch and tensor maps of the module doc; `c` holds `m x ldc`
-        /// writable elements (f32 if `f32_out != 0`, else bf16), `m <= TOK`; `ws` holds `DecodeSplit::workspace_bytes`
-        /// bytes (16-byte aligned) and `counters` one zeroed `u32` per tile (left zeroed at the end), neither used by
-        /// another launch at the same time.
+        /// The launch contract (`crate::kernels`) with the launch and parameter block of the module doc; `c` holds
+        /// `m x ldc` writable elements (f32 if `f32_out != 0`, else bf16), `m <= TOK`; `ws` holds
+        /// `DecodeSplit::workspace_bytes` bytes (16-byte aligned) and `counters` one zeroed `u32` per tile (left zeroed
+        /// at the end), neither used by another launch at the same time.
         #[unsafe(no_mangle)]
-        #[allow(clippy::too_many_arguments)]
-        pub unsafe extern "ptx-kernel" fn $name(
-            map_w: *const u8,
-            map_x: *const u8,
-            c: *mut u8,
-            ws: *mut u8,
-            counters: *mut u32,
-            m: u32,
-            n: u32,
-            k: u32,
-            ldc: u32,
-            f32_out: u32,
-        ) {
-            let args = DecodeArgs { map_w, map_x, c, ws, counters, m, n, k, ldc, f32_out };
-            unsafe { decode_on::<[f32; $len], $kn>(cfg::layout($tok), args) }
+        pub unsafe extern "ptx-kernel" fn $name(params: DecodeParams, c: *mut u8) {
+            let p = crate::param_block!(stringify!($name)) as *const DecodeParams;
+            unsafe { decode_on::<[f32; $len], $kn>(cfg::layout($tok), DecodeArgs::of_params(p, params.args, c)) }
         }
     )*};
 }

@@ -956,7 +956,7 @@ mod tests {
         send_sync::<Communicator>();
         send_sync::<crate::ops::AgGemmPlan<'static>>();
         send_sync::<crate::ops::GemmRsPlan<'static>>();
-        send_sync::<crate::GemmPlan<'static>>();
+        send_sync::<crate::GemmPlan>();
     }
 
     const HEAP: u64 = HEAP_RESERVED_BYTES + (1 << 20);

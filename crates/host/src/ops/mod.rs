@@ -14,10 +14,9 @@
 //!   ([`ring_attention::RingAttentionPlan`]).
 //!
 //! # Soundness of the communicating plans
-//! A plan borrows its communicator and the buffers it was made from for its lifetime `'a`
-//! (as [`crate::GemmPlan`] does): the buffers cannot be dropped, written or read elsewhere,
-//! and the communicator (whose drop unmaps the heap the plan's kernels use) cannot be dropped
-//! while the plan exists. The constructors over raw device addresses (`new_raw`) are
+//! A plan borrows its communicator and the buffers it was made from for its lifetime `'a`: the
+//! buffers cannot be dropped, written or read elsewhere, and the communicator (whose drop unmaps
+//! the heap the plan's kernels use) cannot be dropped while the plan exists. The constructors over raw device addresses (`new_raw`) are
 //! `unsafe`, for servers that manage their own memory, as is `launch_raw`, which launches on a
 //! raw `CUstream`. Launches go through the communicator's launch lock (see
 //! [`crate::Communicator`]).
