@@ -1,10 +1,10 @@
-//! The decode GEMM (M <= 256, `GemmKernel::Decode`, what `gemm_bf16` picks there) against the CPU
-//! reference: every M in 1..=256 for both B layouts, ragged N and K, stream-K splits with many
-//! contributors per tile, f32 output, and repeated launches of one plan (the per-tile counters
-//! return to zero, the reduction order is fixed: bitwise equal results).
+//! The decode GEMM (M <= 256, `GemmKernel::Decode`, what `Auto` picks there) against the CPU
+//! reference: every M in 1..=256 for both B layouts (launches of one plan, M a launch argument),
+//! ragged N and K, stream-K splits with many contributors per tile, f32 output through
+//! `gemm_bf16`, and repeated launches of one plan (the per-tile counters return to zero, the
+//! reduction order is fixed: bitwise equal results).
 use half::bf16;
-use mkernel::cudarc::driver::{DevicePtr, DevicePtrMut};
-use mkernel::gemm::{gemm_bf16, BLayout, GemmKernel, GemmPlan, GemmShape, OutDtype};
+use mkernel::gemm::{gemm_bf16, BLayout, GemmConfig, GemmKernel, GemmPlan, GemmShape, GemmTensors, OutDtype};
 use mkernel::Device;
 use mkernel_tests::data::random_bf16;
 use mkernel_tests::gpu::device_or_skip;
@@ -17,27 +17,50 @@ fn order(l: BLayout) -> BOrder {
     }
 }
 
-/// `gemm_bf16` at each of `ms` on one B; every element checked. Returns the count of shapes.
+/// One `Decode` plan (max_m 256) launched at each of `ms` on one B, A and C buffers sized for
+/// 256 rows (M is a launch argument); every element checked. Returns the count of shapes.
 fn sweep(dev: &Device, n: usize, k: usize, b_layout: BLayout, ms: impl Iterator<Item = usize>) -> usize {
     let stream = dev.default_stream();
     let b = random_bf16(n * k, 7 + n as u64 + k as u64);
     let db = stream.clone_htod(&b).unwrap();
+    let max_m = 256;
+    let config = GemmConfig {
+        max_m,
+        n,
+        k,
+        b_layout,
+        kernel: GemmKernel::Decode,
+        ..GemmConfig::default()
+    };
+    let mut plan = GemmPlan::new(dev, config).unwrap();
+    let mut da = stream.alloc_zeros::<bf16>(max_m * k).unwrap();
+    let mut dc = stream.alloc_zeros::<bf16>(max_m * n).unwrap();
     let mut count = 0;
     let mut worst = 0f64;
     for m in ms {
-        let shape = GemmShape { m, n, k, b_layout };
-        assert_eq!(GemmKernel::for_shape(&shape), GemmKernel::Decode);
+        assert_eq!(GemmKernel::for_m(m), GemmKernel::Decode);
         let a = random_bf16(m * k, 1000 + m as u64);
-        let da = stream.clone_htod(&a).unwrap();
-        let mut dc = stream.alloc_zeros::<bf16>(m * n).unwrap();
-        gemm_bf16(dev, &stream, &da, &db, &mut dc, shape).unwrap();
-        let got: Vec<f64> = stream.clone_dtoh(&dc).unwrap().iter().map(|x| x.to_f64()).collect();
+        stream.memcpy_htod(&a, &mut da.slice_mut(..m * k)).unwrap();
+        let t = GemmTensors {
+            a: &da,
+            b: &db,
+            c: &mut dc,
+        };
+        let ran = plan.launch(&stream, t, m).unwrap();
+        assert_eq!(ran.kernel, GemmKernel::Decode);
+        let got: Vec<f64> = stream
+            .clone_dtoh(&dc.slice(..m * n))
+            .unwrap()
+            .iter()
+            .map(|x| x.to_f64())
+            .collect();
         let (want, scale) = cpu_gemm(&a, &b, m, n, k, order(b_layout));
         let c = compare(&got, &want, &scale, BF16_OUT_REL, F32_ACC);
         assert_eq!(
             c.wrong,
             0,
-            "decode gemm {m} x {n} x {k} B={b_layout:?}: wrong {} / {}; first (index, got, want) = {:?}",
+            "decode gemm {m} x {n} x {k} B={b_layout:?} (bucket {:?}): wrong {} / {}; first (index, got, want) = {:?}",
+            ran.tok,
             c.wrong,
             m * n,
             c.first_wrong
@@ -45,7 +68,7 @@ fn sweep(dev: &Device, n: usize, k: usize, b_layout: BLayout, ms: impl Iterator<
         worst = worst.max(c.max_abs_err);
         count += 1;
     }
-    println!("decode gemm M sweep, N = {n}, K = {k}, B = {b_layout:?}: {count} shapes correct, max |err| {worst:.3e}");
+    println!("decode gemm M sweep on one plan, N = {n}, K = {k}, B = {b_layout:?}: {count} shapes correct, max |err| {worst:.3e}");
     count
 }
 
@@ -107,18 +130,24 @@ fn decode_gemm_f32_output_and_repeated_launches() {
         // of one plan bitwise equal.
         for sms in [None, Some(7)] {
             let mut dc = stream.alloc_zeros::<bf16>(m * n).unwrap();
-            let (pa, pb, pc) = (
-                da.device_ptr(&stream).0,
-                db.device_ptr(&stream).0,
-                dc.device_ptr_mut(&stream).0,
-            );
-            // SAFETY: A, B and C hold the shape's elements and outlive the plan.
-            let plan = unsafe { GemmPlan::new_raw(&dev, &stream, pa, pb, pc, shape, OutDtype::Bf16, sms) }.unwrap();
-            assert_eq!(plan.kernel(), GemmKernel::Decode);
+            let config = GemmConfig {
+                sms,
+                ..GemmConfig::for_shape(shape, OutDtype::Bf16)
+            };
+            let mut plan = GemmPlan::new(&dev, config).unwrap();
             let mut outs = vec![];
             for _ in 0..4 {
                 stream.memset_zeros(&mut dc).unwrap();
-                plan.launch(&stream).unwrap();
+                let t = GemmTensors {
+                    a: &da,
+                    b: &db,
+                    c: &mut dc,
+                };
+                let ran = plan.launch(&stream, t, m).unwrap();
+                assert_eq!(ran.kernel, GemmKernel::Decode);
+                if let Some(cap) = sms {
+                    assert!(ran.grid <= cap, "grid {} above the cap {cap}", ran.grid);
+                }
                 outs.push(stream.clone_dtoh(&dc).unwrap());
             }
             for o in &outs[1..] {

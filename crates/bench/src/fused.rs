@@ -11,7 +11,7 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use half::bf16;
 use mkernel::bootstrap::{Bootstrap, RankInfo};
-use mkernel::gemm::{BLayout, GemmPlan, GemmShape};
+use mkernel::gemm::{BLayout, GemmConfig, GemmPlan, GemmShape, GemmTensors, OutDtype};
 use mkernel::ops::{AgGemmPlan, GemmRsPlan, RsSplit};
 use mkernel::tune::{parse, render, TuneKey};
 use mkernel::{CommConfig, Communicator, Device};
@@ -522,8 +522,16 @@ fn ruparts(args: &Args, all_reduce: bool) -> Result<Vec<Value>> {
         let mut rs_alone = || coll();
         // Our own GEMM on the same shape (diagnostic: what the fused kernel adds to it).
         let mut partial_ours = stream.alloc_zeros::<bf16>(m * n)?;
-        let our_plan = GemmPlan::new(&dev, &stream, &a, &b, &mut partial_ours, shape, None)?;
-        let mut our_gemm_alone = || Ok(our_plan.launch(&stream)?);
+        let mut our_plan = GemmPlan::new(&dev, GemmConfig::for_shape(shape, OutDtype::Bf16))?;
+        let mut our_gemm_alone = || {
+            let t = GemmTensors {
+                a: &a,
+                b: &b,
+                c: &mut partial_ours,
+            };
+            our_plan.launch(&stream, t, m)?;
+            Ok(())
+        };
         let mut twin_launch = || twin.as_ref().map_or(Ok(()), |p| Ok(p.launch(&stream)?));
         let t = if twin.is_some() {
             median_ms_aligned(

@@ -7,7 +7,7 @@ use anyhow::{bail, Result};
 use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut};
 use half::bf16;
-use mkernel::gemm::{BLayout, GemmPlan, GemmShape};
+use mkernel::gemm::{BLayout, GemmKernel, GemmPlan, GemmShape, GemmTensors, OutDtype};
 use mkernel::Device;
 use mkernel_tests::data::random_bf16;
 use serde_json::{json, Value};
@@ -74,6 +74,22 @@ pub(crate) fn count_mismatches(ours: &[bf16], theirs: &[bf16], k: usize) -> usiz
         .count()
 }
 
+/// Launches in the burst that [`host_us_per_launch`] times.
+pub(crate) const LAUNCH_BURST: usize = 50;
+
+/// Host microseconds of one call of `launch` (argument checks, tensor-map encoding, enqueue),
+/// the mean over [`LAUNCH_BURST`] calls back to back; the stream is synchronized after the burst.
+pub(crate) fn host_us_per_launch(stream: &Arc<CudaStream>, launch: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+    stream.synchronize()?;
+    let t0 = std::time::Instant::now();
+    for _ in 0..LAUNCH_BURST {
+        launch()?;
+    }
+    let us = t0.elapsed().as_secs_f64() * 1e6 / LAUNCH_BURST as f64;
+    stream.synchronize()?;
+    Ok(us)
+}
+
 pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
     if args.decode {
         return crate::gemm_decode::run(dev, args);
@@ -89,9 +105,10 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
     println!("# ours: persistent TMA + wgmma GEMM, tile {}x{}x{}, {} stages, {} consumer warpgroups + 1 producer, {} threads, {} B smem, grid = {} SMs",
         t.block_m, t.block_n, t.block_k, t.stages, t.consumer_warpgroups, t.threads(), mkernel_config::ops::gemm::SMEM_BYTES, dev.sm_count());
     println!("# B layout {:?}; ours and cuBLAS interleaved run by run, median of {} after {} warm-up each; TFLOP/s = 2MNK / time", b_layout, args.iters, args.warmup);
+    println!("# launch_us: host microseconds of one of our launches (checks, tensor-map encoding, enqueue), mean over a burst of {LAUNCH_BURST}");
     println!(
-        "{:>6} {:>6} {:>6} {:>10} {:>9} {:>10} {:>9} {:>7} {:>7} {:>13}",
-        "M", "N", "K", "ours_us", "TFLOP/s", "cublas_us", "TFLOP/s", "ratio", "#wrong", "fused_ring_us"
+        "{:>6} {:>6} {:>6} {:>10} {:>9} {:>10} {:>9} {:>7} {:>7} {:>13} {:>9}",
+        "M", "N", "K", "ours_us", "TFLOP/s", "cublas_us", "TFLOP/s", "ratio", "#wrong", "fused_ring_us", "launch_us"
     );
     let mut rows = vec![];
     let mut ratios = vec![];
@@ -106,20 +123,44 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
         let b = stream.clone_htod(&random_bf16(lb, 2))?;
         let mut c_ours = stream.alloc_zeros::<bf16>(lc)?;
         let mut c_blas = stream.alloc_zeros::<bf16>(lc)?;
-        let (ours_ms, blas_ms, fused_ring_ms) = {
+        let (ours_ms, blas_ms, fused_ring_ms, launch_us) = {
+            let config = mkernel::gemm::GemmConfig {
+                kernel: GemmKernel::Tiled,
+                ..mkernel::gemm::GemmConfig::for_shape(shape, OutDtype::Bf16)
+            };
             // Diagnostic competitor (N x K only): our GEMM on GEMM+ReduceScatter's ring.
             let mut c_ring = stream.alloc_zeros::<bf16>(lc)?;
             let mut ring_plan = match b_layout {
-                BLayout::NxK => {
-                    Some(GemmPlan::new(dev, &stream, &a, &b, &mut c_ring, shape, None)?.on_fused_ring(dev)?)
-                }
+                BLayout::NxK => Some(GemmPlan::new(dev, config)?.on_fused_ring()?),
                 BLayout::KxN => None,
             };
-            let plan = GemmPlan::new(dev, &stream, &a, &b, &mut c_ours, shape, None)?;
-            let mut ours = || Ok(plan.launch(&stream)?);
+            let mut plan = GemmPlan::new(dev, config)?;
+            let mut ours = || {
+                plan.launch(
+                    &stream,
+                    GemmTensors {
+                        a: &a,
+                        b: &b,
+                        c: &mut c_ours,
+                    },
+                    m,
+                )?;
+                Ok(())
+            };
             let mut theirs = || cublas_gemm(&blas, shape, &a, &b, &mut c_blas);
-            let mut on_ring = || match &ring_plan {
-                Some(p) => Ok(p.launch(&stream)?),
+            let mut on_ring = || match ring_plan.as_mut() {
+                Some(p) => {
+                    p.launch(
+                        &stream,
+                        GemmTensors {
+                            a: &a,
+                            b: &b,
+                            c: &mut c_ring,
+                        },
+                        m,
+                    )?;
+                    Ok(())
+                }
                 None => Ok(()),
             };
             let t = median_ms_interleaved(
@@ -128,42 +169,57 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
                 args.iters,
                 &mut [&mut ours, &mut theirs, &mut on_ring],
             )?;
+            let launch_us = host_us_per_launch(&stream, &mut ours)?;
             // `--trace`: the fused-ring launch's per-tile timeline, summarized as the fused
             // kernels' is (their mainloops and epilogues beside a plain GEMM's on the same ring).
             let ring_ms = ring_plan.is_some().then_some(t[2]);
             if let (true, Some(p)) = (args.trace, ring_plan.as_mut()) {
-                let mut buf = stream.alloc_zeros::<u64>(mkernel_config::trace::words(p.grid()))?;
-                // SAFETY: `buf` holds words(grid) words and outlives the launches (synchronized below).
+                let grid = p.launch_info(m)?.grid;
+                let mut buf = stream.alloc_zeros::<u64>(mkernel_config::trace::words(grid))?;
+                // SAFETY: `buf` holds words(grid) words for the launches of M = m and outlives
+                // them (synchronized below).
                 unsafe { p.set_trace(Some(buf.device_ptr_mut(&stream).0))? };
                 for _ in 0..3 {
-                    p.launch(&stream)?;
+                    p.launch(
+                        &stream,
+                        GemmTensors {
+                            a: &a,
+                            b: &b,
+                            c: &mut c_ring,
+                        },
+                        m,
+                    )?;
                 }
                 stream.synchronize()?;
+                // SAFETY: stops the recording before `buf` is dropped.
+                unsafe { p.set_trace(None)? };
                 let words = stream.clone_dtoh(&buf)?;
                 crate::trace::summarize(
                     &format!("plain GEMM on the fused ring {m}x{n}x{k}"),
                     &words,
-                    p.grid() as usize,
+                    grid as usize,
                 );
             }
-            (t[0], t[1], ring_ms)
+            (t[0], t[1], ring_ms, launch_us)
         };
         let wrong = count_mismatches(&stream.clone_dtoh(&c_ours)?, &stream.clone_dtoh(&c_blas)?, k);
         let tf = |ms: f64| shape.flops() / (ms * 1e-3) / 1e12;
         let ratio = blas_ms / ours_ms;
         ratios.push(ratio);
         println!(
-            "{m:>6} {n:>6} {k:>6} {:>10.1} {:>9.1} {:>10.1} {:>9.1} {:>7.3} {:>7} {:>13}",
+            "{m:>6} {n:>6} {k:>6} {:>10.1} {:>9.1} {:>10.1} {:>9.1} {:>7.3} {:>7} {:>13} {:>9.2}",
             ours_ms * 1e3,
             tf(ours_ms),
             blas_ms * 1e3,
             tf(blas_ms),
             ratio,
             wrong,
-            fused_ring_ms.map_or("-".into(), |t| format!("{:.1}", t * 1e3))
+            fused_ring_ms.map_or("-".into(), |t| format!("{:.1}", t * 1e3)),
+            launch_us
         );
         rows.push(json!({ "m": m, "n": n, "k": k, "b_layout": format!("{b_layout:?}"), "ours_ms": ours_ms, "ours_tflops": tf(ours_ms),
-            "cublas_ms": blas_ms, "cublas_tflops": tf(blas_ms), "ours_over_cublas": ratio, "wrong": wrong, "ours_on_fused_ring_ms": fused_ring_ms }));
+            "cublas_ms": blas_ms, "cublas_tflops": tf(blas_ms), "ours_over_cublas": ratio, "wrong": wrong, "ours_on_fused_ring_ms": fused_ring_ms,
+            "ours_host_us_per_launch": launch_us }));
     }
     if !ratios.is_empty() {
         let geo = (ratios.iter().map(|r| r.ln()).sum::<f64>() / ratios.len() as f64).exp();

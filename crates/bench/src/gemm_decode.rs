@@ -3,14 +3,14 @@
 //! B whose total is at least [`ROTATION_BYTES`] (several times the L2), so a run never finds its
 //! weights in L2. A stays the same (the activations a layer just produced).
 #![allow(clippy::neg_cmp_op_on_partial_ord)]
-use crate::gemm::{count_mismatches, cublas_gemm};
+use crate::gemm::{count_mismatches, cublas_gemm, host_us_per_launch, LAUNCH_BURST};
 use crate::timing::median_ms_interleaved;
 use crate::Args;
 use anyhow::{bail, Result};
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, CudaStream};
 use half::bf16;
-use mkernel::gemm::{BLayout, GemmPlan, GemmShape, OutDtype};
+use mkernel::gemm::{BLayout, GemmConfig, GemmPlan, GemmShape, GemmTensors};
 use mkernel::Device;
 use mkernel_tests::data::random_bf16;
 use serde_json::{json, Value};
@@ -68,9 +68,22 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
     println!("# decode GEMM on {name} ({} SMs), HBM peak {:.2} TB/s; weights rotated through >= {} MiB of copies (from HBM); ours and cuBLAS interleaved, median of {} after {} warm-up each",
         dev.sm_count(), peak / 1e12, ROTATION_BYTES >> 20, args.iters, args.warmup);
     println!("# HBM fraction = (weights + A + C bytes) / time / peak; ratio = cuBLAS time / ours");
+    println!("# one plan per (N, K) for every M (M and the weight copy are launch arguments); launch_us: host microseconds of one launch, mean over a burst of {LAUNCH_BURST}");
     println!(
-        "{:>3} {:>4} {:>6} {:>6} {:>8} {:>9} {:>9} {:>7} {:>7} {:>8} {:>6} {:>7}",
-        "B", "M", "N", "K", "W_MB", "ours_us", "cublas_us", "ratio", "ours_bw", "cublas_bw", "tok", "#wrong"
+        "{:>3} {:>4} {:>6} {:>6} {:>8} {:>9} {:>9} {:>7} {:>7} {:>8} {:>6} {:>7} {:>9}",
+        "B",
+        "M",
+        "N",
+        "K",
+        "W_MB",
+        "ours_us",
+        "cublas_us",
+        "ratio",
+        "ours_bw",
+        "cublas_bw",
+        "tok",
+        "#wrong",
+        "launch_us"
     );
     let mut rows = vec![];
     for b_layout in layouts(&args.b_layout)? {
@@ -92,6 +105,15 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
                 weights.push(stream.clone_dtod(&first)?);
             }
             weights.push(first);
+            // One plan for every M and every weight copy (buffers and M are launch arguments).
+            let config = GemmConfig {
+                max_m: MS[MS.len() - 1],
+                n,
+                k,
+                b_layout,
+                ..GemmConfig::default()
+            };
+            let mut plan = GemmPlan::new(dev, config)?;
             for (mi, &m) in MS.iter().enumerate() {
                 if !args.ms.is_empty() && !args.ms.contains(&m) {
                     continue;
@@ -100,30 +122,30 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
                 let a = stream.clone_htod(&random_bf16(m * k, 1))?;
                 let mut c_ours = stream.alloc_zeros::<bf16>(m * n)?;
                 let mut c_blas = stream.alloc_zeros::<bf16>(m * n)?;
-                let (ours_ms, blas_ms, tok) = {
-                    // One plan per weight copy, all writing c_ours (raw pointers: the buffers outlive the
-                    // plans, which live in this block).
-                    let pa = a.device_ptr(&stream).0;
-                    let pc = c_ours.device_ptr_mut(&stream).0;
-                    let mut plans = vec![];
-                    for w in &weights {
-                        let pw = w.device_ptr(&stream).0;
-                        // SAFETY: A, the copy of B and C hold the shape's elements and outlive the plan.
-                        plans
-                            .push(unsafe { GemmPlan::new_raw(dev, &stream, pa, pw, pc, shape, OutDtype::Bf16, None)? });
-                    }
-                    let tok = plans[0].decode_split().map_or(0, |d| d.0);
+                let (ours_ms, blas_ms, tok, launch_us) = {
+                    let tok = plan.launch_info(m)?.tok.unwrap_or(0);
                     let (i, j) = (Cell::new(0usize), Cell::new(0usize));
                     let mut ours = || {
                         i.set(i.get() + 1);
-                        Ok(plans[i.get() % plans.len()].launch(&stream)?)
+                        let b = &weights[i.get() % weights.len()];
+                        plan.launch(
+                            &stream,
+                            GemmTensors {
+                                a: &a,
+                                b,
+                                c: &mut c_ours,
+                            },
+                            m,
+                        )?;
+                        Ok(())
                     };
                     let mut theirs = || {
                         j.set(j.get() + 1);
                         cublas_gemm(&blas, shape, &a, &weights[j.get() % weights.len()], &mut c_blas)
                     };
                     let t = median_ms_interleaved(&stream, args.warmup, args.iters, &mut [&mut ours, &mut theirs])?;
-                    (t[0], t[1], tok)
+                    let launch_us = host_us_per_launch(&stream, &mut ours)?;
+                    (t[0], t[1], tok, launch_us)
                 };
                 let wrong = count_mismatches(&stream.clone_dtoh(&c_ours)?, &stream.clone_dtoh(&c_blas)?, k);
                 let bytes = (w_len + m * k + m * n) as f64 * 2.0;
@@ -135,7 +157,7 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
                     BLayout::KxN => "kn",
                 };
                 println!(
-                    "{lay:>3} {m:>4} {n:>6} {k:>6} {:>8.1} {:>9.1} {:>9.1} {:>7.3} {:>7.3} {:>8.3} {tok:>6} {wrong:>7}",
+                    "{lay:>3} {m:>4} {n:>6} {k:>6} {:>8.1} {:>9.1} {:>9.1} {:>7.3} {:>7.3} {:>8.3} {tok:>6} {wrong:>7} {launch_us:>9.2}",
                     w_bytes as f64 / 1e6,
                     ours_ms * 1e3,
                     blas_ms * 1e3,
@@ -146,7 +168,7 @@ pub fn run(dev: &Device, args: &Args) -> Result<Vec<Value>> {
                 rows.push(json!({ "gpu": name, "b_layout": lay, "m": m, "n": n, "k": k, "weight_bytes": w_bytes,
                     "ours_ms": ours_ms, "cublas_ms": blas_ms, "ours_over_cublas": ratio, "ours_hbm_fraction": bw(ours_ms),
                     "cublas_hbm_fraction": bw(blas_ms), "hbm_peak_bytes_per_s": peak, "tok_bucket": tok, "wrong": wrong,
-                    "weight_copies": copies }));
+                    "weight_copies": copies, "ours_host_us_per_launch": launch_us }));
             }
         }
         for (mi, r) in per_m.iter().enumerate() {

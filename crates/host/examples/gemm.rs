@@ -1,18 +1,22 @@
-//! GEMM on one GPU: `y = x W^T` (bf16 in, f32 accumulate, bf16 out), planned once and launched
-//! every step on new `x`, checked against an f64 CPU product.
+//! GEMM on one GPU: `y = x W^T` (bf16 in, f32 accumulate, bf16 out), planned once for the
+//! weights' shape and launched every step on new `x` with a different number of tokens (M),
+//! checked against an f64 CPU product.
 //!
 //! Run: `cargo run --release -p mkernel --example gemm` (or `target/release/examples/gemm`).
 mod common;
 
-use common::{check, random_bf16, Result, STEPS};
+use common::{check, random_bf16, Result};
 use half::bf16;
-use mkernel::cudarc::driver::DevicePtr;
-use mkernel::{BLayout, Device, GemmPlan, GemmShape, OutDtype};
+use mkernel::{BLayout, Device, GemmConfig, GemmPlan, GemmTensors};
 
-/// Tokens x model width -> tokens x output features (`W` is `N x K`, as `nn.Linear` stores it).
-const M: usize = 512;
+/// Model width -> output features (`W` is `N x K`, as `nn.Linear` stores it).
 const N: usize = 384;
 const K: usize = 256;
+/// Most tokens a step holds; the buffers are sized for it.
+const MAX_M: usize = 512;
+/// Tokens of each step: a prefill (tiled kernel), then decode-sized steps (M <= 256: the
+/// bandwidth-bound decode kernels), all launches of one plan.
+const STEP_M: [usize; 4] = [512, 1, 7, 300];
 
 fn main() -> std::process::ExitCode {
     common::run("gemm", gemm)
@@ -23,36 +27,37 @@ fn gemm() -> Result {
     let stream = dev.default_stream(); // or any stream of dev.context()
     let w_host = random_bf16(N * K, 1, 1.0 / (K as f32).sqrt());
     let w = stream.clone_htod(&w_host)?;
-    let mut x = stream.alloc_zeros::<bf16>(M * K)?;
-    let y = stream.alloc_zeros::<bf16>(M * N)?;
-    let shape = GemmShape {
-        m: M,
+    let mut x = stream.alloc_zeros::<bf16>(MAX_M * K)?;
+    let mut y = stream.alloc_zeros::<bf16>(MAX_M * N)?;
+
+    // Plan once from the shapes (no buffers); each step launches on its buffers and its M.
+    let config = GemmConfig {
+        max_m: MAX_M,
         n: N,
         k: K,
         b_layout: BLayout::NxK,
+        ..GemmConfig::default() // bf16 C, every SM, kernel chosen per launch from M
     };
-
-    // Plan once: TMA descriptors encoded and uploaded. `GemmPlan::new` would borrow x for the
-    // plan's life (no new data could be written into it), so a server whose inputs change every
-    // step plans on the buffers' addresses.
-    let (px, py, pw) = (
-        x.device_ptr(&stream).0,
-        y.device_ptr(&stream).0,
-        w.device_ptr(&stream).0,
+    let mut plan = GemmPlan::new(&dev, config)?;
+    println!(
+        "gemm: up to {MAX_M} x {N} x {K} on GPU {} (plan workspace {} bytes)",
+        dev.ordinal(),
+        plan.workspace_bytes()
     );
-    // SAFETY: x, w and y hold the shape's elements and outlive the plan (declared before it);
-    // every write of x and read of y below is on `stream`, ordered with the plan's launches.
-    let plan = unsafe { GemmPlan::new_raw(&dev, &stream, px, pw, py, shape, OutDtype::Bf16, None)? };
-    println!("gemm: {M} x {N} x {K} on GPU {} ({} CTAs)", dev.ordinal(), plan.grid());
 
-    for step in 0..STEPS {
-        let x_host = random_bf16(M * K, 100 + step, 1.0);
-        stream.memcpy_htod(&x_host, &mut x)?;
-        plan.launch(&stream)?; // one kernel launch; capturable in a CUDA graph
-        let got = stream.clone_dtoh(&y)?;
-        let want = common::matmul_nt(&x_host, &w_host, M, N, K);
+    for (step, m) in STEP_M.into_iter().enumerate() {
+        let x_host = random_bf16(m * K, 100 + step as u64, 1.0);
+        stream.memcpy_htod(&x_host, &mut x.slice_mut(..m * K))?;
+        let t = GemmTensors {
+            a: &x,
+            b: &w,
+            c: &mut y,
+        };
+        let ran = plan.launch(&stream, t, m)?; // one kernel launch; reads x[..m K], writes y[..m N]
+        let got = stream.clone_dtoh(&y.slice(..m * N))?;
+        let want = common::matmul_nt(&x_host, &w_host, m, N, K);
         check(
-            &format!("gemm step {step}"),
+            &format!("gemm step {step} (M = {m}, {:?} kernel, {} CTAs)", ran.kernel, ran.grid),
             got.iter().map(|v| v.to_f64()),
             &want,
             1.0 / 128.0,
