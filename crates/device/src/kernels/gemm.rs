@@ -200,7 +200,12 @@ unsafe fn gemm_on<const PR: u32, const CR: u32>(
 pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_nk(params: GemmParams, c: *mut u8) {
     let p = crate::param_block!("mk_gemm_bf16_nk") as *const GemmParams;
     unsafe {
-        gemm_on::<{ TILE.producer_regs }, { TILE.consumer_regs }>(gemm_op::RING, GemmArgs::of_params(p, params.args, c), BLayout::Nk, 0)
+        gemm_on::<{ TILE.producer_regs }, { TILE.consumer_regs }>(
+            gemm_op::RING,
+            GemmArgs::of_params(p, params.args, c),
+            BLayout::Nk,
+            0,
+        )
     }
 }
 
@@ -213,7 +218,12 @@ pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_nk(params: GemmParams, c: *mut u8
 pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_kn(params: GemmParams, c: *mut u8) {
     let p = crate::param_block!("mk_gemm_bf16_kn") as *const GemmParams;
     unsafe {
-        gemm_on::<{ TILE.producer_regs }, { TILE.consumer_regs }>(gemm_op::RING, GemmArgs::of_params(p, params.args, c), BLayout::Kn, 0)
+        gemm_on::<{ TILE.producer_regs }, { TILE.consumer_regs }>(
+            gemm_op::RING,
+            GemmArgs::of_params(p, params.args, c),
+            BLayout::Kn,
+            0,
+        )
     }
 }
 
@@ -231,5 +241,12 @@ pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_kn(params: GemmParams, c: *mut u8
 pub unsafe extern "ptx-kernel" fn mk_gemm_bf16_nk_fused_ring(params: GemmParams, c: *mut u8) {
     const R: GemmTile = gemm_rs::TILE;
     let p = crate::param_block!("mk_gemm_bf16_nk_fused_ring") as *const GemmParams;
-    unsafe { gemm_on::<{ R.producer_regs }, { R.consumer_regs }>(gemm_rs::RING, GemmArgs::of_params(p, params.args, c), BLayout::Nk, params.args.trace) }
+    unsafe {
+        gemm_on::<{ R.producer_regs }, { R.consumer_regs }>(
+            gemm_rs::RING,
+            GemmArgs::of_params(p, params.args, c),
+            BLayout::Nk,
+            params.args.trace,
+        )
+    }
 }
