@@ -668,4 +668,53 @@ mod tests {
         assert!(e.contains("n=257"), "{e}");
         assert!(shape(0, 256, 64, BLayout::NxK).validate().is_err());
     }
+    #[test]
+    fn configs_are_validated() {
+        let c = GemmConfig {
+            max_m: 64,
+            n: 64,
+            k: 64,
+            ..GemmConfig::default()
+        };
+        assert!(c.validate().is_ok());
+        assert!(GemmConfig::default().validate().is_err(), "no shape");
+        let e = GemmConfig {
+            max_m: 257,
+            kernel: GemmKernel::Decode,
+            ..c
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("max_m=257"), "{e}");
+        assert!(GemmConfig { sms: Some(0), ..c }.validate().is_err());
+        assert!(GemmConfig { k: 100, ..c }.validate().is_err());
+        assert_eq!(GemmKernel::for_m(256), GemmKernel::Decode);
+        assert_eq!(GemmKernel::for_m(257), GemmKernel::Tiled);
+    }
+    #[test]
+    fn paths_and_workspace_follow_the_config() {
+        let c = GemmConfig {
+            max_m: 4096,
+            n: 4096,
+            k: 4096,
+            ..GemmConfig::default()
+        };
+        assert!(c.has_tiled() && c.decode_tok() == Some(256));
+        // 32 tiles x 64 K blocks over 132 SMs: 132 CTAs, two 128 x 256 f32 slots each, 32 counters.
+        assert_eq!(c.workspace_bytes(132), 132 * 2 * 128 * 256 * 4 + 32 * 4);
+        let small = GemmConfig { max_m: 7, ..c };
+        assert!(!small.has_tiled() && small.decode_tok() == Some(8));
+        assert_eq!(small.workspace_bytes(132), 132 * 2 * 128 * 8 * 4 + 32 * 4);
+        let tiled = GemmConfig {
+            kernel: GemmKernel::Tiled,
+            ..small
+        };
+        assert!(tiled.has_tiled() && tiled.decode_tok().is_none());
+        assert_eq!(tiled.workspace_bytes(132), 0);
+        // A grid cap changes the split: 7 CTAs.
+        assert_eq!(GemmConfig { sms: Some(7), ..small }.workspace_bytes(132), 7 * 2 * 128 * 8 * 4 + 32 * 4);
+        // Invalid configurations size to something without panicking.
+        let _ = GemmConfig::default().workspace_bytes(132);
+    }
 }
