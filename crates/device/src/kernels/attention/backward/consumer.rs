@@ -76,7 +76,7 @@ fn pack16(x: &[f32; 32]) -> [u32; 16] {
     p
 }
 
-/// Issues `acc = A B^T` over `D / 16` k-steps with A = 64 rows at `a` and B = 64 rows at `b`,
+/// Issues `acc += A B^T` over `D / 16` k-steps with A = 64 rows at `a` and B = 64 rows at `b`,
 /// both K-major in `D / 64` boxes (`a_box`, `b_box` bytes apart).
 #[inline(always)]
 unsafe fn issue_nt<const D: u32>(acc: &mut [f32; 32], a: SmemAddr, a_box: u32, b: SmemAddr, b_box: u32) {
@@ -87,11 +87,7 @@ unsafe fn issue_nt<const D: u32>(acc: &mut [f32; 32], a: SmemAddr, a_box: u32, b
         let (bx, w) = (ks / 4, ks % 4);
         let da = wgmma::smem_desc(a.add(bx * a_box + w * K_STEP_BYTES), 16, 1024, Swizzle::B128);
         let db = wgmma::smem_desc(b.add(bx * b_box + w * K_STEP_BYTES), 16, 1024, Swizzle::B128);
-        if ks == 0 {
-            unsafe { wgmma::mma_m64n64k16_bf16_ss_first::<0, 0>(acc, da, db) };
-        } else {
-            unsafe { wgmma::mma_m64n64k16_bf16_ss::<0, 0>(acc, da, db, true) };
-        }
+        unsafe { wgmma::mma_m64n64k16_bf16_ss::<0, 0>(acc, da, db, true) };
     }
 }
 
@@ -143,6 +139,7 @@ pub unsafe fn run<const D: u32>(sm: &BwdSmem, a: &AttentionBwdArgs, wg: u32) {
     let k_rows = sm.k().add(64 * wg * SWIZZLE_ROW);
     let v_rows = sm.v().add(64 * wg * SWIZZLE_ROW);
     let (scale_log2, total_q, heads_q) = (a.scale_log2, uniform(a.total_q), uniform(a.heads_q));
+    let inv_scale_log2 = 1.0 / scale_log2;
     let mut dk = [0f32; 64];
     let mut dv = [0f32; 64];
     unsafe { mbarrier::wait_parity(sm.kv_full(), 0) };
@@ -151,48 +148,53 @@ pub unsafe fn run<const D: u32>(sm: &BwdSmem, a: &AttentionBwdArgs, wg: u32) {
     for it in 0..iterations {
         let (hq, m0) = w.at(it);
         let s_ = pos.stage;
+        // The thread's 16 query columns: 8 (c / 2) + col0 + c % 2.
+        let row_at = (hq * total_q + w.q_start + m0) as usize;
+        let col_of = |c: usize| (8 * (c / 2)) as u32 + col0 + (c % 2) as u32;
+        // The accumulators start at the per-query terms (loaded before the ring wait, so their
+        // latency hides behind it): S^T at -lse2 / (scale log2 e), dP^T at -delta. Then
+        // P^T = 2^(acc scale log2e) and dS^T = P^T acc need no LSE or delta registers next to
+        // S^T, dP^T, dK and dV (with them the consumer spilled at 232 registers, D = 128).
+        // Columns past the sequence start at 0 (masked below).
+        let (mut s, mut dp) = ([0f32; 32], [0f32; 32]);
+        unroll16!(c => {
+            if m0 + col_of(c) < w.q_len {
+                let at = row_at + col_of(c) as usize;
+                let (l2, d) = unsafe { ((a.lse2 as *const f32).add(at).read(), (a.delta as *const f32).add(at).read()) };
+                let (j, e) = (c / 2, c % 2);
+                unroll!([0 1], h => {
+                    s[4 * j + 2 * h + e] = -l2 * inv_scale_log2;
+                    dp[4 * j + 2 * h + e] = -d;
+                });
+            }
+        });
         unsafe { mbarrier::wait_parity(sm.q_full(s_), pos.phase) };
         // The cp.async writes (generic proxy) before wgmma's reads (async proxy).
         memory::fence_proxy_async_shared();
-        // Written by their first wgmma only (`_first`): nothing keeps them live across blocks.
-        let (mut s, mut dp) = ([0f32; 32], [0f32; 32]);
+        // The initial values in 64 distinct registers before the wgmmas read them (copies made
+        // after `wgmma.fence` make ptxas inject a fence and a wait, C7519 / C7517).
+        wgmma::fence_operands_32(&mut s);
+        wgmma::fence_operands_32(&mut dp);
         wgmma::fence();
         unsafe { issue_nt::<D>(&mut s, k_rows, kv_box, sm.q(s_), q_box) };
         wgmma::commit_group();
         unsafe { issue_nt::<D>(&mut dp, v_rows, kv_box, sm.d_o(s_), q_box) };
         wgmma::commit_group();
-        // The thread's 16 query columns: 8 (c / 2) + col0 + c % 2.
-        let row_at = (hq * total_q + w.q_start + m0) as usize;
-        let col_of = |c: usize| (8 * (c / 2)) as u32 + col0 + (c % 2) as u32;
         wgmma::wait_group::<1>();
         wgmma::fence_operands_32(&mut s);
-        // LSE in log2 units of the thread's columns (rows past the sequence: not read, masked).
-        let mut lse2 = [0f32; 16];
-        unroll16!(c => {
-            if m0 + col_of(c) < w.q_len {
-                lse2[c] = unsafe { (a.lse2 as *const f32).add(row_at + col_of(c) as usize).read() };
-            }
-        });
         unroll32!(i => {
             let (j, h, e) = (i / 4, (i / 2) % 2, i % 2);
             let c = 2 * j + e;
             s[i] = if w.visible(m0 + col_of(c), key[h]) {
-                math::ex2(core::intrinsics::fmaf32(s[i], scale_log2, -lse2[c]))
+                math::ex2(s[i] * scale_log2)
             } else {
                 0.0
             };
         });
-        let mut delta = [0f32; 16];
-        unroll16!(c => {
-            if m0 + col_of(c) < w.q_len {
-                delta[c] = unsafe { (a.delta as *const f32).add(row_at + col_of(c) as usize).read() };
-            }
-        });
         wgmma::wait_group::<0>();
         wgmma::fence_operands_32(&mut dp);
         unroll32!(i => {
-            let (j, e) = (i / 4, i % 2);
-            dp[i] = s[i] * (dp[i] - delta[2 * j + e]);
+            dp[i] *= s[i];
         });
         let p = pack16(&s);
         let ds = pack16(&dp);
