@@ -138,7 +138,7 @@ pub unsafe fn run<const D: u32>(sm: &BwdSmem, a: &AttentionBwdArgs, wg: u32) {
     let (q_box, kv_box) = (t.q_box_bytes(), t.kv_box_bytes());
     let k_rows = sm.k().add(64 * wg * SWIZZLE_ROW);
     let v_rows = sm.v().add(64 * wg * SWIZZLE_ROW);
-    let (scale_log2, total_q, heads_q) = (a.scale_log2, uniform(a.total_q), uniform(a.heads_q));
+    let (scale_log2, heads_q) = (a.scale_log2, uniform(a.heads_q));
     let inv_scale_log2 = 1.0 / scale_log2;
     let mut dk = [0f32; 64];
     let mut dv = [0f32; 64];
@@ -149,26 +149,25 @@ pub unsafe fn run<const D: u32>(sm: &BwdSmem, a: &AttentionBwdArgs, wg: u32) {
         let (hq, m0) = w.at(it);
         let s_ = pos.stage;
         // The thread's 16 query columns: 8 (c / 2) + col0 + c % 2.
-        let row_at = (hq * total_q + w.q_start + m0) as usize;
         let col_of = |c: usize| (8 * (c / 2)) as u32 + col0 + (c % 2) as u32;
-        // The accumulators start at the per-query terms (loaded before the ring wait, so their
-        // latency hides behind it): S^T at -lse2 / (scale log2 e), dP^T at -delta. Then
-        // P^T = 2^(acc scale log2e) and dS^T = P^T acc need no LSE or delta registers next to
-        // S^T, dP^T, dK and dV (with them the consumer spilled at 232 registers, D = 128).
-        // Columns past the sequence start at 0 (masked below).
-        let (mut s, mut dp) = ([0f32; 32], [0f32; 32]);
-        unroll16!(c => {
-            if m0 + col_of(c) < w.q_len {
-                let at = row_at + col_of(c) as usize;
-                let (l2, d) = unsafe { ((a.lse2 as *const f32).add(at).read(), (a.delta as *const f32).add(at).read()) };
-                let (j, e) = (c / 2, c % 2);
-                unroll!([0 1], h => {
-                    s[4 * j + 2 * h + e] = -l2 * inv_scale_log2;
-                    dp[4 * j + 2 * h + e] = -d;
-                });
-            }
-        });
         unsafe { mbarrier::wait_parity(sm.q_full(s_), pos.phase) };
+        // The accumulators start at the per-query terms the loader put next to the slot: S^T at
+        // -lse2 / (scale log2 e), dP^T at -delta. Then P^T = 2^(acc scale log2e) and
+        // dS^T = P^T acc need no LSE or delta registers next to S^T, dP^T, dK and dV (with them
+        // the D = 128 consumer spilled 44 bytes at 232 registers). Rows past the sequence hold 0
+        // (masked below).
+        let (mut s, mut dp) = ([0f32; 32], [0f32; 32]);
+        let (lse2_at, delta_at) = (sm.lse2(s_), sm.delta(s_));
+        unroll16!(c => {
+            let off = 4 * col_of(c);
+            let l2 = f32::from_bits(unsafe { smem::ld_shared_u32(lse2_at.add(off)) });
+            let d = f32::from_bits(unsafe { smem::ld_shared_u32(delta_at.add(off)) });
+            let (j, e) = (c / 2, c % 2);
+            unroll!([0 1], h => {
+                s[4 * j + 2 * h + e] = -l2 * inv_scale_log2;
+                dp[4 * j + 2 * h + e] = -d;
+            });
+        });
         // The cp.async writes (generic proxy) before wgmma's reads (async proxy).
         memory::fence_proxy_async_shared();
         // The initial values in 64 distinct registers before the wgmmas read them (copies made
