@@ -242,7 +242,10 @@ impl AttentionBwdTile {
             STATS_BYTES as u32 == 2 * self.block_m * 4,
             "a stats slot holds lse2 and delta of block_m rows"
         );
-        assert!(l.kv_full == l.stats + self.stages * STATS_BYTES as u32, "barriers after (LSE, delta)");
+        assert!(
+            l.kv_full == l.stats + self.stages * STATS_BYTES as u32,
+            "barriers after (LSE, delta)"
+        );
         assert!(l.q_empty + 8 * self.stages <= l.bytes, "barriers inside the struct");
         assert!(l.bytes <= crate::SM90_MAX_SMEM_PER_CTA, "shared memory exceeds 227 KiB");
         assert!(self.stages >= 2, "a ring needs two stages");

@@ -2,10 +2,11 @@
 //! (Q, dO) block of the ring. Per block of 64 queries:
 //!
 //! ```text
-//! S^T  = K_wg Q^T          (SS wgmma, m64n64, D/16 k-steps)
-//! dP^T = V_wg dO^T         (SS wgmma, m64n64)
-//! P^T  = 2^(S^T scale log2e - lse log2e)   masked to 0 where the key is not seen
-//! dS^T = P^T (dP^T - delta)
+//! S^T  = -lse log2e / (scale log2e) + K_wg Q^T   (accumulator set from the slot's stats; SS
+//!                                                  wgmma, m64n64, D/16 k-steps)
+//! dP^T = -delta + V_wg dO^T                      (SS wgmma, m64n64)
+//! P^T  = 2^(S^T scale log2e)   masked to 0 where the key is not seen
+//! dS^T = P^T dP^T
 //! dV  += P^T dO            (RS wgmma: P^T packed to bf16 in registers, dO MN-major)
 //! dK  += dS^T Q            (RS wgmma)
 //! dS^T -> shared (bf16, [key][query] 128B-swizzled); both consumers meet at a named barrier
@@ -224,7 +225,9 @@ pub unsafe fn run<const D: u32>(sm: &BwdSmem, a: &AttentionBwdArgs, wg: u32) {
         let mine = D == 128 || it % 2 == wg;
         if mine {
             let mut dq = [0f32; 32];
-            let kcols = SmemAddr(regs::opaque_u32(if D == 128 { sm.k().add(wg * kv_box) } else { sm.k() }.0));
+            let kcols = SmemAddr(regs::opaque_u32(
+                if D == 128 { sm.k().add(wg * kv_box) } else { sm.k() }.0,
+            ));
             for ks in 0..8u32 {
                 let da = wgmma::smem_desc(buf.add(ks * ROWS16_BYTES), 16384, 1024, Swizzle::B128);
                 let db = wgmma::smem_desc(kcols.add(ks * ROWS16_BYTES), kv_box, 1024, Swizzle::B128);

@@ -80,8 +80,28 @@ pub unsafe fn run<const D: u32>(sm: &BwdSmem, a: &AttentionBwdArgs) {
     let kv_valid = (w.k_len - w.n0).min(BLOCK_N);
     let krow = w.k_start + w.n0;
     unsafe {
-        copy_tile::<D>(sm.k(), t.kv_box_bytes(), a.k, a.heads_kv, w.h_kv, krow, BLOCK_N, kv_valid, tid);
-        copy_tile::<D>(sm.v(), t.kv_box_bytes(), a.v, a.heads_kv, w.h_kv, krow, BLOCK_N, kv_valid, tid);
+        copy_tile::<D>(
+            sm.k(),
+            t.kv_box_bytes(),
+            a.k,
+            a.heads_kv,
+            w.h_kv,
+            krow,
+            BLOCK_N,
+            kv_valid,
+            tid,
+        );
+        copy_tile::<D>(
+            sm.v(),
+            t.kv_box_bytes(),
+            a.v,
+            a.heads_kv,
+            w.h_kv,
+            krow,
+            BLOCK_N,
+            kv_valid,
+            tid,
+        );
         cp_async::mbarrier_arrive_noinc(sm.kv_full());
     }
     let mut pos = RingPos::START;
@@ -104,7 +124,17 @@ pub unsafe fn run<const D: u32>(sm: &BwdSmem, a: &AttentionBwdArgs) {
             };
             cp_async::copy_4_zfill(sm.lse2(s).add(4 * tid), at as *const u8, bytes);
             copy_tile::<D>(sm.q(s), t.q_box_bytes(), a.q, a.heads_q, hq, row, BLOCK_M, valid, tid);
-            copy_tile::<D>(sm.d_o(s), t.q_box_bytes(), a.d_o, a.heads_q, hq, row, BLOCK_M, valid, tid);
+            copy_tile::<D>(
+                sm.d_o(s),
+                t.q_box_bytes(),
+                a.d_o,
+                a.heads_q,
+                hq,
+                row,
+                BLOCK_M,
+                valid,
+                tid,
+            );
             cp_async::mbarrier_arrive_noinc(sm.q_full(s));
         }
         pos.advance(t.stages);

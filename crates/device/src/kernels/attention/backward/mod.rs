@@ -12,7 +12,9 @@ pub mod loader;
 pub mod schedule;
 
 use crate::arch::{ids, mbarrier, regs, smem, sync};
-use mkernel_config::ops::attention_bwd::{AttentionBwdArgs, AttentionBwdTile, BwdRole, BWD_ROLES, DS_BYTES, STATS_BYTES};
+use mkernel_config::ops::attention_bwd::{
+    AttentionBwdArgs, AttentionBwdTile, BwdRole, BWD_ROLES, DS_BYTES, STATS_BYTES,
+};
 
 /// The shared-memory addresses of one backward CTA (from the config's `offset_of!` layout).
 #[derive(Clone, Copy)]
