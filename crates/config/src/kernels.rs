@@ -73,14 +73,6 @@ pub const PROXY_PINGPONG: KernelSpec = KernelSpec {
     dynamic_smem: 0,
 };
 
-/// Kernels whose ptxas spills are known and accepted for now: `cargo xtask ptx --check` reports
-/// them without failing. Each entry says why.
-pub const EXPERIMENTAL: &[(&str, &str)] = &[(
-    "mk_flash_attn_bwd_d128",
-    "44 bytes of spills: each consumer keeps dK and dV (2 x 64 f32) while S^T and dP^T (2 x 32) are in flight; \
-     the cp.async loader needs more than the 24 registers that would give the consumers 240 (docs/attention.md)",
-)];
-
 /// Every kernel entry in the embedded PTX.
 pub const KERNELS: &[KernelSpec] = &[
     IOTA,
