@@ -815,6 +815,99 @@ mod tests {
         assert!(e.contains("multiples of 8"), "{e}");
         assert!(shape(0, 8, 2, 64, 64).validate().is_err());
     }
+    /// The wraps a read of main found: `ffn = 2^62` passed the checks (4 x 2^63 wrapped), and
+    /// `tokens = 2^59 + 1` with top-32 gave 32 pairs.
+    #[test]
+    fn huge_sizes_are_refused_not_wrapped() {
+        assert!(shape(1, 4, 1, 8, 1 << 62).validate().is_err());
+        let s = shape((1 << 59) + 1, 8, 32, 8, 8);
+        assert_eq!(s.pairs(), usize::MAX);
+        assert!(s.validate().is_err());
+        assert!(shape(usize::MAX, usize::MAX, usize::MAX, usize::MAX, usize::MAX)
+            .validate()
+            .is_err());
+        let g = GroupedGemmShape {
+            groups: 1,
+            capacity_rows: 128,
+            n: 8,
+            k: 1 << 40,
+            act: Activation::None,
+        };
+        assert!(
+            g.validate().is_err(),
+            "k above 2^31 would be cut to u32 in the arguments"
+        );
+    }
+
+    proptest::proptest! {
+        /// Any sizes: no panic, and an accepted shape's sizes are exact (the checked products
+        /// exist) and within the kernels' u32 arguments.
+        #[test]
+        fn accepted_moe_shapes_have_exact_sizes(
+            tokens in size(), experts in size(), top_k in size(), hidden in size(), ffn in size(), swiglu: bool,
+        ) {
+            let act = if swiglu { Activation::SwiGlu } else { Activation::None };
+            let s = MoeShape { tokens, experts, top_k, hidden, ffn, act };
+            if s.validate().is_ok() {
+                let pairs = tokens.checked_mul(top_k).unwrap();
+                proptest::prop_assert_eq!(s.pairs(), pairs);
+                proptest::prop_assert!(pairs <= u32::MAX as usize);
+                let up = if swiglu { ffn.checked_mul(2).unwrap() } else { ffn };
+                let (lu, ld) = s.weight_lens();
+                proptest::prop_assert_eq!(Some(lu), experts.checked_mul(up).and_then(|x| x.checked_mul(hidden)));
+                proptest::prop_assert_eq!(Some(ld), experts.checked_mul(hidden).and_then(|x| x.checked_mul(ffn)));
+                let cap = s.capacity_rows();
+                proptest::prop_assert_eq!(cap, cfg::max_tiles(pairs as u32, experts as u32) as usize * 128);
+                proptest::prop_assert!(cap.checked_mul(hidden.max(ffn)).is_some());
+                proptest::prop_assert!(hidden <= u32::MAX as usize && ffn <= u32::MAX as usize);
+            }
+        }
+
+        #[test]
+        fn accepted_grouped_gemm_shapes_have_exact_sizes(
+            groups in size(), rows in size(), n in size(), k in size(), swiglu: bool,
+        ) {
+            let act = if swiglu { Activation::SwiGlu } else { Activation::None };
+            let g = GroupedGemmShape { groups, capacity_rows: rows, n, k, act };
+            if g.validate().is_ok() {
+                proptest::prop_assert!(n <= i32::MAX as usize && k <= i32::MAX as usize);
+                proptest::prop_assert!(rows.checked_mul(k).is_some() && rows.checked_mul(n).is_some());
+                let w = groups.checked_mul(g.w_rows()).and_then(|x| x.checked_mul(k));
+                proptest::prop_assert!(w.is_some());
+            }
+        }
+
+        /// The padded offsets against a u64 reference: exact where they fit u32, an error where not.
+        #[test]
+        fn padded_offsets_fit_or_fail(counts in proptest::collection::vec(proptest::prop_oneof![
+            0u32..300, proptest::num::u32::ANY, (u32::MAX - 200)..=u32::MAX
+        ], 0..8)) {
+            let mut at = 0u64;
+            let mut want = vec![];
+            for &c in &counts {
+                want.push(at);
+                at += (c as u64).div_ceil(128) * 128;
+            }
+            want.push(at);
+            match padded_offsets(&counts) {
+                Ok(v) => proptest::prop_assert_eq!(v.iter().map(|&x| x as u64).collect::<Vec<_>>(), want),
+                Err(_) => proptest::prop_assert!(at > u32::MAX as u64),
+            }
+        }
+    }
+
+    /// Sizes from small to the top of `usize`: most draws near the limits.
+    fn size() -> impl proptest::strategy::Strategy<Value = usize> {
+        proptest::prop_oneof![
+            0usize..4096,
+            (0u32..64).prop_map(|e| 1usize << e),
+            (0u32..64).prop_map(|e| (1usize << e) + 1),
+            proptest::num::usize::ANY,
+            (usize::MAX - 255)..=usize::MAX,
+        ]
+    }
+    use proptest::strategy::Strategy as _;
+
     #[test]
     fn grids_follow_the_worst_routing_and_the_sm_cap() {
         // T = 128, top-8 over 64 experts: 8 + 64 row tiles, 16 SwiGLU and 16 down column tiles.

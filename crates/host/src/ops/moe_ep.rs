@@ -760,6 +760,62 @@ mod tests {
         assert_eq!(shape(64, 8, 2, Some(0)).capacity_rows(2), 128);
     }
     #[test]
+    fn huge_sizes_are_refused_not_wrapped() {
+        let mut s = shape((1 << 59) + 1, 8, 32, None);
+        assert_eq!(s.pairs(), usize::MAX);
+        assert!(s.validate(2).is_err());
+        s = shape(64, 8, 2, Some(usize::MAX));
+        assert_eq!(s.capacity_rows(2), usize::MAX);
+        assert!(s.validate(2).is_err());
+        s = shape(64, 8, 2, None);
+        s.ffn = 1 << 62;
+        assert!(s.validate(2).is_err());
+        assert!(MoeEpPlan::heap_bytes(&s, 2, 1).is_err());
+    }
+
+    proptest::proptest! {
+        /// Any sizes: no panic, and an accepted shape's sizes and heap bytes are exact.
+        #[test]
+        fn accepted_shapes_have_exact_sizes(
+            tokens in size(), experts in size(), top_k in size(), hidden in size(), ffn in size(),
+            capacity in proptest::option::of(size()), world in 0usize..80, nodes in 1usize..4,
+        ) {
+            let s = MoeEpShape { tokens, experts, top_k, hidden, ffn, act: Activation::SwiGlu, capacity };
+            if s.validate(world).is_ok() {
+                let wide = |f: &[usize]| f.iter().try_fold(1u64, |a, &x| a.checked_mul(x as u64));
+                let pairs = wide(&[tokens, top_k]).unwrap();
+                proptest::prop_assert_eq!(s.pairs() as u64, pairs);
+                let l = experts / world;
+                let (lu, ld) = s.weight_lens(world);
+                proptest::prop_assert_eq!(Some(lu as u64), wide(&[l, 2 * ffn, hidden]));
+                proptest::prop_assert_eq!(Some(ld as u64), wide(&[l, hidden, ffn]));
+                let cap = s.capacity_rows(world) as u64;
+                proptest::prop_assert!(cap <= i32::MAX as u64);
+                let round = |b: u64| b.div_ceil(256) * 256;
+                let rows = cap * hidden as u64 * 2;
+                let xfer = if nodes > 1 { pairs * hidden as u64 * 2 } else { 0 };
+                let want = round(EP_FLAG_BYTES + 8 * l as u64)
+                    + round((world * experts * 4) as u64)
+                    + 2 * round(rows)
+                    + round(xfer);
+                proptest::prop_assert_eq!(MoeEpPlan::heap_bytes(&s, world, nodes).unwrap(), want);
+            } else {
+                proptest::prop_assert!(MoeEpPlan::heap_bytes(&s, world, nodes).is_err());
+            }
+        }
+    }
+
+    fn size() -> impl proptest::strategy::Strategy<Value = usize> {
+        use proptest::strategy::Strategy as _;
+        proptest::prop_oneof![
+            0usize..512,
+            (0u32..64).prop_map(|e| 1usize << e),
+            (0u32..64).prop_map(|e| (1usize << e) + 8),
+            proptest::num::usize::ANY,
+        ]
+    }
+
+    #[test]
     fn grid_is_capped_by_the_sms_and_the_flags() {
         assert_eq!(moe_ep_grid(10, 132), 10);
         assert_eq!(moe_ep_grid(4096, 132), 132);

@@ -410,6 +410,31 @@ impl<'a> RingAttentionPlan<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    proptest::proptest! {
+        /// The workspace size is exact or an error, never a wrapped product.
+        #[test]
+        fn workspace_bytes_are_exact_or_refused(
+            batch in proptest::num::usize::ANY, seqlen in proptest::num::usize::ANY,
+            hkv in 1usize..1024, small in proptest::bool::ANY,
+        ) {
+            let (batch, seqlen) = if small { (batch % 64, seqlen % 100_000) } else { (batch, seqlen) };
+            let heads = AttentionHeads { heads_q: hkv, heads_kv: hkv, head_dim: 128, causal: false, softmax_scale: None };
+            // u128, and `u128::MAX` where even that overflows.
+            let want = [batch as u128, seqlen as u128, hkv as u128, 128, 2]
+                .iter()
+                .try_fold(4u128, |a, &x| a.checked_mul(x))
+                .unwrap_or(u128::MAX);
+            match RingAttentionPlan::workspace_bytes(batch, seqlen, &heads) {
+                Ok(b) => proptest::prop_assert_eq!(b as u128, want),
+                Err(_) => proptest::prop_assert!(want > u64::MAX as u128),
+            }
+            match RingAttentionPlan::heap_bytes(batch, seqlen, &heads) {
+                Ok(b) => proptest::prop_assert_eq!(b as u128, want.div_ceil(256) * 256),
+                Err(_) => proptest::prop_assert!(want > (u64::MAX - 255) as u128),
+            }
+        }
+    }
+
     #[test]
     fn roles_fit_the_sms() {
         assert_eq!(
