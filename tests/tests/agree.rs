@@ -6,6 +6,7 @@
 //!   0), and the next plan works on every rank;
 //! - the heap a plan takes is what its `heap_bytes` says, and 1000 plans made and dropped leave
 //!   the heap as it was.
+//!
 //! Run: `bundle/xtask launch -n 2 --share-gpu -- bundle/tests/mkernel-tests-agree --include-ignored --nocapture`
 //! (`bundle/run-tests.sh --only agree` runs it at 2 and 4 ranks and as 2 emulated nodes).
 use half::bf16;
