@@ -408,13 +408,14 @@ fn bad_attention_input_is_rejected() {
     let e = err(varlen(&cu_short, &cu_ok), heads(4, 4, 128));
     assert!(e.contains("cu_seqlens_q holds 2"), "{e}");
     // Tile counts are u32 on the device: a launch past 2^32 tiles is refused on the host.
+    // (2^31 - 1 query rows, within the row limit, in 2^24 blocks x 4096 heads = 2^36 tiles.)
     let e = err(
         Sequences::Batched {
-            batch: 1 << 20,
-            seqlen_q: 1 << 20,
+            batch: 1,
+            seqlen_q: (1 << 31) - 1,
             seqlen_k: 1,
         },
-        heads(4, 4, 128),
+        heads(4096, 4096, 128),
     );
     assert!(e.contains("tiles"), "{e}");
     println!(
