@@ -459,3 +459,59 @@ fn grouped_gemm_alone_matches_cpu_reference() {
     assert!(e.contains("exceed capacity_rows"), "{e}");
     println!("grouped gemm alone, capacity too small: {e}");
 }
+
+/// One plan launched alternately on two streams (inputs of two routings): each output is
+/// bitwise the one the plan gives alone on one stream (the ordered combine is reproducible).
+/// The plan's launches share its grouped buffers; it orders them itself (an event between
+/// streams), so they never overlap on the device.
+#[test]
+#[ignore = "needs a Hopper GPU"]
+fn moe_launches_on_two_streams_do_not_overlap() {
+    let Some(dev) = device_or_skip("moe_launches_on_two_streams_do_not_overlap") else {
+        return;
+    };
+    let ctx = dev.context().clone();
+    let (s1, s2) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let s = shape(4096, 16, 4, 512, 256, Activation::SwiGlu);
+    let w = weights(&s1, s, 60);
+    let x = [random_bf16(s.tokens * s.hidden, 61), random_bf16(s.tokens * s.hidden, 62)];
+    let routes = [
+        uniform_routing(s.tokens, s.experts, s.top_k, 63),
+        skewed_routing(s.tokens, s.experts, s.top_k, 64),
+    ];
+    let dx: Vec<_> = x.iter().map(|x| s1.clone_htod(x).unwrap()).collect();
+    let dids: Vec<_> = routes.iter().map(|r| s1.clone_htod(&r.0).unwrap()).collect();
+    let dw: Vec<_> = routes.iter().map(|r| s1.clone_htod(&r.1).unwrap()).collect();
+    let mut plan = MoePlan::new(&dev, &s1, s, &w.d_up, &w.d_down, None)
+        .unwrap()
+        .with_combine(&s1, MoeCombine::Ordered)
+        .unwrap();
+    // Alone, one after the other on one stream.
+    let mut want = vec![];
+    for i in 0..2 {
+        let mut out = s1.alloc_zeros::<bf16>(s.tokens * s.hidden).unwrap();
+        plan.launch(&s1, &dx[i], &dids[i], &dw[i], &mut out).unwrap();
+        want.push(s1.clone_dtoh(&out).unwrap());
+    }
+    plan.take_error(&s1).unwrap();
+    // Alternating streams, enqueued back to back.
+    let streams = [&s1, &s2];
+    let mut outs: Vec<_> = streams
+        .iter()
+        .map(|st| st.alloc_zeros::<bf16>(s.tokens * s.hidden).unwrap())
+        .collect();
+    for round in 0..8 {
+        for i in 0..2 {
+            plan.launch(streams[i], &dx[i], &dids[i], &dw[i], &mut outs[i]).unwrap();
+        }
+        s1.synchronize().unwrap();
+        s2.synchronize().unwrap();
+        for i in 0..2 {
+            let got = streams[i].clone_dtoh(&outs[i]).unwrap();
+            let bad = got.iter().zip(&want[i]).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            assert_eq!(bad, 0, "round {round}, stream {i}: {bad} outputs differ from the plan alone");
+        }
+    }
+    plan.take_error(&s1).unwrap();
+    println!("8 rounds of launches alternating between two streams: outputs bitwise as alone");
+}
