@@ -2,6 +2,7 @@
 //! - rank 0 plans another shape than the others for MoE-EP, ring attention, AllGather+GEMM,
 //!   GEMM+ReduceScatter and GEMM+AllReduce: every rank returns the same `PlanMismatch` naming
 //!   the field, within the bootstrap timeout, and no heap is taken (nothing launched);
+//! - buffers of another CUDA context fail MoE-EP and ring attention plans on every rank;
 //! - a plan whose own checks fail on rank 0 only fails on every rank (`PlanFailed` naming rank
 //!   0), and the next plan works on every rank;
 //! - the heap a plan takes is what its `heap_bytes` says, and 1000 plans made and dropped leave
@@ -242,4 +243,53 @@ fn ranks_agree_on_plans_and_the_heap_stays_in_step() {
         t.elapsed().as_secs_f64(),
         heap0
     );
+
+    // Buffers of another CUDA context (a non-primary context on the same GPU) are refused by
+    // every rank's checks: every rank fails naming all of them, before any heap is taken.
+    {
+        let foreign = mkernel::cudarc::driver::CudaContext::new_non_primary(dev.ordinal(), 0).unwrap();
+        let fstream = foreign.new_stream().unwrap();
+        dev.context().bind_to_thread().unwrap();
+        let s = shape(64);
+        let (lu, ld) = s.weight_lens(world);
+        let (f_up, w_down) = (fstream.alloc_zeros::<bf16>(lu).unwrap(), zeros(ld));
+        let e = MoeEpPlan::new(&comm, &stream, s, &f_up, &w_down)
+            .err()
+            .expect("foreign weights must fail the plan");
+        assert!(
+            matches!(&e, Error::PlanFailed { ranks, reason, .. } if ranks.len() == world && reason.contains("another CUDA context")),
+            "rank {rank}: {e}"
+        );
+        let ws = comm
+            .alloc_region(RingAttentionPlan::heap_bytes(1, 128, &heads).unwrap())
+            .unwrap();
+        let n = 128 * 2 * 64;
+        let fq = fstream.alloc_zeros::<bf16>(n).unwrap();
+        let (k, v) = (zeros(n), zeros(n));
+        let mut o = zeros(n);
+        let mut lse = stream.alloc_zeros::<f32>(128 * 2).unwrap();
+        let e = RingAttentionPlan::new(
+            &comm,
+            &stream,
+            &fq,
+            &k,
+            &v,
+            &mut o,
+            &mut lse,
+            &ws,
+            1,
+            128,
+            heads,
+            RingOptions::default(),
+        )
+        .err()
+        .expect("a foreign Q must fail the plan");
+        assert!(
+            matches!(&e, Error::PlanFailed { reason, .. } if reason.contains("another CUDA context")),
+            "rank {rank}: {e}"
+        );
+        drop(ws);
+        assert_eq!(comm.heap_usage(), heap0);
+        println!("rank {rank}: foreign-context buffers: {e}");
+    }
 }
