@@ -416,7 +416,10 @@ fn ring_attention_matches_the_whole_sequence() {
             .unwrap_or_default()
         };
         let e = plan_err(if rank == 0 { 258 } else { 256 }, heads);
-        assert!(e.contains("ranks disagree on seqlen_local: rank 0 258"), "rank {rank}: {e}");
+        assert!(
+            e.contains("ranks disagree on seqlen_local: rank 0 258"),
+            "rank {rank}: {e}"
+        );
         println!("rank {rank}: shards of different lengths -> {e}");
         let e = plan_err(255, heads);
         assert!(e.contains("zigzag"), "rank {rank}: {e}");
