@@ -339,7 +339,7 @@ impl FlashAttentionPlan {
                 }
                 check::buffer_on(OP, "cu_seqlens_q", &self.device, cu_seqlens_q)?;
                 check::buffer_on(OP, "cu_seqlens_k", &self.device, cu_seqlens_k)?;
-                let entries = batch.checked_add(1).unwrap_or(usize::MAX);
+                let entries = batch.saturating_add(1);
                 check::lens(
                     OP,
                     &[
