@@ -2,14 +2,17 @@
 //! per GPU (run under `xtask launch`; `xtask bench --op allgather` does that itself).
 //! Sizes follow nccl-tests: AllGather = output bytes, ReduceScatter = input bytes,
 //! AllReduce = buffer bytes; busbw = algbw x (n-1)/n (x 2(n-1)/n for AllReduce). bf16 data.
+//! AllReduce also prints the path the policy took, the host time of one `all_reduce` call
+//! (median, microseconds: checks, kernel lookup, launch lock, launch; no GPU wait), and with
+//! `--ar-paths` every forced path's time at every size (`-`: the path cannot carry the size).
 use crate::nccl::Nccl;
 use crate::timing::median_ms_interleaved;
 use crate::Args;
 use anyhow::Result;
 use mkernel::bootstrap::Bootstrap;
-use mkernel::{CommConfig, Communicator, Device, ReduceDtype};
+use mkernel::{AllReducePath, CommConfig, Communicator, Device, ReduceDtype, SymBuffer};
 use serde_json::{json, Value};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Coll {
@@ -24,7 +27,43 @@ fn default_ctas(bytes_per_rank: u64) -> u32 {
     (bytes_per_rank / (64 << 10)).clamp(4, 48) as u32
 }
 
+/// The forced AllReduce paths of `--ar-paths`.
+fn forced_paths(names: &[String]) -> Result<Vec<AllReducePath>> {
+    if names.iter().any(|n| n == "all") {
+        return Ok(AllReducePath::SINGLE_NODE.to_vec());
+    }
+    names
+        .iter()
+        .map(|n| {
+            AllReducePath::from_name(n)
+                .filter(|p| AllReducePath::SINGLE_NODE.contains(p))
+                .ok_or_else(|| anyhow::anyhow!("--ar-paths: `{n}` is none of ll, oneshot, twoshot, bandwidth, all"))
+        })
+        .collect()
+}
+
+/// Median host microseconds of one `all_reduce` call (enqueue only), over `iters` calls
+/// followed by one synchronization.
+fn host_us_per_launch(
+    comm: &Communicator,
+    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    (a, b): (&SymBuffer, &SymBuffer),
+    count: u64,
+    ctas: u32,
+    iters: usize,
+) -> Result<f64> {
+    let mut us = Vec::with_capacity(iters);
+    for _ in 0..iters.max(1) {
+        let t = Instant::now();
+        comm.all_reduce(stream, a, b, count, ReduceDtype::Bf16, ctas)?;
+        us.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    stream.synchronize()?;
+    Ok(crate::timing::median(&mut us))
+}
+
 pub fn run(args: &Args, coll: Coll) -> Result<Vec<Value>> {
+    let forced = forced_paths(&args.ar_paths)?;
     let boot = Bootstrap::from_env(Duration::from_secs(60))?;
     let info = boot.info().clone();
     let dev = Device::new(info.device())?;
@@ -62,6 +101,13 @@ pub fn run(args: &Args, coll: Coll) -> Result<Vec<Value>> {
     if rank == 0 {
         println!("# {coll:?}: {world} ranks ({} per node), bf16, ours vs NCCL 2.x (NCCL_NVLS_ENABLE={}), interleaved, median of {} after {} warm-up",
             info.local_world_size(), std::env::var("NCCL_NVLS_ENABLE").unwrap_or_default(), args.iters, args.warmup);
+        if coll == Coll::AllReduce {
+            println!(
+                "# AllReduce: path = the policy's choice (provisional thresholds), host(us) = one all_reduce call on \
+                 the host; forced paths: {}",
+                forced.iter().map(|p| p.name()).collect::<Vec<_>>().join(", ")
+            );
+        }
         println!(
             "{:>12} {:>12} {:>6} {:>5} | {:>10} {:>8} {:>8} | {:>10} {:>8} {:>8} | {:>6} {:>6}",
             "size(B)",
@@ -79,7 +125,12 @@ pub fn run(args: &Args, coll: Coll) -> Result<Vec<Value>> {
         );
     }
     let mut rows = vec![];
-    let mut size = args.min_bytes.max(16 * n * n);
+    // AllReduce takes any count (8 B = 4 bf16); the others need 16 bytes per rank.
+    let mut size = if coll == Coll::AllReduce {
+        args.min_bytes.max(8)
+    } else {
+        args.min_bytes.max(16 * n * n)
+    };
     while size <= max_bytes {
         let per_rank = size / n;
         let (bytes_moved, bus_factor) = match coll {
@@ -110,8 +161,45 @@ pub fn run(args: &Args, coll: Coll) -> Result<Vec<Value>> {
                 Coll::AllReduce => nccl.all_reduce(&stream, pa, ps, count as usize),
             }
         };
-        let t = median_ms_interleaved(&stream, args.warmup, args.iters, &mut [&mut ours, &mut theirs])?;
+        // Forced AllReduce paths that can carry this size, timed in the same interleaved rounds.
+        let carried: Vec<AllReducePath> = if coll == Coll::AllReduce {
+            let m = mkernel::comm::AllReduceMsg {
+                bytes: size,
+                overlap: mkernel::comm::Overlap::Disjoint,
+                nodes: comm.nnodes(),
+            };
+            forced.iter().copied().filter(|&p| m.unavailable(p).is_none()).collect()
+        } else {
+            vec![]
+        };
+        let mut forced_fns: Vec<Box<dyn FnMut() -> Result<()> + '_>> = carried
+            .iter()
+            .map(|&p| {
+                let (comm, stream, a, b) = (&comm, &stream, &a, &b);
+                Box::new(move || -> Result<()> {
+                    comm.all_reduce_via(p, stream, a, b, count, ReduceDtype::Bf16, ctas)?;
+                    Ok(())
+                }) as Box<dyn FnMut() -> Result<()>>
+            })
+            .collect();
+        let mut fs: Vec<&mut dyn FnMut() -> Result<()>> = vec![&mut ours, &mut theirs];
+        fs.extend(forced_fns.iter_mut().map(|f| f.as_mut() as &mut dyn FnMut() -> Result<()>));
+        let t = median_ms_interleaved(&stream, args.warmup, args.iters, &mut fs)?;
+        drop(fs);
+        drop(forced_fns);
         comm.check()?;
+        let ar = if coll == Coll::AllReduce {
+            let path = comm.all_reduce_path(&a, &b, count, ReduceDtype::Bf16)?;
+            let host_us = host_us_per_launch(&comm, &stream, (&a, &b), count, ctas, args.iters)?;
+            comm.check()?;
+            let per_path: Vec<(AllReducePath, Option<f64>)> = forced
+                .iter()
+                .map(|&p| (p, carried.iter().position(|&q| q == p).map(|i| t[2 + i] * 1e3)))
+                .collect();
+            Some((path, host_us, per_path))
+        } else {
+            None
+        };
         // #wrong: our result against NCCL's, byte for byte (exact small values).
         let out_bytes = match coll {
             Coll::AllGather => size,
@@ -148,10 +236,34 @@ pub fn run(args: &Args, coll: Coll) -> Result<Vec<Value>> {
                 nccl_us / ours_us,
                 wrong
             );
+            if let Some((path, host_us, per_path)) = &ar {
+                let forced: Vec<String> = per_path
+                    .iter()
+                    .map(|(p, us)| match us {
+                        Some(us) => format!("{} {us:.1}", p.name()),
+                        None => format!("{} -", p.name()),
+                    })
+                    .collect();
+                println!(
+                    "{:>12}   path {:<9} host {:>5.1} us/launch | forced (us): {}",
+                    "",
+                    path.name(),
+                    host_us,
+                    forced.join("  ")
+                );
+            }
         }
-        rows.push(json!({ "op": format!("{coll:?}"), "size": size, "count": count, "type": "bf16", "ctas": ctas, "world": world, "rank": rank,
+        let mut row = json!({ "op": format!("{coll:?}"), "size": size, "count": count, "type": "bf16", "ctas": ctas, "world": world, "rank": rank,
             "ours_us": ours_us, "ours_algbw": algbw(ours_us), "ours_busbw": algbw(ours_us) * bus_factor,
-            "nccl_us": nccl_us, "nccl_algbw": algbw(nccl_us), "nccl_busbw": algbw(nccl_us) * bus_factor, "wrong": wrong }));
+            "nccl_us": nccl_us, "nccl_algbw": algbw(nccl_us), "nccl_busbw": algbw(nccl_us) * bus_factor, "wrong": wrong });
+        if let Some((path, host_us, per_path)) = &ar {
+            row["path"] = json!(path.name());
+            row["host_us_per_launch"] = json!(host_us);
+            for (p, us) in per_path {
+                row[format!("{}_us", p.name())] = json!(us);
+            }
+        }
+        rows.push(row);
         size *= 2;
     }
     drop(comm);

@@ -91,6 +91,10 @@ struct Args {
     /// Collectives: CTAs of our kernels (default: by size).
     #[arg(long)]
     ctas: Option<u32>,
+    /// AllReduce: also time these forced paths beside the policy's choice at every size (`ll`,
+    /// `oneshot`, `twoshot`, `bandwidth`, or `all`; a path that cannot carry a size prints `-`).
+    #[arg(long, value_delimiter = ',')]
+    ar_paths: Vec<String>,
     /// Fused ops and ring attention: append the best SM split (ring attention: comm CTA count) per
     /// shape to this tune cache (`cargo xtask tune`).
     #[arg(long)]

@@ -224,8 +224,9 @@ impl Communicator {
 
     /// AllReduce of `count` elements from `src` into `dst` (both in the heap; the same buffer
     /// for in place; partly overlapping buffers are refused) on the path the communicator's
-    /// policy picks by size ([`AllReducePolicy::choose`]); returns the path it took. Any
-    /// `count >= 1` on one node; across nodes `count x size` must be a multiple of 16.
+    /// policy picks by size ([`AllReducePolicy::choose`]; [`Communicator::all_reduce_path`]
+    /// says which it takes). Any `count >= 1` on one node; across nodes `count x size` must be
+    /// a multiple of 16.
     pub fn all_reduce(
         &self,
         stream: &Arc<CudaStream>,
@@ -234,11 +235,9 @@ impl Communicator {
         count: u64,
         dtype: ReduceDtype,
         ctas: u32,
-    ) -> Result<AllReducePath> {
+    ) -> Result<()> {
         let m = self.all_reduce_msg(src, dst, count, dtype)?;
-        let path = self.policy.choose(&m);
-        self.launch_all_reduce(path, &m, stream, src, dst, count, dtype, ctas)?;
-        Ok(path)
+        self.launch_all_reduce(self.policy.choose(&m), &m, stream, src, dst, count, dtype, ctas)
     }
 
     /// [`Communicator::all_reduce`] on the given path ([`Error::Unsupported`] when that path
