@@ -274,7 +274,7 @@ impl Communicator {
     ) -> Result<()> {
         let op = "all_reduce";
         if let Some(why) = m.unavailable(path) {
-            return Err(if m.overlap == Overlap::Partial {
+            return Err(if m.overlap == Overlap::Partial || path == AllReducePath::InterNode {
                 Error::Shape { op, reason: why }
             } else {
                 Error::Unsupported(format!("all_reduce of {} bytes on the {} path: {why}", m.bytes, path.name()))
