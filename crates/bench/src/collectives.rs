@@ -183,7 +183,11 @@ pub fn run(args: &Args, coll: Coll) -> Result<Vec<Value>> {
             })
             .collect();
         let mut fs: Vec<&mut dyn FnMut() -> Result<()>> = vec![&mut ours, &mut theirs];
-        fs.extend(forced_fns.iter_mut().map(|f| f.as_mut() as &mut dyn FnMut() -> Result<()>));
+        fs.extend(
+            forced_fns
+                .iter_mut()
+                .map(|f| f.as_mut() as &mut dyn FnMut() -> Result<()>),
+        );
         let t = median_ms_interleaved(&stream, args.warmup, args.iters, &mut fs)?;
         drop(fs);
         drop(forced_fns);

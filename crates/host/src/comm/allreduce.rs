@@ -119,7 +119,9 @@ impl AllReduceMsg {
             AllReducePath::Ll | AllReducePath::Bandwidth if !whole => {
                 format!("{} bytes are not a multiple of 16", self.bytes)
             }
-            AllReducePath::Ll if self.bytes > LL_MSG_MAX => format!("{} bytes exceed LL_MSG_MAX ({LL_MSG_MAX})", self.bytes),
+            AllReducePath::Ll if self.bytes > LL_MSG_MAX => {
+                format!("{} bytes exceed LL_MSG_MAX ({LL_MSG_MAX})", self.bytes)
+            }
             AllReducePath::Bandwidth if self.bytes <= LL_MSG_MAX => {
                 format!("{} bytes go to mk_allreduce's LL path (<= {LL_MSG_MAX})", self.bytes)
             }
@@ -277,7 +279,11 @@ impl Communicator {
             return Err(if m.overlap == Overlap::Partial || path == AllReducePath::InterNode {
                 Error::Shape { op, reason: why }
             } else {
-                Error::Unsupported(format!("all_reduce of {} bytes on the {} path: {why}", m.bytes, path.name()))
+                Error::Unsupported(format!(
+                    "all_reduce of {} bytes on the {} path: {why}",
+                    m.bytes,
+                    path.name()
+                ))
             });
         }
         let (desc, src_off, dst_off, code) = (self.desc_ptr(), src.offset, dst.offset, dtype.code());
@@ -389,13 +395,13 @@ mod tests {
             assert!(m.unavailable(p.choose(&m)).is_some(), "{bytes}");
         }
         // Across nodes: always the inter-node path.
-        let m = AllReduceMsg { nodes: 2, ..msg(4096, Disjoint) };
+        let m = AllReduceMsg {
+            nodes: 2,
+            ..msg(4096, Disjoint)
+        };
         assert_eq!(p.choose(&m), InterNode);
         // ll_max is capped at LL_MSG_MAX.
-        let wide = AllReducePolicy {
-            ll_max: u64::MAX,
-            ..p
-        };
+        let wide = AllReducePolicy { ll_max: u64::MAX, ..p };
         assert_eq!(wide.choose(&msg(LL_MSG_MAX, Disjoint)), Ll);
         assert_eq!(wide.choose(&msg(LL_MSG_MAX + 16, Disjoint)), OneShot);
     }
@@ -405,7 +411,10 @@ mod tests {
         let p = AllReducePolicy::PROVISIONAL;
         for nodes in [1, 2] {
             for overlap in [Overlap::Disjoint, Overlap::InPlace] {
-                for bytes in (1..=24).map(|k| 1u64 << k).chain([2, 6, 10, 1002, (1 << 20) + 6, 3 << 22]) {
+                for bytes in (1..=24)
+                    .map(|k| 1u64 << k)
+                    .chain([2, 6, 10, 1002, (1 << 20) + 6, 3 << 22])
+                {
                     let m = AllReduceMsg { bytes, overlap, nodes };
                     if nodes > 1 && !bytes.is_multiple_of(16) {
                         continue; // refused across nodes whatever the path
@@ -432,7 +441,10 @@ mod tests {
         assert!(msg(LL_MSG_MAX, Overlap::Disjoint).unavailable(Bandwidth).is_some());
         assert!(msg(LL_MSG_MAX + 16, Overlap::Disjoint).unavailable(Bandwidth).is_none());
         assert!(msg(4096, Overlap::Disjoint).unavailable(InterNode).is_some());
-        let two = AllReduceMsg { nodes: 2, ..msg(4096, Overlap::Disjoint) };
+        let two = AllReduceMsg {
+            nodes: 2,
+            ..msg(4096, Overlap::Disjoint)
+        };
         for p in AllReducePath::SINGLE_NODE {
             assert!(two.unavailable(p).is_some(), "{p:?}");
         }
