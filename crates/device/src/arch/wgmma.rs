@@ -331,7 +331,11 @@ pub unsafe fn mma_m64n64k16_bf16_ss<const TRANS_A: u32, const TRANS_B: u32>(
 ///
 /// As [`mma_m64n64k16_bf16_ss`].
 #[inline(always)]
-pub unsafe fn mma_m64n64k16_bf16_ss_first<const TRANS_A: u32, const TRANS_B: u32>(acc: &mut [f32; 32], desc_a: u64, desc_b: u64) {
+pub unsafe fn mma_m64n64k16_bf16_ss_first<const TRANS_A: u32, const TRANS_B: u32>(
+    acc: &mut [f32; 32],
+    desc_a: u64,
+    desc_b: u64,
+) {
     unsafe {
         mma_bf16!(ss_t_first 32, "m64n64k16", acc, desc_a, desc_b, TRANS_A, TRANS_B);
     }

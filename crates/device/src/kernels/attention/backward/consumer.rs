@@ -223,7 +223,9 @@ pub unsafe fn run<const D: u32>(sm: &BwdSmem, a: &AttentionBwdArgs, wg: u32) {
         let mine = D == 128 || it % 2 == wg;
         if mine {
             let mut dq = [0f32; 32];
-            let kcols = SmemAddr(regs::opaque_u32(if D == 128 { sm.k().add(wg * kv_box) } else { sm.k() }.0));
+            let kcols = SmemAddr(regs::opaque_u32(
+                if D == 128 { sm.k().add(wg * kv_box) } else { sm.k() }.0,
+            ));
             for ks in 0..8u32 {
                 let da = wgmma::smem_desc(buf.add(ks * ROWS16_BYTES), 16384, 1024, Swizzle::B128);
                 let db = wgmma::smem_desc(kcols.add(ks * ROWS16_BYTES), kv_box, 1024, Swizzle::B128);

@@ -59,8 +59,28 @@ pub unsafe fn run<const D: u32>(sm: &BwdSmem, a: &AttentionBwdArgs) {
     let kv_valid = (w.k_len - w.n0).min(BLOCK_N);
     let krow = w.k_start + w.n0;
     unsafe {
-        copy_tile::<D>(sm.k(), t.kv_box_bytes(), a.k, a.heads_kv, w.h_kv, krow, BLOCK_N, kv_valid, tid);
-        copy_tile::<D>(sm.v(), t.kv_box_bytes(), a.v, a.heads_kv, w.h_kv, krow, BLOCK_N, kv_valid, tid);
+        copy_tile::<D>(
+            sm.k(),
+            t.kv_box_bytes(),
+            a.k,
+            a.heads_kv,
+            w.h_kv,
+            krow,
+            BLOCK_N,
+            kv_valid,
+            tid,
+        );
+        copy_tile::<D>(
+            sm.v(),
+            t.kv_box_bytes(),
+            a.v,
+            a.heads_kv,
+            w.h_kv,
+            krow,
+            BLOCK_N,
+            kv_valid,
+            tid,
+        );
         cp_async::mbarrier_arrive_noinc(sm.kv_full());
     }
     let mut pos = RingPos::START;
@@ -72,7 +92,17 @@ pub unsafe fn run<const D: u32>(sm: &BwdSmem, a: &AttentionBwdArgs) {
         unsafe {
             mbarrier::wait_parity(sm.q_empty(s), pos.phase ^ 1);
             copy_tile::<D>(sm.q(s), t.q_box_bytes(), a.q, a.heads_q, hq, row, BLOCK_M, valid, tid);
-            copy_tile::<D>(sm.d_o(s), t.q_box_bytes(), a.d_o, a.heads_q, hq, row, BLOCK_M, valid, tid);
+            copy_tile::<D>(
+                sm.d_o(s),
+                t.q_box_bytes(),
+                a.d_o,
+                a.heads_q,
+                hq,
+                row,
+                BLOCK_M,
+                valid,
+                tid,
+            );
             cp_async::mbarrier_arrive_noinc(sm.q_full(s));
         }
         pos.advance(t.stages);
