@@ -108,7 +108,7 @@ pub struct AllReduceMsg {
 impl AllReduceMsg {
     /// Why `path` cannot carry this message (`None`: it can).
     pub fn unavailable(&self, path: AllReducePath) -> Option<String> {
-        let whole = self.bytes.is_multiple_of(16);
+        let whole = self.bytes % 16 == 0;
         let single = self.nodes == 1;
         let why = match path {
             _ if self.overlap == Overlap::Partial => "source and destination partly overlap".to_string(),
@@ -166,7 +166,7 @@ impl AllReducePolicy {
     /// (and beyond for sizes that are not a multiple of 16), then the bandwidth path. A
     /// partly overlapping message gets the path that reports why it is refused (two-shot).
     pub fn choose(&self, m: &AllReduceMsg) -> AllReducePath {
-        let whole = m.bytes.is_multiple_of(16);
+        let whole = m.bytes % 16 == 0;
         if m.nodes > 1 {
             AllReducePath::InterNode
         } else if whole && m.bytes <= self.ll_max.min(LL_MSG_MAX) && m.overlap != Overlap::Partial {
@@ -416,7 +416,7 @@ mod tests {
                     .chain([2, 6, 10, 1002, (1 << 20) + 6, 3 << 22])
                 {
                     let m = AllReduceMsg { bytes, overlap, nodes };
-                    if nodes > 1 && !bytes.is_multiple_of(16) {
+                    if nodes > 1 && bytes % 16 != 0 {
                         continue; // refused across nodes whatever the path
                     }
                     let path = p.choose(&m);
