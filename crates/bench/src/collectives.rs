@@ -69,7 +69,13 @@ pub fn run(args: &Args, coll: Coll) -> Result<Vec<Value>> {
     let dev = Device::new(info.device())?;
     let (rank, world) = (info.rank(), info.world_size());
     let max_bytes: u64 = args.max_bytes;
-    let nccl = Nccl::new(&boot, rank, world)?;
+    // NCCL refuses ranks that share a GPU (MPS); there, or with `--no-nccl`, ours runs alone
+    // and AllReduce's #wrong compares with the exact sum computed here.
+    let nccl = if crate::report::shared_gpu().is_none() && !args.no_nccl {
+        Some(Nccl::new(&boot, rank, world)?)
+    } else {
+        None
+    };
     let comm = Communicator::new(
         &dev,
         boot,
@@ -101,6 +107,9 @@ pub fn run(args: &Args, coll: Coll) -> Result<Vec<Value>> {
     if rank == 0 {
         println!("# {coll:?}: {world} ranks ({} per node), bf16, ours vs NCCL 2.x (NCCL_NVLS_ENABLE={}), interleaved, median of {} after {} warm-up",
             info.local_world_size(), std::env::var("NCCL_NVLS_ENABLE").unwrap_or_default(), args.iters, args.warmup);
+        if nccl.is_none() {
+            println!("# NCCL left out (ranks share a GPU, or --no-nccl): its columns print `-`");
+        }
         if coll == Coll::AllReduce {
             println!(
                 "# AllReduce: path = the policy's choice (provisional thresholds), host(us) = one all_reduce call on \
@@ -155,6 +164,7 @@ pub fn run(args: &Args, coll: Coll) -> Result<Vec<Value>> {
             Ok(())
         };
         let mut theirs = || -> Result<()> {
+            let Some(nccl) = &nccl else { return Ok(()) };
             match coll {
                 Coll::AllGather => nccl.all_gather(&stream, pa, ps, per_rank as usize),
                 Coll::ReduceScatter => nccl.reduce_scatter(&stream, pa, ps, (per_rank / 2) as usize),
@@ -182,7 +192,11 @@ pub fn run(args: &Args, coll: Coll) -> Result<Vec<Value>> {
                 }) as Box<dyn FnMut() -> Result<()>>
             })
             .collect();
-        let mut fs: Vec<&mut dyn FnMut() -> Result<()>> = vec![&mut ours, &mut theirs];
+        let mut fs: Vec<&mut dyn FnMut() -> Result<()>> = vec![&mut ours];
+        if nccl.is_some() {
+            fs.push(&mut theirs);
+        }
+        let first_forced = fs.len();
         fs.extend(
             forced_fns
                 .iter_mut()
@@ -198,35 +212,54 @@ pub fn run(args: &Args, coll: Coll) -> Result<Vec<Value>> {
             comm.check()?;
             let per_path: Vec<(AllReducePath, Option<f64>)> = forced
                 .iter()
-                .map(|&p| (p, carried.iter().position(|&q| q == p).map(|i| t[2 + i] * 1e3)))
+                .map(|&p| {
+                    (
+                        p,
+                        carried.iter().position(|&q| q == p).map(|i| t[first_forced + i] * 1e3),
+                    )
+                })
                 .collect();
             Some((path, host_us, per_path))
         } else {
             None
         };
-        // #wrong: our result against NCCL's, byte for byte (exact small values).
+        // #wrong: our result against NCCL's, byte for byte (exact small values); without NCCL,
+        // AllReduce's against the exact sum (every rank holds `init`: world x each value, exact
+        // in bf16), the others unchecked (`-`).
         let out_bytes = match coll {
             Coll::AllGather => size,
             Coll::ReduceScatter => per_rank,
             Coll::AllReduce => size,
         } as usize;
         let mut ours_out = vec![0u8; out_bytes];
-        let mut nccl_out = vec![0u8; out_bytes];
-        // SAFETY: both buffers hold out_bytes.
-        unsafe {
-            cudarc::driver::result::memcpy_dtoh_sync(&mut ours_out, pb)?;
-            cudarc::driver::result::memcpy_dtoh_sync(&mut nccl_out, ps)?;
-        }
-        let wrong = ours_out
-            .chunks(2)
-            .zip(nccl_out.chunks(2))
-            .filter(|(x, y)| x != y)
-            .count();
-        let (ours_us, nccl_us) = (t[0] * 1e3, t[1] * 1e3);
+        // SAFETY: `pb` holds max_bytes >= out_bytes.
+        unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut ours_out, pb)? };
+        let want: Option<Vec<u8>> = if nccl.is_some() {
+            let mut nccl_out = vec![0u8; out_bytes];
+            // SAFETY: `ps` holds max_bytes >= out_bytes.
+            unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut nccl_out, ps)? };
+            Some(nccl_out)
+        } else if coll == Coll::AllReduce {
+            Some(
+                init[..out_bytes]
+                    .chunks(2)
+                    .flat_map(|c| {
+                        let v = half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
+                        half::bf16::from_f32(v * world as f32).to_bits().to_le_bytes()
+                    })
+                    .collect(),
+            )
+        } else {
+            None
+        };
+        let wrong = want.map(|w| ours_out.chunks(2).zip(w.chunks(2)).filter(|(x, y)| x != y).count());
+        let ours_us = t[0] * 1e3;
+        let nccl_us = nccl.is_some().then(|| t[1] * 1e3);
         let algbw = |us: f64| size as f64 / (us * 1e-6) / 1e9;
+        let opt = |v: Option<f64>, prec: usize| v.map_or("-".to_string(), |v| format!("{v:.prec$}"));
         if rank == 0 {
             println!(
-                "{:>12} {:>12} {:>6} {:>5} | {:>10.1} {:>8.2} {:>8.2} | {:>10.1} {:>8.2} {:>8.2} | {:>6.2} {:>6}",
+                "{:>12} {:>12} {:>6} {:>5} | {:>10.1} {:>8.2} {:>8.2} | {:>10} {:>8} {:>8} | {:>6} {:>6}",
                 size,
                 count,
                 "bf16",
@@ -234,11 +267,11 @@ pub fn run(args: &Args, coll: Coll) -> Result<Vec<Value>> {
                 ours_us,
                 algbw(ours_us),
                 algbw(ours_us) * bus_factor,
-                nccl_us,
-                algbw(nccl_us),
-                algbw(nccl_us) * bus_factor,
-                nccl_us / ours_us,
-                wrong
+                opt(nccl_us, 1),
+                opt(nccl_us.map(algbw), 2),
+                opt(nccl_us.map(|us| algbw(us) * bus_factor), 2),
+                opt(nccl_us.map(|us| us / ours_us), 2),
+                wrong.map_or("-".to_string(), |w| w.to_string())
             );
             if let Some((path, host_us, per_path)) = &ar {
                 let forced: Vec<String> = per_path
@@ -259,7 +292,7 @@ pub fn run(args: &Args, coll: Coll) -> Result<Vec<Value>> {
         }
         let mut row = json!({ "op": format!("{coll:?}"), "size": size, "count": count, "type": "bf16", "ctas": ctas, "world": world, "rank": rank,
             "ours_us": ours_us, "ours_algbw": algbw(ours_us), "ours_busbw": algbw(ours_us) * bus_factor,
-            "nccl_us": nccl_us, "nccl_algbw": algbw(nccl_us), "nccl_busbw": algbw(nccl_us) * bus_factor, "wrong": wrong });
+            "nccl_us": nccl_us, "nccl_algbw": nccl_us.map(algbw), "nccl_busbw": nccl_us.map(|us| algbw(us) * bus_factor), "wrong": wrong });
         if let Some((path, host_us, per_path)) = &ar {
             row["path"] = json!(path.name());
             row["host_us_per_launch"] = json!(host_us);

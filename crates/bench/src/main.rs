@@ -128,7 +128,7 @@ struct Args {
     /// back), to see what the preceding kernel costs it.
     #[arg(long)]
     contexts: bool,
-    /// MoE (`--nproc`) and ring attention: leave the NCCL baseline out (ours alone; e.g. where
+    /// MoE (`--nproc`), ring attention and the collectives: leave the NCCL baseline out (ours alone; e.g. where
     /// NCCL cannot be loaded or hangs).
     #[arg(long)]
     no_nccl: bool,
