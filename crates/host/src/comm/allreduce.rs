@@ -139,7 +139,7 @@ impl AllReduceMsg {
 /// PROVISIONAL: [`AllReducePolicy::PROVISIONAL`] is set from what each path moves (LL doubles
 /// the bytes and suits the smallest messages; one-shot reads `(world - 1) x bytes` per rank in
 /// one hop; two-shot moves `2 (world - 1) / world x bytes` in two), not from measurements on
-/// several GPUs. `mkernel-bench --op allreduce --all-paths` prints every path at every size to
+/// several GPUs. `mkernel-bench --op allreduce --ar-paths all` prints every path at every size to
 /// set them from data (issue 37).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AllReducePolicy {
