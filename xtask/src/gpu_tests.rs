@@ -24,9 +24,9 @@ const fn l(ranks: usize, nodes: usize) -> Layout {
 /// The layouts a test binary runs in; empty for single-process binaries.
 ///
 /// Multi-rank binaries are recognised by name: `collective*`, `fused*`, `abort*`, `ring_*`,
-/// `moe_ep*`, `agree*` (every one at 2 and 4 ranks; `fused*`, `ring_*`, `moe_ep*` and `agree*`
-/// also as 2 nodes x 1 and 2 nodes x 2) and `internode*` (2 nodes x 1 and 2 nodes x 2). `*_order` binaries are CPU
-/// model checks and run once.
+/// `moe_ep*`, `agree*` (every one at 2 and 4 ranks, `collectives_oneshot` also at 3; `fused*`,
+/// `ring_*`, `moe_ep*` and `agree*` also as 2 nodes x 1 and 2 nodes x 2) and `internode*` (2 nodes
+/// x 1 and 2 nodes x 2). `*_order` binaries are CPU model checks and run once.
 pub fn layouts(binary: &str) -> Vec<Layout> {
     let name = binary.rsplit('/').next().unwrap_or(binary);
     let name = name.strip_prefix("mkernel-tests-").unwrap_or(name);
@@ -43,6 +43,10 @@ pub fn layouts(binary: &str) -> Vec<Layout> {
         .any(|p| name.starts_with(p))
     {
         return vec![l(2, 1), l(4, 1), l(2, 2), l(4, 2)];
+    }
+    // The AllReduce paths' suite also runs at an odd rank count (uneven chunks and tails).
+    if name.starts_with("collectives_oneshot") {
+        return vec![l(2, 1), l(3, 1), l(4, 1)];
     }
     if ["collective", "abort"].iter().any(|p| name.starts_with(p)) {
         return vec![l(2, 1), l(4, 1)];
@@ -201,6 +205,10 @@ mod tests {
     fn multi_rank_binaries_run_at_two_and_four_ranks() {
         assert_eq!(layouts("tests/mkernel-tests-collectives"), [l(2, 1), l(4, 1)]);
         assert_eq!(layouts("mkernel-tests-collective_timeout"), [l(2, 1), l(4, 1)]);
+        assert_eq!(
+            layouts("mkernel-tests-collectives_oneshot"),
+            [l(2, 1), l(3, 1), l(4, 1)]
+        );
         assert_eq!(
             layouts("mkernel-tests-fused_timeout_gemm_rs"),
             [l(2, 1), l(4, 1), l(2, 2), l(4, 2)]

@@ -53,6 +53,16 @@ pub const ALLREDUCE: KernelSpec = KernelSpec {
     name: "mk_allreduce",
     ..COLLECTIVE
 };
+/// AllReduce over NVLink, one-shot: every rank pulls every rank's buffer and sums (any count).
+pub const ALLREDUCE_ONESHOT: KernelSpec = KernelSpec {
+    name: "mk_allreduce_oneshot",
+    ..COLLECTIVE
+};
+/// AllReduce over NVLink, two-shot: reduce-scatter by pull, all-gather by push (any count).
+pub const ALLREDUCE_TWOSHOT: KernelSpec = KernelSpec {
+    name: "mk_allreduce_twoshot",
+    ..COLLECTIVE
+};
 
 /// AllGather across nodes (NVLink + proxy puts).
 pub const ALLGATHER_INTERNODE: KernelSpec = KernelSpec {
@@ -82,6 +92,8 @@ pub const KERNELS: &[KernelSpec] = &[
     ALLGATHER,
     REDUCE_SCATTER,
     ALLREDUCE,
+    ALLREDUCE_ONESHOT,
+    ALLREDUCE_TWOSHOT,
     ALLGATHER_INTERNODE,
     ALLREDUCE_INTERNODE,
     PROXY_PINGPONG,

@@ -27,7 +27,10 @@ pub mod runtime;
 pub mod tensor_map;
 pub mod tune;
 
-pub use comm::{AbortHandle, CommConfig, Communicator, HeapRegion, ReduceDtype, ReduceElem, SymBuffer};
+pub use comm::{
+    AbortHandle, AllReducePath, AllReducePolicy, CommConfig, Communicator, HeapRegion, ReduceDtype, ReduceElem,
+    SymBuffer,
+};
 pub use cudarc;
 pub use error::{Error, Result};
 pub use gemm::{BLayout, GemmKernel, GemmPlan, GemmShape, OutDtype};

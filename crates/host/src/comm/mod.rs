@@ -3,7 +3,8 @@
 //! ```text
 //! Bootstrap (ranks, keyed TCP store, fd passing)  ->  SymmetricHeap (cuMem VMM, peer mappings)
 //!   -> Communicator (CommDesc on the device, epochs, error record)
-//!   -> all_gather / reduce_scatter / all_reduce  (mk_* kernels, NVLink loads and stores)
+//!   -> all_gather / reduce_scatter / all_reduce  (mk_* kernels, NVLink loads and stores;
+//!      all_reduce's paths and their policy: [`allreduce`])
 //! ```
 //! Buffers that peers read or write live in the heap ([`SymBuffer`], same offset on every rank).
 //! Every launch advances per-CTA epochs on the device, so calls need no reset and can be
@@ -21,6 +22,7 @@
 //! - Streams and buffers of another CUDA context are refused ([`Error::ForeignContext`]).
 pub mod abort;
 pub mod agree;
+pub mod allreduce;
 mod arena;
 pub mod diag;
 pub mod heap;
@@ -35,6 +37,7 @@ use crate::error::{Error, Result};
 use crate::runtime::Device;
 pub use abort::AbortHandle;
 use agree::{Agreed, PlanDesc};
+pub use allreduce::{AllReduceMsg, AllReducePath, AllReducePolicy, Overlap};
 use arena::HeapAllocator;
 use cudarc::driver::sys::{self, CUstream};
 use cudarc::driver::{
@@ -157,6 +160,9 @@ pub struct CommConfig {
     /// ibverbs RC and EFA SRD are used only when named here or in the variable: neither has run
     /// on a NIC yet (docs/internode.md, "Which backend").
     pub transport: Option<mkernel_proxy::backend::BackendKind>,
+    /// Which AllReduce path [`Communicator::all_reduce`] takes at which size (provisional
+    /// thresholds: [`AllReducePolicy::PROVISIONAL`]).
+    pub all_reduce_policy: AllReducePolicy,
 }
 
 impl Default for CommConfig {
@@ -167,6 +173,7 @@ impl Default for CommConfig {
             bootstrap_timeout: Duration::from_secs(60),
             internode_scratch_bytes: 256 << 20,
             transport: None,
+            all_reduce_policy: AllReducePolicy::PROVISIONAL,
         }
     }
 }
@@ -323,6 +330,8 @@ pub struct Communicator {
     order: Mutex<LaunchOrder>,
     /// The abort words this rank raises, and the reset count ([`abort`]).
     aborter: Arc<abort::Aborter>,
+    /// [`CommConfig::all_reduce_policy`].
+    policy: AllReducePolicy,
 }
 
 impl Communicator {
@@ -443,6 +452,7 @@ impl Communicator {
             boot_timeout: cfg.bootstrap_timeout,
             order: Mutex::new(LaunchOrder::default()),
             aborter,
+            policy: cfg.all_reduce_policy,
         };
         if let Some(node) = node {
             let max_bytes = wire_bytes / (nnodes as u64 + 2) / 256 * 256;
@@ -787,68 +797,6 @@ impl Communicator {
             b.arg(&desc).arg(&src_off).arg(&dst).arg(&count).arg(&code);
             // SAFETY: mk_reduce_scatter(desc, src_off, dst, count, dtype); `dst` by the caller's
             // contract, `src` checked above.
-            unsafe { b.launch(cfg) }?;
-            Ok(())
-        })
-    }
-
-    /// AllReduce of `count` elements from `src` into `dst` (both in the heap; may be the same
-    /// buffer). `count * size` must be a multiple of 16.
-    pub fn all_reduce(
-        &self,
-        stream: &Arc<CudaStream>,
-        src: &SymBuffer,
-        dst: &SymBuffer,
-        count: u64,
-        dtype: ReduceDtype,
-        ctas: u32,
-    ) -> Result<()> {
-        let op = "all_reduce";
-        let bytes = check::product(op, "count x size", &[count, dtype.size()])?;
-        check_multiple(op, "bytes", bytes, 16)?;
-        self.check_region(op, src)?;
-        self.check_region(op, dst)?;
-        check_fits(op, src, bytes)?;
-        check_fits(op, dst, bytes)?;
-        if let Some(w) = &self.wire {
-            if bytes > w.max_bytes {
-                return Err(Error::Shape {
-                    op,
-                    reason: format!(
-                        "{bytes} bytes exceed the inter-node stage of {} (CommConfig::internode_scratch_bytes)",
-                        w.max_bytes
-                    ),
-                });
-            }
-            // 1. Sum inside the node (NVLink) into the node-sum buffer; 2. exchange node sums
-            //    with the rail peers through the proxy and add them up in node order.
-            let (desc, code) = (self.desc_ptr(), dtype.code());
-            let (src_off, sum_off, recv_off, dst_off) = (src.offset, w.node_sum.offset, w.recv.offset, dst.offset);
-            let (f, cfg) = self.prepare(&kernels::ALLREDUCE, ctas)?;
-            let (f2, cfg2) = self.prepare(&kernels::ALLREDUCE_INTERNODE, ctas)?;
-            return self.enqueue(op, stream, || {
-                let mut b = stream.launch_builder(&f);
-                b.arg(&desc).arg(&src_off).arg(&sum_off).arg(&count).arg(&code);
-                // SAFETY: mk_allreduce(desc, src_off, dst_off, count, dtype); heap buffers checked.
-                unsafe { b.launch(cfg) }?;
-                let mut b = stream.launch_builder(&f2);
-                b.arg(&desc)
-                    .arg(&sum_off)
-                    .arg(&recv_off)
-                    .arg(&dst_off)
-                    .arg(&count)
-                    .arg(&code);
-                // SAFETY: mk_allreduce_internode(desc, src_off, scratch_off, dst_off, count, dtype).
-                unsafe { b.launch(cfg2) }?;
-                Ok(())
-            });
-        }
-        let (desc, src_off, dst_off, code) = (self.desc_ptr(), src.offset, dst.offset, dtype.code());
-        let (f, cfg) = self.prepare(&kernels::ALLREDUCE, ctas)?;
-        self.enqueue(op, stream, || {
-            let mut b = stream.launch_builder(&f);
-            b.arg(&desc).arg(&src_off).arg(&dst_off).arg(&count).arg(&code);
-            // SAFETY: mk_allreduce(desc, src_off, dst_off, count, dtype); heap buffers checked.
             unsafe { b.launch(cfg) }?;
             Ok(())
         })
