@@ -35,7 +35,8 @@ fn check(lens: &[(u32, u32)], heads_q: u32, heads_kv: u32, causal: bool, varlen:
         heads_q,
         heads_kv,
         seqlen_q: max_q,
-        seqlen_k: if varlen { 0 } else { lens[0].1 },
+        // With varlen input `seqlen_k` holds the key rows of the tensor (they clamp the offsets).
+        seqlen_k: if varlen { *cu_k.last().unwrap() } else { lens[0].1 },
         total_q: *cu_q.last().unwrap(),
         m_blocks: max_q.div_ceil(BLOCK),
         causal: causal as u32,

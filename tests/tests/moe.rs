@@ -392,7 +392,7 @@ fn grouped_gemm_alone_matches_cpu_reference() {
     };
     let stream = dev.default_stream();
     let counts: Vec<u32> = vec![300, 0, 5, 128, 129, 1];
-    let off = padded_offsets(&counts);
+    let off = padded_offsets(&counts).unwrap();
     let used = *off.last().unwrap() as usize;
     for (act, n, k) in [(Activation::SwiGlu, 200, 264), (Activation::None, 136, 512)] {
         let s = GroupedGemmShape {
@@ -458,4 +458,145 @@ fn grouped_gemm_alone_matches_cpu_reference() {
     let e = plan.take_error(&stream).unwrap_err().to_string();
     assert!(e.contains("exceed capacity_rows"), "{e}");
     println!("grouped gemm alone, capacity too small: {e}");
+}
+
+/// One plan launched alternately on two streams (inputs of two routings): each output is
+/// bitwise the one the plan gives alone on one stream (the ordered combine is reproducible).
+/// The plan's launches share its grouped buffers; it orders them itself (an event between
+/// streams), so they never overlap on the device.
+#[test]
+#[ignore = "needs a Hopper GPU"]
+fn moe_launches_on_two_streams_do_not_overlap() {
+    let Some(dev) = device_or_skip("moe_launches_on_two_streams_do_not_overlap") else {
+        return;
+    };
+    let ctx = dev.context().clone();
+    let (s1, s2) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let s = shape(4096, 16, 4, 512, 256, Activation::SwiGlu);
+    let w = weights(&s1, s, 60);
+    let x = [
+        random_bf16(s.tokens * s.hidden, 61),
+        random_bf16(s.tokens * s.hidden, 62),
+    ];
+    let routes = [
+        uniform_routing(s.tokens, s.experts, s.top_k, 63),
+        skewed_routing(s.tokens, s.experts, s.top_k, 64),
+    ];
+    let dx: Vec<_> = x.iter().map(|x| s1.clone_htod(x).unwrap()).collect();
+    let dids: Vec<_> = routes.iter().map(|r| s1.clone_htod(&r.0).unwrap()).collect();
+    let dw: Vec<_> = routes.iter().map(|r| s1.clone_htod(&r.1).unwrap()).collect();
+    let mut plan = MoePlan::new(&dev, &s1, s, &w.d_up, &w.d_down, None)
+        .unwrap()
+        .with_combine(&s1, MoeCombine::Ordered)
+        .unwrap();
+    // Alone, one after the other on one stream.
+    let mut want = vec![];
+    for i in 0..2 {
+        let mut out = s1.alloc_zeros::<bf16>(s.tokens * s.hidden).unwrap();
+        plan.launch(&s1, &dx[i], &dids[i], &dw[i], &mut out).unwrap();
+        want.push(s1.clone_dtoh(&out).unwrap());
+    }
+    plan.take_error(&s1).unwrap();
+    // Alternating streams, enqueued back to back.
+    let streams = [&s1, &s2];
+    let mut outs: Vec<_> = streams
+        .iter()
+        .map(|st| st.alloc_zeros::<bf16>(s.tokens * s.hidden).unwrap())
+        .collect();
+    for round in 0..8 {
+        for i in 0..2 {
+            plan.launch(streams[i], &dx[i], &dids[i], &dw[i], &mut outs[i]).unwrap();
+        }
+        s1.synchronize().unwrap();
+        s2.synchronize().unwrap();
+        for i in 0..2 {
+            let got = streams[i].clone_dtoh(&outs[i]).unwrap();
+            let bad = got
+                .iter()
+                .zip(&want[i])
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_eq!(
+                bad, 0,
+                "round {round}, stream {i}: {bad} outputs differ from the plan alone"
+            );
+        }
+    }
+    plan.take_error(&s1).unwrap();
+    println!("8 rounds of launches alternating between two streams: outputs bitwise as alone");
+}
+
+/// Streams and buffers of another CUDA context (here a non-primary context on the same GPU)
+/// are refused with `Error::ForeignContext` by `MoePlan` and `GroupedGemmPlan`, at plan time
+/// and at launch, before anything is enqueued.
+#[test]
+#[ignore = "needs a Hopper GPU"]
+fn moe_and_grouped_gemm_refuse_another_context() {
+    let Some(dev) = device_or_skip("moe_and_grouped_gemm_refuse_another_context") else {
+        return;
+    };
+    let foreign = mkernel::cudarc::driver::CudaContext::new_non_primary(dev.ordinal(), 0).unwrap();
+    let fstream = foreign.new_stream().unwrap();
+    let stream = dev.default_stream();
+    // cuCtxCreate made the new context current: back to the device's.
+    dev.context().bind_to_thread().unwrap();
+    let foreign_err = |r: mkernel::Result<()>, what: &str| match r {
+        Err(Error::ForeignContext { .. }) => {}
+        other => panic!("{what}: expected ForeignContext, got {other:?}"),
+    };
+    let s = shape(256, 8, 2, 256, 128, Activation::SwiGlu);
+    let w = weights(&stream, s, 70);
+    let (lu, _) = s.weight_lens();
+    let f_up = fstream.alloc_zeros::<bf16>(lu).unwrap();
+    foreign_err(
+        MoePlan::new(&dev, &stream, s, &f_up, &w.d_down, None).map(|_| ()),
+        "MoePlan::new, foreign W_up",
+    );
+    foreign_err(
+        MoePlan::new(&dev, &fstream, s, &w.d_up, &w.d_down, None).map(|_| ()),
+        "MoePlan::new, foreign stream",
+    );
+    let plan = MoePlan::new(&dev, &stream, s, &w.d_up, &w.d_down, None).unwrap();
+    let (ids, wts) = uniform_routing(s.tokens, s.experts, s.top_k, 71);
+    let dx = stream.clone_htod(&random_bf16(s.tokens * s.hidden, 72)).unwrap();
+    let (dids, dw) = (stream.clone_htod(&ids).unwrap(), stream.clone_htod(&wts).unwrap());
+    let fx = fstream.alloc_zeros::<bf16>(s.tokens * s.hidden).unwrap();
+    let mut out = stream.alloc_zeros::<bf16>(s.tokens * s.hidden).unwrap();
+    let mut fout = fstream.alloc_zeros::<bf16>(s.tokens * s.hidden).unwrap();
+    foreign_err(
+        plan.launch(&stream, &fx, &dids, &dw, &mut out),
+        "MoePlan::launch, foreign x",
+    );
+    foreign_err(
+        plan.launch(&stream, &dx, &dids, &dw, &mut fout),
+        "MoePlan::launch, foreign out",
+    );
+    foreign_err(
+        plan.launch(&fstream, &dx, &dids, &dw, &mut out),
+        "MoePlan::launch, foreign stream",
+    );
+    plan.launch(&stream, &dx, &dids, &dw, &mut out).unwrap();
+    stream.synchronize().unwrap();
+
+    let g = GroupedGemmShape {
+        groups: 2,
+        capacity_rows: 256,
+        n: 128,
+        k: 128,
+        act: Activation::None,
+    };
+    let a = stream.alloc_zeros::<bf16>(256 * 128).unwrap();
+    let fa = fstream.alloc_zeros::<bf16>(256 * 128).unwrap();
+    let wg = stream.alloc_zeros::<bf16>(2 * 128 * 128).unwrap();
+    let mut c = stream.alloc_zeros::<bf16>(256 * 128).unwrap();
+    let counts = stream.clone_htod(&[100u32, 20]).unwrap();
+    foreign_err(
+        GroupedGemmPlan::new(&dev, &stream, g, &fa, &wg, &mut c, &counts, None).map(|_| ()),
+        "GroupedGemmPlan::new, foreign A",
+    );
+    let gp = GroupedGemmPlan::new(&dev, &stream, g, &a, &wg, &mut c, &counts, None).unwrap();
+    foreign_err(gp.launch(&fstream), "GroupedGemmPlan::launch, foreign stream");
+    gp.launch(&stream).unwrap();
+    stream.synchronize().unwrap();
+    println!("foreign-context streams and buffers refused by MoePlan and GroupedGemmPlan");
 }

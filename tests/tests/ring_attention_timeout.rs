@@ -33,7 +33,7 @@ fn missing_rank_is_named_by_the_ring_timeout() {
         softmax_scale: None,
     };
     let ws = comm
-        .alloc(RingAttentionPlan::workspace_bytes(1, s_local, &heads))
+        .alloc(RingAttentionPlan::workspace_bytes(1, s_local, &heads).unwrap())
         .unwrap();
     let n = s_local * h * d;
     let q = stream.clone_htod(&random_bf16(n, 1 + rank as u64)).unwrap();

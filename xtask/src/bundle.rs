@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 /// `bundle/run-tests.sh`: the GPU suite (`crate::gpu_tests`) over the bundled test binaries.
 const RUN_TESTS_SH: &str = r#"#!/bin/sh
 # Runs every bundled mkernel test binary with its GPU tests on. Multi-rank binaries run under
-# `xtask launch` at 2 and 4 ranks (fused* and internode* also as 2 emulated nodes x 1 and x 2), sharing
+# `xtask launch` at 2 and 4 ranks (fused*, ring_*, moe_ep*, agree* and internode* also as 2 emulated nodes x 1 and x 2), sharing
 # the GPUs through MPS when the host has fewer GPUs than ranks; the summary names each run's mode.
 # `--transport default,tcp` runs every layout of several nodes over the emulated wire and over TCP.
 # Usage: bundle/run-tests.sh [--only NAME]... [--ranks 2,4] [--transport default,tcp] [--timeout-s S]

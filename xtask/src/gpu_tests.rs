@@ -24,9 +24,9 @@ const fn l(ranks: usize, nodes: usize) -> Layout {
 /// The layouts a test binary runs in; empty for single-process binaries.
 ///
 /// Multi-rank binaries are recognised by name: `collective*`, `fused*`, `abort*`, `ring_*`,
-/// `moe_ep*` (every one at 2 and 4 ranks; `fused*`, `ring_*` and `moe_ep*` also as 2 nodes x 1
-/// and 2 nodes x 2) and `internode*` (2 nodes x 1 and 2 nodes x 2). `*_order` binaries are CPU
-/// model checks and run once.
+/// `moe_ep*`, `agree*` (every one at 2 and 4 ranks, `collectives_oneshot` also at 3; `fused*`,
+/// `ring_*`, `moe_ep*` and `agree*` also as 2 nodes x 1 and 2 nodes x 2) and `internode*` (2 nodes
+/// x 1 and 2 nodes x 2). `*_order` binaries are CPU model checks and run once.
 pub fn layouts(binary: &str) -> Vec<Layout> {
     let name = binary.rsplit('/').next().unwrap_or(binary);
     let name = name.strip_prefix("mkernel-tests-").unwrap_or(name);
@@ -38,8 +38,15 @@ pub fn layouts(binary: &str) -> Vec<Layout> {
     }
     // Across nodes with one rank per node every hop goes through the proxy (the ring's, the
     // fused ops' and MoE's inter-node traffic); with two, the hops between the nodes.
-    if name.starts_with("fused") || name.starts_with("ring_") || name.starts_with("moe_ep") {
+    if ["fused", "ring_", "moe_ep", "agree"]
+        .iter()
+        .any(|p| name.starts_with(p))
+    {
         return vec![l(2, 1), l(4, 1), l(2, 2), l(4, 2)];
+    }
+    // The AllReduce paths' suite also runs at an odd rank count (uneven chunks and tails).
+    if name.starts_with("collectives_oneshot") {
+        return vec![l(2, 1), l(3, 1), l(4, 1)];
     }
     if ["collective", "abort"].iter().any(|p| name.starts_with(p)) {
         return vec![l(2, 1), l(4, 1)];
@@ -199,6 +206,10 @@ mod tests {
         assert_eq!(layouts("tests/mkernel-tests-collectives"), [l(2, 1), l(4, 1)]);
         assert_eq!(layouts("mkernel-tests-collective_timeout"), [l(2, 1), l(4, 1)]);
         assert_eq!(
+            layouts("mkernel-tests-collectives_oneshot"),
+            [l(2, 1), l(3, 1), l(4, 1)]
+        );
+        assert_eq!(
             layouts("mkernel-tests-fused_timeout_gemm_rs"),
             [l(2, 1), l(4, 1), l(2, 2), l(4, 2)]
         );
@@ -212,6 +223,7 @@ mod tests {
             layouts("mkernel-tests-ring_attention_timeout"),
             [l(2, 1), l(4, 1), l(2, 2), l(4, 2)]
         );
+        assert_eq!(layouts("mkernel-tests-agree"), [l(2, 1), l(4, 1), l(2, 2), l(4, 2)]);
         assert!(layouts("mkernel-tests-ar_internode_order").is_empty());
         assert!(layouts("mkernel-tests-scheduler_order").is_empty());
         assert!(layouts("mkernel-tests-gemm").is_empty());

@@ -91,6 +91,10 @@ struct Args {
     /// Collectives: CTAs of our kernels (default: by size).
     #[arg(long)]
     ctas: Option<u32>,
+    /// AllReduce: also time these forced paths beside the policy's choice at every size (`ll`,
+    /// `oneshot`, `twoshot`, `bandwidth`, or `all`; a path that cannot carry a size prints `-`).
+    #[arg(long, value_delimiter = ',')]
+    ar_paths: Vec<String>,
     /// Fused ops and ring attention: append the best SM split (ring attention: comm CTA count) per
     /// shape to this tune cache (`cargo xtask tune`).
     #[arg(long)]
@@ -124,7 +128,7 @@ struct Args {
     /// back), to see what the preceding kernel costs it.
     #[arg(long)]
     contexts: bool,
-    /// MoE (`--nproc`) and ring attention: leave the NCCL baseline out (ours alone; e.g. where
+    /// MoE (`--nproc`), ring attention and the collectives: leave the NCCL baseline out (ours alone; e.g. where
     /// NCCL cannot be loaded or hangs).
     #[arg(long)]
     no_nccl: bool,

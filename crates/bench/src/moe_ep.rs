@@ -380,7 +380,8 @@ fn a2a_layout(ids: &[&[i32]], experts: usize, rank: usize) -> A2aLayout {
     let totals: Vec<u32> = (0..l)
         .map(|j| (0..world).map(|r| cnt[r][rank * l + j]).sum::<usize>() as u32)
         .collect();
-    let poff = padded_offsets(&totals);
+    // Counts of one bench routing: far below 2^32 rows.
+    let poff = padded_offsets(&totals).expect("a bench routing's padded rows fit u32");
     let mut next = send_off.clone();
     let slot = ids[rank]
         .iter()

@@ -53,6 +53,16 @@ pub const ALLREDUCE: KernelSpec = KernelSpec {
     name: "mk_allreduce",
     ..COLLECTIVE
 };
+/// AllReduce over NVLink, one-shot: every rank pulls every rank's buffer and sums (any count).
+pub const ALLREDUCE_ONESHOT: KernelSpec = KernelSpec {
+    name: "mk_allreduce_oneshot",
+    ..COLLECTIVE
+};
+/// AllReduce over NVLink, two-shot: reduce-scatter by pull, all-gather by push (any count).
+pub const ALLREDUCE_TWOSHOT: KernelSpec = KernelSpec {
+    name: "mk_allreduce_twoshot",
+    ..COLLECTIVE
+};
 
 /// AllGather across nodes (NVLink + proxy puts).
 pub const ALLGATHER_INTERNODE: KernelSpec = KernelSpec {
@@ -73,14 +83,6 @@ pub const PROXY_PINGPONG: KernelSpec = KernelSpec {
     dynamic_smem: 0,
 };
 
-/// Kernels whose ptxas spills are known and accepted for now: `cargo xtask ptx --check` reports
-/// them without failing. Each entry says why.
-pub const EXPERIMENTAL: &[(&str, &str)] = &[(
-    "mk_flash_attn_bwd_d128",
-    "44 bytes of spills: each consumer keeps dK and dV (2 x 64 f32) while S^T and dP^T (2 x 32) are in flight; \
-     the cp.async loader needs more than the 24 registers that would give the consumers 240 (docs/attention.md)",
-)];
-
 /// Every kernel entry in the embedded PTX.
 pub const KERNELS: &[KernelSpec] = &[
     IOTA,
@@ -90,6 +92,8 @@ pub const KERNELS: &[KernelSpec] = &[
     ALLGATHER,
     REDUCE_SCATTER,
     ALLREDUCE,
+    ALLREDUCE_ONESHOT,
+    ALLREDUCE_TWOSHOT,
     ALLGATHER_INTERNODE,
     ALLREDUCE_INTERNODE,
     PROXY_PINGPONG,

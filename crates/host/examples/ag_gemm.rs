@@ -9,7 +9,7 @@ mod common;
 use common::{check, random_bf16, Result, STEPS};
 use half::bf16;
 use mkernel::cudarc::driver::DevicePtr;
-use mkernel::ops::{ag_gemm, AgGemmPlan};
+use mkernel::ops::AgGemmPlan;
 use mkernel::{CommConfig, Communicator};
 
 /// Rows per rank (a multiple of 128), output features, model width.
@@ -25,10 +25,9 @@ fn ag_gemm() -> Result {
     let (dev, boot) = common::rank()?;
     let world = boot.info().world_size();
     let m = ROWS * world;
-    // Heap: the gathered rows, as the plan's policy reports them (`m x k` bf16).
-    let policy = ag_gemm::policy(m, N, K, world, dev.sm_count(), 0, None)?;
+    // Heap: what the plan takes, the gathered rows (`m x k` bf16).
     let cfg = CommConfig {
-        heap_bytes: policy.gathered_bytes,
+        heap_bytes: AgGemmPlan::heap_bytes(m, N, K, world)?,
         ..Default::default()
     };
     let comm = Communicator::new(&dev, boot, cfg)?;

@@ -10,7 +10,7 @@ mod common;
 use common::{check, random_bf16, read_heap, Result, STEPS};
 use half::bf16;
 use mkernel::cudarc::driver::DevicePtr;
-use mkernel::ops::gemm_rs::{self, GemmRsPolicy, RsProblem};
+use mkernel::ops::gemm_rs::RsProblem;
 use mkernel::ops::{GemmRsPlan, RsSplit};
 use mkernel::{CommConfig, Communicator};
 
@@ -23,27 +23,12 @@ fn main() -> std::process::ExitCode {
     common::run("gemm_rs", gemm_rs)
 }
 
-/// Heap bytes a plan of `policy` reserves (`Communicator::alloc` rounds each to 256).
-fn heap_bytes(p: &GemmRsPolicy) -> u64 {
-    [
-        p.recv_bytes,
-        p.outbox_bytes,
-        p.ar_out_bytes,
-        p.stage_bytes,
-        p.xrecv_bytes,
-    ]
-    .into_iter()
-    .flatten()
-    .map(|b| b.div_ceil(256) * 256)
-    .sum()
-}
-
 fn gemm_rs() -> Result {
     let (dev, boot) = common::rank()?;
     let info = boot.info().clone();
     let (world, nodes) = (info.local_world_size(), info.nnodes());
     let global = info.world_size();
-    // Heap: what the two plans' policies reserve.
+    // Heap: what the two plans take (both alive at once).
     let problem = |all_reduce| RsProblem {
         m: M,
         n: N,
@@ -53,8 +38,8 @@ fn gemm_rs() -> Result {
         sms: dev.sm_count(),
         all_reduce,
     };
-    let heap_bytes = heap_bytes(&gemm_rs::policy(&problem(false), RsSplit::default(), None)?)
-        + heap_bytes(&gemm_rs::policy(&problem(true), RsSplit::default(), None)?);
+    let heap_bytes = GemmRsPlan::heap_bytes(&problem(false), RsSplit::default())?
+        + GemmRsPlan::heap_bytes(&problem(true), RsSplit::default())?;
     let comm = Communicator::new(
         &dev,
         boot,

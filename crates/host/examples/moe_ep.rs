@@ -45,7 +45,7 @@ fn moe_ep() -> Result {
         capacity: None, // receive rows for the worst routing: nothing is ever dropped
     };
     // Heap: what the plan reserves (flags, counts, receive rows, down-projection rows).
-    let heap_bytes = shape.heap_bytes_nodes(world, nodes);
+    let heap_bytes = MoeEpPlan::heap_bytes(&shape, world, nodes)?;
     let comm = Communicator::new(
         &dev,
         boot,

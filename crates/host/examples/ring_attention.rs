@@ -31,7 +31,7 @@ fn main() -> std::process::ExitCode {
 fn ring_attention() -> Result {
     let (dev, boot) = common::rank()?;
     // Heap: the plan's workspace (two receive slots of one K and one V shard).
-    let ws_bytes = RingAttentionPlan::workspace_bytes(1, LOCAL, &HEADS);
+    let ws_bytes = RingAttentionPlan::workspace_bytes(1, LOCAL, &HEADS)?;
     let comm = Communicator::new(
         &dev,
         boot,

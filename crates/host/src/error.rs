@@ -87,6 +87,23 @@ pub enum Error {
         experts: usize,
         bad: usize,
     },
+    /// A collective plan's own checks failed on some ranks (`ranks`, global): every rank of
+    /// the communicator returns this error, `reason` giving each failed rank's error
+    /// (`comm::agree`).
+    #[error("{op}: the plan failed on {}: {reason}", ranks_list(ranks))]
+    PlanFailed {
+        op: &'static str,
+        ranks: Vec<usize>,
+        reason: String,
+    },
+    /// The ranks described different plans: `field` differs, `values` says which ranks hold
+    /// which value (`comm::agree`). Every rank of the communicator returns this error.
+    #[error("{op}: ranks disagree on {field}: {values}")]
+    PlanMismatch {
+        op: &'static str,
+        field: String,
+        values: String,
+    },
     /// An operating-system call failed (e.g. the shared page of the host abort words).
     #[error("{what}: {source}")]
     Os {
@@ -122,6 +139,15 @@ pub enum Error {
     /// The embedded PTX lacks a kernel the runtime expected (a build mismatch).
     #[error("kernel `{0}` is missing from the embedded PTX")]
     MissingKernel(&'static str),
+}
+
+fn ranks_list(ranks: &[usize]) -> String {
+    let list = ranks.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ");
+    if ranks.len() == 1 {
+        format!("rank {list}")
+    } else {
+        format!("ranks {list}")
+    }
 }
 
 /// Result with [`Error`].

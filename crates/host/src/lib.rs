@@ -29,7 +29,10 @@ pub mod runtime;
 pub mod tensor_map;
 pub mod tune;
 
-pub use comm::{AbortHandle, CommConfig, Communicator, ReduceDtype, ReduceElem, SymBuffer};
+pub use comm::{
+    AbortHandle, AllReducePath, AllReducePolicy, CommConfig, Communicator, HeapRegion, ReduceDtype, ReduceElem,
+    SymBuffer,
+};
 pub use cudarc;
 pub use error::{Error, Result};
 pub use gemm::{BLayout, GemmConfig, GemmKernel, GemmLaunch, GemmPlan, GemmShape, GemmTensors, OutDtype};

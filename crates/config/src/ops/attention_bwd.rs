@@ -100,7 +100,7 @@ pub struct AttentionBwdTile {
 }
 
 /// The shared memory of a backward CTA: K and V of the CTA's key block, the (Q, dO) ring, two
-/// dS^T buffers, then the mbarriers. `KV` is the bytes of the K (or V) block, `QB` of one Q (or
+/// dS^T buffers, the (LSE, delta) ring, then the mbarriers. `KV` is the bytes of the K (or V) block, `QB` of one Q (or
 /// dO) block, `ST` the stages. Tiles are `head_dim / 64` boxes of `rows x 128` bytes
 /// (128B-swizzled as TMA writes them), 1024-byte aligned.
 #[repr(C, align(1024))]
@@ -112,6 +112,9 @@ pub struct AttentionBwdSmem<const KV: usize, const QB: usize, const ST: usize> {
     /// `dS^T` of one query block, bf16 `[block_n keys][block_m queries]` (one 128-byte swizzled
     /// row per key): the A operand of `dQ += dS K` read MN-major. Two buffers, by block parity.
     pub ds: [[u8; DS_BYTES]; 2],
+    /// Per (Q, dO) slot: f32 `lse2` then f32 `delta` of the block's 64 query rows (0 past the
+    /// sequence), the initial values of the consumers' `S^T` and `dP^T` accumulators.
+    pub stats: [[u8; STATS_BYTES]; ST],
     /// K and V landed (one `cp.async` arrival per loader thread).
     pub kv_full: u64,
     /// Q and dO slot landed (one arrival per loader thread).
@@ -122,6 +125,8 @@ pub struct AttentionBwdSmem<const KV: usize, const QB: usize, const ST: usize> {
 
 /// Bytes of one dS^T buffer: 128 keys x 64 queries x bf16.
 pub const DS_BYTES: usize = 128 * 64 * 2;
+/// Bytes of one (LSE, delta) slot: 2 x 64 query rows x f32.
+pub const STATS_BYTES: usize = 2 * 64 * 4;
 
 /// Byte offsets of an [`AttentionBwdSmem`] instantiation (from `offset_of!`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,6 +136,7 @@ pub struct BwdSmemLayout {
     pub q: u32,
     pub d_o: u32,
     pub ds: u32,
+    pub stats: u32,
     pub kv_full: u32,
     pub q_full: u32,
     pub q_empty: u32,
@@ -145,6 +151,7 @@ macro_rules! bwd_layout_of {
             q: offset_of!($t, q) as u32,
             d_o: offset_of!($t, d_o) as u32,
             ds: offset_of!($t, ds) as u32,
+            stats: offset_of!($t, stats) as u32,
             kv_full: offset_of!($t, kv_full) as u32,
             q_full: offset_of!($t, q_full) as u32,
             q_empty: offset_of!($t, q_empty) as u32,
@@ -153,9 +160,11 @@ macro_rules! bwd_layout_of {
     };
 }
 
-/// Head dim 64: K, V 16 KiB each, 4 stages of (Q, dO) 2 x 8 KiB, dS^T 2 x 16 KiB.
+/// Head dim 64: K, V 16 KiB each, 4 stages of (Q, dO) 2 x 8 KiB, dS^T 2 x 16 KiB, 4 x 512 B of
+/// (LSE, delta).
 pub type BwdSmem64 = AttentionBwdSmem<16384, 8192, 4>;
-/// Head dim 128: K, V 32 KiB each, 2 stages of (Q, dO) 2 x 16 KiB, dS^T 2 x 16 KiB.
+/// Head dim 128: K, V 32 KiB each, 2 stages of (Q, dO) 2 x 16 KiB, dS^T 2 x 16 KiB, 2 x 512 B of
+/// (LSE, delta).
 pub type BwdSmem128 = AttentionBwdSmem<32768, 16384, 2>;
 
 impl AttentionBwdTile {
@@ -228,7 +237,15 @@ impl AttentionBwdTile {
             "swizzled tiles 1024-aligned"
         );
         assert!(self.q_bytes().is_multiple_of(1024), "Q slots keep 1024-byte alignment");
-        assert!(l.kv_full == l.ds + 2 * DS_BYTES as u32, "barriers after dS^T");
+        assert!(l.stats == l.ds + 2 * DS_BYTES as u32, "(LSE, delta) after dS^T");
+        assert!(
+            STATS_BYTES as u32 == 2 * self.block_m * 4,
+            "a stats slot holds lse2 and delta of block_m rows"
+        );
+        assert!(
+            l.kv_full == l.stats + self.stages * STATS_BYTES as u32,
+            "barriers after (LSE, delta)"
+        );
         assert!(l.q_empty + 8 * self.stages <= l.bytes, "barriers inside the struct");
         assert!(l.bytes <= crate::SM90_MAX_SMEM_PER_CTA, "shared memory exceeds 227 KiB");
         assert!(self.stages >= 2, "a ring needs two stages");
@@ -286,8 +303,11 @@ mod tests {
     fn budgets() {
         assert_eq!(
             AttentionBwdTile::D128.smem_bytes(),
-            32768 * 2 + 16384 * 4 + 32768 + 1024
+            32768 * 2 + 16384 * 4 + 32768 + 2 * 512 + 1024
         );
-        assert_eq!(AttentionBwdTile::D64.smem_bytes(), 16384 * 2 + 8192 * 8 + 32768 + 1024);
+        assert_eq!(
+            AttentionBwdTile::D64.smem_bytes(),
+            16384 * 2 + 8192 * 8 + 32768 + 4 * 512 + 1024
+        );
     }
 }

@@ -1,4 +1,4 @@
-//! `cp.async`: asynchronous 16-byte global -> shared copies (Ampere-style).
+//! `cp.async`: asynchronous 16- and 4-byte global -> shared copies (Ampere-style).
 use super::smem::SmemAddr;
 use core::arch::asm;
 
@@ -24,6 +24,21 @@ pub unsafe fn copy_16(dst: SmemAddr, src: *const u8) {
 pub unsafe fn copy_16_zfill(dst: SmemAddr, src: *const u8, src_bytes: u32) {
     unsafe {
         asm!("cp.async.cg.shared.global [{0}], [{1}], 16, {2};", in(reg32) dst.0, in(reg64) src, in(reg32) src_bytes, options(nostack))
+    };
+}
+/// Copies `src_bytes` (0 or 4) and zero-fills the rest of 4 bytes:
+/// `cp.async.ca.shared.global [dst], [src], 4, src_bytes;`
+///
+/// # Safety
+///
+/// `dst` is a 4-byte aligned shared-memory address of this CTA with 4 writable bytes that nothing else reads or
+/// writes until a later `wait_group` (or the mbarrier a `cp.async.mbarrier.arrive` makes track it) covers this copy;
+/// `src` is a 4-byte aligned generic address of global memory, readable for `src_bytes` bytes (with `src_bytes == 0`
+/// not read but still a valid global address).
+#[inline(always)]
+pub unsafe fn copy_4_zfill(dst: SmemAddr, src: *const u8, src_bytes: u32) {
+    unsafe {
+        asm!("cp.async.ca.shared.global [{0}], [{1}], 4, {2};", in(reg32) dst.0, in(reg64) src, in(reg32) src_bytes, options(nostack))
     };
 }
 /// `cp.async.commit_group;`

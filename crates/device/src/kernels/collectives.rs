@@ -24,7 +24,7 @@ use mkernel_config::comm::{CommDesc, FlagSlot, Role, LL_MSG_MAX, SMALL_MSG_MAX, 
 
 /// This CTA's part `[lo, hi)` of `n` units.
 #[inline(always)]
-fn slice(n: u64) -> (u64, u64) {
+pub(crate) fn slice(n: u64) -> (u64, u64) {
     let (b, g) = (ids::block_idx() as u64, ids::grid_dim() as u64);
     (n * b / g, n * (b + 1) / g)
 }
@@ -69,7 +69,7 @@ unsafe fn idle(c: &CommCtx) -> bool {
 }
 
 #[inline(always)]
-fn dtype(code: u32) -> Dtype {
+pub(crate) fn dtype(code: u32) -> Dtype {
     if code == 1 {
         Dtype::F32
     } else {
@@ -78,7 +78,7 @@ fn dtype(code: u32) -> Dtype {
 }
 
 #[inline(always)]
-fn esize(dt: Dtype) -> u64 {
+pub(crate) fn esize(dt: Dtype) -> u64 {
     if dt == Dtype::F32 {
         4
     } else {
@@ -94,7 +94,7 @@ fn esize(dt: Dtype) -> u64 {
 /// The communicator contract (`crate::comm`) for `c`; called by every thread of the CTA, once per launch; `body` only
 /// moves data the Ready handshake makes safe to touch (peers' inputs final, their outputs free).
 #[inline(always)]
-unsafe fn direct(c: &CommCtx, body: impl FnOnce()) {
+pub(crate) unsafe fn direct(c: &CommCtx, body: impl FnOnce()) {
     unsafe {
         signal_all_peers(c, FlagSlot::Ready);
         if !wait_all_peers(c, FlagSlot::Ready) {

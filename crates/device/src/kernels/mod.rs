@@ -18,6 +18,7 @@
 //!   `mkernel_config::comm::MAX_COMM_CTAS - 1` CTAs (one epoch counter and flag slot each).
 
 pub mod ag_gemm;
+pub mod allreduce_shot;
 pub mod attention;
 pub mod collectives;
 pub mod gemm;

@@ -3,7 +3,8 @@
 //! ```text
 //! Bootstrap (ranks, keyed TCP store, fd passing)  ->  SymmetricHeap (cuMem VMM, peer mappings)
 //!   -> Communicator (CommDesc on the device, epochs, error record)
-//!   -> all_gather / reduce_scatter / all_reduce  (mk_* kernels, NVLink loads and stores)
+//!   -> all_gather / reduce_scatter / all_reduce  (mk_* kernels, NVLink loads and stores;
+//!      all_reduce's paths and their policy: [`allreduce`])
 //! ```
 //! Buffers that peers read or write live in the heap ([`SymBuffer`], same offset on every rank).
 //! Every launch advances per-CTA epochs on the device, so calls need no reset and can be
@@ -20,6 +21,9 @@
 //!   [`Communicator`]'s "Launch order") and ordered on the device across streams.
 //! - Streams and buffers of another CUDA context are refused ([`Error::ForeignContext`]).
 pub mod abort;
+pub mod agree;
+pub mod allreduce;
+mod arena;
 pub mod diag;
 pub mod heap;
 mod host_word;
@@ -32,6 +36,9 @@ use crate::check;
 use crate::error::{Error, Result};
 use crate::runtime::Device;
 pub use abort::AbortHandle;
+use agree::{Agreed, PlanDesc};
+pub use allreduce::{AllReduceMsg, AllReducePath, AllReducePolicy, Overlap};
+use arena::HeapAllocator;
 use cudarc::driver::sys::{self, CUstream};
 use cudarc::driver::{
     CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
@@ -43,6 +50,7 @@ use mkernel_config::comm::{
     CommDesc, FlagSlot, HEAP_RESERVED_BYTES, HEAP_ZEROED_BYTES, MAX_COMM_CTAS, MAX_LOCAL_RANKS, STAGED_CTAS,
 };
 use mkernel_config::{kernels, KernelSpec};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -152,6 +160,9 @@ pub struct CommConfig {
     /// ibverbs RC and EFA SRD are used only when named here or in the variable: neither has run
     /// on a NIC yet (docs/internode.md, "Which backend").
     pub transport: Option<mkernel_proxy::backend::BackendKind>,
+    /// Which AllReduce path [`Communicator::all_reduce`] takes at which size (provisional
+    /// thresholds: [`AllReducePolicy::PROVISIONAL`]).
+    pub all_reduce_policy: AllReducePolicy,
 }
 
 impl Default for CommConfig {
@@ -162,6 +173,7 @@ impl Default for CommConfig {
             bootstrap_timeout: Duration::from_secs(60),
             internode_scratch_bytes: 256 << 20,
             transport: None,
+            all_reduce_policy: AllReducePolicy::PROVISIONAL,
         }
     }
 }
@@ -187,8 +199,10 @@ enum Last {
     Recorded(CudaEvent),
 }
 
+/// Orders the launches of one owner (a communicator, a plan with scratch buffers) on the device
+/// across streams: held under the owner's lock, [`LaunchOrder::follow`] before each launch.
 #[derive(Default)]
-struct LaunchOrder {
+pub(crate) struct LaunchOrder {
     last: Option<Last>,
 }
 
@@ -215,7 +229,7 @@ impl LaunchOrder {
     /// Orders the next launch, on `stream`, after every launch so far: when the stream changed,
     /// `stream` waits for an event recorded on the previous one. Launches into a graph capture
     /// are left out (an event recorded outside a capture cannot order a captured node).
-    fn follow(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+    pub(crate) fn follow(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         if matches!(&self.last, Some(Last::Stream(l)) if l.cu_stream() == stream.cu_stream()) {
             return Ok(());
         }
@@ -307,11 +321,17 @@ pub struct Communicator {
     desc_addr: u64,
     rank: u32,
     world: u32,
-    /// The bump allocator's next free offset.
-    next_free: Mutex<u64>,
+    /// The heap's data region allocator (the same on every rank).
+    allocator: Mutex<HeapAllocator>,
+    /// The next plan agreement's sequence number ([`Communicator::agree`]).
+    agree_seq: AtomicU64,
+    /// `CommConfig::bootstrap_timeout`: every store exchange after construction waits this long.
+    boot_timeout: Duration,
     order: Mutex<LaunchOrder>,
     /// The abort words this rank raises, and the reset count ([`abort`]).
     aborter: Arc<abort::Aborter>,
+    /// [`CommConfig::all_reduce_policy`].
+    policy: AllReducePolicy,
 }
 
 impl Communicator {
@@ -417,6 +437,7 @@ impl Communicator {
             info.rank() as u32,
             cfg.bootstrap_timeout,
         )?;
+        let heap_bytes_mapped = heap.bytes();
         let mut comm = Communicator {
             wire: None,
             device: device.clone(),
@@ -426,9 +447,12 @@ impl Communicator {
             desc_addr,
             rank,
             world,
-            next_free: Mutex::new(HEAP_RESERVED_BYTES),
+            allocator: Mutex::new(HeapAllocator::new(HEAP_RESERVED_BYTES, heap_bytes_mapped)),
+            agree_seq: AtomicU64::new(0),
+            boot_timeout: cfg.bootstrap_timeout,
             order: Mutex::new(LaunchOrder::default()),
             aborter,
+            policy: cfg.all_reduce_policy,
         };
         if let Some(node) = node {
             let max_bytes = wire_bytes / (nnodes as u64 + 2) / 256 * 256;
@@ -484,14 +508,70 @@ impl Communicator {
         &self.device
     }
 
-    /// Reserves `bytes` (rounded up to 256) of the heap on every rank. Collective in the sense
-    /// that every rank must make the same sequence of calls (offsets are computed locally).
-    /// The heap is a bump allocator: buffers live as long as the communicator.
+    /// Reserves `bytes` (rounded up to 256) of the heap on every rank, for the communicator's
+    /// lifetime. Collective in the sense that every rank must make the same sequence of calls
+    /// (offsets are computed locally, first fit: the same on every rank whose live buffers are
+    /// the same). [`Communicator::alloc_region`] gives the bytes back when dropped.
     pub fn alloc(&self, bytes: u64) -> Result<SymBuffer> {
-        let mut next_free = self.next_free.lock().unwrap_or_else(PoisonError::into_inner);
-        let b = bump(*next_free, bytes, self.heap.bytes())?;
-        *next_free = b.offset + b.bytes;
-        Ok(b)
+        self.allocator().alloc(bytes)
+    }
+    /// As [`Communicator::alloc`], given back to the heap when the region drops (after this
+    /// rank's context synchronized: no kernel of this rank still uses it). Plans hold their heap
+    /// buffers this way. A region dropped on one rank and not yet on another leaves the two
+    /// heaps out of step until it drops there too: the next plan's agreement compares offsets
+    /// and fails on every rank ([`Error::PlanMismatch`]) rather than let them differ.
+    pub fn alloc_region(&self, bytes: u64) -> Result<HeapRegion<'_>> {
+        Ok(HeapRegion {
+            comm: self,
+            buf: self.alloc(bytes)?,
+        })
+    }
+    /// Bytes of the heap's data region in use, and live buffers (tests, servers sizing heaps).
+    pub fn heap_usage(&self) -> (u64, usize) {
+        let a = self.allocator();
+        (a.used(), a.live())
+    }
+    /// Bytes of the heap's data region (`CommConfig::heap_bytes` and the inter-node stages,
+    /// rounded up to the allocation granularity).
+    pub fn heap_data_bytes(&self) -> u64 {
+        self.heap.bytes() - HEAP_RESERVED_BYTES
+    }
+    fn allocator(&self) -> std::sync::MutexGuard<'_, HeapAllocator> {
+        self.allocator.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Agrees on a collective plan with every rank of the job ([`agree`]): exchanges `desc`
+    /// and this rank's outcome so far (`local`: the error its own checks gave, if any) through
+    /// the store, within `CommConfig::bootstrap_timeout`. Every rank returns the same result:
+    /// `Ok` with the agreed minima, [`Error::PlanFailed`] naming the ranks whose checks failed
+    /// and why, [`Error::PlanMismatch`] naming the field that differs, or the store's timeout
+    /// naming the ranks that did not come. Every plan constructor calls it exactly once on
+    /// every path, so the sequence stays in step across ranks.
+    pub fn agree(&self, desc: &PlanDesc, local: Option<&Error>) -> Result<Agreed> {
+        let seq = self.agree_seq.fetch_add(1, Ordering::Relaxed);
+        agree::exchange(self.boot.store(), seq, desc, local, self.boot_timeout)
+    }
+    /// [`Communicator::agree`] of a plan whose own checks gave `local`: `Ok(v)` only when
+    /// every rank's checks passed and the descriptions agree (`desc` builds the description
+    /// from the checked values, or a bare one naming `op` when this rank failed).
+    pub(crate) fn agree_on<T>(
+        &self,
+        op: &'static str,
+        local: Result<T>,
+        desc: impl FnOnce(&T) -> PlanDesc,
+    ) -> Result<(T, Agreed)> {
+        match local {
+            Ok(v) => {
+                let d = desc(&v);
+                let agreed = self.agree(&d, None)?;
+                Ok((v, agreed))
+            }
+            Err(e) => Err(self.agree(&PlanDesc::new(op), Some(&e)).err().unwrap_or(e)),
+        }
+    }
+    /// The store timeout of exchanges after construction (`CommConfig::bootstrap_timeout`).
+    pub fn bootstrap_timeout(&self) -> Duration {
+        self.boot_timeout
     }
     /// This rank's device address of `b` ([`Error::OutOfRange`] when `b` is not in this
     /// heap's data region).
@@ -722,68 +802,6 @@ impl Communicator {
         })
     }
 
-    /// AllReduce of `count` elements from `src` into `dst` (both in the heap; may be the same
-    /// buffer). `count * size` must be a multiple of 16.
-    pub fn all_reduce(
-        &self,
-        stream: &Arc<CudaStream>,
-        src: &SymBuffer,
-        dst: &SymBuffer,
-        count: u64,
-        dtype: ReduceDtype,
-        ctas: u32,
-    ) -> Result<()> {
-        let op = "all_reduce";
-        let bytes = check::product(op, "count x size", &[count, dtype.size()])?;
-        check_multiple(op, "bytes", bytes, 16)?;
-        self.check_region(op, src)?;
-        self.check_region(op, dst)?;
-        check_fits(op, src, bytes)?;
-        check_fits(op, dst, bytes)?;
-        if let Some(w) = &self.wire {
-            if bytes > w.max_bytes {
-                return Err(Error::Shape {
-                    op,
-                    reason: format!(
-                        "{bytes} bytes exceed the inter-node stage of {} (CommConfig::internode_scratch_bytes)",
-                        w.max_bytes
-                    ),
-                });
-            }
-            // 1. Sum inside the node (NVLink) into the node-sum buffer; 2. exchange node sums
-            //    with the rail peers through the proxy and add them up in node order.
-            let (desc, code) = (self.desc_ptr(), dtype.code());
-            let (src_off, sum_off, recv_off, dst_off) = (src.offset, w.node_sum.offset, w.recv.offset, dst.offset);
-            let (f, cfg) = self.prepare(&kernels::ALLREDUCE, ctas)?;
-            let (f2, cfg2) = self.prepare(&kernels::ALLREDUCE_INTERNODE, ctas)?;
-            return self.enqueue(op, stream, || {
-                let mut b = stream.launch_builder(&f);
-                b.arg(&desc).arg(&src_off).arg(&sum_off).arg(&count).arg(&code);
-                // SAFETY: mk_allreduce(desc, src_off, dst_off, count, dtype); heap buffers checked.
-                unsafe { b.launch(cfg) }?;
-                let mut b = stream.launch_builder(&f2);
-                b.arg(&desc)
-                    .arg(&sum_off)
-                    .arg(&recv_off)
-                    .arg(&dst_off)
-                    .arg(&count)
-                    .arg(&code);
-                // SAFETY: mk_allreduce_internode(desc, src_off, scratch_off, dst_off, count, dtype).
-                unsafe { b.launch(cfg2) }?;
-                Ok(())
-            });
-        }
-        let (desc, src_off, dst_off, code) = (self.desc_ptr(), src.offset, dst.offset, dtype.code());
-        let (f, cfg) = self.prepare(&kernels::ALLREDUCE, ctas)?;
-        self.enqueue(op, stream, || {
-            let mut b = stream.launch_builder(&f);
-            b.arg(&desc).arg(&src_off).arg(&dst_off).arg(&count).arg(&code);
-            // SAFETY: mk_allreduce(desc, src_off, dst_off, count, dtype); heap buffers checked.
-            unsafe { b.launch(cfg) }?;
-            Ok(())
-        })
-    }
-
     /// Round trips of `iters` put-and-answer probes of `bytes` between this rank and `peer` (a
     /// rank on another node) over the proxy, in nanoseconds, measured on the GPU from before the
     /// post to the arrival of the answer's flag. Both ranks call it (`initiator` on exactly one).
@@ -890,25 +908,6 @@ pub(crate) fn wait_name(code: u32) -> String {
     }
 }
 
-/// The next `bytes` (rounded up to 256) of a heap of `heap_bytes` from offset `next_free`.
-fn bump(next_free: u64, bytes: u64, heap_bytes: u64) -> Result<SymBuffer> {
-    let op = "symmetric heap";
-    let rounded = bytes.checked_next_multiple_of(256).ok_or_else(|| Error::Shape {
-        op,
-        reason: format!("{bytes} bytes overflow 64 bits when rounded up to 256"),
-    })?;
-    match next_free.checked_add(rounded) {
-        Some(end) if end <= heap_bytes => Ok(SymBuffer {
-            offset: next_free,
-            bytes: rounded,
-        }),
-        _ => Err(Error::Shape {
-            op,
-            reason: format!("{rounded} more bytes do not fit ({next_free} of {heap_bytes} used)"),
-        }),
-    }
-}
-
 fn check_multiple(op: &'static str, what: &str, v: u64, m: u64) -> Result<()> {
     if v == 0 || v % m != 0 {
         return Err(Error::Shape {
@@ -931,6 +930,44 @@ fn check_fits(op: &'static str, b: &SymBuffer, need: u64) -> Result<()> {
     Ok(())
 }
 
+/// A buffer of the symmetric heap given back when dropped ([`Communicator::alloc_region`]).
+/// Derefs to its [`SymBuffer`] (a plan borrowing `&SymBuffer` from it keeps it alive).
+pub struct HeapRegion<'c> {
+    comm: &'c Communicator,
+    buf: SymBuffer,
+}
+
+impl HeapRegion<'_> {
+    /// The buffer.
+    pub fn buffer(&self) -> SymBuffer {
+        self.buf
+    }
+}
+
+impl std::ops::Deref for HeapRegion<'_> {
+    type Target = SymBuffer;
+    fn deref(&self) -> &SymBuffer {
+        &self.buf
+    }
+}
+
+impl std::fmt::Debug for HeapRegion<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.buf.fmt(f)
+    }
+}
+
+impl Drop for HeapRegion<'_> {
+    fn drop(&mut self) {
+        // This rank's kernels that may use the region are done before it can be handed out
+        // again (best effort: an error here is a broken context, reported by its next call).
+        // Peers' kernels: a later plan takes these bytes only after an agreement, which every
+        // rank reaches after dropping its own copy of the region, i.e. after synchronizing.
+        let _ = self.comm.device.context().synchronize();
+        let _ = self.comm.allocator().free(self.buf);
+    }
+}
+
 impl Drop for Communicator {
     fn drop(&mut self) {
         // No abort handle writes into the mappings from here on.
@@ -941,7 +978,7 @@ impl Drop for Communicator {
         let _ = self
             .boot
             .store()
-            .barrier("mkernel/communicator/drop", Duration::from_secs(30));
+            .barrier("mkernel/communicator/drop", self.boot_timeout);
     }
 }
 
@@ -962,28 +999,8 @@ mod tests {
     const HEAP: u64 = HEAP_RESERVED_BYTES + (1 << 20);
 
     #[test]
-    fn the_bump_allocator_rounds_and_refuses_overflow() {
-        let a = bump(HEAP_RESERVED_BYTES, 1, HEAP).unwrap();
-        assert_eq!((a.offset(), a.bytes()), (HEAP_RESERVED_BYTES, 256));
-        let b = bump(a.offset() + a.bytes(), 257, HEAP).unwrap();
-        assert_eq!((b.offset(), b.bytes()), (HEAP_RESERVED_BYTES + 256, 512));
-        assert!(bump(HEAP_RESERVED_BYTES, 1 << 20, HEAP).is_ok());
-        assert!(matches!(
-            bump(HEAP_RESERVED_BYTES, (1 << 20) + 1, HEAP),
-            Err(Error::Shape { .. })
-        ));
-        // Rounding and the end offset must not wrap around.
-        for bytes in [u64::MAX, u64::MAX - 255, u64::MAX - HEAP_RESERVED_BYTES] {
-            assert!(
-                matches!(bump(HEAP_RESERVED_BYTES, bytes, HEAP), Err(Error::Shape { .. })),
-                "{bytes}"
-            );
-        }
-    }
-
-    #[test]
     fn buffers_outside_the_data_region_are_refused() {
-        let ok = bump(HEAP_RESERVED_BYTES, 4096, HEAP).unwrap();
+        let ok = HeapAllocator::new(HEAP_RESERVED_BYTES, HEAP).alloc(4096).unwrap();
         assert!(check_region("t", &ok, HEAP).is_ok());
         let last = SymBuffer {
             offset: HEAP - 256,

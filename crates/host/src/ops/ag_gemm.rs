@@ -6,7 +6,8 @@
 //! rank, NVLink pushes inside the node, one proxy PUT of the whole shard to every rank of the
 //! other nodes.
 use crate::check;
-use crate::comm::{Communicator, SymBuffer};
+use crate::comm::agree::PlanDesc;
+use crate::comm::{Communicator, HeapRegion, SymBuffer};
 use crate::error::{Error, Result};
 use crate::runtime::Device;
 use crate::tensor_map::encode_bf16_sw128_packed;
@@ -102,6 +103,8 @@ pub struct AgGemmPlan<'a> {
     args_addr: u64,
     policy: AgGemmPolicy,
     gathered: SymBuffer,
+    /// The gathered A's heap buffer, given back when the plan drops.
+    _heap: HeapRegion<'a>,
     _buffers: PhantomData<&'a ()>,
 }
 
@@ -125,20 +128,42 @@ impl<'a> AgGemmPlan<'a> {
         n_comm: u32,
     ) -> Result<Self> {
         let device = comm.device();
-        check::stream_on(OP, device, stream)?;
-        check::buffer_on(OP, "A shard", device, a_shard)?;
-        check::buffer_on(OP, "B", device, b)?;
-        check::buffer_on(OP, "C", device, &*c)?;
         let world = (comm.world() * comm.nnodes()) as usize;
-        check::len_of(OP, "A shard", a_shard.len(), "m / world x k", &[m / world.max(1), k])?;
-        check::len_of(OP, "B", b.len(), "n x k", &[n, k])?;
-        check::len_of(OP, "C", c.len(), "m x n", &[m, n])?;
-        let (pa, _ra) = a_shard.device_ptr(stream);
-        let (pb, _rb) = b.device_ptr(stream);
-        let (pc, _wc) = c.device_ptr_mut(stream);
-        // SAFETY: the buffers hold the shape's elements (checked above), are on this device, and
-        // are borrowed for 'a, as long as the plan.
-        unsafe { Self::new_raw(comm, stream, pa, pb, pc, m, n, k, n_comm) }
+        let checked = (|| {
+            check::stream_on(OP, device, stream)?;
+            check::buffer_on(OP, "A shard", device, a_shard)?;
+            check::buffer_on(OP, "B", device, b)?;
+            check::buffer_on(OP, "C", device, &*c)?;
+            check::len_of(OP, "A shard", a_shard.len(), "m / world x k", &[m / world.max(1), k])?;
+            check::len_of(OP, "B", b.len(), "n x k", &[n, k])?;
+            check::len_of(OP, "C", c.len(), "m x n", &[m, n])
+        })();
+        // Addresses only of buffers that passed the checks (the guards live until the plan is built).
+        let mut _guards = None;
+        let pre = checked.map(|()| {
+            let (pa, ra) = a_shard.device_ptr(stream);
+            let (pb, rb) = b.device_ptr(stream);
+            let (pc, wc) = c.device_ptr_mut(stream);
+            _guards = Some((ra, rb, wc));
+            (pa, pb, pc)
+        });
+        // SAFETY: the buffers hold the shape's elements (checked above; a failed check fails
+        // the plan), are on this device, and are borrowed for 'a, as long as the plan.
+        unsafe { Self::build(comm, stream, pre, m, n, k, n_comm) }
+    }
+
+    /// Heap bytes a plan of this shape takes on every rank, before it is built (`world`: every
+    /// rank of every node): the gathered A, `m x k` bf16 rounded up to 256 bytes. Checks the
+    /// shape as [`policy`] does.
+    pub fn heap_bytes(m: usize, n: usize, k: usize, world: usize) -> Result<u64> {
+        // Any SM count with room for one comm and one compute CTA: the bytes do not depend on it.
+        let p = policy(m, n, k, world, u32::MAX, 1, None)?;
+        p.gathered_bytes
+            .checked_next_multiple_of(256)
+            .ok_or_else(|| Error::Shape {
+                op: OP,
+                reason: format!("{} bytes overflow 64 bits rounded up to 256", p.gathered_bytes),
+            })
     }
 
     /// [`AgGemmPlan::new`] on raw device addresses (16-byte aligned).
@@ -159,8 +184,26 @@ impl<'a> AgGemmPlan<'a> {
         k: usize,
         n_comm: u32,
     ) -> Result<Self> {
+        // SAFETY: the caller's contract.
+        unsafe { Self::build(comm, stream, Ok((a_shard, b, c)), m, n, k, n_comm) }
+    }
+
+    /// Validate (`pre`: the safe constructor's checks, or the raw addresses), take the heap,
+    /// agree with every rank, encode and upload.
+    ///
+    /// # Safety
+    /// As [`AgGemmPlan::new_raw`] for the addresses in `pre`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn build(
+        comm: &'a Communicator,
+        stream: &Arc<CudaStream>,
+        pre: Result<(u64, u64, u64)>,
+        m: usize,
+        n: usize,
+        k: usize,
+        n_comm: u32,
+    ) -> Result<Self> {
         let device: &Device = comm.device();
-        check::stream_on(OP, device, stream)?;
         // Shards are by global rank (world = every rank of every node).
         let world = (comm.world() * comm.nnodes()) as usize;
         let cached = || {
@@ -172,18 +215,37 @@ impl<'a> AgGemmPlan<'a> {
                 k,
             })
         };
-        let policy = policy(
-            m,
-            n,
-            k,
-            world,
-            device.sm_count(),
-            n_comm,
-            if n_comm == 0 { cached() } else { None },
-        )?;
-        check::aligned16(OP, &[("A shard", a_shard), ("B", b), ("C", c)])?;
+        let checked = pre.and_then(|(a_shard, b, c)| {
+            check::stream_on(OP, device, stream)?;
+            let policy = policy(
+                m,
+                n,
+                k,
+                world,
+                device.sm_count(),
+                n_comm,
+                if n_comm == 0 { cached() } else { None },
+            )?;
+            check::aligned16(OP, &[("A shard", a_shard), ("B", b), ("C", c)])?;
+            let heap = comm.alloc_region(policy.gathered_bytes)?;
+            Ok((a_shard, b, c, policy, heap))
+        });
+        let ((a_shard, b, c, policy, heap), _) = comm.agree_on(OP, checked, |(_, _, _, p, heap)| {
+            PlanDesc::new(OP)
+                .field("m", m)
+                .field("n", n)
+                .field("k", k)
+                .field("dtype", "bf16")
+                .field("world", world)
+                .field("n_comm", p.n_comm)
+                .field("grid", p.grid)
+                .field(
+                    "gathered (offset, bytes)",
+                    format!("({}, {})", heap.offset(), heap.bytes()),
+                )
+        })?;
         let t = GemmTile::DEFAULT;
-        let gathered = comm.alloc(policy.gathered_bytes)?;
+        let gathered = heap.buffer();
         let (m64, n64, k64) = (m as u64, n as u64, k as u64);
         let map_a = encode_bf16_sw128_packed(comm.ptr(&gathered)?, k64, m64, t.block_k, t.block_m)?;
         let map_a_local = encode_bf16_sw128_packed(a_shard, k64, (m / world) as u64, t.block_k, t.block_m)?;
@@ -220,6 +282,7 @@ impl<'a> AgGemmPlan<'a> {
             args_addr,
             policy,
             gathered,
+            _heap: heap,
             _buffers: PhantomData,
         })
     }

@@ -7,7 +7,8 @@
 //! the node's sum (rounded to bf16 once) through the proxy; AllReduce PUTs each reduced chunk
 //! to every remote rank (docs/fused.md).
 use crate::check;
-use crate::comm::{Communicator, SymBuffer};
+use crate::comm::agree::PlanDesc;
+use crate::comm::{Communicator, HeapRegion, SymBuffer};
 use crate::error::{Error, Result};
 use crate::runtime::Device;
 use crate::tensor_map::encode_bf16_sw128_packed;
@@ -304,6 +305,8 @@ pub struct GemmRsPlan<'a> {
     policy: GemmRsPolicy,
     /// GEMM + AllReduce: the whole `m` x `n` sum, in the heap (same offset on every rank).
     ar_out: Option<SymBuffer>,
+    /// The heap buffers (recv, outbox, ar_out, stage, xrecv), given back when the plan drops.
+    _heap: Vec<Option<HeapRegion<'a>>>,
     _buffers: PhantomData<&'a ()>,
 }
 
@@ -326,12 +329,17 @@ impl<'a> GemmRsPlan<'a> {
     ) -> Result<Self> {
         let op = "gemm_rs";
         let world = (comm.world() * comm.nnodes()) as usize;
-        check::buffer_on(op, "out", comm.device(), &*out)?;
-        check::len_of(op, "out", out.len(), "m / world x n", &[m / world.max(1), n])?;
-        let (po, _wo) = out.device_ptr_mut(stream);
+        let checked = check::buffer_on(op, "out", comm.device(), &*out)
+            .and_then(|()| check::len_of(op, "out", out.len(), "m / world x n", &[m / world.max(1), n]));
+        let mut _guard = None;
+        let po = checked.map(|()| {
+            let (po, wo) = out.device_ptr_mut(stream);
+            _guard = Some(wo);
+            Some(po)
+        });
         // SAFETY: `out` holds the shape's elements, is on this device and is borrowed mutably
         // for 'a; `checked_inputs` does the same for `a` and `b`.
-        unsafe { Self::checked_inputs(comm, stream, a, b, Some(po), m, n, k_local, split) }
+        unsafe { Self::checked_inputs(comm, stream, a, b, po, false, m, n, k_local, split) }
     }
 
     /// Plans GEMM + AllReduce: as [`GemmRsPlan::new`], but every rank gets the whole `m` x `n`
@@ -350,7 +358,7 @@ impl<'a> GemmRsPlan<'a> {
         split: RsSplit,
     ) -> Result<Self> {
         // SAFETY: `checked_inputs` checks `a` and `b`, which are borrowed for 'a.
-        unsafe { Self::checked_inputs(comm, stream, a, b, None, m, n, k_local, split) }
+        unsafe { Self::checked_inputs(comm, stream, a, b, Ok(None), true, m, n, k_local, split) }
     }
 
     /// Checks `a` and `b` (device, lengths) and plans on their addresses.
@@ -363,24 +371,61 @@ impl<'a> GemmRsPlan<'a> {
         stream: &Arc<CudaStream>,
         a: &'a impl DevicePtr<bf16>,
         b: &'a impl DevicePtr<bf16>,
-        out: Option<u64>,
+        out: Result<Option<u64>>,
+        all_reduce: bool,
         m: usize,
         n: usize,
         k_local: usize,
         split: RsSplit,
     ) -> Result<Self> {
-        let op = if out.is_some() { "gemm_rs" } else { "gemm_ar" };
+        let op = if all_reduce { "gemm_ar" } else { "gemm_rs" };
         let device = comm.device();
-        check::stream_on(op, device, stream)?;
-        check::buffer_on(op, "A", device, a)?;
-        check::buffer_on(op, "B", device, b)?;
-        check::len_of(op, "A", a.len(), "m x k_local", &[m, k_local])?;
-        check::len_of(op, "B", b.len(), "n x k_local", &[n, k_local])?;
-        let (pa, _ra) = a.device_ptr(stream);
-        let (pb, _rb) = b.device_ptr(stream);
+        let checked = out.and_then(|out| {
+            check::stream_on(op, device, stream)?;
+            check::buffer_on(op, "A", device, a)?;
+            check::buffer_on(op, "B", device, b)?;
+            check::len_of(op, "A", a.len(), "m x k_local", &[m, k_local])?;
+            check::len_of(op, "B", b.len(), "n x k_local", &[n, k_local])?;
+            Ok(out)
+        });
+        let mut _guards = None;
+        let pre = checked.map(|out| {
+            let (pa, ra) = a.device_ptr(stream);
+            let (pb, rb) = b.device_ptr(stream);
+            _guards = Some((ra, rb));
+            (pa, pb, out)
+        });
         // SAFETY: `a` and `b` hold the shape's elements, are on this device and are borrowed
         // for 'a; `out` by the caller's contract.
-        unsafe { Self::new_raw(comm, stream, pa, pb, out, m, n, k_local, split) }
+        unsafe { Self::build(comm, stream, pre, all_reduce, m, n, k_local, split) }
+    }
+
+    /// Heap bytes a plan of `problem` with `split` takes on every rank, before it is built:
+    /// the receive, outbox, AllReduce output and inter-node buffers [`policy`] asks for, each
+    /// rounded up to 256 bytes. They do not depend on `parts` (0 is taken as 1 here).
+    pub fn heap_bytes(problem: &RsProblem, split: RsSplit) -> Result<u64> {
+        let split = RsSplit {
+            parts: split.parts.max(1),
+            ..split
+        };
+        let p = policy(problem, split, None)?;
+        let op = problem.op();
+        [
+            p.recv_bytes,
+            p.outbox_bytes,
+            p.ar_out_bytes,
+            p.stage_bytes,
+            p.xrecv_bytes,
+        ]
+        .into_iter()
+        .flatten()
+        .try_fold(0u64, |sum, b| {
+            b.checked_next_multiple_of(256).and_then(|b| sum.checked_add(b))
+        })
+        .ok_or_else(|| Error::Shape {
+            op,
+            reason: "heap bytes overflow 64 bits".into(),
+        })
     }
 
     /// GEMM + ReduceScatter (`out: Some`, the local output's address) or GEMM + AllReduce
@@ -402,6 +447,26 @@ impl<'a> GemmRsPlan<'a> {
         k_local: usize,
         split: RsSplit,
     ) -> Result<Self> {
+        // SAFETY: the caller's contract.
+        unsafe { Self::build(comm, stream, Ok((a, b, out)), out.is_none(), m, n, k_local, split) }
+    }
+
+    /// Validate (`pre`: the safe constructors' checks, or the raw addresses), take the heap,
+    /// agree with every rank, encode and upload.
+    ///
+    /// # Safety
+    /// As [`GemmRsPlan::new_raw`] for the addresses in `pre`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn build(
+        comm: &'a Communicator,
+        stream: &Arc<CudaStream>,
+        pre: Result<(u64, u64, Option<u64>)>,
+        all_reduce: bool,
+        m: usize,
+        n: usize,
+        k_local: usize,
+        split: RsSplit,
+    ) -> Result<Self> {
         let device: &Device = comm.device();
         let problem = RsProblem {
             m,
@@ -410,10 +475,9 @@ impl<'a> GemmRsPlan<'a> {
             world: comm.world() as usize,
             nodes: comm.nnodes() as usize,
             sms: device.sm_count(),
-            all_reduce: out.is_none(),
+            all_reduce,
         };
         let op = problem.op();
-        check::stream_on(op, device, stream)?;
         let global_world = problem.world * problem.nodes;
         let cached = match split.parts {
             0 => tune::lookup(&tune::TuneKey {
@@ -425,19 +489,59 @@ impl<'a> GemmRsPlan<'a> {
             }),
             _ => None,
         };
-        let pol = policy(&problem, split, cached)?;
-        check::aligned16(op, &[("A", a), ("B", b), ("out", out.unwrap_or(0))])?;
+        let checked = pre.and_then(|(a, b, out)| {
+            check::stream_on(op, device, stream)?;
+            if out.is_none() != all_reduce {
+                return Err(Error::Shape {
+                    op,
+                    reason: "GEMM + AllReduce has no local output; GEMM + ReduceScatter needs one".into(),
+                });
+            }
+            let pol = policy(&problem, split, cached)?;
+            check::aligned16(op, &[("A", a), ("B", b), ("out", out.unwrap_or(0))])?;
+            // recv, outbox, AllReduce output, stage, inter-node receive: the heap, in this order.
+            let heap = [
+                pol.recv_bytes,
+                pol.outbox_bytes,
+                pol.ar_out_bytes,
+                pol.stage_bytes,
+                pol.xrecv_bytes,
+            ]
+            .map(|bytes| bytes.map(|b| comm.alloc_region(b)).transpose());
+            let heap: Vec<Option<HeapRegion<'a>>> = heap.into_iter().collect::<Result<_>>()?;
+            Ok((a, b, out, pol, heap))
+        });
+        let ((a, b, out, pol, heap), _) = comm.agree_on(op, checked, |(_, _, _, pol, heap)| {
+            let offsets: Vec<Option<(u64, u64)>> = heap
+                .iter()
+                .map(|r| r.as_ref().map(|r| (r.offset(), r.bytes())))
+                .collect();
+            PlanDesc::new(op)
+                .field("m", m)
+                .field("n", n)
+                .field("k_local", k_local)
+                .field("dtype", "bf16")
+                .field("world", problem.world)
+                .field("nodes", problem.nodes)
+                .field("split", format!("{split:?}"))
+                .field("parts", pol.parts)
+                .field("n_comm", pol.n_comm)
+                .field("pull", pol.pull)
+                .field("stager", pol.stager)
+                .field("sk_tiles", pol.sk_tiles)
+                .field("grid", pol.grid)
+                .field(
+                    "heap (offset, bytes): recv, outbox, ar_out, stage, xrecv",
+                    format!("{offsets:?}"),
+                )
+        })?;
         let t = GemmTile::DEFAULT;
         let (world, nodes) = (problem.world, problem.nodes);
         let (n64, k64) = (n as u64, k_local as u64);
         let slot_bytes = pol.chunk_rows * n64 * 2;
         let block_bytes = pol.block_rows * n64 * 2;
-        let alloc = |bytes: Option<u64>| bytes.map(|b| comm.alloc(b)).transpose();
-        let recv = alloc(pol.recv_bytes)?;
-        let outbox = alloc(pol.outbox_bytes)?;
-        let ar_out = alloc(pol.ar_out_bytes)?;
-        let stage = alloc(pol.stage_bytes)?;
-        let xrecv = alloc(pol.xrecv_bytes)?;
+        let buf = |i: usize| heap[i].as_ref().map(|r| r.buffer());
+        let (recv, outbox, ar_out, stage, xrecv) = (buf(0), buf(1), buf(2), buf(3), buf(4));
         let (rank, global_rank) = (comm.rank() as u64, comm.global_rank() as u64);
         let map_a = encode_bf16_sw128_packed(a, k64, m as u64, t.block_k, t.block_m)?;
         let map_b = encode_bf16_sw128_packed(b, k64, n64, t.block_k, t.block_n)?;
@@ -550,6 +654,7 @@ impl<'a> GemmRsPlan<'a> {
             desc_addr: args.desc,
             policy: pol,
             ar_out,
+            _heap: heap,
             _buffers: PhantomData,
         })
     }

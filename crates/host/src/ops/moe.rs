@@ -12,6 +12,7 @@
 //! row-major), weights `f32`, x and the output `T x H`. An id outside `0..E` is not routed
 //! (its pair adds nothing) and is reported by [`MoePlan::take_error`]; it never causes a
 //! write outside the plan's buffers. docs/moe.md has the layouts and the measured numbers.
+use crate::comm::LaunchOrder;
 use crate::error::{Error, Result};
 use crate::gemm::{GemmOutput, OutDtype};
 use crate::runtime::Device;
@@ -24,7 +25,7 @@ use mkernel_config::ops::moe::{
 };
 use mkernel_config::{GemmTile, KernelSpec};
 use std::marker::PhantomData;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 const OP: &str = "moe";
 
@@ -41,7 +42,7 @@ impl Activation {
     /// Rows of `W_up` per expert for the FFN width `ffn`: `2 ffn` with SwiGLU, `ffn` without.
     pub(super) fn up_rows(self, ffn: usize) -> usize {
         match self {
-            Activation::SwiGlu => 2 * ffn,
+            Activation::SwiGlu => ffn.saturating_mul(2),
             Activation::None => ffn,
         }
     }
@@ -99,21 +100,22 @@ impl MoeShape {
                 self.hidden, self.ffn
             ));
         }
+        // Products saturate (the helpers below do too): a saturated value fails its limit.
         let limit = (i32::MAX as usize) / 2;
         if self.pairs() > limit || self.capacity_rows() > limit {
             return bad(format!("tokens x top_k = {} is too large", self.pairs()));
         }
-        if self.experts * self.up_rows() > limit || self.experts * self.hidden > limit {
+        if self.experts.saturating_mul(self.up_rows()) > limit || self.experts.saturating_mul(self.hidden) > limit {
             return bad("experts x rows per expert must stay below 2^30".into());
         }
-        if self.capacity_rows() * self.hidden.max(self.ffn) > (u32::MAX as usize) * 8 {
+        if self.capacity_rows().saturating_mul(self.hidden.max(self.ffn)) > (u32::MAX as usize) * 8 {
             return bad("grouped buffers above 64 GiB".into());
         }
         Ok(())
     }
-    /// (token, expert) pairs: `T x top_k`.
+    /// (token, expert) pairs: `T x top_k` (saturating; [`MoeShape::validate`] bounds it).
     pub fn pairs(&self) -> usize {
-        self.tokens * self.top_k
+        self.tokens.saturating_mul(self.top_k)
     }
     /// Rows of `W_up` per expert: `2F` with SwiGLU, `F` without.
     pub fn up_rows(&self) -> usize {
@@ -121,17 +123,17 @@ impl MoeShape {
     }
     /// Row tiles the grouped buffers hold (the worst case over all routings).
     pub fn max_tiles(&self) -> usize {
-        cfg::max_tiles(self.pairs() as u32, self.experts as u32) as usize
+        worst_tiles(self.pairs(), self.experts)
     }
     /// Rows of the grouped buffers: every expert's group padded to whole row tiles.
     pub fn capacity_rows(&self) -> usize {
-        cfg::max_tiles(self.pairs().min(u32::MAX as usize) as u32, self.experts as u32) as usize * ROW_ALIGN as usize
+        self.max_tiles().saturating_mul(ROW_ALIGN as usize)
     }
-    /// Elements of `W_up` and `W_down`.
+    /// Elements of `W_up` and `W_down` (saturating).
     pub fn weight_lens(&self) -> (usize, usize) {
         (
-            self.experts * self.up_rows() * self.hidden,
-            self.experts * self.hidden * self.ffn,
+            sat(&[self.experts, self.up_rows(), self.hidden]),
+            sat(&[self.experts, self.hidden, self.ffn]),
         )
     }
     /// Floating-point operations of the routed rows (padding not counted):
@@ -140,6 +142,17 @@ impl MoeShape {
         let r = self.pairs() as f64;
         2.0 * r * self.hidden as f64 * self.up_rows() as f64 + 2.0 * r * self.ffn as f64 * self.hidden as f64
     }
+}
+
+/// `mkernel_config::ops::moe::max_tiles` in `usize`, saturating: row tiles of the grouped
+/// layout in the worst routing of `pairs` rows over `experts` groups.
+pub(super) fn worst_tiles(pairs: usize, experts: usize) -> usize {
+    pairs.div_ceil(ROW_ALIGN as usize).saturating_add(experts.min(pairs))
+}
+
+/// The product of `factors`, saturating at `usize::MAX` (sizes before validation).
+pub(super) fn sat(factors: &[usize]) -> usize {
+    factors.iter().fold(1usize, |a, &f| a.saturating_mul(f))
 }
 
 /// The kernel launches of [`MoePlan::launch`], in order.
@@ -308,6 +321,23 @@ pub(super) fn check_layer_lens(
     )
 }
 
+/// Refuses a launch's stream and buffers of another CUDA context than `device`'s.
+pub(super) fn check_layer_contexts<O>(
+    op: &'static str,
+    device: &Device,
+    stream: &CudaStream,
+    x: &CudaSlice<bf16>,
+    ids: &CudaSlice<i32>,
+    weights: &CudaSlice<f32>,
+    out: &CudaSlice<O>,
+) -> Result<()> {
+    crate::check::stream_on(op, device, stream)?;
+    crate::check::buffer_on(op, "x", device, x)?;
+    crate::check::buffer_on(op, "ids", device, ids)?;
+    crate::check::buffer_on(op, "weights", device, weights)?;
+    crate::check::buffer_on(op, "out", device, out)
+}
+
 /// Reads the 4-word error record at word `at` of `words` (synchronizes `stream`); when it is
 /// set, clears it on the device and returns it.
 pub(super) fn take_record(stream: &Arc<CudaStream>, words: &mut CudaSlice<u32>, at: usize) -> Result<Option<[u32; 4]>> {
@@ -341,10 +371,19 @@ pub(super) fn expert_id_error(rec: [u32; 4], top_k: usize, experts: usize) -> Er
 
 /// An MoE expert FFN ready to launch: arguments and TMA descriptors uploaded, the grouped
 /// buffers allocated (sized for the worst routing). Borrows the expert weights for `'a`.
-/// The plan's launches share its grouped buffers: enqueue them in order (one stream, or
-/// streams ordered by events), never two at once.
+///
+/// # Launch order
+/// The plan's launches share its grouped buffers, so they must not overlap on the device. The
+/// plan orders them itself (`launch(&self)` stays shareable between threads): each launch
+/// takes the plan's lock while it enqueues, and a launch on another stream than the previous
+/// one first waits for an event recorded on that stream. Launches into a CUDA graph capture
+/// are not ordered this way (replay the graph on the stream of the direct launches, or
+/// synchronize between them). `&mut self` would only keep two threads apart, not two streams
+/// of one thread.
 pub struct MoePlan<'a> {
     shape: MoeShape,
+    device: Device,
+    order: Mutex<LaunchOrder>,
     route: CudaFunction,
     gather: CudaFunction,
     gemm: CudaFunction,
@@ -392,6 +431,9 @@ impl<'a> MoePlan<'a> {
         sms: Option<u32>,
     ) -> Result<Self> {
         shape.validate()?;
+        crate::check::stream_on(OP, device, stream)?;
+        crate::check::buffer_on(OP, "W_up", device, w_up)?;
+        crate::check::buffer_on(OP, "W_down", device, w_down)?;
         let (lu, ld) = shape.weight_lens();
         crate::check::lens(OP, &[("W_up", w_up.len(), lu), ("W_down", w_down.len(), ld)])?;
         let (pu, _ru) = w_up.device_ptr(stream);
@@ -414,6 +456,7 @@ impl<'a> MoePlan<'a> {
         sms: Option<u32>,
     ) -> Result<Self> {
         shape.validate()?;
+        crate::check::stream_on(OP, device, stream)?;
         crate::check::aligned16(OP, &[("W_up", w_up), ("W_down", w_down)])?;
         let (e, h, f) = (shape.experts, shape.hidden, shape.ffn);
         let cap = shape.capacity_rows();
@@ -531,6 +574,8 @@ impl<'a> MoePlan<'a> {
         let grids = moe_grids(&shape, device.sm_count(), sms);
         MoePlan {
             shape,
+            device: device.clone(),
+            order: Mutex::new(LaunchOrder::default()),
             route: device.function(&cfg::MOE_ROUTE)?,
             gather: device.function(&cfg::MOE_GATHER)?,
             gemm: device.function(&cfg::MOE_GROUPED_GEMM)?,
@@ -588,6 +633,10 @@ impl<'a> MoePlan<'a> {
             s.pairs(),
             [x.len(), ids.len(), weights.len(), out.len()],
         )?;
+        check_layer_contexts(OP, &self.device, stream, x, ids, weights, out)?;
+        // Held until this stage is enqueued; the stream follows the plan's previous launch.
+        let mut order = self.order.lock().unwrap_or_else(PoisonError::into_inner);
+        order.follow(stream)?;
         let a = self.args.device_ptr(stream).0;
         let f32_out = (O::DTYPE == OutDtype::F32) as u32;
         // SAFETY: for every stage the argument lists match the kernels' (`mkernel_config::ops::moe`
@@ -766,6 +815,99 @@ mod tests {
         assert!(e.contains("multiples of 8"), "{e}");
         assert!(shape(0, 8, 2, 64, 64).validate().is_err());
     }
+    /// The wraps a read of main found: `ffn = 2^62` passed the checks (4 x 2^63 wrapped), and
+    /// `tokens = 2^59 + 1` with top-32 gave 32 pairs.
+    #[test]
+    fn huge_sizes_are_refused_not_wrapped() {
+        assert!(shape(1, 4, 1, 8, 1 << 62).validate().is_err());
+        let s = shape((1 << 59) + 1, 8, 32, 8, 8);
+        assert_eq!(s.pairs(), usize::MAX);
+        assert!(s.validate().is_err());
+        assert!(shape(usize::MAX, usize::MAX, usize::MAX, usize::MAX, usize::MAX)
+            .validate()
+            .is_err());
+        let g = GroupedGemmShape {
+            groups: 1,
+            capacity_rows: 128,
+            n: 8,
+            k: 1 << 40,
+            act: Activation::None,
+        };
+        assert!(
+            g.validate().is_err(),
+            "k above 2^31 would be cut to u32 in the arguments"
+        );
+    }
+
+    proptest::proptest! {
+        /// Any sizes: no panic, and an accepted shape's sizes are exact (the checked products
+        /// exist) and within the kernels' u32 arguments.
+        #[test]
+        fn accepted_moe_shapes_have_exact_sizes(
+            tokens in size(), experts in size(), top_k in size(), hidden in size(), ffn in size(), swiglu: bool,
+        ) {
+            let act = if swiglu { Activation::SwiGlu } else { Activation::None };
+            let s = MoeShape { tokens, experts, top_k, hidden, ffn, act };
+            if s.validate().is_ok() {
+                let pairs = tokens.checked_mul(top_k).unwrap();
+                proptest::prop_assert_eq!(s.pairs(), pairs);
+                proptest::prop_assert!(pairs <= u32::MAX as usize);
+                let up = if swiglu { ffn.checked_mul(2).unwrap() } else { ffn };
+                let (lu, ld) = s.weight_lens();
+                proptest::prop_assert_eq!(Some(lu), experts.checked_mul(up).and_then(|x| x.checked_mul(hidden)));
+                proptest::prop_assert_eq!(Some(ld), experts.checked_mul(hidden).and_then(|x| x.checked_mul(ffn)));
+                let cap = s.capacity_rows();
+                proptest::prop_assert_eq!(cap, cfg::max_tiles(pairs as u32, experts as u32) as usize * 128);
+                proptest::prop_assert!(cap.checked_mul(hidden.max(ffn)).is_some());
+                proptest::prop_assert!(hidden <= u32::MAX as usize && ffn <= u32::MAX as usize);
+            }
+        }
+
+        #[test]
+        fn accepted_grouped_gemm_shapes_have_exact_sizes(
+            groups in size(), rows in size(), n in size(), k in size(), swiglu: bool,
+        ) {
+            let act = if swiglu { Activation::SwiGlu } else { Activation::None };
+            let g = GroupedGemmShape { groups, capacity_rows: rows, n, k, act };
+            if g.validate().is_ok() {
+                proptest::prop_assert!(n <= i32::MAX as usize && k <= i32::MAX as usize);
+                proptest::prop_assert!(rows.checked_mul(k).is_some() && rows.checked_mul(n).is_some());
+                let w = groups.checked_mul(g.w_rows()).and_then(|x| x.checked_mul(k));
+                proptest::prop_assert!(w.is_some());
+            }
+        }
+
+        /// The padded offsets against a u64 reference: exact where they fit u32, an error where not.
+        #[test]
+        fn padded_offsets_fit_or_fail(counts in proptest::collection::vec(proptest::prop_oneof![
+            0u32..300, proptest::num::u32::ANY, (u32::MAX - 200)..=u32::MAX
+        ], 0..8)) {
+            let mut at = 0u64;
+            let mut want = vec![];
+            for &c in &counts {
+                want.push(at);
+                at += (c as u64).div_ceil(128) * 128;
+            }
+            want.push(at);
+            match padded_offsets(&counts) {
+                Ok(v) => proptest::prop_assert_eq!(v.iter().map(|&x| x as u64).collect::<Vec<_>>(), want),
+                Err(_) => proptest::prop_assert!(at > u32::MAX as u64),
+            }
+        }
+    }
+
+    /// Sizes from small to the top of `usize`: most draws near the limits.
+    fn size() -> impl proptest::strategy::Strategy<Value = usize> {
+        proptest::prop_oneof![
+            0usize..4096,
+            (0u32..64).prop_map(|e| 1usize << e),
+            (0u32..64).prop_map(|e| (1usize << e) + 1),
+            proptest::num::usize::ANY,
+            (usize::MAX - 255)..=usize::MAX,
+        ]
+    }
+    use proptest::strategy::Strategy as _;
+
     #[test]
     fn grids_follow_the_worst_routing_and_the_sm_cap() {
         // T = 128, top-8 over 64 experts: 8 + 64 row tiles, 16 SwiGLU and 16 down column tiles.
@@ -817,10 +959,14 @@ mod tests {
     #[test]
     fn padded_offsets_start_groups_on_row_tiles() {
         assert_eq!(
-            padded_offsets(&[300, 0, 5, 128, 129, 1]),
+            padded_offsets(&[300, 0, 5, 128, 129, 1]).unwrap(),
             vec![0, 384, 384, 512, 640, 896, 1024]
         );
-        assert_eq!(padded_offsets(&[]), vec![0]);
+        assert_eq!(padded_offsets(&[]).unwrap(), vec![0]);
+        // Past u32: an error, not a wrap.
+        assert!(padded_offsets(&[u32::MAX, 1]).is_err());
+        assert!(padded_offsets(&[1 << 31, 1 << 31]).is_err());
+        assert_eq!(padded_offsets(&[u32::MAX - 127]).unwrap(), vec![0, u32::MAX - 127]);
     }
     #[test]
     fn flops_and_capacity() {
@@ -880,7 +1026,10 @@ impl GroupedGemmShape {
         if self.n % 8 != 0 || self.k % 8 != 0 {
             return bad(format!("n={} and k={} must be multiples of 8", self.n, self.k));
         }
-        if self.groups * self.w_rows() > i32::MAX as usize / 2 {
+        if self.n > i32::MAX as usize || self.k > i32::MAX as usize {
+            return bad(format!("n={} and k={} must be below 2^31", self.n, self.k));
+        }
+        if self.groups.saturating_mul(self.w_rows()) > i32::MAX as usize / 2 {
             return bad("groups x rows per group must stay below 2^30".into());
         }
         Ok(())
@@ -889,16 +1038,24 @@ impl GroupedGemmShape {
 
 /// The padded grouped layout: group `g` starts at row `128 x (sum over g' < g of
 /// ceil(counts[g'] / 128))`; the last entry is the rows in use. What the plans compute on the
-/// device, for callers that know the counts on the host.
-pub fn padded_offsets(counts: &[u32]) -> Vec<u32> {
+/// device, for callers that know the counts on the host. [`Error::Shape`] when the padded rows
+/// pass `u32::MAX` (the kernels' offsets are u32).
+pub fn padded_offsets(counts: &[u32]) -> Result<Vec<u32>> {
     let mut v = Vec::with_capacity(counts.len() + 1);
     let mut at = 0u32;
     for &c in counts {
         v.push(at);
-        at += c.div_ceil(ROW_ALIGN) * ROW_ALIGN;
+        at = c
+            .div_ceil(ROW_ALIGN)
+            .checked_mul(ROW_ALIGN)
+            .and_then(|rows| at.checked_add(rows))
+            .ok_or_else(|| Error::Shape {
+                op: "grouped gemm",
+                reason: format!("padded rows pass 2^32 at group {} (count {c})", v.len() - 1),
+            })?;
     }
     v.push(at);
-    v
+    Ok(v)
 }
 
 /// [`GroupedGemmPlan`]'s uploaded block: five tensor maps (A, its `PARTIAL_BOX_ROWS` twin, W,
@@ -911,8 +1068,13 @@ const GG_ARG_BYTES: usize = GG_ARG_GEMM + 128;
 /// every launch (no host round trip), so a launch captured in a CUDA graph follows new
 /// counts. Borrows A, W, C and the counts for `'a`. Padded rows that exceed the capacity are
 /// cut off and reported by [`GroupedGemmPlan::take_error`].
+///
+/// Launches share the plan's words (counts, offsets, tile table): the plan orders them as
+/// [`MoePlan`] does ("Launch order").
 pub struct GroupedGemmPlan<'a> {
     shape: GroupedGemmShape,
+    device: Device,
+    order: Mutex<LaunchOrder>,
     tiles_fn: CudaFunction,
     gemm: CudaFunction,
     args: CudaSlice<u8>,
@@ -938,6 +1100,12 @@ impl<'a> GroupedGemmPlan<'a> {
     ) -> Result<Self> {
         shape.validate()?;
         let s = shape;
+        let op = "grouped gemm";
+        crate::check::stream_on(op, device, stream)?;
+        crate::check::buffer_on(op, "A", device, a)?;
+        crate::check::buffer_on(op, "W", device, w)?;
+        crate::check::buffer_on(op, "C", device, &*c)?;
+        crate::check::buffer_on(op, "counts", device, counts)?;
         crate::check::lens(
             "grouped gemm",
             &[
@@ -973,6 +1141,7 @@ impl<'a> GroupedGemmPlan<'a> {
         sms: Option<u32>,
     ) -> Result<Self> {
         shape.validate()?;
+        crate::check::stream_on("grouped gemm", device, stream)?;
         crate::check::aligned16("grouped gemm", &[("A", a), ("W", w), ("C", c)])?;
         let s = shape;
         let g = s.groups;
@@ -1040,6 +1209,8 @@ impl<'a> GroupedGemmPlan<'a> {
         let sms = sms.unwrap_or(device.sm_count()).clamp(1, device.sm_count());
         Ok(GroupedGemmPlan {
             shape,
+            device: device.clone(),
+            order: Mutex::new(LaunchOrder::default()),
             tiles_fn: device.function(&cfg::MOE_GROUP_TILES)?,
             gemm: device.function(&cfg::MOE_GROUPED_GEMM)?,
             args,
@@ -1052,6 +1223,10 @@ impl<'a> GroupedGemmPlan<'a> {
 
     /// Enqueues the group placement (one CTA) and the grouped GEMM on `stream`.
     pub fn launch(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        crate::check::stream_on("grouped gemm", &self.device, stream)?;
+        // Held until both launches are enqueued, behind the plan's previous launch.
+        let mut order = self.order.lock().unwrap_or_else(PoisonError::into_inner);
+        order.follow(stream)?;
         let a = self.args.device_ptr(stream).0;
         let (route, gemm) = (a + GG_ARG_ROUTE as u64, a + GG_ARG_GEMM as u64);
         // SAFETY: the argument lists match `mk_moe_group_tiles(args, counts)` and

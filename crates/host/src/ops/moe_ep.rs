@@ -18,9 +18,12 @@
 //! owner's capacity are dropped (they add nothing to the output) and counted
 //! ([`MoeEpPlan::drops`]).
 use super::moe::{
-    arg_block, check_layer_lens, expert_id_error, grouped_gemm_grid, grouped_map, take_record, Activation, MAP_BYTES,
+    arg_block, check_layer_lens, expert_id_error, grouped_gemm_grid, grouped_map, sat, take_record, worst_tiles,
+    Activation, MAP_BYTES,
 };
-use crate::comm::Communicator;
+use crate::check;
+use crate::comm::agree::PlanDesc;
+use crate::comm::{Communicator, HeapRegion};
 use crate::error::{Error, Result};
 use crate::gemm::{GemmOutput, OutDtype};
 use crate::runtime::Device;
@@ -55,7 +58,7 @@ pub struct MoeEpShape {
 impl MoeEpShape {
     /// (token, expert) pairs of one rank.
     pub fn pairs(&self) -> usize {
-        self.tokens * self.top_k
+        self.tokens.saturating_mul(self.top_k)
     }
     /// Experts per rank.
     pub fn local_experts(&self, world: usize) -> usize {
@@ -66,21 +69,20 @@ impl MoeEpShape {
         self.act.up_rows(self.ffn)
     }
     /// Receive rows per rank: the caller's capacity rounded up to 128, or the worst case
-    /// (`W T k` rows to one rank, every local expert's group padded).
+    /// (`W T k` rows to one rank, every local expert's group padded). Saturating (sizes past
+    /// the limits fail [`MoeEpShape::validate`]).
     pub fn capacity_rows(&self, world: usize) -> usize {
         let align = ROW_ALIGN as usize;
         match self.capacity {
-            Some(c) => c.max(1).div_ceil(align) * align,
-            None => {
-                let rows = (world * self.pairs()).min(u32::MAX as usize) as u32;
-                cfg::max_tiles(rows, self.local_experts(world) as u32) as usize * align
-            }
+            Some(c) => c.max(1).div_ceil(align).saturating_mul(align),
+            None => worst_tiles(world.saturating_mul(self.pairs()), self.local_experts(world)).saturating_mul(align),
         }
     }
-    /// Elements of this rank's `W_up` (`L x up_rows x H`) and `W_down` (`L x H x F`), `L` local experts.
+    /// Elements of this rank's `W_up` (`L x up_rows x H`) and `W_down` (`L x H x F`), `L` local
+    /// experts (saturating).
     pub fn weight_lens(&self, world: usize) -> (usize, usize) {
         let l = self.local_experts(world);
-        (l * self.up_rows() * self.hidden, l * self.hidden * self.ffn)
+        (sat(&[l, self.up_rows(), self.hidden]), sat(&[l, self.hidden, self.ffn]))
     }
     /// Bytes of every rank's symmetric heap the plan takes ([`Communicator::alloc`]) on one node
     /// of `world` ranks.
@@ -89,23 +91,34 @@ impl MoeEpShape {
     }
     /// As [`MoeEpShape::heap_bytes`] for `world` ranks (all nodes) on `nodes` nodes: across
     /// nodes the plan also takes the transfer rows (`T top_k x H` bf16).
+    /// Saturating: exact for shapes that pass [`MoeEpShape::validate`].
     pub fn heap_bytes_nodes(&self, world: usize, nodes: usize) -> u64 {
-        let rows = (self.capacity_rows(world) * self.hidden * 2) as u64;
-        let counts = (world * self.experts * 4) as u64;
+        let round = |b: u64| b.div_ceil(256).saturating_mul(256);
+        let rows = self.row_bytes(world);
+        let counts = sat(&[world, self.experts, 4]) as u64;
         let xfer = if nodes > 1 { self.xfer_bytes() } else { 0 };
-        self.flag_bytes(world).div_ceil(256) * 256
-            + counts.div_ceil(256) * 256
-            + 2 * rows.div_ceil(256) * 256
-            + xfer.div_ceil(256) * 256
+        [
+            round(self.flag_bytes(world)),
+            round(counts),
+            round(rows),
+            round(rows),
+            round(xfer),
+        ]
+        .into_iter()
+        .fold(0u64, u64::saturating_add)
+    }
+    /// Bytes of the receive rows (and of the down projection's rows): `capacity x H` bf16.
+    fn row_bytes(&self, world: usize) -> u64 {
+        sat(&[self.capacity_rows(world), self.hidden, 2]) as u64
     }
     /// Bytes of the flag region: the flags, then the arrival counters (`u64` per local expert).
     fn flag_bytes(&self, world: usize) -> u64 {
-        EP_FLAG_BYTES + 8 * self.local_experts(world) as u64
+        EP_FLAG_BYTES.saturating_add((self.local_experts(world) as u64).saturating_mul(8))
     }
     /// Bytes of the transfer rows (across nodes: the rows a rank sends to and gets back from
-    /// the other nodes, one per pair).
+    /// the other nodes, one per pair; saturating).
     pub fn xfer_bytes(&self) -> u64 {
-        (self.pairs() * self.hidden * 2) as u64
+        sat(&[self.pairs(), self.hidden, 2]) as u64
     }
     /// Checks the sizes against the kernels' limits (those of the single-GPU layer, plus:
     /// `E` a multiple of the world size, at most 64 ranks in all nodes, receive rows below 2^31;
@@ -133,13 +146,17 @@ impl MoeEpShape {
                 self.hidden, self.ffn
             ));
         }
+        // Products saturate: a saturated value fails its limit.
         let limit = i32::MAX as usize / 2;
         let cap = self.capacity_rows(world);
-        if world * self.pairs() > limit || cap > limit || cap * self.hidden.max(self.ffn) > (u32::MAX as usize) * 8 {
+        if world.saturating_mul(self.pairs()) > limit
+            || cap > limit
+            || cap.saturating_mul(self.hidden.max(self.ffn)) > (u32::MAX as usize) * 8
+        {
             return bad(format!("{cap} receive rows (tokens x top_k x ranks) is too large"));
         }
         let l = self.local_experts(world);
-        if l * self.up_rows() > limit || l * self.hidden > limit {
+        if l.saturating_mul(self.up_rows()) > limit || l.saturating_mul(self.hidden) > limit {
             return bad("local experts x rows per expert must stay below 2^30".into());
         }
         Ok(())
@@ -243,6 +260,9 @@ pub struct MoeEpPlan<'a> {
     words: CudaSlice<u32>,
     grid: u32,
     gemm_grid: [u32; 2],
+    /// The plan's heap buffers, given back when the plan drops (after the last field: the
+    /// device buffers above go first).
+    _heap: Vec<HeapRegion<'a>>,
     _weights: PhantomData<&'a ()>,
 }
 
@@ -290,55 +310,93 @@ impl<'a> MoeEpPlan<'a> {
         fused: bool,
     ) -> Result<Self> {
         let world = comm.global_world() as usize;
-        let across = comm.nnodes() > 1;
-        shape.validate(world)?;
-        if comm.world() > EP_MAX_RANKS {
-            return Err(Error::Shape {
-                op: OP,
-                reason: format!("{} ranks per node; at most {EP_MAX_RANKS}", comm.world()),
-            });
-        }
-        let (lu, ld) = shape.weight_lens(world);
-        crate::check::lens(OP, &[("W_up", w_up.len(), lu), ("W_down", w_down.len(), ld)])?;
-        let cap = shape.capacity_rows(world);
-        let row_bytes = (cap * shape.hidden * 2) as u64;
-        // Four heap buffers in a row (`heap_bytes` is their sum, each rounded to 256 bytes).
-        let flag_bytes = shape.flag_bytes(world);
-        let flag_buf = comm.alloc(flag_bytes)?;
-        let counts_buf = comm.alloc((world * shape.experts * 4) as u64)?;
-        let recv_buf = comm.alloc(row_bytes)?;
-        let yp_buf = comm.alloc(row_bytes)?;
-        let xfer = if across {
-            comm.alloc(shape.xfer_bytes())?.offset()
-        } else {
-            0
-        };
+        let nodes = comm.nnodes() as usize;
+        let device = comm.device();
+        // Validate, take the heap (the same offsets on every rank whose heap is in step) and
+        // zero the flags; then agree. The agreement is also the barrier after which peers may
+        // signal into the zeroed flags.
+        let checked = (|| {
+            check::stream_on(OP, device, stream)?;
+            check::buffer_on(OP, "W_up", device, w_up)?;
+            check::buffer_on(OP, "W_down", device, w_down)?;
+            shape.validate(world)?;
+            if comm.world() > EP_MAX_RANKS {
+                return Err(Error::Shape {
+                    op: OP,
+                    reason: format!("{} ranks per node; at most {EP_MAX_RANKS}", comm.world()),
+                });
+            }
+            let (lu, ld) = shape.weight_lens(world);
+            check::lens(OP, &[("W_up", w_up.len(), lu), ("W_down", w_down.len(), ld)])?;
+            let regions = Self::take_heap(comm, shape, world, nodes > 1)?;
+            // Flags start at zero (the region may have held another plan's).
+            stream.synchronize()?;
+            // SAFETY: the flag region of this rank's own heap, allocated above.
+            unsafe {
+                cudarc::driver::result::memset_d8_async(
+                    comm.ptr(&regions[0])?,
+                    0,
+                    shape.flag_bytes(world) as usize,
+                    stream.cu_stream(),
+                )?
+            };
+            stream.synchronize()?;
+            Ok(regions)
+        })();
+        let (regions, _) = comm.agree_on(OP, checked, |regions| {
+            let offsets: Vec<(u64, u64)> = regions.iter().map(|r| (r.offset(), r.bytes())).collect();
+            PlanDesc::new(OP)
+                .field("tokens", shape.tokens)
+                .field("experts", shape.experts)
+                .field("top_k", shape.top_k)
+                .field("hidden", shape.hidden)
+                .field("ffn", shape.ffn)
+                .field("act", format!("{:?}", shape.act))
+                .field("capacity rows", shape.capacity_rows(world))
+                .field("dtype", "bf16")
+                .field("fused dispatch", fused)
+                .field("nodes", nodes)
+                .field("grid", moe_ep_grid(shape.tokens, device.sm_count()))
+                .field("heap (offset, bytes)", format!("{offsets:?}"))
+        })?;
         let heap = HeapLayout {
-            flags: flag_buf.offset(),
-            counts: counts_buf.offset(),
-            recv: recv_buf.offset(),
-            yp: yp_buf.offset(),
-            xfer,
-            arrival: flag_buf.offset() + EP_FLAG_BYTES,
-            recv_ptr: comm.ptr(&recv_buf)?,
-            yp_ptr: comm.ptr(&yp_buf)?,
+            flags: regions[0].offset(),
+            counts: regions[1].offset(),
+            recv: regions[2].offset(),
+            yp: regions[3].offset(),
+            xfer: regions.get(4).map_or(0, |r| r.offset()),
+            arrival: regions[0].offset() + EP_FLAG_BYTES,
+            recv_ptr: comm.ptr(&regions[2])?,
+            yp_ptr: comm.ptr(&regions[3])?,
         };
-        // Flags start at zero (the region may have held another plan's): zero ours, then no
-        // rank signals before every rank has.
-        stream.synchronize()?;
-        // SAFETY: the flag region of this rank's own heap, allocated above.
-        unsafe {
-            cudarc::driver::result::memset_d8_async(comm.ptr(&flag_buf)?, 0, flag_bytes as usize, stream.cu_stream())?
-        };
-        stream.synchronize()?;
-        comm.bootstrap().store().barrier(
-            &format!("mkernel/moe_ep/zeroed/{}", heap.flags),
-            std::time::Duration::from_secs(60),
-        )?;
         let (pu, _gu) = w_up.device_ptr(stream);
         let (pd, _gd) = w_down.device_ptr(stream);
         // SAFETY: the weights are borrowed for 'a and hold the shape's elements (checked).
-        unsafe { Self::build(comm, stream, shape, world, heap, pu, pd, fused) }
+        unsafe { Self::build(comm, stream, shape, world, heap, regions, pu, pd, fused) }
+    }
+
+    /// Heap bytes a plan of `shape` takes on every rank, for `world` ranks (all nodes) on
+    /// `nodes` nodes, before it is built: [`MoeEpShape::heap_bytes_nodes`] after
+    /// [`MoeEpShape::validate`].
+    pub fn heap_bytes(shape: &MoeEpShape, world: usize, nodes: usize) -> Result<u64> {
+        shape.validate(world)?;
+        Ok(shape.heap_bytes_nodes(world, nodes))
+    }
+
+    /// The plan's heap buffers, in order: flags (and arrival counters), count matrix, receive
+    /// rows, down-projection rows, and across nodes the transfer rows.
+    fn take_heap(comm: &'a Communicator, shape: MoeEpShape, world: usize, across: bool) -> Result<Vec<HeapRegion<'a>>> {
+        let row_bytes = shape.row_bytes(world);
+        let mut sizes = vec![
+            shape.flag_bytes(world),
+            (world * shape.experts * 4) as u64,
+            row_bytes,
+            row_bytes,
+        ];
+        if across {
+            sizes.push(shape.xfer_bytes());
+        }
+        sizes.into_iter().map(|b| comm.alloc_region(b)).collect()
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -348,6 +406,7 @@ impl<'a> MoeEpPlan<'a> {
         shape: MoeEpShape,
         world: usize,
         heap: HeapLayout,
+        regions: Vec<HeapRegion<'a>>,
         w_up: u64,
         w_down: u64,
         fused: bool,
@@ -496,6 +555,7 @@ impl<'a> MoeEpPlan<'a> {
             words,
             grid: moe_ep_grid(shape.tokens, device.sm_count()),
             gemm_grid: [gemm_grid(f, shape.act.up_tile_cols()), gemm_grid(h, t.block_n)],
+            _heap: regions,
             _weights: PhantomData,
         })
     }
@@ -535,6 +595,7 @@ impl<'a> MoeEpPlan<'a> {
             s.pairs(),
             [x.len(), ids.len(), weights.len(), out.len()],
         )?;
+        super::moe::check_layer_contexts(OP, self.comm.device(), stream, x, ids, weights, out)?;
         let a = self.args.device_ptr(stream).0;
         let (ep, up, down) = (a + ARG_EP as u64, a + ARG_UP as u64, a + ARG_DOWN as u64);
         let desc = self.comm.desc_ptr();
@@ -698,6 +759,62 @@ mod tests {
         assert_eq!(shape(64, 8, 2, Some(200)).capacity_rows(2), 256);
         assert_eq!(shape(64, 8, 2, Some(0)).capacity_rows(2), 128);
     }
+    #[test]
+    fn huge_sizes_are_refused_not_wrapped() {
+        let mut s = shape((1 << 59) + 1, 8, 32, None);
+        assert_eq!(s.pairs(), usize::MAX);
+        assert!(s.validate(2).is_err());
+        s = shape(64, 8, 2, Some(usize::MAX));
+        assert_eq!(s.capacity_rows(2), usize::MAX);
+        assert!(s.validate(2).is_err());
+        s = shape(64, 8, 2, None);
+        s.ffn = 1 << 62;
+        assert!(s.validate(2).is_err());
+        assert!(MoeEpPlan::heap_bytes(&s, 2, 1).is_err());
+    }
+
+    proptest::proptest! {
+        /// Any sizes: no panic, and an accepted shape's sizes and heap bytes are exact.
+        #[test]
+        fn accepted_shapes_have_exact_sizes(
+            tokens in size(), experts in size(), top_k in size(), hidden in size(), ffn in size(),
+            capacity in proptest::option::of(size()), world in 0usize..80, nodes in 1usize..4,
+        ) {
+            let s = MoeEpShape { tokens, experts, top_k, hidden, ffn, act: Activation::SwiGlu, capacity };
+            if s.validate(world).is_ok() {
+                let wide = |f: &[usize]| f.iter().try_fold(1u64, |a, &x| a.checked_mul(x as u64));
+                let pairs = wide(&[tokens, top_k]).unwrap();
+                proptest::prop_assert_eq!(s.pairs() as u64, pairs);
+                let l = experts / world;
+                let (lu, ld) = s.weight_lens(world);
+                proptest::prop_assert_eq!(Some(lu as u64), wide(&[l, 2 * ffn, hidden]));
+                proptest::prop_assert_eq!(Some(ld as u64), wide(&[l, hidden, ffn]));
+                let cap = s.capacity_rows(world) as u64;
+                proptest::prop_assert!(cap <= i32::MAX as u64);
+                let round = |b: u64| b.div_ceil(256) * 256;
+                let rows = cap * hidden as u64 * 2;
+                let xfer = if nodes > 1 { pairs * hidden as u64 * 2 } else { 0 };
+                let want = round(EP_FLAG_BYTES + 8 * l as u64)
+                    + round((world * experts * 4) as u64)
+                    + 2 * round(rows)
+                    + round(xfer);
+                proptest::prop_assert_eq!(MoeEpPlan::heap_bytes(&s, world, nodes).unwrap(), want);
+            } else {
+                proptest::prop_assert!(MoeEpPlan::heap_bytes(&s, world, nodes).is_err());
+            }
+        }
+    }
+
+    fn size() -> impl proptest::strategy::Strategy<Value = usize> {
+        use proptest::strategy::Strategy as _;
+        proptest::prop_oneof![
+            0usize..512,
+            (0u32..64).prop_map(|e| 1usize << e),
+            (0u32..64).prop_map(|e| (1usize << e) + 8),
+            proptest::num::usize::ANY,
+        ]
+    }
+
     #[test]
     fn grid_is_capped_by_the_sms_and_the_flags() {
         assert_eq!(moe_ep_grid(10, 132), 10);

@@ -19,6 +19,8 @@
 //! in the symmetric heap) and, for W > 1, an f32 running O and LSE owned by the plan.
 //! docs/attention.md ("Ring attention") has the protocol.
 use super::attention::{block_words, head_map, launch_block_addr, AttentionHeads, MAP_WORDS};
+use crate::check;
+use crate::comm::agree::PlanDesc;
 use crate::comm::{Communicator, SymBuffer};
 use crate::error::{Error, Result};
 use crate::runtime::Device;
@@ -28,9 +30,7 @@ use mkernel_config::comm::MAX_COMM_CTAS;
 use mkernel_config::ops::attention::{AttentionArgs, AttentionTile, RingArgs, RING_ATTN_FWD_D128, RING_ATTN_FWD_D64};
 use mkernel_config::KernelSpec;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 const OP: &str = "ring attention";
 
@@ -112,9 +112,6 @@ pub struct RingOptions {
 const MAPS: usize = 7;
 const ARGS_WORDS: usize = std::mem::size_of::<RingArgs>() / 8;
 
-/// Plans made in this process (every rank makes the same sequence: names the store exchange).
-static PLANS: AtomicU64 = AtomicU64::new(0);
-
 /// A ring-attention forward ready to launch; borrows its communicator and buffers for `'a`.
 pub struct RingAttentionPlan<'a> {
     comm: &'a Communicator,
@@ -130,9 +127,94 @@ pub struct RingAttentionPlan<'a> {
 
 impl<'a> RingAttentionPlan<'a> {
     /// Heap bytes of the workspace (`Communicator::alloc`): two receive slots of one K and one V
-    /// shard each.
-    pub fn workspace_bytes(batch: usize, seqlen_local: usize, heads: &AttentionHeads) -> u64 {
-        4 * (batch * seqlen_local * heads.heads_kv * heads.head_dim * 2) as u64
+    /// shard each ([`Error::Shape`] when the product overflows 64 bits).
+    pub fn workspace_bytes(batch: usize, seqlen_local: usize, heads: &AttentionHeads) -> Result<u64> {
+        check::product(
+            OP,
+            "4 x batch x seqlen_local x heads_kv x head_dim x 2",
+            &[
+                4,
+                batch as u64,
+                seqlen_local as u64,
+                heads.heads_kv as u64,
+                heads.head_dim as u64,
+                2,
+            ],
+        )
+    }
+
+    /// Heap bytes a plan of this shape needs, before it is built: the caller's workspace
+    /// ([`RingAttentionPlan::workspace_bytes`], rounded up to the heap's 256 bytes); the plan
+    /// takes nothing else from the heap.
+    pub fn heap_bytes(batch: usize, seqlen_local: usize, heads: &AttentionHeads) -> Result<u64> {
+        let b = Self::workspace_bytes(batch, seqlen_local, heads)?;
+        b.checked_next_multiple_of(256).ok_or_else(|| Error::Shape {
+            op: OP,
+            reason: format!("workspace of {b} bytes overflows 64 bits rounded up to 256"),
+        })
+    }
+
+    /// The plan's own checks (pure, no exchange): shapes, buffer lengths and contexts, the
+    /// workspace; the number of local rows.
+    #[allow(clippy::too_many_arguments)]
+    fn validate(
+        comm: &Communicator,
+        stream: &Arc<CudaStream>,
+        bufs: [(&'static str, &dyn cudarc::driver::DeviceSlice<bf16>); 4],
+        lse: &CudaSlice<f32>,
+        workspace: &SymBuffer,
+        batch: usize,
+        seqlen_local: usize,
+        heads: &AttentionHeads,
+    ) -> Result<usize> {
+        heads.validate()?;
+        let bad = |reason: String| Err(Error::Shape { op: OP, reason });
+        let device = comm.device();
+        let w = comm.global_world() as usize;
+        let (hq, hkv, d) = (heads.heads_q, heads.heads_kv, heads.head_dim);
+        check::stream_on(OP, device, stream)?;
+        for (what, b) in bufs {
+            check::buffer_on(OP, what, device, b)?;
+        }
+        check::buffer_on(OP, "LSE", device, lse)?;
+        if batch == 0 || seqlen_local == 0 {
+            return bad(format!("empty problem: batch = {batch}, seqlen_local = {seqlen_local}"));
+        }
+        if heads.causal && seqlen_local % 2 != 0 {
+            return bad(format!(
+                "a causal sequence of {} rows over {w} ranks cannot be zigzag-split: each rank holds 2 chunks of \
+                 S / 2W rows, so seqlen_local = {seqlen_local} must be even",
+                w.saturating_mul(seqlen_local)
+            ));
+        }
+        let rows = check::product_usize(OP, "batch x seqlen_local", &[batch, seqlen_local])?;
+        if rows >= 1 << 31 {
+            return bad(format!("{rows} local rows: at most 2^31 - 1"));
+        }
+        let q_len = check::product_usize(OP, "rows x heads_q x head_dim", &[rows, hq, d])?;
+        let kv_len = check::product_usize(OP, "rows x heads_kv x head_dim", &[rows, hkv, d])?;
+        let [(_, q), (_, k), (_, v), (_, o)] = bufs;
+        check::lens(
+            OP,
+            &[
+                ("Q", q.len(), q_len),
+                ("K", k.len(), kv_len),
+                ("V", v.len(), kv_len),
+                ("O", o.len(), q_len),
+                ("LSE", lse.len(), rows * hq),
+            ],
+        )?;
+        comm.check_region(OP, workspace)?;
+        let need = Self::workspace_bytes(batch, seqlen_local, heads)?;
+        if workspace.bytes() < need {
+            return Err(Error::BufferTooSmall {
+                op: OP,
+                what: "workspace (symmetric heap)",
+                have: workspace.bytes() as usize,
+                need: need as usize,
+            });
+        }
+        Ok(rows)
     }
 
     /// Plans the local rows of `o`, `lse` = attention of the local `q` over every rank's `k`, `v`.
@@ -154,94 +236,44 @@ impl<'a> RingAttentionPlan<'a> {
         heads: AttentionHeads,
         opts: RingOptions,
     ) -> Result<Self> {
-        heads.validate()?;
-        let bad = |reason: String| Err(Error::Shape { op: OP, reason });
         let device: &Device = comm.device();
         // The ring runs over every rank of the job, in global rank order.
-        let (w, rank) = (comm.global_world() as usize, comm.global_rank() as usize);
+        let w = comm.global_world() as usize;
         let (hq, hkv, d) = (heads.heads_q, heads.heads_kv, heads.head_dim);
-        // A tuned split, looked up before the exchange: ranks whose caches differ fail it below.
+        // A tuned split, looked up before the agreement: ranks whose caches differ fail it.
         let tuned = match opts.comm_ctas {
             Some(_) => None,
             None => crate::tune::lookup(&tune_key(w as u32, batch, seqlen_local, &heads)),
         };
-        // Every rank must agree on the shapes and the grid (the comm CTAs wait for every CTA of
-        // their neighbour): exchange them and take the smallest SM count.
-        let mine = [
-            batch as u64,
-            seqlen_local as u64,
-            hq as u64,
-            hkv as u64,
-            d as u64,
-            heads.causal as u64,
-            opts.comm_ctas.or(tuned).map_or(0, |c| c as u64 + 1),
-            device.sm_count() as u64,
-        ];
-        let bytes: Vec<u8> = mine.iter().flat_map(|x| x.to_le_bytes()).collect();
-        let n = PLANS.fetch_add(1, Ordering::Relaxed);
-        let all = comm.bootstrap().store().all_gather(
-            &format!("mkernel/ring_attention/{n}"),
-            &bytes,
-            Duration::from_secs(60),
-        )?;
-        let mut sm_count = device.sm_count();
-        for (peer, b) in all.iter().enumerate().take(w) {
-            let theirs: Vec<u64> = b
-                .chunks(8)
-                .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-                .collect();
-            if theirs.len() != mine.len() {
-                return bad(format!("rank {peer} sent a malformed plan description"));
-            }
-            if theirs[1] != mine[1] {
-                return bad(format!(
-                    "shards of different lengths: rank {rank} holds {} rows per sequence, rank {peer} {}",
-                    mine[1], theirs[1]
-                ));
-            }
-            if theirs[..7] != mine[..7] {
-                return bad(format!(
-                    "rank {peer} planned (batch, seqlen_local, heads_q, heads_kv, head_dim, causal, comm) = {:?}, rank {rank} {:?}",
-                    &theirs[..7],
-                    &mine[..7]
-                ));
-            }
-            sm_count = sm_count.min(theirs[7] as u32);
-        }
-        if batch == 0 || seqlen_local == 0 {
-            return bad(format!("empty problem: batch = {batch}, seqlen_local = {seqlen_local}"));
-        }
-        if heads.causal && seqlen_local % 2 != 0 {
-            return bad(format!(
-                "a causal sequence of {} rows over {w} ranks cannot be zigzag-split: each rank holds 2 chunks of \
-                 S / 2W rows, so seqlen_local = {seqlen_local} must be even",
-                w * seqlen_local
-            ));
-        }
-        let rows = batch * seqlen_local;
-        if rows >= 1 << 31 {
-            return bad(format!("{rows} local rows: at most 2^31 - 1"));
-        }
-        crate::check::lens(
-            OP,
-            &[
-                ("Q", q.len(), rows * hq * d),
-                ("K", k.len(), rows * hkv * d),
-                ("V", v.len(), rows * hkv * d),
-                ("O", o.len(), rows * hq * d),
-                ("LSE", lse.len(), rows * hq),
-            ],
-        )?;
+        let checked = Self::validate(
+            comm,
+            stream,
+            [("Q", q), ("K", k), ("V", v), ("O", &*o)],
+            lse,
+            workspace,
+            batch,
+            seqlen_local,
+            &heads,
+        );
+        // Every rank must agree on the shapes, the scale, the workspace and the grid (the comm
+        // CTAs wait for every CTA of their neighbour); the grid is cut from the smallest SM count.
+        let (rows, agreed) = comm.agree_on(OP, checked, |_| {
+            PlanDesc::new(OP)
+                .field("batch", batch)
+                .field("seqlen_local", seqlen_local)
+                .field("heads_q", hq)
+                .field("heads_kv", hkv)
+                .field("head_dim", d)
+                .field("causal", heads.causal)
+                .field("softmax_scale", heads.scale())
+                .field("dtype", "bf16")
+                .field("comm_ctas", format!("{:?}", opts.comm_ctas.or(tuned)))
+                .field("workspace offset", workspace.offset())
+                .field("workspace bytes", workspace.bytes())
+                .min_field("sm_count", device.sm_count() as u64)
+        })?;
+        let sm_count = agreed.min("sm_count").map_or(device.sm_count(), |m| m as u32);
         let kv_bytes = (rows * hkv * d * 2) as u64;
-        let need = Self::workspace_bytes(batch, seqlen_local, &heads);
-        if workspace.bytes() < need {
-            return Err(Error::BufferTooSmall {
-                op: OP,
-                what: "workspace (symmetric heap)",
-                have: workspace.bytes() as usize,
-                need: need as usize,
-            });
-        }
         let (spec, tile) = match d {
             64 => (&RING_ATTN_FWD_D64, AttentionTile::D64),
             _ => (&RING_ATTN_FWD_D128, AttentionTile::D128),
@@ -378,6 +410,31 @@ impl<'a> RingAttentionPlan<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    proptest::proptest! {
+        /// The workspace size is exact or an error, never a wrapped product.
+        #[test]
+        fn workspace_bytes_are_exact_or_refused(
+            batch in proptest::num::usize::ANY, seqlen in proptest::num::usize::ANY,
+            hkv in 1usize..1024, small in proptest::bool::ANY,
+        ) {
+            let (batch, seqlen) = if small { (batch % 64, seqlen % 100_000) } else { (batch, seqlen) };
+            let heads = AttentionHeads { heads_q: hkv, heads_kv: hkv, head_dim: 128, causal: false, softmax_scale: None };
+            // u128, and `u128::MAX` where even that overflows.
+            let want = [batch as u128, seqlen as u128, hkv as u128, 128, 2]
+                .iter()
+                .try_fold(4u128, |a, &x| a.checked_mul(x))
+                .unwrap_or(u128::MAX);
+            match RingAttentionPlan::workspace_bytes(batch, seqlen, &heads) {
+                Ok(b) => proptest::prop_assert_eq!(b as u128, want),
+                Err(_) => proptest::prop_assert!(want > u64::MAX as u128),
+            }
+            match RingAttentionPlan::heap_bytes(batch, seqlen, &heads) {
+                Ok(b) => proptest::prop_assert_eq!(b as u128, want.div_ceil(256) * 256),
+                Err(_) => proptest::prop_assert!(want > (u64::MAX - 255) as u128),
+            }
+        }
+    }
+
     #[test]
     fn roles_fit_the_sms() {
         assert_eq!(

@@ -2,10 +2,11 @@
 //! (Q, dO) block of the ring. Per block of 64 queries:
 //!
 //! ```text
-//! S^T  = K_wg Q^T          (SS wgmma, m64n64, D/16 k-steps)
-//! dP^T = V_wg dO^T         (SS wgmma, m64n64)
-//! P^T  = 2^(S^T scale log2e - lse log2e)   masked to 0 where the key is not seen
-//! dS^T = P^T (dP^T - delta)
+//! S^T  = -lse log2e / (scale log2e) + K_wg Q^T   (accumulator set from the slot's stats; SS
+//!                                                  wgmma, m64n64, D/16 k-steps)
+//! dP^T = -delta + V_wg dO^T                      (SS wgmma, m64n64)
+//! P^T  = 2^(S^T scale log2e)   masked to 0 where the key is not seen
+//! dS^T = P^T dP^T
 //! dV  += P^T dO            (RS wgmma: P^T packed to bf16 in registers, dO MN-major)
 //! dK  += dS^T Q            (RS wgmma)
 //! dS^T -> shared (bf16, [key][query] 128B-swizzled); both consumers meet at a named barrier
@@ -76,7 +77,7 @@ fn pack16(x: &[f32; 32]) -> [u32; 16] {
     p
 }
 
-/// Issues `acc = A B^T` over `D / 16` k-steps with A = 64 rows at `a` and B = 64 rows at `b`,
+/// Issues `acc += A B^T` over `D / 16` k-steps with A = 64 rows at `a` and B = 64 rows at `b`,
 /// both K-major in `D / 64` boxes (`a_box`, `b_box` bytes apart).
 #[inline(always)]
 unsafe fn issue_nt<const D: u32>(acc: &mut [f32; 32], a: SmemAddr, a_box: u32, b: SmemAddr, b_box: u32) {
@@ -87,11 +88,7 @@ unsafe fn issue_nt<const D: u32>(acc: &mut [f32; 32], a: SmemAddr, a_box: u32, b
         let (bx, w) = (ks / 4, ks % 4);
         let da = wgmma::smem_desc(a.add(bx * a_box + w * K_STEP_BYTES), 16, 1024, Swizzle::B128);
         let db = wgmma::smem_desc(b.add(bx * b_box + w * K_STEP_BYTES), 16, 1024, Swizzle::B128);
-        if ks == 0 {
-            unsafe { wgmma::mma_m64n64k16_bf16_ss_first::<0, 0>(acc, da, db) };
-        } else {
-            unsafe { wgmma::mma_m64n64k16_bf16_ss::<0, 0>(acc, da, db, true) };
-        }
+        unsafe { wgmma::mma_m64n64k16_bf16_ss::<0, 0>(acc, da, db, true) };
     }
 }
 
@@ -142,7 +139,8 @@ pub unsafe fn run<const D: u32>(sm: &BwdSmem, a: &AttentionBwdArgs, wg: u32) {
     let (q_box, kv_box) = (t.q_box_bytes(), t.kv_box_bytes());
     let k_rows = sm.k().add(64 * wg * SWIZZLE_ROW);
     let v_rows = sm.v().add(64 * wg * SWIZZLE_ROW);
-    let (scale_log2, total_q, heads_q) = (a.scale_log2, uniform(a.total_q), uniform(a.heads_q));
+    let (scale_log2, heads_q) = (a.scale_log2, uniform(a.heads_q));
+    let inv_scale_log2 = 1.0 / scale_log2;
     let mut dk = [0f32; 64];
     let mut dv = [0f32; 64];
     unsafe { mbarrier::wait_parity(sm.kv_full(), 0) };
@@ -151,48 +149,52 @@ pub unsafe fn run<const D: u32>(sm: &BwdSmem, a: &AttentionBwdArgs, wg: u32) {
     for it in 0..iterations {
         let (hq, m0) = w.at(it);
         let s_ = pos.stage;
+        // The thread's 16 query columns: 8 (c / 2) + col0 + c % 2.
+        let col_of = |c: usize| (8 * (c / 2)) as u32 + col0 + (c % 2) as u32;
         unsafe { mbarrier::wait_parity(sm.q_full(s_), pos.phase) };
+        // The accumulators start at the per-query terms the loader put next to the slot: S^T at
+        // -lse2 / (scale log2 e), dP^T at -delta. Then P^T = 2^(acc scale log2e) and
+        // dS^T = P^T acc need no LSE or delta registers next to S^T, dP^T, dK and dV (with them
+        // the D = 128 consumer spilled 44 bytes at 232 registers). Rows past the sequence hold 0
+        // (masked below).
+        let (mut s, mut dp) = ([0f32; 32], [0f32; 32]);
+        let (lse2_at, delta_at) = (sm.lse2(s_), sm.delta(s_));
+        unroll16!(c => {
+            let off = 4 * col_of(c);
+            let l2 = f32::from_bits(unsafe { smem::ld_shared_u32(lse2_at.add(off)) });
+            let d = f32::from_bits(unsafe { smem::ld_shared_u32(delta_at.add(off)) });
+            let (j, e) = (c / 2, c % 2);
+            unroll!([0 1], h => {
+                s[4 * j + 2 * h + e] = -l2 * inv_scale_log2;
+                dp[4 * j + 2 * h + e] = -d;
+            });
+        });
         // The cp.async writes (generic proxy) before wgmma's reads (async proxy).
         memory::fence_proxy_async_shared();
-        // Written by their first wgmma only (`_first`): nothing keeps them live across blocks.
-        let (mut s, mut dp) = ([0f32; 32], [0f32; 32]);
+        // The initial values in 64 distinct registers before the wgmmas read them (copies made
+        // after `wgmma.fence` make ptxas inject a fence and a wait, C7519 / C7517).
+        wgmma::fence_operands_32(&mut s);
+        wgmma::fence_operands_32(&mut dp);
         wgmma::fence();
         unsafe { issue_nt::<D>(&mut s, k_rows, kv_box, sm.q(s_), q_box) };
         wgmma::commit_group();
         unsafe { issue_nt::<D>(&mut dp, v_rows, kv_box, sm.d_o(s_), q_box) };
         wgmma::commit_group();
-        // The thread's 16 query columns: 8 (c / 2) + col0 + c % 2.
-        let row_at = (hq * total_q + w.q_start + m0) as usize;
-        let col_of = |c: usize| (8 * (c / 2)) as u32 + col0 + (c % 2) as u32;
         wgmma::wait_group::<1>();
         wgmma::fence_operands_32(&mut s);
-        // LSE in log2 units of the thread's columns (rows past the sequence: not read, masked).
-        let mut lse2 = [0f32; 16];
-        unroll16!(c => {
-            if m0 + col_of(c) < w.q_len {
-                lse2[c] = unsafe { (a.lse2 as *const f32).add(row_at + col_of(c) as usize).read() };
-            }
-        });
         unroll32!(i => {
             let (j, h, e) = (i / 4, (i / 2) % 2, i % 2);
             let c = 2 * j + e;
             s[i] = if w.visible(m0 + col_of(c), key[h]) {
-                math::ex2(core::intrinsics::fmaf32(s[i], scale_log2, -lse2[c]))
+                math::ex2(s[i] * scale_log2)
             } else {
                 0.0
             };
         });
-        let mut delta = [0f32; 16];
-        unroll16!(c => {
-            if m0 + col_of(c) < w.q_len {
-                delta[c] = unsafe { (a.delta as *const f32).add(row_at + col_of(c) as usize).read() };
-            }
-        });
         wgmma::wait_group::<0>();
         wgmma::fence_operands_32(&mut dp);
         unroll32!(i => {
-            let (j, e) = (i / 4, i % 2);
-            dp[i] = s[i] * (dp[i] - delta[2 * j + e]);
+            dp[i] *= s[i];
         });
         let p = pack16(&s);
         let ds = pack16(&dp);

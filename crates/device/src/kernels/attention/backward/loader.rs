@@ -2,7 +2,9 @@
 //! and dO blocks of every iteration into the ring, with 16-byte `cp.async` copies placed as a
 //! 128B-swizzled TMA box would be (chunk `c` of row `r` at `r * 128 + ((c ^ r % 8) * 16)`). Each
 //! thread's `cp.async.mbarrier.arrive.noinc` counts one arrival of the slot's `full` barrier
-//! when its copies have landed. Rows past the sequence are zero-filled (not read).
+//! when its copies have landed. Rows past the sequence are zero-filled (not read). With each
+//! (Q, dO) block go the block's `lse2` and `delta` (4-byte copies: a varlen sequence's rows need
+//! not start 16-byte aligned).
 use super::schedule::{bwd_work, BLOCK_M, BLOCK_N};
 use super::BwdSmem;
 use crate::arch::smem::SmemAddr;
@@ -11,9 +13,17 @@ use crate::gemm::ring::RingPos;
 use mkernel_config::ops::attention::SWIZZLE_ROW;
 use mkernel_config::ops::attention_bwd::AttentionBwdArgs;
 
+const _: () = assert!(
+    2 * BLOCK_M == mkernel_config::WARPGROUP_SIZE,
+    "one loader thread per lse2 or delta row of a block"
+);
+
 /// Copies `rows` rows of head `h` of a `[row][heads][D]` bf16 tensor at `src`, starting at row
 /// `row0`, into `D / 64` swizzled boxes of `rows x 128` bytes at `dst` (`box_bytes` apart); rows
-/// `valid..rows` are zero-filled. Thread `tid` of 128 takes chunks `tid, tid + 128, ...`.
+/// `valid..rows` are zero-filled. Thread `tid` of 128 takes chunks `tid, tid + 128, ...`: as 128
+/// is a multiple of the `D / 8` chunks of a row, its chunk column `c` and the row's swizzle phase
+/// `r % 8` stay the same, so each step moves both addresses by a constant (few registers: the
+/// loader runs at 40).
 ///
 /// # Safety
 /// `src` is a device address of the tensor with rows `row0..row0 + valid` of `heads` heads; `dst`
@@ -33,17 +43,28 @@ unsafe fn copy_tile<const D: u32>(
     tid: u32,
 ) {
     let per_row = D / 8;
-    let mut t = tid;
-    while t < rows * per_row {
-        let (r, c) = (t / per_row, t % per_row);
-        let d = dst.add((c / 8) * box_bytes + r * SWIZZLE_ROW + (((c % 8) ^ (r % 8)) * 16));
+    const {
+        assert!(
+            mkernel_config::WARPGROUP_SIZE.is_multiple_of(8 * (D / 8)),
+            "a step of 128 chunks is a whole number of 8-row swizzle periods"
+        )
+    };
+    // Rows a step of 128 chunks advances (a multiple of 8: the swizzle phase is kept).
+    let step = mkernel_config::WARPGROUP_SIZE / per_row;
+    let (r0, c) = (tid / per_row, tid % per_row);
+    let mut d = dst.add((c / 8) * box_bytes + r0 * SWIZZLE_ROW + (((c % 8) ^ (r0 % 8)) * 16));
+    let row_bytes = heads as u64 * D as u64 * 2;
+    let mut at = src + ((row0 + r0) as u64 * heads as u64 + h as u64) * D as u64 * 2 + 16 * c as u64;
+    let mut r = r0;
+    while r < rows {
         if r < valid {
-            let at = (((row0 + r) as u64 * heads as u64 + h as u64) * D as u64 + 8 * c as u64) * 2;
-            unsafe { cp_async::copy_16(d, (src + at) as *const u8) };
+            unsafe { cp_async::copy_16(d, at as *const u8) };
         } else {
             unsafe { cp_async::copy_16_zfill(d, src as *const u8, 0) };
         }
-        t += mkernel_config::WARPGROUP_SIZE;
+        r += step;
+        d = d.add(step * SWIZZLE_ROW);
+        at += step as u64 * row_bytes;
     }
 }
 
@@ -91,6 +112,17 @@ pub unsafe fn run<const D: u32>(sm: &BwdSmem, a: &AttentionBwdArgs) {
         let row = w.q_start + m0;
         unsafe {
             mbarrier::wait_parity(sm.q_empty(s), pos.phase ^ 1);
+            // lse2 (threads 0..64) and delta (64..128) of the block's rows, both `[heads_q][total_q]`
+            // (the index in u32, as the consumer computed it before), into the slot's stats: thread
+            // `tid` writes f32 `tid` of the slot (delta follows lse2).
+            let r = tid % BLOCK_M;
+            let src = if tid < BLOCK_M { a.lse2 } else { a.delta };
+            let (at, bytes) = if r < valid {
+                (src + 4 * (hq * a.total_q + row + r) as u64, 4)
+            } else {
+                (src, 0)
+            };
+            cp_async::copy_4_zfill(sm.lse2(s).add(4 * tid), at as *const u8, bytes);
             copy_tile::<D>(sm.q(s), t.q_box_bytes(), a.q, a.heads_q, hq, row, BLOCK_M, valid, tid);
             copy_tile::<D>(
                 sm.d_o(s),

@@ -12,7 +12,9 @@ pub mod loader;
 pub mod schedule;
 
 use crate::arch::{ids, mbarrier, regs, smem, sync};
-use mkernel_config::ops::attention_bwd::{AttentionBwdArgs, AttentionBwdTile, BwdRole, BWD_ROLES, DS_BYTES};
+use mkernel_config::ops::attention_bwd::{
+    AttentionBwdArgs, AttentionBwdTile, BwdRole, BWD_ROLES, DS_BYTES, STATS_BYTES,
+};
 
 /// The shared-memory addresses of one backward CTA (from the config's `offset_of!` layout).
 #[derive(Clone, Copy)]
@@ -41,6 +43,16 @@ impl BwdSmem {
     #[inline(always)]
     pub fn ds(&self, buf: u32) -> smem::SmemAddr {
         self.base.add(self.tile.layout().ds + buf * DS_BYTES as u32)
+    }
+    /// Slot `s`'s f32 `lse2` of the block's 64 query rows.
+    #[inline(always)]
+    pub fn lse2(&self, s: u32) -> smem::SmemAddr {
+        self.base.add(self.tile.layout().stats + s * STATS_BYTES as u32)
+    }
+    /// Slot `s`'s f32 `delta` of the block's 64 query rows.
+    #[inline(always)]
+    pub fn delta(&self, s: u32) -> smem::SmemAddr {
+        self.lse2(s).add(STATS_BYTES as u32 / 2)
     }
     #[inline(always)]
     pub fn kv_full(&self) -> smem::SmemAddr {
