@@ -713,7 +713,10 @@ mod tests {
         assert!(tiled.has_tiled() && tiled.decode_tok().is_none());
         assert_eq!(tiled.workspace_bytes(132), 0);
         // A grid cap changes the split: 7 CTAs.
-        assert_eq!(GemmConfig { sms: Some(7), ..small }.workspace_bytes(132), 7 * 2 * 128 * 8 * 4 + 32 * 4);
+        assert_eq!(
+            GemmConfig { sms: Some(7), ..small }.workspace_bytes(132),
+            7 * 2 * 128 * 8 * 4 + 32 * 4
+        );
         // Invalid configurations size to something without panicking.
         let _ = GemmConfig::default().workspace_bytes(132);
     }
