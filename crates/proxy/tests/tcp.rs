@@ -1006,15 +1006,24 @@ fn a_trickling_socket_cannot_hold_setup_past_its_deadline() {
     // Rank 1 publishes a record (so rank 0 reaches its accept loop) but never connects.
     ex.publish(
         &store_key(1),
-        b"127.0.0.1:1 0000000000000000000000000000000000000000000000000000000000000000",
+        b"127.0.0.1:1 0000000000000000000000000000000000000000000000000000000000000000 mac=1",
     )
     .unwrap();
     let rec = String::from_utf8(ex.lookup(&store_key(0), WAIT).unwrap()).unwrap();
-    let mut s = std::net::TcpStream::connect(rec.split_once(' ').unwrap().0).unwrap();
-    s.set_write_timeout(Some(Duration::from_millis(100))).unwrap();
-    while !h0.is_finished() && t0.elapsed() < Duration::from_secs(20) {
-        let _ = s.write_all(b"M");
-        std::thread::sleep(Duration::from_millis(100));
+    match std::net::TcpStream::connect(rec.split_once(' ').unwrap().0) {
+        Ok(mut s) => {
+            s.set_write_timeout(Some(Duration::from_millis(100))).unwrap();
+            while !h0.is_finished() && t0.elapsed() < Duration::from_secs(20) {
+                let _ = s.write_all(b"M");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        // On a loaded machine this thread may reach the listener only after setup gave up and
+        // closed it: then there is nothing to trickle into, and the deadline is checked below.
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            println!("setup ended before the trickling socket connected ({e})")
+        }
+        Err(e) => panic!("connecting to rank 0: {e}"),
     }
     let took = t0.elapsed();
     let e = h0
