@@ -42,6 +42,11 @@ pub fn decode(bytes: &[u8], dtype: ReduceDtype) -> Vec<f64> {
 pub fn htod(addr: u64, bytes: &[u8]) {
     // SAFETY: addr is a device buffer of at least bytes.len() bytes owned by the test.
     unsafe { mkernel::cudarc::driver::result::memcpy_htod_sync(addr, bytes) }.unwrap();
+    // From pageable memory cuMemcpyHtoD may return before the DMA lands, and the kernels run on
+    // non-blocking streams (and peers read this buffer as soon as our kernel signals Ready):
+    // wait for the copy.
+    // (The calling thread's current context is the test's device context.)
+    mkernel::cudarc::driver::result::ctx::synchronize().unwrap();
 }
 
 pub fn dtoh(addr: u64, len: usize) -> Vec<u8> {
